@@ -1,0 +1,85 @@
+package redisync
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Client creates locks and semaphores on one Redis deployment. It owns the
+// two background goroutines that all of them share: the subscriber (one
+// pub/sub connection through which every waiter is woken) and the watchdog
+// (which renews every held lease and heartbeats every fair waiter, in
+// batches). Both start when first needed.
+//
+// A Client is safe for concurrent use. Close it when done.
+type Client struct {
+	rdb redis.UniversalClient
+	cfg config
+	id  string        // prefix of every owner id minted by this Client
+	seq atomic.Uint64 // last owner number
+
+	sub *subscriber
+	wd  *watchdog
+
+	ctx   context.Context // ends when the Client is closed
+	close context.CancelFunc
+}
+
+// New returns a Client that uses rdb (a *redis.Client, *redis.ClusterClient
+// or *redis.Ring; the Client never closes it). The options become the
+// defaults of every Mutex and Semaphore created by the Client. New does no
+// I/O; a nil rdb or an invalid option makes every later call fail with
+// ErrNilClient or ErrInvalidOption.
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	c := &Client{
+		rdb: rdb,
+		cfg: defaultConfig().with(opts),
+		id:  uuid.NewString(),
+	}
+	c.ctx, c.close = context.WithCancel(context.Background())
+	c.sub = newSubscriber(rdb, c.ctx)
+	c.wd = newWatchdog(rdb, c.ctx)
+	return c
+}
+
+// Close stops the subscriber and the watchdog and waits for them to exit.
+// Waiting calls return ErrClosed; later calls fail with ErrClosed. Holds are
+// not released: their leases are no longer renewed, so Redis frees them
+// when they run out, and their Lost channels are closed. Close is
+// idempotent and always returns nil.
+func (c *Client) Close() error {
+	c.close()
+	c.sub.wait()
+	c.wd.wait()
+	return nil
+}
+
+// usable reports why the Client cannot be used, if it cannot.
+func (c *Client) usable() error {
+	switch {
+	case c.rdb == nil:
+		return ErrNilClient
+	case c.ctx.Err() != nil:
+		return ErrClosed
+	}
+	return nil
+}
+
+// newOwner mints an owner id unique to this Client value.
+func (c *Client) newOwner() string {
+	return c.id + "-" + strconv.FormatUint(c.seq.Add(1), 10)
+}
+
+// cleanupTimeout bounds the clean-up a call does after its context ended.
+const cleanupTimeout = 5 * time.Second
+
+// detached returns a context for clean-up after ctx ended: it keeps ctx's
+// values, not its cancellation.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}

@@ -1,0 +1,63 @@
+package redisync
+
+import (
+	"errors"
+	"strings"
+)
+
+// Sentinel errors. Errors returned by this package wrap them, so test with
+// errors.Is. Errors from the context (context.Canceled,
+// context.DeadlineExceeded) and from Redis are wrapped as they are.
+var (
+	// ErrNotHeld is returned by Unlock when the Mutex does not hold the lock.
+	ErrNotHeld = errors.New("redisync: not held")
+	// ErrLockLost is returned when a hold has been lost: its lease ran out
+	// or its key was removed behind the holder's back. Another owner may
+	// have taken the lock since.
+	ErrLockLost = errors.New("redisync: lock lost")
+	// ErrClosed is returned by every call on a closed Client and by calls
+	// that were waiting when it was closed.
+	ErrClosed = errors.New("redisync: client closed")
+	// ErrNilClient is returned by every call when New was given a nil
+	// Redis client.
+	ErrNilClient = errors.New("redisync: nil redis client")
+	// ErrInvalidName is returned for an empty name or one longer than
+	// MaxNameLen bytes.
+	ErrInvalidName = errors.New("redisync: invalid name")
+	// ErrInvalidOption is returned when an option is out of its range (a
+	// lease that is not positive or longer than MaxLease, a key prefix
+	// with braces, ...).
+	ErrInvalidOption = errors.New("redisync: invalid option")
+	// ErrWrongType is returned when a key that redisync uses already holds
+	// a value of another type. Nothing is written in that case.
+	ErrWrongType = errors.New("redisync: key holds the wrong type of value")
+)
+
+// redisError adds ErrWrongType to an error from Redis when Redis or a
+// script reported a key of the wrong type.
+func redisError(err error) error {
+	if strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return errors.Join(ErrWrongType, err)
+	}
+	return err
+}
+
+// opError says which operation on which primitive failed.
+type opError struct {
+	op, name string
+	err      error
+}
+
+func (e *opError) Error() string {
+	return "redisync: " + e.op + " " + quote(e.name) + ": " + strings.TrimPrefix(e.err.Error(), "redisync: ")
+}
+func (e *opError) Unwrap() error { return e.err }
+
+// quote shortens and quotes a name for an error message.
+func quote(name string) string {
+	const max = 64
+	if len(name) > max {
+		name = name[:max] + "..."
+	}
+	return `"` + name + `"`
+}

@@ -1,0 +1,157 @@
+package redisync
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Limits on names and durations, checked before any call to Redis.
+const (
+	// MaxNameLen is the longest name accepted, in bytes.
+	MaxNameLen = 1024
+	// MaxLease is the longest lease, watchdog lease or heartbeat accepted.
+	MaxLease = 24 * time.Hour
+	// minDuration is the shortest lease accepted: Redis counts in ms.
+	minDuration = time.Millisecond
+)
+
+// Option configures a Client (as the default for everything it creates) or
+// one Mutex or Semaphore. Options given to NewMutex or NewSemaphore override
+// the Client's.
+type Option func(*config)
+
+// config is the set of options of one primitive.
+type config struct {
+	prefix    string
+	lease     time.Duration // fixed lease; 0: watchdog
+	watchdog  time.Duration // lease kept alive by the watchdog
+	heartbeat time.Duration // fair waiters' liveness deadline and hand-off lease
+	recheck   time.Duration // longest sleep without a message
+	fair      bool
+	err       error // the first invalid option
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:    "redisync",
+		watchdog:  30 * time.Second,
+		heartbeat: 3 * time.Second,
+		recheck:   10 * time.Second,
+	}
+}
+
+// with returns a copy of cfg with opts applied.
+func (cfg config) with(opts []Option) config {
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	return cfg
+}
+
+// invalid records the first invalid option.
+func (cfg *config) invalid(format string, args ...any) {
+	if cfg.err == nil {
+		cfg.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+}
+
+// checkDuration records an error when d is outside [1ms, MaxLease].
+func (cfg *config) checkDuration(what string, d time.Duration) bool {
+	if d < minDuration || d > MaxLease {
+		cfg.invalid("%s %v is outside [%v, %v]", what, d, minDuration, MaxLease)
+		return false
+	}
+	return true
+}
+
+// WithLease gives every hold a fixed lease d, with no watchdog renewal: the
+// lock is released by Redis d after it was taken (re-entering or releasing a
+// level re-arms it), and Lost is closed when d has passed locally. d must be
+// in [1ms, MaxLease].
+//
+// The default is no fixed lease: the watchdog keeps a lease of 30 s (see
+// WithWatchdogLease) alive while the lock is held.
+func WithLease(d time.Duration) Option {
+	return func(cfg *config) {
+		if cfg.checkDuration("lease", d) {
+			cfg.lease = d
+		}
+	}
+}
+
+// WithWatchdogLease sets the lease that the watchdog keeps alive while a
+// lock is held; it renews it every d/3. A holder whose process dies frees
+// the lock after at most d. d must be in [3ms, MaxLease].
+//
+// The default is 30 s.
+func WithWatchdogLease(d time.Duration) Option {
+	return func(cfg *config) {
+		if cfg.checkDuration("watchdog lease", d) && cfg.checkDuration("watchdog lease/3", d/3) {
+			cfg.watchdog = d
+		}
+	}
+}
+
+// WithHeartbeat sets how long a fair waiter stays queued without a
+// heartbeat (sent every d/3 by the Client), and the lease of a hold handed
+// to a waiter until its watchdog extends it. A waiter whose process dies is
+// skipped within d; a hand-off to a waiter that died frees the lock within
+// d. d must be in [3ms, MaxLease].
+//
+// The default is 3 s.
+func WithHeartbeat(d time.Duration) Option {
+	return func(cfg *config) {
+		if cfg.checkDuration("heartbeat", d) && cfg.checkDuration("heartbeat/3", d/3) {
+			cfg.heartbeat = d
+		}
+	}
+}
+
+// WithRecheck sets the longest a waiter sleeps without asking Redis again
+// when no message wakes it. Messages are only a hint (pub/sub may lose one
+// across a reconnect), so this bounds every wait. d must be in [1ms,
+// MaxLease].
+//
+// The default is 10 s.
+func WithRecheck(d time.Duration) Option {
+	return func(cfg *config) {
+		if cfg.checkDuration("recheck interval", d) {
+			cfg.recheck = d
+		}
+	}
+}
+
+// WithKeyPrefix sets the prefix of every Redis key and channel. It must not
+// be empty nor contain '{' or '}' (the name is the keys' hash tag).
+//
+// The default is "redisync".
+func WithKeyPrefix(p string) Option {
+	return func(cfg *config) {
+		if p == "" || strings.ContainsAny(p, "{}") {
+			cfg.invalid("key prefix %q must be non-empty and without braces", p)
+			return
+		}
+		cfg.prefix = p
+	}
+}
+
+// Fair makes a Mutex serve its waiters first come, first served across all
+// processes, with the lock handed directly to the next waiter when it is
+// released. See the package documentation.
+//
+// The default is not fair: a released lock goes to whichever waiter asks
+// first.
+func Fair() Option {
+	return func(cfg *config) { cfg.fair = true }
+}
+
+// checkName validates a primitive's name.
+func checkName(name string) error {
+	if name == "" || len(name) > MaxNameLen {
+		return fmt.Errorf("%w: length %d is outside [1, %d]", ErrInvalidName, len(name), MaxNameLen)
+	}
+	return nil
+}

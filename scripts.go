@@ -1,0 +1,25 @@
+package redisync
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Lua scripts, each prefixed with the shared helpers of lib.lua. Run
+// sends EVALSHA and falls back to EVAL when the server does not know the
+// script yet.
+var (
+	//go:embed scripts/lib.lua
+	luaLib string
+	//go:embed scripts/acquire.lua
+	luaAcquire string
+	//go:embed scripts/release.lua
+	luaRelease string
+	//go:embed scripts/renew.lua
+	luaRenew string
+
+	acquireScript = redis.NewScript(luaLib + luaAcquire)
+	releaseScript = redis.NewScript(luaLib + luaRelease)
+	renewScript   = redis.NewScript(luaLib + luaRenew)
+)

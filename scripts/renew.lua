@@ -1,0 +1,45 @@
+-- renew.lua: the watchdog's batch: extend held leases and refresh fair
+-- waiters' heartbeats, for many locks in one call.
+--
+-- ARGV holds one triple per entry: kind ("hold" or "wait"), owner id, ms (the
+-- lease of a hold, the heartbeat ttl of a waiter). KEYS holds the entries'
+-- keys in the same order: one key for a hold (its lock hash), two for a
+-- waiter (its queue and its waiters hash).
+--
+-- A hold is extended only while its owner still holds the lock; a waiter's
+-- deadline is moved only while it is still queued (it keeps its hand-off
+-- lease).
+--
+-- Reply: one integer per entry: 1 renewed, 0 gone (a lost hold, or a waiter
+-- no longer queued: handed the lock, or dropped as dead).
+local out = {}
+local k = 1
+local now = nil
+for i = 1, #ARGV, 3 do
+  local kind, owner, ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local ok = 0
+  if kind == 'hold' then
+    local lock = KEYS[k]
+    k = k + 1
+    if redis.call('TYPE', lock)['ok'] == 'hash' and redis.call('HEXISTS', lock, owner) == 1 then
+      redis.call('PEXPIRE', lock, ms)
+      ok = 1
+    end
+  else
+    local queue, waiters = KEYS[k], KEYS[k + 1]
+    k = k + 2
+    if redis.call('TYPE', waiters)['ok'] == 'hash' then
+      local rec = redis.call('HGET', waiters, owner)
+      if rec then
+        now = now or now_ms()
+        local _, handoff = parse_waiter(rec)
+        redis.call('HSET', waiters, owner, (now + ms) .. ':' .. handoff)
+        keep_alive(queue, 2 * ms)
+        keep_alive(waiters, 2 * ms)
+        ok = 1
+      end
+    end
+  end
+  out[#out + 1] = ok
+end
+return out

@@ -1,0 +1,266 @@
+package redisync
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// watchdogBatch is the most entries renewed by one script call.
+const watchdogBatch = 256
+
+// watchdog is the one goroutine of a Client that keeps holds and fair
+// waiters alive: it renews every watchdog-managed lease at a third of its
+// length, heartbeats every queued fair waiter at a third of its heartbeat,
+// and notices when a hold is lost. Entries due at about the same time are
+// renewed together in one script call. A hold with a fixed lease is never
+// renewed; the watchdog only reports it lost when its lease has run out.
+//
+// A hold's deadline is when its lease runs out by the local clock: the
+// send time of the call that last set the lease, plus the lease, less a
+// margin for clock drift. At the deadline the hold is reported lost unless
+// a renewal has moved it, so the holder hears of the loss before Redis
+// lets anyone else in.
+type watchdog struct {
+	rdb  redis.UniversalClient
+	ctx  context.Context // ends when the Client is closed
+	poke chan struct{}   // wakes run early; never blocks
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	entries map[*keepalive]struct{}
+	next    time.Time // when run will look next
+}
+
+// keepalive is one entry of the watchdog: a hold or a queued fair waiter.
+type keepalive struct {
+	owner string
+	keys  []string      // hold: lock hash; waiter: queue and waiters hash
+	ttl   time.Duration // lease of a hold, heartbeat of a waiter
+	hold  bool
+	renew bool // false for a hold with a fixed lease
+
+	due      time.Time // next renewal
+	deadline time.Time // hold: when it is lost unless renewed
+	gone     func()    // called once, without locks, when dropped by the watchdog
+}
+
+func newWatchdog(rdb redis.UniversalClient, ctx context.Context) *watchdog {
+	return &watchdog{
+		rdb:     rdb,
+		ctx:     ctx,
+		poke:    make(chan struct{}, 1),
+		entries: make(map[*keepalive]struct{}),
+	}
+}
+
+// drift is the margin taken off a lease for clock drift between this
+// process and Redis (as in Redlock: 1% plus 2 ms).
+func drift(lease time.Duration) time.Duration {
+	return lease/100 + 2*time.Millisecond
+}
+
+// set schedules e after a call sent at sent set its lease (or heartbeat)
+// to ttl. w.mu must be held, or e not registered yet.
+func (e *keepalive) set(sent time.Time, ttl time.Duration) {
+	e.deadline = sent.Add(ttl - drift(ttl))
+	if e.renew {
+		e.due = sent.Add(ttl / 3)
+	} else {
+		e.due = e.deadline
+	}
+}
+
+// add registers e, scheduled after a call sent at sent set its lease (or
+// heartbeat) to ttl. It reports false, and registers nothing, when the
+// Client is closed.
+func (w *watchdog) add(e *keepalive, sent time.Time, ttl time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.ctx.Err() != nil {
+		return false
+	}
+	e.set(sent, ttl)
+	w.entries[e] = struct{}{}
+	if !w.started {
+		w.started = true
+		w.wg.Add(1)
+		go w.run()
+	}
+	w.pokeIfBefore(e)
+	return true
+}
+
+// rearm moves e's schedule after a call that set its lease again.
+func (w *watchdog) rearm(e *keepalive, sent time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.entries[e]; ok {
+		e.set(sent, e.ttl)
+		w.pokeIfBefore(e)
+	}
+}
+
+// pokeIfBefore wakes run when e is due before run would look. w.mu must be
+// held.
+func (w *watchdog) pokeIfBefore(e *keepalive) {
+	if e.due.Before(w.next) || e.deadline.Before(w.next) {
+		select {
+		case w.poke <- struct{}{}:
+		default: // run is already poked
+		}
+	}
+}
+
+// remove unregisters e; its gone function will not be called.
+func (w *watchdog) remove(e *keepalive) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.entries, e)
+}
+
+// run renews what is due, and reports lost what is past its deadline, until
+// the Client is closed. Then every hold still registered is reported lost.
+func (w *watchdog) run() {
+	defer w.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		batch, sleep := w.collect(time.Now())
+		if len(batch) > 0 {
+			for len(batch) > 0 {
+				n := min(len(batch), watchdogBatch)
+				w.renewBatch(batch[:n])
+				batch = batch[n:]
+			}
+			continue
+		}
+		t.Reset(sleep)
+		select {
+		case <-w.ctx.Done():
+			w.stop()
+			return
+		case <-w.poke:
+		case <-t.C:
+		}
+	}
+}
+
+// collect drops the holds past their deadline and returns the entries due
+// for renewal (or about to be: within a sixth of their interval), or else
+// how long to sleep.
+func (w *watchdog) collect(now time.Time) ([]*keepalive, time.Duration) {
+	var batch []*keepalive
+	var gone []func()
+	w.mu.Lock()
+	next := now.Add(time.Hour)
+	for e := range w.entries {
+		switch {
+		case e.hold && !now.Before(e.deadline):
+			delete(w.entries, e)
+			gone = append(gone, e.gone)
+		case e.renew && !now.Before(e.due.Add(-e.ttl/18)):
+			batch = append(batch, e)
+		default:
+			if e.renew && e.due.Before(next) {
+				next = e.due
+			}
+			if e.hold && e.deadline.Before(next) {
+				next = e.deadline
+			}
+		}
+	}
+	w.next = next
+	if len(batch) > 0 {
+		w.next = now
+	}
+	w.mu.Unlock()
+	for _, f := range gone {
+		f()
+	}
+	return batch, next.Sub(now)
+}
+
+// renewBatch renews a batch in one script call and applies the result.
+func (w *watchdog) renewBatch(batch []*keepalive) {
+	var keys []string
+	args := make([]any, 0, 3*len(batch))
+	sent := time.Now()
+	limit := sent.Add(time.Hour)
+	for _, e := range batch {
+		keys = append(keys, e.keys...)
+		kind := "wait"
+		if e.hold {
+			kind = "hold"
+			limit = minTime(limit, e.deadline)
+		} else {
+			limit = minTime(limit, sent.Add(e.ttl/3))
+		}
+		args = append(args, kind, e.owner, e.ttl.Milliseconds())
+	}
+	// A renewal that has not answered by the first deadline is of no use:
+	// give up then, so the loss is reported on time.
+	ctx, cancel := context.WithDeadline(w.ctx, limit)
+	res, err := renewScript.Run(ctx, w.rdb, keys, args...).Int64Slice()
+	cancel()
+
+	now := time.Now()
+	var gone []func()
+	w.mu.Lock()
+	for i, e := range batch {
+		if _, ok := w.entries[e]; !ok {
+			continue // released meanwhile
+		}
+		switch {
+		case err == nil && i < len(res) && res[i] == 1:
+			e.set(sent, e.ttl)
+		case err == nil:
+			delete(w.entries, e)
+			gone = append(gone, e.gone)
+		default:
+			// Try again soon; collect reports the hold lost if its
+			// deadline passes first.
+			e.due = now.Add(min(max(e.ttl/10, time.Millisecond), time.Second))
+		}
+	}
+	w.mu.Unlock()
+	for _, f := range gone {
+		f()
+	}
+}
+
+// stop reports every hold still registered as lost, after the Client was
+// closed, and makes later adds fail.
+func (w *watchdog) stop() {
+	var gone []func()
+	w.mu.Lock()
+	w.stopped = true
+	for e := range w.entries {
+		if e.hold {
+			gone = append(gone, e.gone)
+		}
+	}
+	clear(w.entries)
+	w.mu.Unlock()
+	for _, f := range gone {
+		f()
+	}
+}
+
+// wait waits for run to exit after the Client was closed.
+func (w *watchdog) wait() {
+	w.wg.Wait()
+	// run never started, or exited before the last add: drop what is left.
+	w.stop()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
