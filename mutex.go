@@ -166,7 +166,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		if count == 1 {
 			// Nothing left to protect; remove our field if it is
 			// still there, so the lock is free sooner.
-			m.release(ctx, 1, 0)
+			_, _ = m.release(ctx, 1, 0, false)
 		}
 		m.drop()
 		return m.wrap("unlock", ErrLockLost)
@@ -175,7 +175,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 
 	sent := time.Now()
-	res, err := m.release(ctx, count, token)
+	res, err := m.release(ctx, count, token, false)
 	if count == 1 {
 		m.drop()
 	}
@@ -303,6 +303,7 @@ func (m *Mutex) hold(token int64, sent time.Time, lease time.Duration) {
 	}
 	lost := make(chan struct{})
 	ka := &keepalive{
+		kind:  "hold",
 		owner: m.owner,
 		keys:  m.keys[:1],
 		ttl:   m.lease(),
@@ -344,6 +345,7 @@ func (m *Mutex) drop() {
 // the lock, or dropped).
 func (m *Mutex) heartbeat(w *waiter) *keepalive {
 	hb := &keepalive{
+		kind:  "wait",
 		owner: m.owner,
 		keys:  m.keys[2:4],
 		ttl:   m.cfg.heartbeat,
@@ -356,11 +358,16 @@ func (m *Mutex) heartbeat(w *waiter) *keepalive {
 	return hb
 }
 
-// release runs the release script for a hold count of held.
-func (m *Mutex) release(ctx context.Context, held, token int64) (int64, error) {
+// release runs the release script for a hold count of held; withdraw
+// also removes m from the fair queue.
+func (m *Mutex) release(ctx context.Context, held, token int64, withdraw bool) (int64, error) {
+	flag := ""
+	if withdraw {
+		flag = "withdraw"
+	}
 	res, err := releaseScript.Run(ctx, m.c.rdb, m.keys,
 		m.owner, held, m.lease().Milliseconds(), token, tombstoneTTL.Milliseconds(),
-		m.channel, "PUBLISH").Int64()
+		m.channel, "PUBLISH", flag).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}
@@ -372,7 +379,7 @@ func (m *Mutex) release(ctx context.Context, held, token int64) (int64, error) {
 func (m *Mutex) undo(ctx context.Context, held int64) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	_, _ = m.release(ctx, held+1, 0)
+	_, _ = m.release(ctx, held+1, 0, true)
 }
 
 // withdraw leaves the fair queue after a wait ended without the lock; if

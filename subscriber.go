@@ -2,6 +2,8 @@ package redisync
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -9,16 +11,25 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// lingerFor is how long a channel stays subscribed after its last waiter
-// left, so that a lock under steady contention does not pay a SUBSCRIBE and
-// an UNSUBSCRIBE for every wait.
-const lingerFor = 2 * time.Second
+// Timing of the subscriber.
+const (
+	// lingerFor is how long a channel stays subscribed after its last
+	// waiter left, so that a lock under steady contention does not pay a
+	// SUBSCRIBE and an UNSUBSCRIBE for every wait.
+	lingerFor = 2 * time.Second
+	// pingAfter is how long the connection may be silent before it is
+	// pinged, so that a dead connection is noticed and replaced.
+	pingAfter = 3 * time.Second
+	// maxBackoff caps the pause between failed reads while Redis is down.
+	maxBackoff = time.Second
+)
 
 // subscriber multiplexes every waiter of a Client over one pub/sub
-// connection. Channels are reference counted by their waiters: the first
-// waiter of a channel has it subscribed, and it is unsubscribed a little
-// after the last one leaves. Only the run goroutine writes SUBSCRIBE and
-// UNSUBSCRIBE, so they reach Redis in the order they were decided.
+// connection, read by one goroutine. Channels are reference counted by
+// their waiters: the first waiter of a channel has it subscribed, and it
+// is unsubscribed a little after the last one leaves. Subscription changes
+// are decided and written under one mutex, so they reach Redis in the order
+// they were decided.
 //
 // A message wakes waiters by closing their signal channel: an empty
 // message wakes the first waiter of the channel that has no signal pending
@@ -31,12 +42,13 @@ type subscriber struct {
 	rdb    redis.UniversalClient
 	ctx    context.Context // ends when the Client is closed
 	closed <-chan struct{} // ctx.Done()
-	poke   chan struct{}   // wakes run to sync subscriptions; never blocks
 	wg     sync.WaitGroup
+	wmu    sync.Mutex // held while subscription changes are decided and written
 
-	mu       sync.Mutex
-	started  bool
-	channels map[string]*channel
+	mu        sync.Mutex // guards the fields below and every channel and waiter
+	ps        *redis.PubSub
+	channels  map[string]*channel
+	nextSweep time.Time // when an idle channel is next due to be unsubscribed
 }
 
 // channel is the local state of one pub/sub channel.
@@ -65,7 +77,6 @@ func newSubscriber(rdb redis.UniversalClient, ctx context.Context) *subscriber {
 		rdb:      rdb,
 		ctx:      ctx,
 		closed:   ctx.Done(),
-		poke:     make(chan struct{}, 1),
 		channels: make(map[string]*channel),
 	}
 }
@@ -77,10 +88,14 @@ func newSubscriber(rdb redis.UniversalClient, ctx context.Context) *subscriber {
 // and Close. The caller must call leave.
 func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.Duration) (*waiter, error) {
 	s.mu.Lock()
-	if !s.started {
-		s.started = true
+	if s.ps == nil {
+		if s.ctx.Err() != nil {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		s.ps = s.rdb.Subscribe(s.ctx)
 		s.wg.Add(1)
-		go s.run()
+		go s.run(s.ps)
 	}
 	ch := s.channels[name]
 	if ch == nil {
@@ -92,7 +107,7 @@ func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.
 	needSync := !ch.sent
 	s.mu.Unlock()
 	if needSync {
-		s.wake()
+		s.sync()
 	}
 
 	t := time.NewTimer(maxWait)
@@ -196,7 +211,9 @@ func (w *waiter) leave() {
 	}
 	if len(ch.waiters) == 0 {
 		ch.idleSince = time.Now()
-		s.wake()
+		if s.nextSweep.IsZero() {
+			s.nextSweep = ch.idleSince.Add(lingerFor)
+		}
 	}
 }
 
@@ -264,61 +281,70 @@ func (s *subscriber) confirmed(name string) {
 	}
 }
 
-// wake asks run to sync the subscriptions.
-func (s *subscriber) wake() {
-	select {
-	case s.poke <- struct{}{}:
-	default: // a sync is already pending
+// run reads what Redis sends on the pub/sub connection and dispatches it,
+// until the Client is closed. go-redis reconnects and subscribes again by
+// itself when a read fails; run pings a silent connection so that a dead
+// one fails, and unsubscribes idle channels when they are due.
+func (s *subscriber) run(ps *redis.PubSub) {
+	defer s.wg.Done()
+	backoff := time.Duration(0)
+	silent := time.Duration(0)
+	for s.ctx.Err() == nil {
+		msg, err := ps.ReceiveTimeout(s.ctx, time.Second)
+		switch {
+		case err == nil:
+			backoff, silent = 0, 0
+			s.dispatch(msg)
+		case isTimeout(err):
+			if silent += time.Second; silent >= pingAfter {
+				silent = 0
+				_ = ps.Ping(s.ctx) // a failed write makes go-redis reconnect
+			}
+		default:
+			// Redis is unreachable; go-redis redials on the next read.
+			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-s.closed:
+				t.Stop()
+			}
+		}
+		if s.sweepDue(time.Now()) {
+			s.sync()
+		}
 	}
 }
 
-// run owns the pub/sub connection: it writes subscription changes and
-// dispatches what Redis sends, until the Client is closed.
-func (s *subscriber) run() {
-	defer s.wg.Done()
-	ps := s.rdb.Subscribe(s.ctx)
-	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
-	defer func() {
-		_ = ps.Close()
-		for range msgs { // let go-redis's reader exit
+// dispatch handles one thing received from Redis.
+func (s *subscriber) dispatch(msg any) {
+	switch m := msg.(type) {
+	case *redis.Message:
+		s.deliver(m.Channel, m.Payload)
+	case *redis.Subscription:
+		if m.Kind == "subscribe" {
+			s.confirmed(m.Channel)
 		}
-	}()
-
-	linger := time.NewTimer(time.Hour)
-	defer linger.Stop()
-	for {
-		select {
-		case <-s.closed:
-			return
-		case <-s.poke:
-		case <-linger.C:
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			switch m := m.(type) {
-			case *redis.Message:
-				s.deliver(m.Channel, m.Payload)
-			case *redis.Subscription:
-				if m.Kind == "subscribe" {
-					s.confirmed(m.Channel)
-				}
-			}
-			continue
-		}
-		next := s.sync(ps)
-		linger.Reset(next)
 	}
+}
+
+// sweepDue reports whether an idle channel is due to be unsubscribed.
+func (s *subscriber) sweepDue(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.nextSweep.IsZero() && !now.Before(s.nextSweep)
 }
 
 // sync subscribes channels that have waiters and are not subscribed, and
-// unsubscribes those idle for lingerFor. It returns how long until the next
-// idle channel is due.
-func (s *subscriber) sync(ps *redis.PubSub) time.Duration {
+// unsubscribes those idle for lingerFor.
+func (s *subscriber) sync() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	var sub, unsub []string
-	next := time.Hour
 	now := time.Now()
 	s.mu.Lock()
+	ps := s.ps
+	s.nextSweep = time.Time{}
 	for name, ch := range s.channels {
 		switch {
 		case len(ch.waiters) > 0:
@@ -327,16 +353,17 @@ func (s *subscriber) sync(ps *redis.PubSub) time.Duration {
 				ch.inflight++
 				sub = append(sub, name)
 			}
-		case ch.sent:
-			if idle := now.Sub(ch.idleSince); idle < lingerFor {
-				next = min(next, lingerFor-idle)
-				continue
+		case ch.sent && now.Sub(ch.idleSince) < lingerFor:
+			due := ch.idleSince.Add(lingerFor)
+			if s.nextSweep.IsZero() || due.Before(s.nextSweep) {
+				s.nextSweep = due
 			}
-			ch.sent, ch.confirmed = false, false
-			ch.ready = make(chan struct{})
-			unsub = append(unsub, name)
-			fallthrough
 		default:
+			if ch.sent {
+				ch.sent, ch.confirmed = false, false
+				ch.ready = make(chan struct{})
+				unsub = append(unsub, name)
+			}
 			if ch.inflight == 0 {
 				delete(s.channels, name)
 			}
@@ -352,8 +379,22 @@ func (s *subscriber) sync(ps *redis.PubSub) time.Duration {
 	if len(sub) > 0 {
 		_ = ps.Subscribe(s.ctx, sub...)
 	}
-	return next
 }
 
-// wait waits for run to exit after the Client was closed.
-func (s *subscriber) wait() { s.wg.Wait() }
+// wait closes the connection after the Client was closed, and waits for
+// run to exit.
+func (s *subscriber) wait() {
+	s.mu.Lock()
+	ps := s.ps
+	s.mu.Unlock()
+	if ps != nil {
+		_ = ps.Close() // unblocks run's read
+	}
+	s.wg.Wait()
+}
+
+// isTimeout reports whether err is a read timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -38,11 +38,12 @@ type watchdog struct {
 
 // keepalive is one entry of the watchdog: a hold or a queued fair waiter.
 type keepalive struct {
-	owner string
-	keys  []string      // hold: lock hash; waiter: queue and waiters hash
+	kind  string        // the entry's kind in renew.lua: "hold" or "wait"
+	owner string        // owner id
+	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
-	hold  bool
-	renew bool // false for a hold with a fixed lease
+	hold  bool          // lost when its deadline passes unrenewed
+	renew bool          // false for a hold with a fixed lease
 
 	due      time.Time // next renewal
 	deadline time.Time // hold: when it is lost unless renewed
@@ -193,14 +194,12 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 	limit := sent.Add(time.Hour)
 	for _, e := range batch {
 		keys = append(keys, e.keys...)
-		kind := "wait"
 		if e.hold {
-			kind = "hold"
 			limit = minTime(limit, e.deadline)
 		} else {
 			limit = minTime(limit, sent.Add(e.ttl/3))
 		}
-		args = append(args, kind, e.owner, e.ttl.Milliseconds())
+		args = append(args, e.kind, e.owner, e.ttl.Milliseconds())
 	}
 	// A renewal that has not answered by the first deadline is of no use:
 	// give up then, so the loss is reported on time.

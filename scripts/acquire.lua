@@ -18,61 +18,56 @@
 -- ARGV[7] channel, ARGV[8] publish command (PUBLISH or SPUBLISH)
 --
 -- Reply: {1, token}   held (newly, re-entered or adopted); token of the hold
---        {0, pttl}    held by another owner; pttl is the lock's PTTL (-1: no TTL, -2: gone)
+--        {0, pttl}    held by another owner; pttl is the lock's PTTL
+--                     (-1: no TTL; -2: none, the lock was handed to another)
 --        {-1, 0}      held > 0 but the caller's hold no longer exists (lost)
 local lock, token, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, lease, held, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
-local bad = type_error({{lock, 'hash'}, {token, 'string'}, {queue, 'zset'}, {waiters, 'hash'}})
-if bad then return bad end
-
 local count = tonumber(redis.call('HGET', lock, owner) or '0')
 if count > 0 then
+  local t = redis.call('GET', token)
   if count == held then
     redis.call('HINCRBY', lock, owner, 1)
   elseif count ~= held + 1 then
     return redis.error_reply('ERR redisync: hold count of ' .. owner .. ' is ' .. count .. ', caller believes ' .. held)
   end
   redis.call('PEXPIRE', lock, lease)
-  redis.call('ZREM', queue, owner)
-  redis.call('HDEL', waiters, owner)
-  return {1, tonumber(redis.call('GET', token) or '0')}
+  return {1, tonumber(t) or 0}
 end
 if held > 0 then
   return {-1, 0}
 end
 
-local free = redis.call('EXISTS', lock) == 0
+local pttl = redis.call('PTTL', lock)
 if mode == 'barge' then
-  if not free then
-    return {0, redis.call('PTTL', lock)}
+  if pttl ~= -2 then
+    return {0, pttl}
   end
-  redis.call('HSET', lock, owner, 1)
-  redis.call('PEXPIRE', lock, lease)
-  return {1, redis.call('INCR', token)}
+  return {1, grant(lock, token, owner, lease)}
 end
 
-local now = now_ms()
-if free then
-  local head, t = hand_off(lock, token, queue, waiters, ARGV[7], ARGV[8], now, owner)
+local queued = redis.call('ZSCORE', queue, owner)
+if pttl == -2 then
+  local head, t = hand_off(lock, token, queue, waiters, ARGV[7], ARGV[8], owner)
   if head == nil then
-    redis.call('HSET', lock, owner, 1)
-    redis.call('PEXPIRE', lock, lease)
-    return {1, redis.call('INCR', token)}
+    return {1, grant(lock, token, owner, lease)}
   end
   if head == owner then
     redis.call('PEXPIRE', lock, lease)
     return {1, t}
   end
+  pttl = redis.call('PTTL', lock)
+  queued = redis.call('ZSCORE', queue, owner)
 end
 if mode == 'queue' then
-  if not redis.call('ZSCORE', queue, owner) then
+  local ttl = tonumber(ARGV[5])
+  if not queued then
     local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]
     redis.call('ZADD', queue, (tonumber(last) or 0) + 1, owner)
   end
-  local ttl = tonumber(ARGV[5])
-  redis.call('HSET', waiters, owner, (now + ttl) .. ':' .. ARGV[6])
+  redis.call('HSET', waiters, owner, (now_ms() + ttl) .. ':' .. ARGV[6])
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end
-return {0, redis.call('PTTL', lock)}
+return {0, pttl}

@@ -8,7 +8,7 @@
 --
 -- A hold is extended only while its owner still holds the lock; a waiter's
 -- deadline is moved only while it is still queued (it keeps its hand-off
--- lease).
+-- lease). A key of the wrong type counts as gone for its entry alone.
 --
 -- Reply: one integer per entry: 1 renewed, 0 gone (a lost hold, or a waiter
 -- no longer queued: handed the lock, or dropped as dead).
@@ -21,23 +21,23 @@ for i = 1, #ARGV, 3 do
   if kind == 'hold' then
     local lock = KEYS[k]
     k = k + 1
-    if redis.call('TYPE', lock)['ok'] == 'hash' and redis.call('HEXISTS', lock, owner) == 1 then
+    if redis.pcall('HEXISTS', lock, owner) == 1 then
       redis.call('PEXPIRE', lock, ms)
       ok = 1
     end
   else
     local queue, waiters = KEYS[k], KEYS[k + 1]
     k = k + 2
-    if redis.call('TYPE', waiters)['ok'] == 'hash' then
-      local rec = redis.call('HGET', waiters, owner)
-      if rec then
-        now = now or now_ms()
-        local _, handoff = parse_waiter(rec)
-        redis.call('HSET', waiters, owner, (now + ms) .. ':' .. handoff)
+    local rec = redis.pcall('HGET', waiters, owner)
+    if type(rec) == 'string' then
+      now = now or now_ms()
+      local _, handoff = parse_waiter(rec)
+      redis.call('HSET', waiters, owner, (now + ms) .. ':' .. handoff)
+      if redis.pcall('TYPE', queue)['ok'] == 'zset' then
         keep_alive(queue, 2 * ms)
-        keep_alive(waiters, 2 * ms)
-        ok = 1
       end
+      keep_alive(waiters, 2 * ms)
+      ok = 1
     end
   end
   out[#out + 1] = ok
