@@ -1,0 +1,203 @@
+// Command bench measures redisync side by side with its peers (redsync,
+// bsm/redislock, rueidislock) and the in-process limit (sync.Mutex,
+// semaphore.Weighted) on one redis-server, one library after another, in
+// the scenarios of the design notes: a hot lock, its scaling to a thousand
+// waiters, the uncontended fast path, many locks at once, and a semaphore.
+//
+// Usage:
+//
+//	go run . [-redis ADDR] [-libs LIST] [-scenarios LIST] [-p N] [-g N] [-hold D] [-d D] [-quick] [-out DIR]
+//
+// Without -redis it starts redis-server on a free loopback port and stops
+// it at exit. Progress goes to stderr, the tables to stdout, and with -out
+// the CSV files and SVG charts to DIR.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// options are the command line.
+type options struct {
+	redis, redisServer string
+	libs, scenarios    string
+	out                string
+	settle             time.Duration
+	settings
+}
+
+func main() {
+	opts := parseFlags()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := bench(ctx, opts); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// parseFlags reads the command line.
+func parseFlags() options {
+	var o options
+	names := func(n []string) string { return strings.Join(n, ",") }
+	var libNames, scNames []string
+	for _, l := range libraries() {
+		libNames = append(libNames, l.name)
+	}
+	for _, sc := range scenarios() {
+		scNames = append(scNames, sc.name)
+	}
+	flag.StringVar(&o.redis, "redis", "", "address of the Redis to use (default: start redis-server on a free loopback port)")
+	flag.StringVar(&o.redisServer, "redis-server", "redis-server", "the redis-server binary started when -redis is not given")
+	flag.StringVar(&o.libs, "libs", "all", "comma-separated libraries: "+names(libNames))
+	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios: "+names(scNames))
+	flag.IntVar(&o.clients, "p", 0, "client instances (connection pools, as processes) (default: each scenario's own)")
+	flag.IntVar(&o.perClient, "g", 0, "goroutines per client in hot, hot0 and semaphore (default: each scenario's own)")
+	flag.DurationVar(&o.hold, "hold", 0, "how long a holder keeps the lock (default: each scenario's own)")
+	flag.DurationVar(&o.base, "d", 8*time.Second, "the hot scenario's measuring window; the others' scale from it")
+	quick := flag.Bool("quick", false, "a run of about a minute: -d 1.5s unless -d is given")
+	flag.StringVar(&o.out, "out", "", "directory for the CSV files and SVG charts (created if needed)")
+	flag.DurationVar(&o.settle, "settle", 300*time.Millisecond, "pause between runs")
+	flag.Parse()
+	flag.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "hold":
+			o.holdSet = true
+		case "d":
+			*quick = false
+		}
+	})
+	if *quick {
+		o.base = 1500 * time.Millisecond
+	}
+	return o
+}
+
+// A job is one library in one step of one scenario.
+type job struct {
+	scenario string
+	shape    shape
+	lib      library
+}
+
+// plan lists the jobs in run order: scenario by scenario, step by step,
+// every library in turn. Libraries without a semaphore sit out the
+// semaphore scenario.
+func plan(o options) ([]job, error) {
+	libs, err := selectLibraries(o.libs)
+	if err != nil {
+		return nil, fmt.Errorf("-libs: %w", err)
+	}
+	scs, err := selectByName(o.scenarios, scenarios(), func(sc scenario) string { return sc.name })
+	if err != nil {
+		return nil, fmt.Errorf("-scenarios: %w", err)
+	}
+	var jobs []job
+	for _, sc := range scs {
+		for _, s := range sc.shapes(o.settings) {
+			for _, lib := range libs {
+				if s.size == 0 || lib.semaphores {
+					jobs = append(jobs, job{scenario: sc.name, shape: s, lib: lib})
+				}
+			}
+		}
+	}
+	return jobs, nil
+}
+
+// bench runs the jobs on one Redis and reports.
+func bench(ctx context.Context, o options) (err error) {
+	jobs, err := plan(o)
+	if err != nil {
+		return err
+	}
+	var planned time.Duration
+	for _, j := range jobs {
+		planned += j.shape.warmup + j.shape.measure + o.settle
+	}
+	fmt.Fprintf(os.Stderr, "%d runs, about %v\n", len(jobs), planned.Round(time.Second))
+
+	var srv *server
+	if o.redis != "" {
+		srv, err = connectServer(ctx, o.redis)
+	} else {
+		srv, err = startServer(ctx, o.redisServer)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "redis at %s\n", srv.addr)
+	// Every key of this invocation contains token.
+	token := "rsbench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	defer func() {
+		pattern := ""
+		if o.redis != "" {
+			pattern = "*" + token + "*"
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if cerr := srv.close(ctx, pattern); err == nil {
+			err = cerr
+		}
+	}()
+
+	results, err := runJobs(ctx, srv, jobs, token, o.settle)
+	if err != nil {
+		return err
+	}
+	about := map[string]string{}
+	for _, j := range jobs {
+		about[j.lib.name] = j.lib.about
+	}
+	printReport(os.Stdout, results, about)
+	if o.out == "" {
+		return nil
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	if err := writeCSV(o.out, results); err != nil {
+		return err
+	}
+	if err := writeCharts(o.out, results); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote CSV and SVG files to %s\n", o.out)
+	return nil
+}
+
+// runJobs measures every job in turn, pausing settle between them.
+func runJobs(ctx context.Context, srv *server, jobs []job, token string, settle time.Duration) ([]result, error) {
+	prog := newProgress(os.Stderr, len(jobs))
+	var results []result
+	for i, j := range jobs {
+		prog.start(fmt.Sprintf("%s %s %s", j.scenario, j.shape.label(), j.lib.name))
+		planned := j.shape.warmup + j.shape.measure
+		key := fmt.Sprintf("%s:%s:%d:%s", token, j.scenario, j.shape.goroutines, j.lib.name)
+		res, err := measure(ctx, srv, j.lib, j.shape, key, func(elapsed time.Duration, acquired int64) {
+			prog.update(elapsed, planned, acquired)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s, %s: %w", j.scenario, j.lib.name, err)
+		}
+		res.scenario, res.library = j.scenario, j.lib.name
+		prog.finish(res)
+		results = append(results, res)
+		if i < len(jobs)-1 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(settle):
+			}
+		}
+	}
+	return results, nil
+}

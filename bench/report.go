@@ -1,0 +1,316 @@
+package main
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// legend explains the tables' columns.
+const legend = `Columns:
+  acq/s      acquisitions per second in the window; xlim: divided by the in-process limit's
+  cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
+             commands its script runs are not counted. Counted in the clients (go-redis
+             hooks; for rueidis a wrapper of Do/DoMulti), plus the (UN)SUBSCRIBE calls of
+             INFO commandstats, which pub/sub connections send past the hooks
+  calls/acq  commands Redis executed per acquisition: INFO commandstats calls, the
+             commands run inside Lua scripts included (the design notes' bar counts so)
+  req/acq    requests per acquisition, counted in the clients: a command or a pipeline is
+             one, as a round trip; rueidis auto-pipelines concurrent requests, so its
+             requests may share round trips
+  cpu/acq    Redis CPU time (used_cpu_user + used_cpu_sys) per acquisition
+  wait       from calling Lock to holding; p99 xlim: divided by the limit's p99
+  gap        from one holder's release to the next holder's acquisition (one process clock)
+  Jain       Jain's fairness index over the goroutines' acquisition counts (1 = equal)
+  viol       mutual-exclusion violations (must be 0); errs: failed Lock/Unlock calls
+  conns      most Redis client connections during the window, the benchmark's own excluded
+  The benchmark's own INFO commands are subtracted from the server's counts.`
+
+// A libSeries is one library's results over the steps of a series.
+type libSeries struct {
+	library string
+	results []result
+}
+
+// scenarioNames lists the scenarios present in results, in run order.
+func scenarioNames(results []result) []string {
+	var names []string
+	for _, r := range results {
+		if !slices.Contains(names, r.scenario) {
+			names = append(names, r.scenario)
+		}
+	}
+	return names
+}
+
+// headline returns the results of a scenario's last (largest) step.
+func headline(results []result, scenario string) []result {
+	most := 0
+	for _, r := range results {
+		if r.scenario == scenario {
+			most = max(most, r.goroutines)
+		}
+	}
+	var picked []result
+	for _, r := range results {
+		if r.scenario == scenario && r.goroutines == most {
+			picked = append(picked, r)
+		}
+	}
+	return picked
+}
+
+// scaleSeries groups the scale scenario's results by library, in order.
+func scaleSeries(results []result) []libSeries {
+	var out []libSeries
+	for _, r := range results {
+		if r.scenario != "scale" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(s libSeries) bool { return s.library == r.library })
+		if i < 0 {
+			i = len(out)
+			out = append(out, libSeries{library: r.library})
+		}
+		out[i].results = append(out[i].results, r)
+	}
+	return out
+}
+
+// printReport writes one table per scenario, the scale series and the
+// legend.
+func printReport(w io.Writer, results []result, about map[string]string) {
+	for _, sc := range scenarioNames(results) {
+		rows := headline(results, sc)
+		fmt.Fprintf(w, "\n== %s: %s, %.1f s window\n", sc, rows[0].label(), rows[0].seconds)
+		if sc == "uncontended" {
+			printUncontended(w, rows)
+		} else {
+			printContended(w, rows)
+		}
+	}
+	if series := scaleSeries(results); len(series) > 0 && len(series[0].results) > 1 {
+		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.cmds, 2) })
+		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.rate, 0) })
+		printSeries(w, series, "wait p99", func(r result) string { return fmtDur(r.wait.quantile(0.99)) })
+	}
+	fmt.Fprintln(w, "\nLibraries:")
+	for _, lib := range libraries() {
+		if text, ok := about[lib.name]; ok {
+			fmt.Fprintf(w, "  %-15s %s\n", lib.name, text)
+		}
+	}
+	fmt.Fprintln(w, legend)
+}
+
+// printContended writes the table of a scenario with waiters.
+func printContended(w io.Writer, rows []result) {
+	limit := findLimit(rows)
+	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "cpu/acq",
+		"wait p50", "p99", "p99 xlim", "max", "gap p50", "gap p99", "Jain", "viol", "errs", "conns"}}
+	for _, r := range rows {
+		p99 := r.wait.quantile(0.99)
+		t = append(t, []string{r.library, fmtNum(r.rate, 0), ratio(r.rate, limit.rate),
+			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu),
+			fmtDur(r.wait.quantile(0.5)), fmtDur(p99), ratio(float64(p99), float64(limit.wait.quantile(0.99))), fmtDur(r.wait.max),
+			fmtDur(r.gap.quantile(0.5)), fmtDur(r.gap.quantile(0.99)), fmtNum(r.jain, 3),
+			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), fmtConns(r.conns)})
+	}
+	writeTable(w, t)
+	printErrors(w, rows)
+}
+
+// printUncontended writes the table of the single-goroutine scenario.
+func printUncontended(w io.Writer, rows []result) {
+	t := [][]string{{"library", "ops/s", "op p50", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op", "cpu/op", "errs"}}
+	for _, r := range rows {
+		t = append(t, []string{r.library, fmtNum(r.rate, 0),
+			fmtDur(r.op.quantile(0.5)), fmtDur(r.op.quantile(0.99)), fmtDur(r.op.max), fmtDur(r.wait.quantile(0.5)),
+			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu),
+			strconv.FormatInt(r.errors, 10)})
+	}
+	writeTable(w, t)
+	printErrors(w, rows)
+}
+
+// printSeries writes one figure of the scale series: a row per library,
+// a column per waiter count.
+func printSeries(w io.Writer, series []libSeries, name string, cell func(result) string) {
+	fmt.Fprintf(w, "\n== scale series: %s by number of waiters\n", name)
+	head := []string{"library"}
+	for _, r := range series[0].results {
+		head = append(head, strconv.Itoa(r.goroutines))
+	}
+	t := [][]string{head}
+	for _, s := range series {
+		row := []string{s.library}
+		for _, r := range s.results {
+			row = append(row, cell(r))
+		}
+		t = append(t, row)
+	}
+	writeTable(w, t)
+}
+
+// printErrors writes the first error of each library that had any.
+func printErrors(w io.Writer, rows []result) {
+	for _, r := range rows {
+		if r.errors > 0 {
+			fmt.Fprintf(w, "  %s: %d errors, the first: %s\n", r.library, r.errors, r.firstError)
+		}
+	}
+}
+
+// findLimit returns the in-process limit's result among rows, or a zero
+// result when it did not run.
+func findLimit(rows []result) result {
+	for _, r := range rows {
+		if r.library == "limit" {
+			return r
+		}
+	}
+	return result{}
+}
+
+// writeTable writes rows as aligned columns: the first left-aligned, the
+// others right-aligned, with a rule under the header.
+func writeTable(w io.Writer, rows [][]string) {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, cell := range row {
+			widths[i] = max(widths[i], len([]rune(cell)))
+		}
+	}
+	for n, row := range rows {
+		var sb strings.Builder
+		for i, cell := range row {
+			pad := strings.Repeat(" ", widths[i]-len([]rune(cell)))
+			if i == 0 {
+				sb.WriteString(cell + pad)
+			} else {
+				sb.WriteString("  " + pad + cell)
+			}
+		}
+		fmt.Fprintln(w, sb.String())
+		if n == 0 {
+			fmt.Fprintln(w, strings.Repeat("-", len([]rune(sb.String()))))
+		}
+	}
+}
+
+// fmtNum formats v with the given decimals, "n/a" for NaN.
+func fmtNum(v float64, decimals int) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "n/a"
+	}
+	return strconv.FormatFloat(v, 'f', decimals, 64)
+}
+
+// ratio formats a/b as "0.93x", or "-" without a b.
+func ratio(a, b float64) string {
+	if b <= 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return "-"
+	}
+	return fmtNum(a/b, 2) + "x"
+}
+
+// fmtMicros formats a number of microseconds as a duration.
+func fmtMicros(us float64) string {
+	if math.IsNaN(us) {
+		return "n/a"
+	}
+	return fmtDur(time.Duration(us * 1e3))
+}
+
+// fmtConns formats a connection count, "-" when none was sampled.
+func fmtConns(n int) string {
+	if n < 0 {
+		return "-"
+	}
+	return strconv.Itoa(n)
+}
+
+// fmtDur formats d with three significant digits; "-" when negative (no
+// samples).
+func fmtDur(d time.Duration) string {
+	f := func(v float64, unit string) string {
+		switch {
+		case v >= 99.95:
+			return strconv.FormatFloat(v, 'f', 0, 64) + unit
+		case v >= 9.995:
+			return strconv.FormatFloat(v, 'f', 1, 64) + unit
+		}
+		return strconv.FormatFloat(v, 'f', 2, 64) + unit
+	}
+	switch {
+	case d < 0:
+		return "-"
+	case d < time.Microsecond:
+		return strconv.FormatInt(int64(d), 10) + "ns"
+	case d < time.Millisecond:
+		return f(float64(d)/1e3, "µs")
+	case d < time.Second:
+		return f(float64(d)/1e6, "ms")
+	}
+	return f(float64(d)/1e9, "s")
+}
+
+// writeCSV writes results.csv (one row per run) and waits.csv (the wait
+// percentiles of every run) into dir.
+func writeCSV(dir string, results []result) error {
+	runs := [][]string{{"scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
+		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "cpu_us_per_acq",
+		"wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us", "gap_p50_us", "gap_p99_us",
+		"jain", "violations", "errors", "conns"}}
+	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
+	us := func(d time.Duration) string {
+		if d < 0 {
+			return ""
+		}
+		return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64)
+	}
+	num := func(v float64) string {
+		if math.IsNaN(v) {
+			return ""
+		}
+		return strconv.FormatFloat(v, 'g', 6, 64)
+	}
+	for _, r := range results {
+		runs = append(runs, []string{r.scenario, r.library, strconv.Itoa(r.clients), strconv.Itoa(r.goroutines),
+			strconv.Itoa(r.keys), num(float64(r.hold) / 1e6), strconv.FormatInt(r.size, 10), num(r.seconds),
+			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.cpu),
+			us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
+			us(r.gap.quantile(0.5)), us(r.gap.quantile(0.99)), num(r.jain),
+			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns)})
+		for _, p := range []float64{1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100} {
+			waits = append(waits, []string{r.scenario, r.library, strconv.Itoa(r.goroutines),
+				strconv.FormatFloat(p, 'g', -1, 64), us(r.wait.quantile(p / 100))})
+		}
+	}
+	if err := writeCSVFile(filepath.Join(dir, "results.csv"), runs); err != nil {
+		return err
+	}
+	return writeCSVFile(filepath.Join(dir, "waits.csv"), waits)
+}
+
+// writeCSVFile writes records to the file at path.
+func writeCSVFile(path string, records [][]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	cw := csv.NewWriter(f)
+	cw.WriteAll(records)
+	if err := cw.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// sampleEvery is how often a run samples the server's client connections
+// and redraws the progress line.
+const sampleEvery = 100 * time.Millisecond
+
+// errorPause is how long a contender waits after a failed Lock before it
+// tries again, so that a broken library cannot spin.
+const errorPause = 10 * time.Millisecond
+
+// A result is what one library did in one shape of one scenario.
+type result struct {
+	scenario string
+	library  string
+	shape
+
+	seconds      float64 // length of the window
+	acquisitions int64   // completed in the window
+	rate         float64 // acquisitions per second
+
+	// Per acquisition; NaN when there were none.
+	cmds     float64 // commands clients sent to Redis (an EVAL counts one)
+	calls    float64 // commands Redis executed, those run by scripts included
+	requests float64 // requests the clients waited for (a pipeline counts one)
+	cpu      float64 // Redis CPU time, user + system, in µs
+
+	wait distribution // from calling Lock to holding
+	op   distribution // from calling Lock to Unlock's return
+	gap  distribution // from a release to the next acquisition (mutexes only)
+	jain float64      // over the contenders' acquisition counts
+
+	violations int64  // times more contenders were inside than allowed
+	errors     int64  // failed Lock or Unlock calls
+	firstError string // the first of them
+	conns      int    // most client connections seen, the benchmark's own excluded; -1: none seen
+}
+
+// lockState is the bookkeeping of one lock, shared by its contenders.
+type lockState struct {
+	inside      atomic.Int64 // contenders inside the critical section
+	lastRelease atomic.Int64 // when the last holder left it, on the run clock
+}
+
+// run is the state of one measured run, shared by its goroutines.
+type run struct {
+	shape
+	clock    time.Time    // the run clock's origin; its readings are monotonic
+	winStart atomic.Int64 // the window, on the run clock
+	winEnd   atomic.Int64
+	allowed  int64 // contenders allowed inside at once
+
+	locks []lockState
+	// counts[i] is contender i's acquisitions in the window; only
+	// contender i writes it, and only after it stopped is it read.
+	counts []int64
+
+	wait, op, gap histogram
+
+	acquired   atomic.Int64 // all acquisitions, window or not, for the progress line
+	violations atomic.Int64
+	errors     atomic.Int64
+	errOnce    sync.Once
+	firstError string
+}
+
+// now reads the run clock.
+func (r *run) now() int64 { return int64(time.Since(r.clock)) }
+
+// inWindow reports whether the run-clock time t is inside the window.
+func (r *run) inWindow(t int64) bool { return t >= r.winStart.Load() && t < r.winEnd.Load() }
+
+// fail records a failed call.
+func (r *run) fail(err error) {
+	r.errors.Add(1)
+	r.errOnce.Do(func() { r.firstError = err.Error() })
+}
+
+// contend is contender id's loop: take the lock, hold it, give it back,
+// until ctx ends. Once ctx has ended, a holder no longer holds, so that
+// the waiters of locks that cannot be cancelled drain fast.
+func (r *run) contend(ctx context.Context, id int, l locker, st *lockState) {
+	unlockCtx := context.WithoutCancel(ctx)
+	for ctx.Err() == nil {
+		t0 := r.now()
+		if err := l.Lock(ctx); err != nil {
+			if ctx.Err() == nil {
+				r.fail(err)
+				time.Sleep(errorPause)
+			}
+			continue
+		}
+		t1 := r.now()
+		prev := st.lastRelease.Load()
+		if st.inside.Add(1) > r.allowed {
+			r.violations.Add(1)
+		}
+		r.acquired.Add(1)
+		if r.hold > 0 && ctx.Err() == nil {
+			time.Sleep(r.hold)
+		}
+		st.inside.Add(-1)
+		st.lastRelease.Store(r.now())
+		err := l.Unlock(unlockCtx)
+		t3 := r.now()
+		if err != nil {
+			r.fail(err)
+		}
+		if r.inWindow(t1) {
+			r.counts[id]++
+			r.wait.record(time.Duration(t1 - t0))
+			r.op.record(time.Duration(t3 - t0))
+			if r.size == 0 && prev > 0 {
+				r.gap.record(time.Duration(t1 - prev))
+			}
+		}
+	}
+}
+
+// measure runs lib in shape s on srv and measures it. Keys are named
+// after key, fresh for each run. report is called every sampleEvery with
+// the time spent and the acquisitions made so far.
+func measure(ctx context.Context, srv *server, lib library, s shape, key string, report func(elapsed time.Duration, acquired int64)) (res result, err error) {
+	var counts clientCounts
+	instances := make([]instance, 0, s.clients)
+	defer func() {
+		for _, in := range instances {
+			err = errors.Join(err, in.Close())
+		}
+	}()
+	for range s.clients {
+		in, err := lib.open(srv.addr, &counts)
+		if err != nil {
+			return result{}, fmt.Errorf("%s: open: %w", lib.name, err)
+		}
+		instances = append(instances, in)
+	}
+	lockers, err := makeLockers(instances, s, key)
+	if err != nil {
+		return result{}, fmt.Errorf("%s: %w", lib.name, err)
+	}
+
+	r := &run{shape: s, clock: time.Now(), allowed: max(s.size, 1), locks: make([]lockState, s.keys), counts: make([]int64, s.goroutines)}
+	r.winStart.Store(math.MaxInt64)
+	r.winEnd.Store(math.MaxInt64)
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	perKey := s.goroutines / s.keys
+	for i, l := range lockers {
+		wg.Go(func() { r.contend(runCtx, i, l, &r.locks[min(i/perKey, s.keys-1)]) })
+	}
+
+	res, err = r.observe(ctx, srv, &counts, report)
+	stop()
+	wg.Wait()
+	if err != nil {
+		return result{}, err
+	}
+	r.summarize(&res)
+	return res, nil
+}
+
+// makeLockers gives every contender its own locker, on client i%clients
+// and lock i/(goroutines/keys).
+func makeLockers(instances []instance, s shape, key string) ([]locker, error) {
+	lockers := make([]locker, s.goroutines)
+	perKey := s.goroutines / s.keys
+	for i := range lockers {
+		in := instances[i%len(instances)]
+		name := key
+		if s.keys > 1 {
+			name = fmt.Sprintf("%s:%d", key, min(i/perKey, s.keys-1))
+		}
+		if s.size == 0 {
+			lockers[i] = in.Mutex(name)
+			continue
+		}
+		si, ok := in.(semaphoreInstance)
+		if !ok {
+			return nil, errors.New("no semaphore")
+		}
+		lockers[i] = si.Semaphore(name, s.size)
+	}
+	return lockers, nil
+}
+
+// observe lets the contenders warm up, then opens the window between two
+// snapshots of the server's counters, sampling its connections meanwhile.
+// It fills in the result's server-side and client-side figures.
+func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, report func(time.Duration, int64)) (result, error) {
+	began := time.Now()
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	wait := func(d time.Duration, sample func() error) error {
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-tick.C:
+			}
+			report(time.Since(began), r.acquired.Load())
+			if sample != nil {
+				if err := sample(); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := wait(r.warmup, nil); err != nil {
+		return result{}, err
+	}
+
+	before, err := srv.snapshot(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	requests0, commands0 := counts.requests.Load(), counts.commands.Load()
+	r.winStart.Store(r.now())
+	conns, samples := 0, 0 // conns counts the benchmark's own connection
+	err = wait(r.measure, func() error {
+		n, err := srv.clients(ctx)
+		conns, samples = max(conns, n), samples+1
+		return err
+	})
+	r.winEnd.Store(r.now())
+	requests1, commands1 := counts.requests.Load(), counts.commands.Load()
+	if err != nil {
+		return result{}, err
+	}
+	after, err := srv.snapshot(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	d := after.since(before, samples)
+	return result{
+		seconds:  float64(r.winEnd.Load()-r.winStart.Load()) / 1e9,
+		cmds:     float64(commands1 - commands0 + d.subs),
+		calls:    float64(d.calls),
+		cpu:      d.cpu * 1e6,
+		requests: float64(requests1 - requests0),
+		conns:    conns - 1,
+	}, nil
+}
+
+// summarize completes res from the contenders' records, once they stopped.
+func (r *run) summarize(res *result) {
+	for _, n := range r.counts {
+		res.acquisitions += n
+	}
+	res.shape = r.shape
+	res.rate = float64(res.acquisitions) / res.seconds
+	res.cmds = perAcquisition(res.cmds, res.acquisitions)
+	res.calls = perAcquisition(res.calls, res.acquisitions)
+	res.requests = perAcquisition(res.requests, res.acquisitions)
+	res.cpu = perAcquisition(res.cpu, res.acquisitions)
+	res.wait, res.op, res.gap = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot()
+	res.jain = jain(r.counts)
+	res.violations, res.errors, res.firstError = r.violations.Load(), r.errors.Load(), r.firstError
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"time"
+)
+
+// A shape is one measured configuration: who contends for what, how long.
+type shape struct {
+	clients    int           // instances, each with its own connections
+	goroutines int           // contenders in all, dealt round-robin to the clients
+	keys       int           // locks; consecutive contenders share one
+	hold       time.Duration // how long a contender keeps what it took
+	size       int64         // permits of a semaphore; 0: a mutex
+	warmup     time.Duration // contention before the window opens
+	measure    time.Duration // the window
+}
+
+// label describes s in a few words, for the progress line and the tables.
+func (s shape) label() string {
+	what := "lock"
+	if s.keys > 1 {
+		what = fmt.Sprintf("%d locks", s.keys)
+	}
+	if s.size > 0 {
+		what = fmt.Sprintf("semaphore(%d)", s.size)
+	}
+	return fmt.Sprintf("%dx%d on %s, hold %v", s.clients, s.goroutines/s.clients, what, s.hold)
+}
+
+// settings are the command line's knobs that shape the scenarios. A zero
+// clients, perClient or hold keeps each scenario's own.
+type settings struct {
+	base      time.Duration // the hot scenario's window; the others scale from it
+	clients   int
+	perClient int
+	hold      time.Duration
+	holdSet   bool
+}
+
+// pick returns a count setting when it is given, else the scenario's default.
+func pick(set, def int) int {
+	if set > 0 {
+		return set
+	}
+	return def
+}
+
+// A scenario is one workload, run for every library in turn.
+type scenario struct {
+	name  string
+	about string
+	// shapes returns the steps of the scenario (one, or a series).
+	shapes func(settings) []shape
+}
+
+// scaleWaiters are the steps of the scale series; the last is the scale
+// scenario's headline.
+var scaleWaiters = []int{32, 128, 512, 1024}
+
+// scenarios returns every scenario in the order they run.
+func scenarios() []scenario {
+	return []scenario{
+		{
+			name:  "hot",
+			about: "one hot lock, 4 clients x 8 goroutines, 1 ms hold (the design notes' bar)",
+			shapes: func(set settings) []shape {
+				p, g := pick(set.clients, 4), pick(set.perClient, 8)
+				return []shape{window(set, 1, shape{clients: p, goroutines: p * g, keys: 1, hold: holdOr(set, time.Millisecond)})}
+			},
+		},
+		{
+			name:  "hot0",
+			about: "the same lock with no hold: the lock's own cost per hand-off",
+			shapes: func(set settings) []shape {
+				p, g := pick(set.clients, 4), pick(set.perClient, 8)
+				return []shape{window(set, 0.5, shape{clients: p, goroutines: p * g, keys: 1})}
+			},
+		},
+		{
+			name:  "scale",
+			about: "one lock, 8 clients, waiters 32..1024, 1 ms hold: load as waiters grow",
+			shapes: func(set settings) []shape {
+				p := pick(set.clients, 8)
+				var steps []shape
+				for i, w := range scaleWaiters {
+					part := 0.25
+					if i == len(scaleWaiters)-1 {
+						part = 0.5
+					}
+					g := max(w/p, 1)
+					steps = append(steps, window(set, part, shape{clients: p, goroutines: p * g, keys: 1, hold: holdOr(set, time.Millisecond)}))
+				}
+				return steps
+			},
+		},
+		{
+			name:  "uncontended",
+			about: "one goroutine, Lock then Unlock: the latency of the fast path",
+			shapes: func(set settings) []shape {
+				return []shape{window(set, 0.25, shape{clients: 1, goroutines: 1, keys: 1})}
+			},
+		},
+		{
+			name:  "manylocks",
+			about: "1,000 locks, a holder and a waiter on each (on different clients), 100 ms hold",
+			shapes: func(set settings) []shape {
+				p := pick(set.clients, 4)
+				return []shape{window(set, 0.5, shape{clients: p, goroutines: 2000, keys: 1000, hold: holdOr(set, 100*time.Millisecond)})}
+			},
+		},
+		{
+			name:  "semaphore",
+			about: "a semaphore of 4 permits, 4 clients x 8 goroutines, 1 ms hold",
+			shapes: func(set settings) []shape {
+				p, g := pick(set.clients, 4), pick(set.perClient, 8)
+				return []shape{window(set, 1, shape{clients: p, goroutines: p * g, keys: 1, size: 4, hold: holdOr(set, time.Millisecond)})}
+			},
+		},
+	}
+}
+
+// holdOr returns the -hold setting when given (0 included), else def.
+func holdOr(set settings, def time.Duration) time.Duration {
+	if set.holdSet {
+		return set.hold
+	}
+	return def
+}
+
+// window gives s a measuring window of part of the base duration, and a
+// warm-up of a sixteenth of the base plus startWarmup per contender, for
+// their first attempts to be over before the window opens.
+func window(set settings, part float64, s shape) shape {
+	s.measure = time.Duration(part * float64(set.base))
+	s.warmup = set.base/16 + time.Duration(s.goroutines)*startWarmup
+	return s
+}
+
+// startWarmup is the warm-up given to each contender.
+const startWarmup = 500 * time.Microsecond

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+)
+
+// subscriptionCommands are counted from the server: clients send them on
+// pub/sub connections, which go-redis hooks do not see, and scripts cannot
+// run them.
+var subscriptionCommands = map[string]bool{
+	"cmdstat_subscribe": true, "cmdstat_unsubscribe": true,
+	"cmdstat_psubscribe": true, "cmdstat_punsubscribe": true,
+	"cmdstat_ssubscribe": true, "cmdstat_sunsubscribe": true,
+}
+
+// counters are the server's cumulative figures at one instant.
+type counters struct {
+	calls int64   // INFO commandstats calls, summed over all commands
+	subs  int64   // the calls of subscriptionCommands
+	cpu   float64 // INFO cpu used_cpu_user + used_cpu_sys, in seconds
+}
+
+// snapshot reads the counters with one INFO commandstats cpu.
+func (s *server) snapshot(ctx context.Context) (counters, error) {
+	info, err := s.admin.Info(ctx, "commandstats", "cpu").Result()
+	if err != nil {
+		return counters{}, err
+	}
+	var c counters
+	for key, value := range infoFields(info) {
+		switch {
+		case strings.HasPrefix(key, "cmdstat_"):
+			n := commandCalls(value)
+			c.calls += n
+			if subscriptionCommands[key] {
+				c.subs += n
+			}
+		case key == "used_cpu_user" || key == "used_cpu_sys":
+			v, _ := strconv.ParseFloat(value, 64)
+			c.cpu += v
+		}
+	}
+	return c, nil
+}
+
+// since returns how much the counters grew from before to c, net of the
+// benchmark's own commands: Redis counts a command after running it, so
+// the growth holds the first snapshot's INFO and the samples INFO clients
+// sent between the snapshots, but not the second snapshot's INFO.
+func (c counters) since(before counters, samples int) counters {
+	return counters{
+		calls: c.calls - before.calls - 1 - int64(samples),
+		subs:  c.subs - before.subs,
+		cpu:   c.cpu - before.cpu,
+	}
+}
+
+// clients returns INFO clients connected_clients, the benchmark's own
+// connection included.
+func (s *server) clients(ctx context.Context) (int, error) {
+	info, err := s.admin.Info(ctx, "clients").Result()
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(infoFields(info)["connected_clients"])
+}
+
+// infoFields parses an INFO reply into its "key:value" fields.
+func infoFields(info string) map[string]string {
+	fields := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		key, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && !strings.HasPrefix(key, "#") {
+			fields[key] = value
+		}
+	}
+	return fields
+}
+
+// commandCalls reads calls=N from a commandstats value.
+func commandCalls(value string) int64 {
+	for _, part := range strings.Split(value, ",") {
+		if n, ok := strings.CutPrefix(part, "calls="); ok {
+			v, _ := strconv.ParseInt(n, 10, 64)
+			return v
+		}
+	}
+	return 0
+}
