@@ -34,9 +34,10 @@ var (
 )
 
 // redisError adds ErrWrongType to an error from Redis when Redis or a
-// script reported a key of the wrong type.
+// script reported a key of the wrong type (a script's own error carries
+// the word after a position prefix, hence Contains).
 func redisError(err error) error {
-	if strings.HasPrefix(err.Error(), "WRONGTYPE") {
+	if strings.Contains(err.Error(), "WRONGTYPE") {
 		return errors.Join(ErrWrongType, err)
 	}
 	return err

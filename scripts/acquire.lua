@@ -25,15 +25,15 @@ local lock, token, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, lease, held, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
 local count = tonumber(redis.call('HGET', lock, owner) or '0')
+local t = check_counter(token)
 if count > 0 then
-  local t = redis.call('GET', token)
   if count == held then
     redis.call('HINCRBY', lock, owner, 1)
   elseif count ~= held + 1 then
     return redis.error_reply('ERR redisync: hold count of ' .. owner .. ' is ' .. count .. ', caller believes ' .. held)
   end
   redis.call('PEXPIRE', lock, lease)
-  return {1, tonumber(t) or 0}
+  return {1, t}
 end
 if held > 0 then
   return {-1, 0}

@@ -29,6 +29,17 @@ local function keep_alive(key, ms)
   end
 end
 
+-- check_counter fails the script, before it writes anything, when the
+-- fencing token key holds something other than a counter (INCR would only
+-- fail later, after other writes). The error carries WRONGTYPE.
+local function check_counter(token)
+  local v = redis.call('GET', token)
+  if v and not tonumber(v) then
+    error('WRONGTYPE redisync: ' .. token .. ' does not hold a counter')
+  end
+  return tonumber(v) or 0
+end
+
 -- grant makes owner the holder of the free lock for lease ms and returns
 -- its new fencing token. The token is minted first: a token key of the
 -- wrong type fails the script before the lock is written.

@@ -25,6 +25,7 @@ local lock, token, queue, waiters, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KE
 local owner, held, mytoken = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 
 local count = tonumber(redis.call('HGET', lock, owner) or '0')
+check_counter(token)
 if ARGV[8] == 'withdraw' then
   redis.call('ZREM', queue, owner)
   redis.call('HDEL', waiters, owner)

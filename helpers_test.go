@@ -1,0 +1,94 @@
+package redisync
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// newMini starts an embedded Redis and returns a go-redis client to it
+// that counts the commands it sends.
+func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *counter) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	cnt := &counter{}
+	rdb.AddHook(cnt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return mr, rdb, cnt
+}
+
+// newClient returns a redisync Client closed at the end of the test.
+func newClient(t *testing.T, rdb redis.UniversalClient, opts ...Option) *Client {
+	t.Helper()
+	c := New(rdb, opts...)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// counter is a go-redis hook that counts commands and can replay the next
+// command whose name and first argument match, as go-redis does when it
+// retries after a lost reply: the command runs twice, the caller sees the
+// second reply.
+type counter struct {
+	n      atomic.Int64
+	mu     sync.Mutex
+	replay string // "evalsha" etc.; "" when disarmed
+	sha    string
+}
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		if err := next(ctx, cmd); err != nil || !c.take(cmd) {
+			return err
+		}
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// armReplay makes the next EVALSHA of script run twice.
+func (c *counter) armReplay(s *redis.Script) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.replay, c.sha = "evalsha", s.Hash()
+}
+
+func (c *counter) take(cmd redis.Cmder) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	args := cmd.Args()
+	if c.replay == "" || strings.ToLower(cmd.Name()) != c.replay || len(args) < 2 || args[1] != c.sha {
+		return false
+	}
+	c.replay = ""
+	return true
+}
+
+// eventually fails the test unless cond becomes true within d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,307 @@
+// Package redistest gives tests a real Redis, found the way a developer's
+// machine has one:
+//
+//  1. REDIS_ADDR, when it is set;
+//  2. otherwise a redis-server binary on PATH, spawned on a free loopback
+//     port once per test package (and stopped by Main);
+//  3. otherwise a redis:7 container through testcontainers-go, when a
+//     Docker engine answers;
+//  4. otherwise the test is skipped with a message saying so, or fails when
+//     REDISYNC_REQUIRE_REDIS=1 (as in CI).
+//
+// Tests that kill, pause or restart Redis spawn servers of their own with
+// Spawn, which needs redis-server on PATH.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
+)
+
+// RequireEnv is the variable that turns a missing Redis from a skip into a
+// failure.
+const RequireEnv = "REDISYNC_REQUIRE_REDIS"
+
+var shared struct {
+	once    sync.Once
+	addr    string
+	why     string // why there is no Redis, when addr is ""
+	server  *Server
+	cleanup func()
+}
+
+// Main runs the package's tests, then stops the Redis it started. Use it
+// as goleak.VerifyTestMain(redistest.Main(m)).
+func Main(m *testing.M) interface{ Run() int } { return mainRunner{m} }
+
+type mainRunner struct{ m *testing.M }
+
+func (r mainRunner) Run() int {
+	code := r.m.Run()
+	if shared.server != nil {
+		shared.server.stop()
+	}
+	if shared.cleanup != nil {
+		shared.cleanup()
+	}
+	return code
+}
+
+// Addr returns the address of the package's Redis, or skips (fails under
+// REDISYNC_REQUIRE_REDIS=1) when there is none.
+func Addr(tb testing.TB) string {
+	tb.Helper()
+	shared.once.Do(func() { shared.addr, shared.why = find() })
+	if shared.addr == "" {
+		missing(tb, shared.why)
+	}
+	return shared.addr
+}
+
+// Client returns a go-redis client to the package's Redis, closed when the
+// test ends.
+func Client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	return NewClient(tb, Addr(tb))
+}
+
+// NewClient returns a go-redis client to addr, closed when the test ends.
+func NewClient(tb testing.TB, addr string) *redis.Client {
+	tb.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// missing skips or fails a test that has no Redis.
+func missing(tb testing.TB, why string) {
+	tb.Helper()
+	if os.Getenv(RequireEnv) == "1" {
+		tb.Fatalf("no Redis and %s=1: %s", RequireEnv, why)
+	}
+	tb.Skipf("no Redis (%s); set REDIS_ADDR or install redis-server", why)
+}
+
+// find locates or starts the package's Redis.
+func find() (addr, why string) {
+	if a := os.Getenv("REDIS_ADDR"); a != "" {
+		return a, ""
+	}
+	if _, err := exec.LookPath("redis-server"); err == nil {
+		s, err := start()
+		if err != nil {
+			return "", err.Error()
+		}
+		shared.server = s
+		return s.Addr, ""
+	}
+	a, cleanup, err := container()
+	if err != nil {
+		return "", "REDIS_ADDR unset, no redis-server on PATH, no Docker engine: " + err.Error()
+	}
+	shared.cleanup = cleanup
+	return a, ""
+}
+
+// container starts redis:7 with testcontainers-go.
+func container() (addr string, cleanup func(), err error) {
+	defer func() {
+		if r := recover(); r != nil { // testcontainers panics without an engine
+			err = fmt.Errorf("testcontainers: %v", r)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := testcontainers.Run(ctx, "redis:7",
+		testcontainers.WithExposedPorts("6379/tcp"),
+		testcontainers.WithWaitStrategy(wait.ForListeningPort("6379/tcp")))
+	if err != nil {
+		if c != nil {
+			_ = testcontainers.TerminateContainer(c)
+		}
+		return "", nil, err
+	}
+	addr, err = c.PortEndpoint(ctx, "6379/tcp", "")
+	if err != nil {
+		_ = testcontainers.TerminateContainer(c)
+		return "", nil, err
+	}
+	return addr, func() { _ = testcontainers.TerminateContainer(c) }, nil
+}
+
+// Server is a redis-server process of a test's own, on a loopback port.
+type Server struct {
+	// Addr is host:port.
+	Addr string
+	port int
+	args []string
+	dir  string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// Spawn starts a redis-server of the test's own with the extra
+// configuration args (such as "--appendonly", "yes"), stopped when the test
+// ends. It skips (or fails, under REDISYNC_REQUIRE_REDIS=1) without
+// redis-server on PATH.
+func Spawn(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		missing(tb, "no redis-server on PATH for a test that starts its own")
+	}
+	s, err := start(args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.stop)
+	return s
+}
+
+// start runs redis-server on a free port, with no persistence unless args
+// ask for it, and waits until it answers.
+func start(args ...string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	for try := 0; try < 5; try++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), port: port, args: args, dir: dir}
+		if err = s.launch(); err == nil {
+			return s, nil
+		}
+		// Another process may have taken the port meanwhile: try another.
+	}
+	_ = os.RemoveAll(dir)
+	return nil, fmt.Errorf("redistest: redis-server did not start")
+}
+
+// launch starts the process on s's port and waits until it answers PING.
+func (s *Server) launch() error {
+	argv := append([]string{
+		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--protected-mode", "no",
+	}, s.args...)
+	cmd := exec.Command("redis-server", argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return fmt.Errorf("redistest: redis-server on %s exited", s.Addr)
+		default:
+		}
+		if ping(s.Addr) {
+			s.mu.Lock()
+			s.cmd = cmd
+			s.mu.Unlock()
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+	return fmt.Errorf("redistest: redis-server on %s did not answer", s.Addr)
+}
+
+// Kill ends the server with SIGKILL and waits until the port is closed.
+func (s *Server) Kill(tb testing.TB) {
+	tb.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for ping(s.Addr) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("redis-server on %s still answers after SIGKILL", s.Addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Restart starts the server again on the same port after Kill.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	if err := s.launch(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Signal sends sig (such as SIGSTOP or SIGCONT) to the server process.
+func (s *Server) Signal(tb testing.TB, sig os.Signal) {
+	tb.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		tb.Fatal("redistest: server is not running")
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// stop kills the server and removes its directory.
+func (s *Server) stop() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGCONT) // in case a test paused it
+		_ = cmd.Process.Kill()
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+// ping reports whether a Redis answers PING on addr.
+func ping(addr string) bool {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	buf := make([]byte, 7)
+	n, _ := conn.Read(buf)
+	return string(buf[:n]) == "+PONG\r\n"
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

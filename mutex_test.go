@@ -1,0 +1,296 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+var ctx = context.Background()
+
+func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	cases := []struct {
+		name string
+		m    *Mutex
+		ctx  context.Context
+		want error
+	}{
+		{"empty name", c.NewMutex(""), ctx, ErrInvalidName},
+		{"long name", c.NewMutex(strings.Repeat("x", MaxNameLen+1)), ctx, ErrInvalidName},
+		{"zero lease", c.NewMutex("a", WithLease(0)), ctx, ErrInvalidOption},
+		{"negative lease", c.NewMutex("a", WithLease(-time.Second)), ctx, ErrInvalidOption},
+		{"huge lease", c.NewMutex("a", WithLease(MaxLease+1)), ctx, ErrInvalidOption},
+		{"tiny watchdog lease", c.NewMutex("a", WithWatchdogLease(2*time.Millisecond)), ctx, ErrInvalidOption},
+		{"zero heartbeat", c.NewMutex("a", WithHeartbeat(0)), ctx, ErrInvalidOption},
+		{"zero recheck", c.NewMutex("a", WithRecheck(0)), ctx, ErrInvalidOption},
+		{"prefix with brace", c.NewMutex("a", WithKeyPrefix("p{")), ctx, ErrInvalidOption},
+		{"empty prefix", c.NewMutex("a", WithKeyPrefix("")), ctx, ErrInvalidOption},
+		{"nil client", New(nil).NewMutex("a"), ctx, ErrNilClient},
+		{"cancelled context", c.NewMutex("a"), cancelled, context.Canceled},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.m.Lock(tc.ctx); !errors.Is(err, tc.want) {
+				t.Errorf("Lock: got %v, want %v", err, tc.want)
+			}
+			if ok, err := tc.m.TryLock(tc.ctx); ok || !errors.Is(err, tc.want) {
+				t.Errorf("TryLock: got %v, %v, want false, %v", ok, err, tc.want)
+			}
+			if err := tc.m.Unlock(tc.ctx); !errors.Is(err, tc.want) {
+				t.Errorf("Unlock: got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if n := cnt.n.Load(); n != 0 {
+		t.Errorf("%d commands reached Redis, want 0", n)
+	}
+}
+
+func TestMutexReentrantCountsAndToken(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("re")
+	for i := 1; i <= 3; i++ {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := mr.HGet("redisync:lock:{re}", m.owner); got != string(rune('0'+i)) {
+			t.Fatalf("after %d Locks the hold count is %q", i, got)
+		}
+	}
+	token := m.Token()
+	if token != 1 {
+		t.Fatalf("first hold's token is %d, want 1", token)
+	}
+	if ok, err := c.NewMutex("re").TryLock(ctx); ok || err != nil {
+		t.Fatalf("another owner's TryLock on a held lock: %v, %v", ok, err)
+	}
+	for i := 3; i >= 1; i-- {
+		if m.Token() != token {
+			t.Fatalf("re-entry changed the token: %d, want %d", m.Token(), token)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mr.Exists("redisync:lock:{re}") {
+		t.Fatal("lock key still exists after the last Unlock")
+	}
+	if m.Token() != 0 || m.Lost() != nil {
+		t.Fatal("Token/Lost should report no hold after the last Unlock")
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Unlock of a free lock: %v, want ErrNotHeld", err)
+	}
+	if err := m.Lock(ctx); err != nil || m.Token() != 2 {
+		t.Fatalf("second hold: %v, token %d, want 2", err, m.Token())
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMutexWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
+	for _, key := range []string{"redisync:lock:{wt}", "redisync:lock:{wt}:token"} {
+		t.Run(key, func(t *testing.T) {
+			mr, rdb, _ := newMini(t)
+			c := newClient(t, rdb)
+			if err := mr.Set(key, "x"); err != nil {
+				t.Fatal(err)
+			}
+			if key == "redisync:lock:{wt}" {
+				mr.Del(key)
+				mr.Lpush(key, "x")
+			}
+			m := c.NewMutex("wt")
+			if err := m.Lock(ctx); !errors.Is(err, ErrWrongType) {
+				t.Fatalf("Lock: %v, want ErrWrongType", err)
+			}
+			if ok, err := m.TryLock(ctx); ok || !errors.Is(err, ErrWrongType) {
+				t.Fatalf("TryLock: %v, %v, want ErrWrongType", ok, err)
+			}
+			if m.Token() != 0 {
+				t.Fatal("a failed Lock left a hold")
+			}
+			if key == "redisync:lock:{wt}:token" && mr.Exists("redisync:lock:{wt}") {
+				t.Fatal("the lock was written although its token key is of the wrong type")
+			}
+		})
+	}
+}
+
+func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("retry")
+	key := "redisync:lock:{retry}"
+	count := func() string { return mr.HGet(key, m.owner) }
+
+	cnt.armReplay(acquireScript)
+	if err := m.Lock(ctx); err != nil || count() != "1" {
+		t.Fatalf("replayed first acquire: %v, count %q, want 1", err, count())
+	}
+	cnt.armReplay(acquireScript)
+	if err := m.Lock(ctx); err != nil || count() != "2" {
+		t.Fatalf("replayed re-entry: %v, count %q, want 2", err, count())
+	}
+	cnt.armReplay(releaseScript)
+	if err := m.Unlock(ctx); err != nil || count() != "1" {
+		t.Fatalf("replayed partial release: %v, count %q, want 1", err, count())
+	}
+	cnt.armReplay(releaseScript)
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatalf("replayed final release: %v, want nil", err)
+	}
+	if mr.Exists(key) {
+		t.Fatal("lock still held after the final release")
+	}
+}
+
+func TestMutexLostWhenKeyRemoved(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	m := c.NewMutex("lost")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := m.Lost()
+	mr.Del("redisync:lock:{lost}")
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed after the key was removed")
+	}
+	if err := m.Lock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("re-entering a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock after loss: %v, want ErrLockLost", err)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("second Unlock after loss: %v, want ErrNotHeld", err)
+	}
+}
+
+func TestMutexUnlockAfterLossLeavesOtherOwnerAlone(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	a, b := c.NewMutex("steal"), c.NewMutex("steal")
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mr.Del("redisync:lock:{steal}")
+	if ok, err := b.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("b could not take the freed lock: %v, %v", ok, err)
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("a.Unlock: %v, want ErrLockLost", err)
+	}
+	if mr.HGet("redisync:lock:{steal}", b.owner) != "1" {
+		t.Fatal("a's Unlock touched b's hold")
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFixedLeaseLostAtDeadline(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("fixed", WithLease(50*time.Millisecond))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := mr.TTL("redisync:lock:{fixed}"); ttl != 50*time.Millisecond {
+		t.Fatalf("lease is %v, want 50ms", ttl)
+	}
+	select {
+	case <-m.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed when the fixed lease ran out")
+	}
+}
+
+func TestCloseEndsWaitersAndHolds(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := New(rdb, WithRecheck(time.Hour))
+	holder, waiter := c.NewMutex("close"), c.NewMutex("close")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- waiter.Lock(ctx) }()
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
+		c.sub.mu.Lock()
+		defer c.sub.mu.Unlock()
+		ch := c.sub.channels[waiter.channel]
+		return ch != nil && ch.confirmed && len(ch.waiters) == 1
+	})
+	lost := holder.Lost()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("waiting Lock after Close: %v, want ErrClosed", err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("a hold's Lost channel is still open after Close")
+	}
+	if err := holder.Unlock(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Unlock after Close: %v, want ErrClosed", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	a, b := c.NewMutex("wake"), c.NewMutex("wake")
+	// A first cycle loads the scripts, so that the count below has no
+	// EVALSHA answered NOSCRIPT in it.
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Lock(ctx) }()
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
+		c.sub.mu.Lock()
+		defer c.sub.mu.Unlock()
+		ch := c.sub.channels[b.channel]
+		return ch != nil && ch.confirmed && len(ch.waiters) == 1 && !ch.waiters[0].fired
+	})
+	before := cnt.n.Load()
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not woken by the Unlock (recheck is an hour)")
+	}
+	if n := cnt.n.Load() - before; n != 2 {
+		t.Errorf("Unlock + wake-up took %d commands, want 2 (release, acquire)", n)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
