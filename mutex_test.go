@@ -267,13 +267,15 @@ func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	start := cnt.n.Load()
 	done := make(chan error, 1)
 	go func() { done <- b.Lock(ctx) }()
-	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
+	// b attempts, subscribes, attempts again once subscribed, then sleeps.
+	eventually(t, 5*time.Second, "the waiter to subscribe and look again", func() bool {
 		c.sub.mu.Lock()
 		defer c.sub.mu.Unlock()
 		ch := c.sub.channels[b.channel]
-		return ch != nil && ch.confirmed && len(ch.waiters) == 1 && !ch.waiters[0].fired
+		return ch != nil && ch.confirmed && len(ch.waiters) == 1 && cnt.n.Load()-start == 2
 	})
 	before := cnt.n.Load()
 	if err := a.Unlock(ctx); err != nil {
