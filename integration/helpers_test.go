@@ -1,0 +1,96 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+var ctx = context.Background()
+
+// uniqueName returns a lock name that no other test uses.
+func uniqueName(t *testing.T) string {
+	return strings.ReplaceAll(t.Name(), "/", "-") + "-" + uuid.NewString()[:8]
+}
+
+// newClients returns n redisync Clients, each on a go-redis client of its
+// own (as n processes would have), closed at the end of the test.
+func newClients(t *testing.T, n int, opts ...redisync.Option) []*redisync.Client {
+	t.Helper()
+	addr := redistest.Addr(t)
+	cs := make([]*redisync.Client, n)
+	for i := range cs {
+		cs[i] = redisync.New(redistest.NewClient(t, addr), opts...)
+		c := cs[i]
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	return cs
+}
+
+// admin returns a plain go-redis client for looking at and changing keys.
+func admin(t *testing.T) *redis.Client {
+	t.Helper()
+	return redistest.Client(t)
+}
+
+// eventually fails the test unless cond becomes true within d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// cmdCounter counts the commands one Redis server executes, from INFO
+// commandstats (scripts' inner calls included).
+type cmdCounter struct{ rdb *redis.Client }
+
+// total returns the number of calls of every command so far.
+func (c cmdCounter) total(t *testing.T) int64 {
+	t.Helper()
+	info, err := c.rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		_, rest, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		var v int64
+		for _, r := range calls {
+			v = v*10 + int64(r-'0')
+		}
+		n += v
+	}
+	return n
+}
+
+// inCS counts goroutines inside a critical section and records the most
+// seen at once.
+type inCS struct{ now, max atomic.Int64 }
+
+func (c *inCS) enter() {
+	n := c.now.Add(1)
+	for {
+		m := c.max.Load()
+		if n <= m || c.max.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (c *inCS) leave() { c.now.Add(-1) }
