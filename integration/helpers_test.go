@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,9 +71,9 @@ func (c cmdCounter) total(t *testing.T) int64 {
 			continue
 		}
 		calls, _, _ := strings.Cut(rest, ",")
-		var v int64
-		for _, r := range calls {
-			v = v*10 + int64(r-'0')
+		v, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
 		}
 		n += v
 	}
