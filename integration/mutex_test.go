@@ -1,0 +1,356 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// lockKey is the key of a lock's hash under the default prefix.
+func lockKey(name string) string { return "redisync:lock:{" + name + "}" }
+
+// contend runs workers goroutines spread over cs, each taking a Mutex of
+// its own on name rounds times (holding it for hold), and fails the test
+// if two of them are ever inside at once. It returns each worker's
+// acquisition count and every token seen, in acquisition order.
+func contend(t *testing.T, cs []*redisync.Client, name string, workers, rounds int, hold time.Duration, opts ...redisync.Option) []int64 {
+	t.Helper()
+	var cs1 inCS
+	var mu sync.Mutex
+	var tokens []int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for i := range workers {
+		m := cs[i%len(cs)].NewMutex(name, opts...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if err := m.Lock(ctx); err != nil {
+					errs <- err
+					return
+				}
+				cs1.enter()
+				mu.Lock()
+				tokens = append(tokens, m.Token())
+				mu.Unlock()
+				time.Sleep(hold) // the work done under the lock
+				cs1.leave()
+				if err := m.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := cs1.max.Load(); n != 1 {
+		t.Fatalf("%d holders were inside the critical section at once", n)
+	}
+	return tokens
+}
+
+func TestMutexExclusionAndTokensUnderContention(t *testing.T) {
+	cs := newClients(t, 4)
+	tokens := contend(t, cs, uniqueName(t), 32, 20, 0)
+	if len(tokens) != 32*20 {
+		t.Fatalf("%d acquisitions, want %d", len(tokens), 32*20)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("token %d after %d: tokens must strictly increase", tokens[i], tokens[i-1])
+		}
+	}
+}
+
+func TestMutexReentrantOnRealRedis(t *testing.T) {
+	cs := newClients(t, 2)
+	name := uniqueName(t)
+	a, b := cs[0].NewMutex(name), cs[1].NewMutex(name)
+	for range 3 {
+		if err := a.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	token := a.Token()
+	for i := 3; i > 0; i-- {
+		if ok, err := b.TryLock(ctx); ok || err != nil {
+			t.Fatalf("b took the lock while a held %d levels: %v, %v", i, ok, err)
+		}
+		if a.Token() != token {
+			t.Fatal("re-entry changed the token")
+		}
+		if err := a.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := b.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("b could not take the lock after a's last Unlock: %v, %v", ok, err)
+	}
+	if b.Token() != token+1 {
+		t.Fatalf("b's token %d, want %d", b.Token(), token+1)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
+	const lease = time.Second
+	addr := redistest.Addr(t)
+	name := uniqueName(t)
+	crashed := redisync.New(redistest.NewClient(t, addr), redisync.WithLease(lease))
+	holder := crashed.NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	locked := time.Now()
+	_ = crashed.Close() // dies without Unlock
+
+	waiter := newClients(t, 1)[0].NewMutex(name)
+	if err := waiter.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(locked); d > lease+300*time.Millisecond {
+		t.Fatalf("waiter got the lock %v after the crash, want <= lease + 300ms", d)
+	}
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMutexLostWhenKeyDeletedBehindHolder(t *testing.T) {
+	c := newClients(t, 1, redisync.WithWatchdogLease(300*time.Millisecond))[0]
+	name := uniqueName(t)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := m.Lost()
+	if err := admin(t).Del(ctx, lockKey(name)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed within 5s of the key's removal (renewal every 100ms)")
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
+		t.Fatalf("Unlock after loss: %v, want ErrLockLost", err)
+	}
+}
+
+func TestMutexWaitersSurviveSubscriberKill(t *testing.T) {
+	cs := newClients(t, 3, redisync.WithRecheck(30*time.Second))
+	name := uniqueName(t)
+	holder := cs[0].NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 9
+	done := make(chan error, n)
+	for i := range n {
+		m := cs[i%3].NewMutex(name)
+		go func() {
+			err := m.Lock(ctx)
+			if err == nil {
+				err = m.Unlock(ctx)
+			}
+			done <- err
+		}()
+	}
+	rdb := admin(t)
+	channel := lockKey(name) + ":ch"
+	eventually(t, 5*time.Second, "3 subscribers on the lock's channel", func() bool {
+		return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 3
+	})
+	if err := rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The release's message may have been published while no subscriber
+	// was connected; the reconnect makes every waiter look again, long
+	// before the 30 s recheck.
+	timeout := time.After(10 * time.Second)
+	for range n {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-timeout:
+			t.Fatal("waiters still blocked 10s after their subscriber was killed")
+		}
+	}
+}
+
+func TestMutexBlockedWaitersDoNotPoll(t *testing.T) {
+	cs := newClients(t, 4)
+	name := uniqueName(t)
+	holder := cs[0].NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range n {
+		m := cs[i%4].NewMutex(name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.Lock(wctx); err == nil {
+				t.Error("a waiter took a held lock")
+			}
+		}()
+	}
+	rdb := admin(t)
+	channel := lockKey(name) + ":ch"
+	eventually(t, 5*time.Second, "4 subscribers", func() bool {
+		return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 4
+	})
+	// Let every waiter make its attempts and go to sleep, then watch the
+	// server for 5 s.
+	counter := cmdCounter{rdb}
+	settled := counter.total(t)
+	eventually(t, 5*time.Second, "the waiters to settle", func() bool {
+		now := counter.total(t)
+		quiet := now-settled <= 1 // the INFO call itself
+		settled = now
+		return quiet
+	})
+	before := counter.total(t)
+	time.Sleep(5 * time.Second)               // the observation window
+	executed := counter.total(t) - before - 1 // less our INFO
+	cancel()
+	wg.Wait()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Redis executed %d commands in 5 s with %d blocked waiters", executed, n)
+	if executed >= n {
+		t.Fatalf("Redis executed %d commands in 5 s with %d blocked waiters, want fewer than %d", executed, n, n)
+	}
+}
+
+func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
+	p := newProxy(t, redistest.Addr(t))
+	rdb := redistest.NewClient(t, p.Addr)
+	c := redisync.New(rdb)
+	t.Cleanup(func() { _ = c.Close() })
+	name := uniqueName(t)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); err != nil { // loads the scripts
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	count := func() string { return admin(t).HGet(ctx, lockKey(name), ownerOf(t, name)).Val() }
+
+	for i, step := range []struct {
+		op   func() error
+		want string
+	}{
+		{func() error { return m.Lock(ctx) }, "1"},
+		{func() error { return m.Lock(ctx) }, "2"},
+		{func() error { return m.Unlock(ctx) }, "1"},
+	} {
+		p.dropReplies(1)
+		if err := step.op(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got := count(); got != step.want {
+			t.Fatalf("step %d: hold count %q after a dropped and retried reply, want %s", i, got, step.want)
+		}
+	}
+	p.dropReplies(1)
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatalf("final Unlock with its reply dropped: %v", err)
+	}
+	if n := admin(t).Exists(ctx, lockKey(name)).Val(); n != 0 {
+		t.Fatal("the lock is still held after the final Unlock")
+	}
+}
+
+// ownerOf returns the only owner field of a lock's hash.
+func ownerOf(t *testing.T, name string) string {
+	t.Helper()
+	fields := admin(t).HKeys(ctx, lockKey(name)).Val()
+	if len(fields) != 1 {
+		t.Fatalf("lock hash has fields %v, want one owner", fields)
+	}
+	return fields[0]
+}
+
+func TestMutexWrongTypeOnRealRedis(t *testing.T) {
+	c := newClients(t, 1)[0]
+	rdb := admin(t)
+	for _, kind := range []string{"list", "token"} {
+		name := uniqueName(t) + kind
+		key := lockKey(name)
+		if kind == "list" {
+			rdb.RPush(ctx, key, "x")
+		} else {
+			key += ":token"
+			rdb.Set(ctx, key, "not a number", 0)
+		}
+		m := c.NewMutex(name)
+		if err := m.Lock(ctx); !errors.Is(err, redisync.ErrWrongType) {
+			t.Fatalf("%s: Lock: %v, want ErrWrongType", kind, err)
+		}
+		if kind == "token" && rdb.Exists(ctx, lockKey(name)).Val() != 0 {
+			t.Fatalf("%s: the lock was written", kind)
+		}
+		rdb.Del(ctx, key)
+	}
+}
+
+func TestMutexCancelledLockLeavesNothing(t *testing.T) {
+	cs := newClients(t, 2)
+	name := uniqueName(t)
+	holder := cs[0].NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, fair := range []bool{false, true} {
+		var opts []redisync.Option
+		if fair {
+			opts = append(opts, redisync.Fair())
+		}
+		m := cs[1].NewMutex(name, opts...)
+		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := m.Lock(wctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("fair=%v: Lock on a held lock: %v, want DeadlineExceeded", fair, err)
+		}
+	}
+	rdb := admin(t)
+	if owners := rdb.HKeys(ctx, lockKey(name)).Val(); len(owners) != 1 {
+		t.Fatalf("lock owners %v, want only the holder", owners)
+	}
+	for _, k := range []string{":queue", ":waiters"} {
+		if n := rdb.Exists(ctx, lockKey(name)+k).Val(); n != 0 {
+			t.Fatalf("%s left behind by a cancelled Lock", k)
+		}
+	}
+	channel := lockKey(name) + ":ch"
+	eventually(t, 10*time.Second, "the idle channel to be unsubscribed", func() bool {
+		return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 0
+	})
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
