@@ -342,15 +342,17 @@ func (m *Mutex) drop() {
 
 // heartbeat registers a queued fair waiter with the watchdog, which keeps
 // its place alive and nudges w when it finds the waiter dequeued (handed
-// the lock, or dropped).
+// the lock, or dropped), or the lock free with nobody to announce it (a
+// hand-off to a waiter that died has run out).
 func (m *Mutex) heartbeat(w *waiter) *keepalive {
 	hb := &keepalive{
 		kind:  "wait",
 		owner: m.owner,
-		keys:  m.keys[2:4],
+		keys:  []string{m.keys[2], m.keys[3], m.keys[0]},
 		ttl:   m.cfg.heartbeat,
 		renew: true,
 		gone:  w.nudge,
+		free:  w.nudge,
 	}
 	if !m.c.wd.add(hb, time.Now(), m.cfg.heartbeat) {
 		return nil

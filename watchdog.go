@@ -48,6 +48,7 @@ type keepalive struct {
 	due      time.Time // next renewal
 	deadline time.Time // hold: when it is lost unless renewed
 	gone     func()    // called once, without locks, when dropped by the watchdog
+	free     func()    // waiter: called, without locks, when its lock is found free
 }
 
 func newWatchdog(rdb redis.UniversalClient, ctx context.Context) *watchdog {
@@ -217,6 +218,9 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 		switch {
 		case err == nil && i < len(res) && res[i] == 1:
 			e.set(sent, e.ttl)
+		case err == nil && i < len(res) && res[i] == 2:
+			e.set(sent, e.ttl)
+			gone = append(gone, e.free)
 		case err == nil:
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
