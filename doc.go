@@ -1,0 +1,46 @@
+// Package redisync provides distributed synchronization primitives on
+// Redis for Go services: a reentrant, leased Mutex with a blocking
+// Lock(ctx), a fair (FIFO) variant, and fencing tokens.
+//
+// # Waiting without polling
+//
+// A Mutex that finds its lock held does not poll Redis. It registers with
+// its Client's one subscriber (a single pub/sub connection shared by every
+// waiter of every lock of that Client), makes sure the subscription is
+// confirmed, looks at the lock once more, and sleeps. The release that
+// frees the lock publishes on the lock's channel, which wakes one waiter
+// per process (or, for a fair Mutex, hands the lock to the next waiter in
+// the same script). A message is only a hint: every sleep is also bounded
+// by the lock's remaining lease and by the recheck interval (WithRecheck),
+// and a reconnect of the subscriber makes every waiter look again.
+//
+// # Leases, the watchdog and loss
+//
+// Every hold has a lease in Redis, so a holder that dies frees the lock
+// when the lease runs out. By default the Client's watchdog keeps a 30 s
+// lease alive while the lock is held, renewing every hold of the Client in
+// one script call every 10 s. When a renewal finds the hold gone, or
+// renewals fail until the lease must have run out by the local clock, the
+// hold is lost: Mutex.Lost is closed before Redis can give the lock to
+// anyone else, and Unlock reports ErrLockLost.
+//
+// # Fencing tokens
+//
+// Every new hold of a lock gets a token strictly larger than every earlier
+// hold's (Mutex.Token). A lease cannot protect a resource from a holder
+// that paused past its lease; a resource that rejects writes carrying a
+// token lower than the highest it has seen can. See docs/guarantees.md.
+//
+// # Keys
+//
+// A lock called name lives in keys that share the hash tag {name}, so that
+// its scripts touch one Redis Cluster slot:
+//
+//	redisync:lock:{name}           hash: owner id -> hold count, with the lease as TTL
+//	redisync:lock:{name}:token     counter of fencing tokens (no TTL)
+//	redisync:lock:{name}:queue     fair waiters in arrival order (zset)
+//	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
+//	redisync:lock:{name}:ch        the channel releases publish on
+//
+// The prefix "redisync" is set with WithKeyPrefix.
+package redisync
