@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -156,7 +157,7 @@ func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
 	if err := cmd.Start(); err != nil {
 		j.release(h)
 		code := exitCannotRun
-		if errors.Is(err, exec.ErrNotFound) {
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			code = exitNotFound
 		}
 		return errorf(code, "cannot run %s: %v", j.argv[0], err)
