@@ -62,6 +62,8 @@ type demoEnv struct {
 // demoPart is one primitive shown by the demo: the fair lock, and the
 // semaphore in a build with semaphores (demo_sem.go).
 type demoPart interface {
+	// title names the primitive, for the header.
+	title(env *demoEnv) string
 	// start starts the part's workers in wg; they stop when ctx ends.
 	start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup)
 	// view returns the part's lines of the live view of st.
@@ -201,8 +203,12 @@ func (d *demo) run(ctx context.Context) int {
 	for _, p := range d.parts {
 		p.start(wctx, d.env, &wg)
 	}
-	fmt.Fprintf(os.Stdout, "redisync demo: %d clients x %d workers contend for the fair lock %q on %s for %v\n",
-		len(d.env.clients), d.env.workers, d.env.name, d.where, d.duration)
+	titles := make([]string, len(d.parts))
+	for i, p := range d.parts {
+		titles[i] = p.title(d.env)
+	}
+	fmt.Fprintf(os.Stdout, "redisync demo: %d clients x %d workers contend for %s on %s for %v\n",
+		len(d.env.clients), d.env.workers, strings.Join(titles, " and "), d.where, d.duration)
 	if d.live {
 		fmt.Fprint(os.Stdout, "\x1b[?25l") // hide the cursor while redrawing
 		defer fmt.Fprint(os.Stdout, "\x1b[?25h")

@@ -34,8 +34,7 @@ const usageHead = `redisync: distributed locks and semaphores on Redis, from the
 Usage:
 `
 
-const usageTail = `  redisync help   [COMMAND]                        show this text, or a command's help
-
+const usageTail = `
 Run "redisync COMMAND --help" for a command's flags and examples.
 
 Redis is found, in order, from --redis, $REDIS_URL, $REDIS_ADDR, else
@@ -61,8 +60,14 @@ Exit codes:
 func usage() string {
 	var b strings.Builder
 	b.WriteString(usageHead)
-	for _, c := range commands {
-		fmt.Fprintf(&b, "  redisync %-6s %-34s %s\n", c.name, c.synopsis, c.summary)
+	help := &command{name: "help", synopsis: "[COMMAND]", summary: "show this text, or a command's help"}
+	all := append(slices.Clone(commands), help)
+	width := 0
+	for _, c := range all {
+		width = max(width, len(c.synopsis))
+	}
+	for _, c := range all {
+		fmt.Fprintf(&b, "  redisync %-6s %-*s  %s\n", c.name, width, c.synopsis, c.summary)
 	}
 	b.WriteString(usageTail)
 	return b.String()

@@ -19,9 +19,8 @@ import (
 const statusHelp = `Usage: redisync status [flags] NAME
 
 Show the state of the lock NAME: who holds it (owner id, hold count,
-remaining lease, fencing token), the fair queue in order with each
-waiter's heartbeat deadline, and, if a semaphore NAME exists, its holders
-with their permits and leases and its queue. Only reads Redis.
+remaining lease, fencing token) and the fair queue in order with each
+waiter's heartbeat deadline. Only reads Redis, in one transaction.
 
 Times come from the Redis server's clock. An owner id is the holding
 process's client id followed by a number.
@@ -35,9 +34,9 @@ JSON (--json): {"name", "prefix", "server_time_ms",
   "lock": {"held", "holder": {"owner", "count", "lease_ms", "token"} | null,
            "last_token", "queue": [{"position", "owner", "arrival",
            "heartbeat_ms", "handoff_lease_ms", "alive"}]},
-  "semaphore": {"size", "available", "holders": [{"owner", "permits",
-                "lease_ms"}], "queue": [{"position", "owner", "permits",
-                "heartbeat_ms", "alive"}]} | null}
+  "semaphore": null, or in a build with semaphores {"size", "available",
+                "holders": [{"owner", "permits", "lease_ms"}], "queue":
+                [{"position", "owner", "permits", "heartbeat_ms", "alive"}]}}
 lease_ms is -1 for a key without expiry; heartbeat_ms is the time left
 before a waiter that stops sending heartbeats is skipped (negative: overdue).
 `
@@ -237,33 +236,46 @@ func firstKey(m map[string]string) string {
 	return keys[0]
 }
 
-// print writes st as tables.
+// print writes st for people.
 func (st *Status) print(out io.Writer) {
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	defer tw.Flush()
 	l := st.Lock
-	fmt.Fprintf(tw, "lock %q (prefix %q)\n", st.Name, st.Prefix)
+	fmt.Fprintf(out, "lock %q (prefix %q)\n", st.Name, st.Prefix)
 	if h := l.Holder; h != nil {
-		fmt.Fprintf(tw, "  holder\t%s\n", h.Owner)
-		fmt.Fprintf(tw, "  hold count\t%d\n", h.Count)
-		fmt.Fprintf(tw, "  lease\t%s\n", leaseText(h.LeaseMS))
-		fmt.Fprintf(tw, "  fencing token\t%d\n", h.Token)
+		field(out, "holder", h.Owner)
+		field(out, "hold count", strconv.FormatInt(h.Count, 10))
+		field(out, "lease", leaseText(h.LeaseMS))
+		field(out, "fencing token", strconv.FormatInt(h.Token, 10))
 	} else {
-		fmt.Fprintf(tw, "  holder\tnone (free)\n")
+		field(out, "holder", "none (free)")
 		if l.LastToken > 0 {
-			fmt.Fprintf(tw, "  last token\t%d\n", l.LastToken)
+			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
 		}
 	}
 	if len(l.Queue) == 0 {
-		fmt.Fprintf(tw, "  queue\tempty\n")
+		field(out, "queue", "empty")
 	} else {
-		fmt.Fprintf(tw, "  queue\t%d waiting, first come first served\n", len(l.Queue))
-		fmt.Fprintf(tw, "    #\towner\tarrival\theartbeat due\thand-off lease\n")
+		field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(l.Queue)))
+		rows := [][]string{{"#", "owner", "arrival", "heartbeat due", "hand-off lease"}}
 		for _, w := range l.Queue {
-			fmt.Fprintf(tw, "    %d\t%s\t%d\t%s\t%s\n", w.Position, w.Owner, w.Arrival, heartbeatText(w), ms(w.HandoffLeaseMS))
+			rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, strconv.FormatInt(w.Arrival, 10), heartbeatText(w), ms(w.HandoffLeaseMS)})
 		}
+		table(out, rows)
 	}
-	printSemaphore(tw, st)
+	printSemaphore(out, st)
+}
+
+// field writes one "name  value" line of a status.
+func field(out io.Writer, name, value string) {
+	fmt.Fprintf(out, "  %-14s %s\n", name, value)
+}
+
+// table writes rows as aligned columns, indented under a field.
+func table(out io.Writer, rows [][]string) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "    %s\n", strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
 }
 
 // leaseText describes a remaining lease.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,7 +69,7 @@ func TestStatus(t *testing.T) {
 	code, p = runCode(t, addr, "status", name)
 	out := p.stdout.String()
 	if code != 0 || !strings.Contains(out, holder[0]) || !strings.Contains(out, "2 waiting") ||
-		strings.Index(out, queue[0]) > strings.Index(out, queue[1]) || !strings.Contains(out, "fencing token  "+strconv.FormatInt(m.Token(), 10)) {
+		strings.Index(out, queue[0]) > strings.Index(out, queue[1]) || !regexp.MustCompile(`fencing token +`+strconv.FormatInt(m.Token(), 10)+"\n").MatchString(out) {
 		t.Errorf("exit %d, table:\n%s", code, out)
 	}
 
