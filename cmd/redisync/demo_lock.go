@@ -129,23 +129,26 @@ func (p *lockPart) view(st *Status, lab *labeler) []string {
 	} else {
 		lines = append(lines, "    held by   nobody (free)")
 	}
-	// One row per worker, so that the frame keeps its height.
-	rows := max(len(p.acq)*len(p.acq[0])-1, len(l.Queue))
-	for i := range rows {
+	// As many rows as can wait (up to maxQueueRows), so that the frame
+	// keeps its height.
+	const maxQueueRows = 10
+	rows := min(len(p.acq)*len(p.acq[0])-1, maxQueueRows)
+	for i := range max(rows, 1) {
 		head := "              "
 		if i == 0 {
 			head = "    queue     "
 		}
-		if i >= len(l.Queue) {
-			if i == 0 {
-				lines = append(lines, head+"empty")
-			} else {
-				lines = append(lines, "")
-			}
-			continue
+		switch {
+		case i == 0 && len(l.Queue) == 0:
+			lines = append(lines, head+"empty")
+		case i >= len(l.Queue):
+			lines = append(lines, "")
+		case i == rows-1 && len(l.Queue) > rows:
+			lines = append(lines, fmt.Sprintf("%s    ... and %d more", head, len(l.Queue)-i))
+		default:
+			w := l.Queue[i]
+			lines = append(lines, fmt.Sprintf("%s%2d. %-8s heartbeat %s", head, w.Position, lab.name(w.Owner), heartbeatText(w)))
 		}
-		w := l.Queue[i]
-		lines = append(lines, fmt.Sprintf("%s%2d. %-8s heartbeat %s", head, w.Position, lab.name(w.Owner), heartbeatText(w)))
 	}
 	return append(lines, "    per client "+p.bars())
 }
