@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync"
+)
+
+const lockHelp = `Usage: redisync lock [flags] NAME -- CMD [ARGS...]
+
+Wait for the lock NAME, run CMD while holding it, release it when CMD ends,
+and exit with CMD's exit code.
+
+While CMD runs, the lock's lease is renewed by a watchdog (or, with --lease,
+fixed: the lock is held for at most that long). If the lock is lost anyway
+(lease ran out, key removed, Redis unreachable for a whole lease), CMD gets
+SIGTERM, then SIGKILL after --grace, and redisync exits with 76.
+
+CMD gets redisync's stdin, stdout and stderr, and in its environment
+REDISYNC_TOKEN (the hold's fencing token: it grows with every new hold of
+NAME, so a resource can reject writes carrying an older token) and
+REDISYNC_NAME. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redisync are
+passed on to CMD (a Ctrl-C typed in the terminal already reaches CMD and is
+not sent twice). A signal while waiting cancels the wait and leaves nothing
+queued; redisync then exits with 128+N.
+
+Exit codes: CMD's own; 64 usage; 69 Redis unreachable; 70 Redis error;
+75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
+found; 128+N signal N.
+
+Examples:
+  # one nightly backup at a time, across all machines
+  redisync lock backup -- ./backup.sh --full
+
+  # first come, first served; give up after 30 seconds (exit 75)
+  redisync lock --fair --wait 30s deploy -- make deploy
+
+  # hold for at most 5 minutes, whatever happens to this process
+  redisync lock --lease 5m migrate -- ./migrate.sh
+
+  # pass the fencing token on to the resource
+  redisync lock --redis rediss://:secret@redis.example.com:6380 job -- \
+      sh -c 'curl -H "Fencing-Token: $REDISYNC_TOKEN" https://example.com/write'
+`
+
+// holdFlags are the flags shared by lock and sem.
+type holdFlags struct {
+	redis, prefix       *string
+	wait, lease, grace  *time.Duration
+	watchdog, heartbeat *time.Duration
+	verbose             *bool
+}
+
+func addHoldFlags(fs *flag.FlagSet) holdFlags {
+	return holdFlags{
+		redis:     redisFlag(fs),
+		prefix:    fs.String("prefix", "redisync", "key `prefix` of the Redis keys"),
+		wait:      fs.Duration("wait", 0, "give up (exit 75) after waiting this `long`; 0 waits forever"),
+		lease:     fs.Duration("lease", 0, "fixed lease: hold for at most this `long`, no renewal; 0 renews with a watchdog"),
+		watchdog:  fs.Duration("watchdog-lease", 30*time.Second, "lease kept alive by the watchdog, renewed every third of it;\nif redisync dies, others get in after at most this `long`"),
+		heartbeat: fs.Duration("heartbeat", 3*time.Second, "how `long` a waiter stays queued without a heartbeat (sent every third of it)"),
+		grace:     fs.Duration("grace", 10*time.Second, "after a loss, how `long` CMD has between SIGTERM and SIGKILL"),
+		verbose:   fs.Bool("verbose", false, "report acquiring and releasing on stderr"),
+	}
+}
+
+// check validates the flags and returns the library options they give.
+func (f holdFlags) check() ([]redisync.Option, error) {
+	if err := checkPrefix(*f.prefix); err != nil {
+		return nil, err
+	}
+	switch {
+	case *f.wait < 0:
+		return nil, fmt.Errorf("--wait %v is negative", *f.wait)
+	case *f.lease < 0:
+		return nil, fmt.Errorf("--lease %v is negative", *f.lease)
+	case *f.grace < 0:
+		return nil, fmt.Errorf("--grace %v is negative", *f.grace)
+	}
+	opts := []redisync.Option{
+		redisync.WithKeyPrefix(*f.prefix),
+		redisync.WithWatchdogLease(*f.watchdog),
+		redisync.WithHeartbeat(*f.heartbeat),
+	}
+	if *f.lease > 0 {
+		opts = append(opts, redisync.WithLease(*f.lease))
+	}
+	return opts, nil
+}
+
+// commandLine checks that p has exactly one NAME and a command after "--".
+func commandLine(p parsed) (string, []string, error) {
+	switch {
+	case len(p.pos) == 0:
+		return "", nil, errors.New("missing NAME")
+	case len(p.pos) > 1 && !p.dashdash:
+		return "", nil, fmt.Errorf("missing -- before the command (%q): write NAME -- CMD [ARGS...]", p.pos[1])
+	case len(p.pos) > 1:
+		return "", nil, fmt.Errorf("unexpected argument %q before --", p.pos[1])
+	case !p.dashdash:
+		return "", nil, errors.New("missing -- CMD [ARGS...] after NAME")
+	case len(p.cmd) == 0 || p.cmd[0] == "":
+		return "", nil, errors.New("missing command after --")
+	}
+	return p.pos[0], p.cmd, checkName(p.pos[0])
+}
+
+func runLock(args []string) int {
+	fs := newFlags("lock")
+	fair := fs.Bool("fair", false, "first come, first served: wait in a FIFO queue shared by all processes")
+	hf := addHoldFlags(fs)
+	p, err := parseArgs(fs, lockHelp, args)
+	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return usageError("lock", err)
+	}
+	name, argv, err := commandLine(p)
+	if err != nil {
+		return usageError("lock", err)
+	}
+	opts, err := hf.check()
+	if err != nil {
+		return usageError("lock", err)
+	}
+	if *fair {
+		opts = append(opts, redisync.Fair())
+	}
+	j := &job{
+		what:    fmt.Sprintf("lock %q", name),
+		target:  resolveTarget(*hf.redis),
+		wait:    *hf.wait,
+		grace:   *hf.grace,
+		verbose: *hf.verbose,
+		argv:    argv,
+		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
+			return acquireLock(ctx, rdb, name, opts)
+		},
+	}
+	return j.execute()
+}
+
+// acquireLock blocks until the lock name is held.
+func acquireLock(ctx context.Context, rdb redis.UniversalClient, name string, opts []redisync.Option) (*hold, error) {
+	c := redisync.New(rdb, opts...)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	token := m.Token()
+	return &hold{
+		desc:    fmt.Sprintf("lock %q (token %d)", name, token),
+		env:     []string{"REDISYNC_TOKEN=" + strconv.FormatInt(token, 10), "REDISYNC_NAME=" + name},
+		lost:    m.Lost(),
+		release: m.Unlock,
+		close:   func() { _ = c.Close() },
+	}, nil
+}

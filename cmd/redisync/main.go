@@ -1,0 +1,220 @@
+// Command redisync runs a command while holding a distributed lock or
+// semaphore kept in Redis, shows who holds and who waits for one, and
+// demonstrates both on an embedded Redis.
+//
+// Run "redisync help" for the usage and the exit codes.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+)
+
+// Exit codes. A command run by lock or sem passes its own exit code
+// through, and 128+N when it was killed by signal N.
+const (
+	exitOK          = 0
+	exitUsage       = 64  // bad flags or arguments, bad Redis URL (EX_USAGE)
+	exitUnavailable = 69  // Redis unreachable or refused the connection (EX_UNAVAILABLE)
+	exitSoftware    = 70  // Redis error, a key of the wrong type, a failed demo check (EX_SOFTWARE)
+	exitTimeout     = 75  // --wait ran out before the lock or permits were acquired (EX_TEMPFAIL)
+	exitLost        = 76  // the lock or permits were lost while the command ran
+	exitCannotRun   = 126 // the command was found but could not be started
+	exitNotFound    = 127 // the command was not found
+	exitSignal      = 128 // + N: interrupted by signal N
+)
+
+const usageHead = `redisync: distributed locks and semaphores on Redis, from the shell.
+
+Usage:
+`
+
+const usageTail = `
+Run "redisync COMMAND --help" for a command's flags and examples.
+
+Redis is found, in order, from --redis, $REDIS_URL, $REDIS_ADDR, else
+127.0.0.1:6379 (demo: an embedded in-process Redis). URLs are
+redis://[user:password@]host:port[/db] or rediss://... for TLS; a bare
+host:port is accepted too.
+
+Exit codes:
+  0        success (lock, sem: CMD exited 0)
+  1-125    lock, sem: CMD's own exit code
+  64       usage error: bad flag or argument, missing CMD after --, bad Redis URL
+  69       Redis unreachable, or it refused the connection (auth, TLS)
+  70       Redis error (e.g. a key of the wrong type); demo: a check failed
+  75       --wait ran out before the lock or permits were acquired
+  76       the lock or permits were lost while CMD ran; CMD was terminated
+  126      CMD could not be started
+  127      CMD not found
+  128+N    redisync or CMD was interrupted by signal N (130: SIGINT, 143: SIGTERM)
+`
+
+// usage returns the top-level help: the commands this build has, in
+// order, and the exit codes.
+func usage() string {
+	var b strings.Builder
+	b.WriteString(usageHead)
+	help := &command{name: "help", synopsis: "[COMMAND]", summary: "show this text, or a command's help"}
+	all := append(slices.Clone(commands), help)
+	width := 0
+	for _, c := range all {
+		width = max(width, len(c.synopsis))
+	}
+	for _, c := range all {
+		fmt.Fprintf(&b, "  redisync %-6s %-*s  %s\n", c.name, width, c.synopsis, c.summary)
+	}
+	b.WriteString(usageTail)
+	return b.String()
+}
+
+// command is one subcommand.
+type command struct {
+	name     string
+	synopsis string // arguments, for the usage
+	summary  string // what it does, for the usage
+	run      func(args []string) int
+	help     string
+}
+
+// commands are the subcommands in the order the usage lists them. Code
+// behind a build tag (sem.go) adds to it from init with addCommand.
+var commands = []*command{
+	{"lock", "[flags] NAME -- CMD [ARGS...]", "run CMD while holding lock NAME", runLock, lockHelp},
+	{"status", "[flags] NAME", "show who holds NAME and who waits, in order", runStatus, statusHelp},
+	{"demo", "[flags]", "watch simulated clients contend (embedded Redis)", runDemo, demoHelp},
+}
+
+// addCommand adds c to the commands after the one called after.
+func addCommand(after string, c *command) {
+	i := slices.IndexFunc(commands, func(c *command) bool { return c.name == after })
+	commands = slices.Insert(commands, i+1, c)
+}
+
+// lookup returns the command called name, or nil.
+func lookup(name string) *command {
+	i := slices.IndexFunc(commands, func(c *command) bool { return c.name == name })
+	if i < 0 {
+		return nil
+	}
+	return commands[i]
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run dispatches to a subcommand and returns the exit code.
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage())
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 {
+			if c := lookup(rest[0]); c != nil {
+				fmt.Fprint(os.Stdout, c.help)
+				return exitOK
+			}
+			return usageError("help", fmt.Errorf("unknown command %q", rest[0]))
+		}
+		fmt.Fprint(os.Stdout, usage())
+		return exitOK
+	}
+	c := lookup(name)
+	if c == nil {
+		fmt.Fprintf(os.Stderr, "redisync: unknown command %q\n\n%s", name, usage())
+		return exitUsage
+	}
+	return c.run(rest)
+}
+
+// newFlags returns an empty flag set for a subcommand. Errors are
+// reported by parseArgs, not by the flag package.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("redisync "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parsed is a subcommand's command line after its flags.
+type parsed struct {
+	pos      []string // positional arguments, in order
+	cmd      []string // what follows "--"
+	dashdash bool     // whether there was a "--"
+}
+
+// errHelp is returned by parseArgs when --help was asked for; the help
+// has been printed.
+var errHelp = errors.New("help requested")
+
+// parseArgs parses fs's flags, which may come before, between and after
+// the positional arguments, up to the first "--"; everything after it is
+// returned untouched as the command to run. On -h/--help it prints help
+// to stdout and returns errHelp.
+func parseArgs(fs *flag.FlagSet, help string, args []string) (parsed, error) {
+	var p parsed
+	if i := slices.Index(args, "--"); i >= 0 {
+		p.cmd, p.dashdash, args = args[i+1:], true, args[:i]
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printHelp(fs, help)
+				return p, errHelp
+			}
+			return p, err
+		}
+		if fs.NArg() == 0 {
+			return p, nil
+		}
+		p.pos = append(p.pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// printHelp prints a subcommand's help text followed by its flags.
+func printHelp(fs *flag.FlagSet, help string) {
+	fmt.Fprint(os.Stdout, help)
+	fmt.Fprintln(os.Stdout, "\nFlags (-flag and --flag are the same):")
+	fs.SetOutput(os.Stdout)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// usageError reports a usage error of subcommand cmd and returns
+// exitUsage.
+func usageError(cmd string, err error) int {
+	fmt.Fprintf(os.Stderr, "redisync %s: %v\nRun 'redisync %s --help' for usage.\n", cmd, err, cmd)
+	return exitUsage
+}
+
+// errorf prints an error message prefixed with "redisync: " and returns
+// code.
+func errorf(code int, format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "redisync: "+format+"\n", args...)
+	return code
+}
+
+// checkPrefix validates a --prefix value, as redisync.WithKeyPrefix does.
+func checkPrefix(p string) error {
+	if p == "" || strings.ContainsAny(p, "{}") {
+		return fmt.Errorf("--prefix %q must be non-empty and without braces", p)
+	}
+	return nil
+}
+
+// checkName validates a lock or semaphore name given on the command line.
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("NAME must not be empty")
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+//go:build redisync_sem
+
+// The semaphore command. Built only with the tag redisync_sem until the
+// library's Semaphore lands; then drop the tag here, in status_sem.go,
+// demo_sem.go and sem_test.go, and delete status_nosem.go.
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync"
+)
+
+const semHelp = `Usage: redisync sem --limit N [--permits n] [flags] NAME -- CMD [ARGS...]
+
+Wait for n (default 1) of the N permits of the semaphore NAME, run CMD
+while holding them, release them when CMD ends, and exit with CMD's exit
+code. At most N permits of NAME are held at once, across all machines;
+every user of NAME must give the same --limit.
+
+Waiters are served first come, first served, so a large --permits is not
+starved by small ones. Held permits are leased: a watchdog renews them
+while CMD runs (or, with --lease, they are held for at most that long), and
+if redisync dies they are freed when the lease runs out. If the permits are
+lost anyway, CMD gets SIGTERM, then SIGKILL after --grace, and redisync
+exits with 76.
+
+CMD gets redisync's stdin, stdout and stderr, and in its environment
+REDISYNC_NAME and REDISYNC_PERMITS. Signals are passed on to CMD as by
+"redisync lock"; a signal while waiting cancels the wait and leaves nothing
+queued.
+
+Exit codes: CMD's own; 64 usage; 69 Redis unreachable; 70 Redis error;
+75 --wait ran out; 76 permits lost while CMD ran; 126/127 CMD cannot run /
+not found; 128+N signal N.
+
+Examples:
+  # at most 4 encoding jobs at once across the fleet
+  redisync sem --limit 4 encode -- ffmpeg -i in.mov out.mp4
+
+  # a big job takes 3 of the 8 GPU slots; give up after 10 minutes (exit 75)
+  redisync sem --limit 8 --permits 3 --wait 10m gpus -- ./train.sh
+
+  # who holds permits, who waits
+  redisync status gpus
+`
+
+func init() {
+	addCommand("lock", &command{"sem", "--limit N [flags] NAME -- CMD [ARGS...]",
+		"run CMD while holding permits of semaphore NAME", runSem, semHelp})
+}
+
+func runSem(args []string) int {
+	fs := newFlags("sem")
+	limit := fs.Int64("limit", 0, "size of the semaphore: `N` permits in all (required; the same for every user of NAME)")
+	permits := fs.Int64("permits", 1, "`number` of permits to hold while CMD runs, in [1, --limit]")
+	hf := addHoldFlags(fs)
+	p, err := parseArgs(fs, semHelp, args)
+	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return usageError("sem", err)
+	}
+	name, argv, err := commandLine(p)
+	switch {
+	case err != nil:
+	case *limit < 1:
+		err = errors.New("missing --limit N (N >= 1): the number of permits of the semaphore")
+	case *permits < 1 || *permits > *limit:
+		err = fmt.Errorf("--permits %d must be in [1, --limit %d]", *permits, *limit)
+	}
+	if err != nil {
+		return usageError("sem", err)
+	}
+	opts, err := hf.check()
+	if err != nil {
+		return usageError("sem", err)
+	}
+	size, n := *limit, *permits
+	j := &job{
+		what:    fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
+		target:  resolveTarget(*hf.redis),
+		wait:    *hf.wait,
+		grace:   *hf.grace,
+		verbose: *hf.verbose,
+		argv:    argv,
+		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
+			return acquireSem(ctx, rdb, name, size, n, opts)
+		},
+	}
+	return j.execute()
+}
+
+// acquireSem blocks until n permits of the semaphore name are held.
+func acquireSem(ctx context.Context, rdb redis.UniversalClient, name string, size, n int64, opts []redisync.Option) (*hold, error) {
+	c := redisync.New(rdb, opts...)
+	s := c.NewSemaphore(name, size)
+	if err := s.Acquire(ctx, n); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &hold{
+		desc: fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
+		env:  []string{"REDISYNC_NAME=" + name, "REDISYNC_PERMITS=" + strconv.FormatInt(n, 10)},
+		lost: s.Lost(),
+		release: func(ctx context.Context) error {
+			return s.Release(ctx, n)
+		},
+		close: func() { _ = c.Close() },
+	}, nil
+}

@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const statusHelp = `Usage: redisync status [flags] NAME
+
+Show the state of the lock NAME: who holds it (owner id, hold count,
+remaining lease, fencing token) and the fair queue in order with each
+waiter's heartbeat deadline. Only reads Redis, in one transaction.
+
+Times come from the Redis server's clock. An owner id is the holding
+process's client id followed by a number.
+
+Examples:
+  redisync status backup
+  redisync status --redis redis://10.0.0.5:6379/2 deploy
+  redisync status --json deploy | jq -r '.lock.holder.owner // "free"'
+
+JSON (--json): {"name", "prefix", "server_time_ms",
+  "lock": {"held", "holder": {"owner", "count", "lease_ms", "token"} | null,
+           "last_token", "queue": [{"position", "owner", "arrival",
+           "heartbeat_ms", "handoff_lease_ms", "alive"}]},
+  "semaphore": null, or in a build with semaphores {"size", "available",
+                "holders": [{"owner", "permits", "lease_ms"}], "queue":
+                [{"position", "owner", "permits", "heartbeat_ms", "alive"}]}}
+lease_ms is -1 for a key without expiry; heartbeat_ms is the time left
+before a waiter that stops sending heartbeats is skipped (negative: overdue).
+`
+
+// Status is the state of one lock name (and semaphore of the same name),
+// as read in one transaction.
+type Status struct {
+	Name         string     `json:"name"`
+	Prefix       string     `json:"prefix"`
+	ServerTimeMS int64      `json:"server_time_ms"`
+	Lock         LockStatus `json:"lock"`
+	Semaphore    *SemStatus `json:"semaphore"`
+}
+
+// LockStatus is the state of a lock.
+type LockStatus struct {
+	Held      bool     `json:"held"`
+	Holder    *Holder  `json:"holder"`
+	LastToken int64    `json:"last_token"`
+	Queue     []Waiter `json:"queue"`
+}
+
+// Holder is the owner of a lock.
+type Holder struct {
+	Owner   string `json:"owner"`
+	Count   int64  `json:"count"`
+	LeaseMS int64  `json:"lease_ms"`
+	Token   int64  `json:"token"`
+}
+
+// Waiter is a fair waiter of a lock.
+type Waiter struct {
+	Position       int    `json:"position"`
+	Owner          string `json:"owner"`
+	Arrival        int64  `json:"arrival"`
+	HeartbeatMS    int64  `json:"heartbeat_ms"`
+	HandoffLeaseMS int64  `json:"handoff_lease_ms"`
+	Alive          bool   `json:"alive"`
+}
+
+// lockKeys are the keys of the lock name under prefix, as in mutex.go.
+type lockKeys struct{ lock, token, queue, waiters string }
+
+func newLockKeys(prefix, name string) lockKeys {
+	base := prefix + ":lock:{" + name + "}"
+	return lockKeys{base, base + ":token", base + ":queue", base + ":waiters"}
+}
+
+func runStatus(args []string) int {
+	fs := newFlags("status")
+	redisURL := redisFlag(fs)
+	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	p, err := parseArgs(fs, statusHelp, args)
+	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	switch {
+	case err != nil:
+	case p.dashdash || len(p.pos) != 1:
+		err = errors.New("want exactly one NAME")
+	case checkPrefix(*prefix) != nil:
+		err = checkPrefix(*prefix)
+	default:
+		err = checkName(p.pos[0])
+	}
+	if err != nil {
+		return usageError("status", err)
+	}
+	name := p.pos[0]
+
+	ctx := context.Background()
+	rdb, err := connect(ctx, resolveTarget(*redisURL))
+	if err != nil {
+		return connectExit(err)
+	}
+	defer func() { _ = rdb.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := readStatus(ctx, rdb, *prefix, name)
+	if err != nil {
+		return errorf(errorCode(err), "cannot read the status of %q: %v", name, err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(st); err != nil {
+			return errorf(exitSoftware, "%v", err)
+		}
+		return exitOK
+	}
+	st.print(os.Stdout)
+	return exitOK
+}
+
+// readStatus reads the lock name, and the semaphore of that name in a
+// build with semaphores, in one MULTI/EXEC transaction, so that the
+// holder, the token and the queue are seen at one instant. It only
+// reads. A key of another type than redisync uses is an error that names
+// the keys.
+func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*Status, error) {
+	k := newLockKeys(prefix, name)
+	var (
+		owners  *redis.MapStringStringCmd
+		pttl    *redis.DurationCmd
+		token   *redis.StringCmd
+		queue   *redis.ZSliceCmd
+		waiters *redis.MapStringStringCmd
+		now     *redis.TimeCmd
+		sem     func(nowMS int64) (*SemStatus, error)
+	)
+	cmds, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		owners = p.HGetAll(ctx, k.lock)
+		pttl = p.PTTL(ctx, k.lock)
+		token = p.Get(ctx, k.token)
+		queue = p.ZRangeWithScores(ctx, k.queue, 0, -1)
+		waiters = p.HGetAll(ctx, k.waiters)
+		now = p.Time(ctx)
+		sem = readSemaphore(ctx, p, prefix, name)
+		return nil
+	})
+	// The transaction's error is its first command's error, and GET of
+	// a lock never taken is redis.Nil: look at every command.
+	for _, c := range cmds {
+		if cerr := c.Err(); cerr != nil && !errors.Is(cerr, redis.Nil) {
+			return nil, keyError(cerr, prefix, name)
+		}
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: now.Val().UnixMilli()}
+	if v := token.Val(); v != "" {
+		if st.Lock.LastToken, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return nil, fmt.Errorf("the fencing token key %s holds %q, not a counter", k.token, v)
+		}
+	}
+	if len(owners.Val()) > 0 {
+		st.Lock.Held = true
+		st.Lock.Holder = &Holder{
+			Owner:   firstKey(owners.Val()),
+			LeaseMS: ttlMS(pttl.Val()),
+			Token:   st.Lock.LastToken, // every new hold mints the next token
+		}
+		st.Lock.Holder.Count, _ = strconv.ParseInt(owners.Val()[st.Lock.Holder.Owner], 10, 64)
+	}
+	st.Lock.Queue = []Waiter{}
+	for i, z := range queue.Val() {
+		w := Waiter{Position: i + 1, Owner: fmt.Sprint(z.Member), Arrival: int64(z.Score)}
+		if deadline, handoff, ok := parseWaiter(waiters.Val()[w.Owner]); ok {
+			w.HeartbeatMS = deadline - st.ServerTimeMS
+			w.HandoffLeaseMS = handoff
+			w.Alive = w.HeartbeatMS >= 0
+		}
+		st.Lock.Queue = append(st.Lock.Queue, w)
+	}
+	if st.Semaphore, err = sem(st.ServerTimeMS); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// keyError explains a WRONGTYPE error from a read of the keys of name.
+func keyError(err error, prefix, name string) error {
+	if strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return fmt.Errorf("a key %s:*:{%s}* holds a value of another type than redisync uses: %w", prefix, name, err)
+	}
+	return err
+}
+
+// parseWaiter splits a waiter record "deadlineMs:handoffMs".
+func parseWaiter(rec string) (deadline, handoff int64, ok bool) {
+	a, b, found := strings.Cut(rec, ":")
+	d, err1 := strconv.ParseInt(a, 10, 64)
+	h, err2 := strconv.ParseInt(b, 10, 64)
+	return d, h, found && err1 == nil && err2 == nil
+}
+
+// ttlMS converts a PTTL reply to ms: -1 for no expiry, 0 for gone.
+func ttlMS(d time.Duration) int64 {
+	switch {
+	case d == -1:
+		return -1
+	case d < 0:
+		return 0
+	}
+	return d.Milliseconds()
+}
+
+// firstKey returns the smallest key of m (a lock hash has one).
+func firstKey(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys[0]
+}
+
+// print writes st for people.
+func (st *Status) print(out io.Writer) {
+	l := st.Lock
+	fmt.Fprintf(out, "lock %q (prefix %q)\n", st.Name, st.Prefix)
+	if h := l.Holder; h != nil {
+		field(out, "holder", h.Owner)
+		field(out, "hold count", strconv.FormatInt(h.Count, 10))
+		field(out, "lease", leaseText(h.LeaseMS))
+		field(out, "fencing token", strconv.FormatInt(h.Token, 10))
+	} else {
+		field(out, "holder", "none (free)")
+		if l.LastToken > 0 {
+			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
+		}
+	}
+	if len(l.Queue) == 0 {
+		field(out, "queue", "empty")
+	} else {
+		field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(l.Queue)))
+		rows := [][]string{{"#", "owner", "arrival", "heartbeat due", "hand-off lease"}}
+		for _, w := range l.Queue {
+			rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, strconv.FormatInt(w.Arrival, 10), heartbeatText(w), ms(w.HandoffLeaseMS)})
+		}
+		table(out, rows)
+	}
+	printSemaphore(out, st)
+}
+
+// field writes one "name  value" line of a status.
+func field(out io.Writer, name, value string) {
+	fmt.Fprintf(out, "  %-14s %s\n", name, value)
+}
+
+// table writes rows as aligned columns, indented under a field.
+func table(out io.Writer, rows [][]string) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "    %s\n", strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+}
+
+// leaseText describes a remaining lease.
+func leaseText(leaseMS int64) string {
+	if leaseMS < 0 {
+		return "no expiry"
+	}
+	return ms(leaseMS) + " left"
+}
+
+// heartbeatText describes a waiter's heartbeat deadline.
+func heartbeatText(w Waiter) string {
+	switch {
+	case w.HeartbeatMS == 0 && w.HandoffLeaseMS == 0:
+		return "no record (skipped)"
+	case !w.Alive:
+		return "overdue by " + ms(-w.HeartbeatMS) + " (skipped)"
+	}
+	return "in " + ms(w.HeartbeatMS)
+}
+
+// ms formats a duration in milliseconds.
+func ms(n int64) string {
+	d := time.Duration(n) * time.Millisecond
+	if d >= time.Second {
+		d = d.Round(100 * time.Millisecond)
+	}
+	return d.String()
+}

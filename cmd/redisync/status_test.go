@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+func TestStatus(t *testing.T) {
+	addr := redistest.Addr(t)
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	name := uniqueName(t)
+	keys := newLockKeys("redisync", name)
+
+	// A free lock.
+	code, p := runCode(t, addr, "status", "--json", name)
+	var st Status
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, p.stderr.String())
+	}
+	if err := json.Unmarshal([]byte(p.stdout.String()), &st); err != nil || st.Lock.Held || st.Lock.Holder != nil || len(st.Lock.Queue) != 0 || st.Name != name {
+		t.Fatalf("free lock: %+v, %v from %s", st, err, p.stdout.String())
+	}
+
+	// Held by the test, two redisync processes queued behind it in order.
+	m := holdLock(t, name, redisync.Fair())
+	holder, err := rdb.HKeys(ctx, keys.lock).Result()
+	if err != nil || len(holder) != 1 {
+		t.Fatalf("lock hash fields %q, %v", holder, err)
+	}
+	var waiters []*proc
+	for i := range 2 {
+		waiters = append(waiters, start(t, addr, "lock", "--fair", name, "--", "true"))
+		waitFor(t, "waiter "+strconv.Itoa(i+1)+" to queue", func() bool { return queueLen(t, name) == int64(i+1) })
+	}
+	queue, err := rdb.ZRange(ctx, keys.queue, 0, -1).Result()
+	if err != nil || len(queue) != 2 {
+		t.Fatalf("queue %q, %v", queue, err)
+	}
+
+	code, p = runCode(t, addr, "status", "--json", name)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, p.stderr.String())
+	}
+	st = Status{}
+	if err := json.Unmarshal([]byte(p.stdout.String()), &st); err != nil {
+		t.Fatalf("%v in %s", err, p.stdout.String())
+	}
+	h := st.Lock.Holder
+	if !st.Lock.Held || h == nil || h.Owner != holder[0] || h.Count != 1 || h.Token != m.Token() || h.LeaseMS <= 0 || h.LeaseMS > 30000 {
+		t.Errorf("holder %+v, want owner %s count 1 token %d and a lease", h, holder[0], m.Token())
+	}
+	if len(st.Lock.Queue) != 2 {
+		t.Fatalf("queue %+v, want 2 waiters", st.Lock.Queue)
+	}
+	for i, w := range st.Lock.Queue {
+		if w.Position != i+1 || w.Owner != queue[i] || !w.Alive || w.HeartbeatMS <= 0 || w.HeartbeatMS > 3000 {
+			t.Errorf("waiter %d: %+v, want owner %s, alive, heartbeat due within 3s", i+1, w, queue[i])
+		}
+	}
+
+	code, p = runCode(t, addr, "status", name)
+	out := p.stdout.String()
+	if code != 0 || !strings.Contains(out, holder[0]) || !strings.Contains(out, "2 waiting") ||
+		strings.Index(out, queue[0]) > strings.Index(out, queue[1]) || !regexp.MustCompile(`fencing token +`+strconv.FormatInt(m.Token(), 10)+"\n").MatchString(out) {
+		t.Errorf("exit %d, table:\n%s", code, out)
+	}
+
+	// Released: the waiters run, in turn.
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range waiters {
+		if code := w.wait(t); code != 0 {
+			t.Errorf("waiter exit %d, stderr %q", code, w.stderr.String())
+		}
+	}
+}
+
+func TestStatusWrongType(t *testing.T) {
+	addr := redistest.Addr(t)
+	name := uniqueName(t)
+	if err := redistest.Client(t).Set(context.Background(), newLockKeys("redisync", name).queue, "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	code, p := runCode(t, addr, "status", name)
+	if code != exitSoftware || !strings.Contains(p.stderr.String(), "another type") {
+		t.Errorf("exit %d, stderr %q; want %d", code, p.stderr.String(), exitSoftware)
+	}
+}
