@@ -23,8 +23,9 @@ type Client struct {
 	id  string        // prefix of every owner id minted by this Client
 	seq atomic.Uint64 // last owner number
 
-	sub *subscriber
-	wd  *watchdog
+	sub     *subscriber
+	wd      *watchdog
+	publish string // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
 
 	ctx   context.Context // ends when the Client is closed
 	close context.CancelFunc
@@ -35,14 +36,26 @@ type Client struct {
 // defaults of every Mutex and Semaphore created by the Client. New does no
 // I/O; a nil rdb or an invalid option makes every later call fail with
 // ErrNilClient or ErrInvalidOption.
+//
+// On a *redis.ClusterClient, waiters are woken through sharded pub/sub
+// (SPUBLISH and SSUBSCRIBE, Redis 7 and later): each primary delivers the
+// messages of its own slots, on one connection per primary that serves a
+// lock with waiters. WithPlainPubSub turns it off for older clusters.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{
-		rdb: rdb,
-		cfg: defaultConfig().with(opts),
-		id:  uuid.NewString(),
+		rdb:     rdb,
+		cfg:     defaultConfig().with(opts),
+		id:      uuid.NewString(),
+		publish: "PUBLISH",
 	}
 	c.ctx, c.close = context.WithCancel(context.Background())
-	c.sub = newSubscriber(rdb, c.ctx)
+	cluster, _ := rdb.(*redis.ClusterClient)
+	if cluster != nil && !c.cfg.plain {
+		c.publish = "SPUBLISH"
+	} else {
+		cluster = nil
+	}
+	c.sub = newSubscriber(rdb, cluster, c.ctx)
 	c.wd = newWatchdog(rdb, c.ctx)
 	return c
 }

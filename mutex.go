@@ -246,7 +246,7 @@ func (m *Mutex) attempt(ctx context.Context, queue bool) (acquired bool, pttl in
 	res, err := acquireScript.Run(ctx, m.c.rdb, m.keys[:4],
 		m.owner, m.lease().Milliseconds(), held, mode,
 		m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
-		m.channel, "PUBLISH").Int64Slice()
+		m.channel, m.c.publish).Int64Slice()
 	if err != nil {
 		if !isReply(err) {
 			// The script may have run and only its reply was lost.
@@ -369,7 +369,7 @@ func (m *Mutex) release(ctx context.Context, held, token int64, withdraw bool) (
 	}
 	res, err := releaseScript.Run(ctx, m.c.rdb, m.keys,
 		m.owner, held, m.lease().Milliseconds(), token, tombstoneTTL.Milliseconds(),
-		m.channel, "PUBLISH", flag).Int64()
+		m.channel, m.c.publish, flag).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}

@@ -29,6 +29,7 @@ type config struct {
 	heartbeat time.Duration // fair waiters' liveness deadline and hand-off lease
 	recheck   time.Duration // longest sleep without a message
 	fair      bool
+	plain     bool  // plain pub/sub on a Redis Cluster (an option of New)
 	err       error // the first invalid option
 }
 
@@ -146,6 +147,16 @@ func WithKeyPrefix(p string) Option {
 // first.
 func Fair() Option {
 	return func(cfg *config) { cfg.fair = true }
+}
+
+// WithPlainPubSub makes a Client on a Redis Cluster wake waiters with
+// plain PUBLISH and SUBSCRIBE, which every node of the cluster relays to
+// every other, instead of sharded pub/sub, which needs Redis 7. It only
+// has an effect as an option of New, and only on a *redis.ClusterClient.
+//
+// The default on a *redis.ClusterClient is sharded pub/sub.
+func WithPlainPubSub() Option {
+	return func(cfg *config) { cfg.plain = true }
 }
 
 // checkName validates a primitive's name.

@@ -24,41 +24,57 @@ const (
 	maxBackoff = time.Second
 )
 
-// subscriber multiplexes every waiter of a Client over one pub/sub
-// connection, read by one goroutine. Channels are reference counted by
-// their waiters: the first waiter of a channel has it subscribed, and it
-// is unsubscribed a little after the last one leaves. Subscription changes
-// are decided and written under one mutex, so they reach Redis in the order
-// they were decided.
+// subscriber multiplexes every waiter of a Client over as few pub/sub
+// connections as the deployment allows: one in all, or, with sharded
+// pub/sub on a Redis Cluster, one per primary that serves a channel with
+// waiters. Each connection (a shard) is read by a goroutine of its own.
+// Channels are reference counted by their waiters: the first waiter of a
+// channel has it subscribed, and it is unsubscribed a little after the
+// last one leaves. Subscription changes are decided and written under one
+// mutex, so they reach Redis in the order they were decided.
 //
 // A message wakes waiters by closing their signal channel: an empty
 // message wakes the first waiter of the channel that has no signal pending
 // (one per process, in arrival order); a message "owner:token ..." wakes
-// the waiters of those owners and hands them the grant. When the
-// connection comes back after a failure, go-redis subscribes again and
-// every waiter of every channel is woken to check the lock itself, since
-// messages may have been lost meanwhile.
+// the waiters of those owners and hands them the grant. Messages may be
+// lost while a connection is down, so every waiter of a channel is woken to
+// look for itself when the channel is subscribed again: by go-redis after a
+// reconnect (a confirmation nobody asked for), or, for sharded pub/sub, by
+// the subscriber itself, which replaces a failed shard's connection and
+// asks the cluster again which primary serves each of its channels (slots
+// move on failover and resharding).
 type subscriber struct {
-	rdb    redis.UniversalClient
-	ctx    context.Context // ends when the Client is closed
-	closed <-chan struct{} // ctx.Done()
-	wg     sync.WaitGroup
-	wmu    sync.Mutex // held while subscription changes are decided and written
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // set when channels are sharded (SSUBSCRIBE)
+	ctx     context.Context      // ends when the Client is closed
+	closed  <-chan struct{}      // ctx.Done()
+	wg      sync.WaitGroup
+	wmu     sync.Mutex // held while subscription changes are decided and written
 
-	mu        sync.Mutex // guards the fields below and every channel and waiter
-	ps        *redis.PubSub
+	mu        sync.Mutex        // guards the fields below and every shard, channel and waiter
+	shards    map[string]*shard // by primary address; "" for the one plain connection
 	channels  map[string]*channel
 	nextSweep time.Time // when an idle channel is next due to be unsubscribed
+	failures  int       // consecutive shard failures, for the back-off
+}
+
+// shard is one pub/sub connection and the goroutine that reads it.
+type shard struct {
+	addr     string
+	ps       *redis.PubSub
+	channels int  // channels subscribed through it
+	dead     bool // closed: failed, or no channel left
 }
 
 // channel is the local state of one pub/sub channel.
 type channel struct {
 	name      string
 	waiters   []*waiter     // in arrival order
-	sent      bool          // SUBSCRIBE written and not undone by UNSUBSCRIBE
-	inflight  int           // SUBSCRIBE confirmations still to come
+	shard     *shard        // the connection it is subscribed on; nil when not
+	inflight  int           // subscribe confirmations still to come
 	ready     chan struct{} // closed once the subscription is confirmed
 	confirmed bool
+	recheck   bool      // wake every waiter at the next confirmation
 	idleSince time.Time // when the last waiter left
 }
 
@@ -72,11 +88,16 @@ type waiter struct {
 	grant  string        // "owner:token" received with the signal, if any
 }
 
-func newSubscriber(rdb redis.UniversalClient, ctx context.Context) *subscriber {
+// newSubscriber returns the subscriber of a Client. With cluster set,
+// channels are sharded: subscribed with SSUBSCRIBE on the primary that
+// serves their slot.
+func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context) *subscriber {
 	return &subscriber{
 		rdb:      rdb,
+		cluster:  cluster,
 		ctx:      ctx,
 		closed:   ctx.Done(),
+		shards:   make(map[string]*shard),
 		channels: make(map[string]*channel),
 	}
 }
@@ -88,14 +109,9 @@ func newSubscriber(rdb redis.UniversalClient, ctx context.Context) *subscriber {
 // and Close. The caller must call leave.
 func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.Duration) (*waiter, error) {
 	s.mu.Lock()
-	if s.ps == nil {
-		if s.ctx.Err() != nil {
-			s.mu.Unlock()
-			return nil, ErrClosed
-		}
-		s.ps = s.rdb.Subscribe(s.ctx)
-		s.wg.Add(1)
-		go s.run(s.ps)
+	if s.ctx.Err() != nil {
+		s.mu.Unlock()
+		return nil, ErrClosed
 	}
 	ch := s.channels[name]
 	if ch == nil {
@@ -104,7 +120,7 @@ func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.
 	}
 	w := s.add(ch, owner)
 	ready := ch.ready
-	needSync := !ch.sent
+	needSync := ch.shard == nil
 	s.mu.Unlock()
 	if needSync {
 		s.sync()
@@ -260,55 +276,65 @@ func (s *subscriber) deliver(name, payload string) {
 	}
 }
 
-// confirmed records a subscribe confirmation for a channel.
-func (s *subscriber) confirmed(name string) {
+// confirmed records a subscribe confirmation for a channel on sh.
+func (s *subscriber) confirmed(sh *shard, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ch := s.channels[name]
-	if ch == nil {
+	if ch == nil || ch.shard != sh {
 		return
 	}
-	if ch.inflight == 0 {
-		// Not one we asked for: go-redis subscribed again after a
-		// reconnect, and messages may have been lost meanwhile.
+	s.failures = 0
+	if ch.inflight == 0 || ch.recheck {
+		// Not one we asked for (go-redis subscribed again after a
+		// reconnect), or the first since a shard failed: messages may
+		// have been lost meanwhile.
+		ch.recheck = false
 		ch.wakeAll()
-		return
 	}
-	ch.inflight--
-	if ch.inflight == 0 && ch.sent && !ch.confirmed {
+	if ch.inflight > 0 {
+		ch.inflight--
+	}
+	if ch.inflight == 0 && !ch.confirmed {
 		ch.confirmed = true
 		close(ch.ready)
 	}
 }
 
-// run reads what Redis sends on the pub/sub connection and dispatches it,
-// until the Client is closed. go-redis reconnects and subscribes again by
-// itself when a read fails; run pings a silent connection so that a dead
-// one fails, and unsubscribes idle channels when they are due.
-func (s *subscriber) run(ps *redis.PubSub) {
+// run reads what Redis sends on a shard's connection and dispatches it,
+// until the Client is closed or the shard closed. For plain pub/sub,
+// go-redis reconnects and subscribes again by itself when a read fails;
+// a sharded connection is replaced instead (see fail). run pings a silent
+// connection so that a dead one fails, and unsubscribes idle channels
+// when they are due.
+func (s *subscriber) run(sh *shard) {
 	defer s.wg.Done()
+	defer sh.ps.Close()
 	backoff := time.Duration(0)
 	silent := time.Duration(0)
-	for s.ctx.Err() == nil {
-		msg, err := ps.ReceiveTimeout(s.ctx, time.Second)
+	for s.ctx.Err() == nil && !s.isDead(sh) {
+		msg, err := sh.ps.ReceiveTimeout(s.ctx, time.Second)
 		switch {
+		case s.ctx.Err() != nil || s.isDead(sh):
+			return
 		case err == nil:
 			backoff, silent = 0, 0
-			s.dispatch(msg)
+			if !s.dispatch(sh, msg) {
+				s.fail(sh)
+				return
+			}
 		case isTimeout(err):
 			if silent += time.Second; silent >= pingAfter {
 				silent = 0
-				_ = ps.Ping(s.ctx) // a failed write makes go-redis reconnect
+				_ = sh.ps.Ping(s.ctx) // a failed write makes go-redis reconnect
 			}
+		case s.cluster != nil:
+			s.fail(sh)
+			return
 		default:
 			// Redis is unreachable; go-redis redials on the next read.
 			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
-			t := time.NewTimer(backoff)
-			select {
-			case <-t.C:
-			case <-s.closed:
-				t.Stop()
-			}
+			s.pause(backoff)
 		}
 		if s.sweepDue(time.Now()) {
 			s.sync()
@@ -316,15 +342,76 @@ func (s *subscriber) run(ps *redis.PubSub) {
 	}
 }
 
-// dispatch handles one thing received from Redis.
-func (s *subscriber) dispatch(msg any) {
+// dispatch handles one thing received on sh. It reports false when the
+// shard must be replaced: the server dropped one of its channels (its
+// slot moved to another primary).
+func (s *subscriber) dispatch(sh *shard, msg any) bool {
 	switch m := msg.(type) {
 	case *redis.Message:
 		s.deliver(m.Channel, m.Payload)
 	case *redis.Subscription:
-		if m.Kind == "subscribe" {
-			s.confirmed(m.Channel)
+		switch m.Kind {
+		case "subscribe", "ssubscribe":
+			s.confirmed(sh, m.Channel)
+		case "sunsubscribe":
+			return !s.owns(sh, m.Channel)
 		}
+	}
+	return true
+}
+
+// owns reports whether the named channel is subscribed through sh.
+func (s *subscriber) owns(sh *shard, name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.channels[name]
+	return ch != nil && ch.shard == sh
+}
+
+// isDead reports whether sh was closed.
+func (s *subscriber) isDead(sh *shard) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sh.dead
+}
+
+// fail replaces a sharded connection that failed: its channels are marked
+// unsubscribed (their waiters will all look again once they are
+// subscribed anew), the cluster's slot map is reloaded, and, after a
+// back-off that grows while failures repeat, the channels that still have
+// waiters are subscribed again wherever their slots are served now.
+func (s *subscriber) fail(sh *shard) {
+	s.mu.Lock()
+	sh.dead = true
+	if s.shards[sh.addr] == sh {
+		delete(s.shards, sh.addr)
+	}
+	for _, ch := range s.channels {
+		if ch.shard != sh {
+			continue
+		}
+		ch.shard, ch.inflight, ch.recheck = nil, 0, true
+		if ch.confirmed {
+			ch.confirmed = false
+			ch.ready = make(chan struct{})
+		}
+	}
+	s.failures++
+	backoff := min(time.Duration(1<<min(s.failures, 10))*5*time.Millisecond, maxBackoff)
+	s.mu.Unlock()
+	_ = sh.ps.Close()
+	s.cluster.ReloadState(s.ctx)
+	s.pause(backoff)
+	s.sync()
+}
+
+// pause sleeps for d or until the Client is closed.
+func (s *subscriber) pause(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.closed:
 	}
 }
 
@@ -340,29 +427,28 @@ func (s *subscriber) sweepDue(now time.Time) bool {
 func (s *subscriber) sync() {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	var sub, unsub []string
 	now := time.Now()
+	var want []string
+	unsub := make(map[*shard][]string)
 	s.mu.Lock()
-	ps := s.ps
 	s.nextSweep = time.Time{}
 	for name, ch := range s.channels {
 		switch {
 		case len(ch.waiters) > 0:
-			if !ch.sent {
-				ch.sent = true
-				ch.inflight++
-				sub = append(sub, name)
+			if ch.shard == nil {
+				want = append(want, name)
 			}
-		case ch.sent && now.Sub(ch.idleSince) < lingerFor:
+		case ch.shard != nil && now.Sub(ch.idleSince) < lingerFor:
 			due := ch.idleSince.Add(lingerFor)
 			if s.nextSweep.IsZero() || due.Before(s.nextSweep) {
 				s.nextSweep = due
 			}
 		default:
-			if ch.sent {
-				ch.sent, ch.confirmed = false, false
+			if sh := ch.shard; sh != nil {
+				unsub[sh] = append(unsub[sh], name)
+				sh.channels--
+				ch.shard, ch.confirmed = nil, false
 				ch.ready = make(chan struct{})
-				unsub = append(unsub, name)
 			}
 			if ch.inflight == 0 {
 				delete(s.channels, name)
@@ -371,24 +457,115 @@ func (s *subscriber) sync() {
 	}
 	s.mu.Unlock()
 
-	// Errors need no handling here: go-redis keeps the set of channels and
-	// subscribes them again when it reconnects, which confirms them.
-	if len(unsub) > 0 {
-		_ = ps.Unsubscribe(s.ctx, unsub...)
+	addrs := s.primaries(want)
+
+	sub := make(map[*shard][]string)
+	var empty []*shard
+	s.mu.Lock()
+	for _, name := range want {
+		ch := s.channels[name]
+		if ch == nil || len(ch.waiters) == 0 || ch.shard != nil || s.ctx.Err() != nil {
+			continue
+		}
+		sh := s.shardFor(addrs[name])
+		sh.channels++
+		ch.shard = sh
+		ch.inflight++
+		sub[sh] = append(sub[sh], name)
 	}
-	if len(sub) > 0 {
-		_ = ps.Subscribe(s.ctx, sub...)
+	for addr, sh := range s.shards {
+		if sh.channels == 0 {
+			sh.dead = true
+			delete(s.shards, addr)
+			empty = append(empty, sh)
+		}
+	}
+	s.mu.Unlock()
+
+	// Errors need no handling here: a failed write fails the shard's next
+	// read, after which its channels are subscribed again.
+	for sh, names := range unsub {
+		s.write(sh, false, names)
+	}
+	for sh, names := range sub {
+		s.write(sh, true, names)
+	}
+	for _, sh := range empty {
+		_ = sh.ps.Close()
 	}
 }
 
-// wait closes the connection after the Client was closed, and waits for
-// run to exit.
+// primaries returns the address of the primary serving each named
+// channel's slot: "" for all of them unless channels are sharded. A
+// channel whose primary is unknown (the cluster is unreachable) maps to ""
+// too; its subscription fails, and is tried again after a back-off.
+func (s *subscriber) primaries(names []string) map[string]string {
+	addrs := make(map[string]string, len(names))
+	if s.cluster == nil {
+		return addrs
+	}
+	for _, name := range names {
+		if node, err := s.cluster.MasterForKey(s.ctx, name); err == nil {
+			addrs[name] = node.Options().Addr
+		}
+	}
+	return addrs
+}
+
+// shardFor returns the shard of the primary at addr, opening it if needed.
+// s.mu must be held.
+func (s *subscriber) shardFor(addr string) *shard {
+	if sh := s.shards[addr]; sh != nil {
+		return sh
+	}
+	sh := &shard{addr: addr}
+	if s.cluster != nil {
+		sh.ps = s.cluster.SSubscribe(s.ctx)
+	} else {
+		sh.ps = s.rdb.Subscribe(s.ctx)
+	}
+	s.shards[addr] = sh
+	s.wg.Add(1)
+	go s.run(sh)
+	return sh
+}
+
+// write subscribes (or unsubscribes) the named channels on sh. Sharded
+// channels go one slot per command: Redis refuses a command whose
+// channels hash to different slots.
+func (s *subscriber) write(sh *shard, subscribe bool, names []string) {
+	if s.cluster == nil {
+		if subscribe {
+			_ = sh.ps.Subscribe(s.ctx, names...)
+		} else {
+			_ = sh.ps.Unsubscribe(s.ctx, names...)
+		}
+		return
+	}
+	bySlot := make(map[uint16][]string)
+	for _, name := range names {
+		bySlot[slotOf(name)] = append(bySlot[slotOf(name)], name)
+	}
+	for _, group := range bySlot {
+		if subscribe {
+			_ = sh.ps.SSubscribe(s.ctx, group...)
+		} else {
+			_ = sh.ps.SUnsubscribe(s.ctx, group...)
+		}
+	}
+}
+
+// wait closes every connection after the Client was closed, and waits for
+// the goroutines that read them to exit.
 func (s *subscriber) wait() {
 	s.mu.Lock()
-	ps := s.ps
+	shards := make([]*shard, 0, len(s.shards))
+	for _, sh := range s.shards {
+		shards = append(shards, sh)
+	}
 	s.mu.Unlock()
-	if ps != nil {
-		_ = ps.Close() // unblocks run's read
+	for _, sh := range shards {
+		_ = sh.ps.Close() // unblocks run's read
 	}
 	s.wg.Wait()
 }

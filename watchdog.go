@@ -24,10 +24,11 @@ const watchdogBatch = 256
 // a renewal has moved it, so the holder hears of the loss before Redis
 // lets anyone else in.
 type watchdog struct {
-	rdb  redis.UniversalClient
-	ctx  context.Context // ends when the Client is closed
-	poke chan struct{}   // wakes run early; never blocks
-	wg   sync.WaitGroup
+	rdb     redis.UniversalClient
+	cluster bool            // a Redis Cluster: one hash slot per script call
+	ctx     context.Context // ends when the Client is closed
+	poke    chan struct{}   // wakes run early; never blocks
+	wg      sync.WaitGroup
 
 	mu      sync.Mutex
 	started bool
@@ -52,8 +53,10 @@ type keepalive struct {
 }
 
 func newWatchdog(rdb redis.UniversalClient, ctx context.Context) *watchdog {
+	_, cluster := rdb.(*redis.ClusterClient)
 	return &watchdog{
 		rdb:     rdb,
+		cluster: cluster,
 		ctx:     ctx,
 		poke:    make(chan struct{}, 1),
 		entries: make(map[*keepalive]struct{}),
@@ -134,10 +137,8 @@ func (w *watchdog) run() {
 	for {
 		batch, sleep := w.collect(time.Now())
 		if len(batch) > 0 {
-			for len(batch) > 0 {
-				n := min(len(batch), watchdogBatch)
-				w.renewBatch(batch[:n])
-				batch = batch[n:]
+			for _, part := range w.split(batch) {
+				w.renewBatch(part)
 			}
 			continue
 		}
@@ -185,6 +186,33 @@ func (w *watchdog) collect(now time.Time) ([]*keepalive, time.Duration) {
 		f()
 	}
 	return batch, next.Sub(now)
+}
+
+// split cuts a batch into script calls of at most watchdogBatch entries.
+// On a Redis Cluster each call holds entries of one hash slot only, as a
+// script may only touch keys of one slot.
+func (w *watchdog) split(batch []*keepalive) [][]*keepalive {
+	groups := [][]*keepalive{batch}
+	if w.cluster {
+		bySlot := make(map[uint16][]*keepalive)
+		for _, e := range batch {
+			slot := slotOf(e.keys[0])
+			bySlot[slot] = append(bySlot[slot], e)
+		}
+		groups = groups[:0]
+		for _, g := range bySlot {
+			groups = append(groups, g)
+		}
+	}
+	var parts [][]*keepalive
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(len(g), watchdogBatch)
+			parts = append(parts, g[:n])
+			g = g[n:]
+		}
+	}
+	return parts
 }
 
 // renewBatch renews a batch in one script call and applies the result.

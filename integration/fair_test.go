@@ -15,7 +15,7 @@ import (
 )
 
 // queueLen returns the number of fair waiters queued on a lock.
-func queueLen(t *testing.T, rdb *redis.Client, name string) int64 {
+func queueLen(t *testing.T, rdb redis.UniversalClient, name string) int64 {
 	t.Helper()
 	n, err := rdb.ZCard(ctx, lockKey(name)+":queue").Result()
 	if err != nil {
@@ -45,7 +45,7 @@ func (o *order) get() []int {
 // queueWaiter starts a goroutine that takes m (recording id in o once it
 // holds it) and releases it at once, waits until it is queued as the
 // queued-th waiter, and returns a channel with Lock's error.
-func queueWaiter(t *testing.T, rdb *redis.Client, name string, m *redisync.Mutex, lctx context.Context, id int, o *order, queued int64) <-chan error {
+func queueWaiter(t *testing.T, rdb redis.UniversalClient, name string, m *redisync.Mutex, lctx context.Context, id int, o *order, queued int64) <-chan error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() {
@@ -63,7 +63,7 @@ func queueWaiter(t *testing.T, rdb *redis.Client, name string, m *redisync.Mutex
 }
 
 // assertClean fails unless a lock has no holder, queue or waiter records.
-func assertClean(t *testing.T, rdb *redis.Client, name string) {
+func assertClean(t *testing.T, rdb redis.UniversalClient, name string) {
 	t.Helper()
 	for _, suffix := range []string{"", ":queue", ":waiters"} {
 		if n := rdb.Exists(ctx, lockKey(name)+suffix).Val(); n != 0 {

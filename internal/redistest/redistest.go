@@ -100,7 +100,7 @@ func find() (addr, why string) {
 		return a, ""
 	}
 	if _, err := exec.LookPath("redis-server"); err == nil {
-		s, err := start()
+		s, err := start(freePort)
 		if err != nil {
 			return "", err.Error()
 		}
@@ -162,7 +162,7 @@ func Spawn(tb testing.TB, args ...string) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing(tb, "no redis-server on PATH for a test that starts its own")
 	}
-	s, err := start(args...)
+	s, err := start(freePort, args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -170,15 +170,15 @@ func Spawn(tb testing.TB, args ...string) *Server {
 	return s
 }
 
-// start runs redis-server on a free port, with no persistence unless args
-// ask for it, and waits until it answers.
-func start(args ...string) (*Server, error) {
+// start runs redis-server on a port from pick, with no persistence unless
+// args ask for it, and waits until it answers.
+func start(pick func() (int, error), args ...string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
 		return nil, err
 	}
 	for try := 0; try < 5; try++ {
-		port, err := freePort()
+		port, err := pick()
 		if err != nil {
 			return nil, err
 		}
@@ -265,6 +265,13 @@ func (s *Server) Signal(tb testing.TB, sig os.Signal) {
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// running reports whether the server process runs (not killed).
+func (s *Server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
 }
 
 // stop kills the server and removes its directory.
