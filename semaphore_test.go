@@ -404,7 +404,9 @@ func TestSemaphoreCancelledAcquireLeavesNothing(t *testing.T) {
 
 func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithRecheck(time.Hour))
+	// Grant lease (the heartbeat) and recheck long: the permits must be
+	// given back, not left to run out.
+	c := newClient(t, rdb, WithRecheck(time.Hour), WithHeartbeat(time.Hour))
 	holder, w, next := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
 	if err := holder.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
@@ -424,6 +426,9 @@ func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
 	}
 	cancel()
 	a.withdraw(cctx)
+	if permitsOf(mr, w) != "" {
+		t.Fatalf("the cancelled waiter still has %q permits in Redis", permitsOf(mr, w))
+	}
 	if err := result(t, nextDone); err != nil {
 		t.Fatalf("the permits granted to a cancelled waiter were not passed on: %v", err)
 	}

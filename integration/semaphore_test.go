@@ -133,14 +133,18 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 
-	// A stream of 1-permit requests keeps the semaphore busy.
+	// A stream of 1-permit requests keeps the semaphore saturated: more
+	// requests than permits, so that some are always waiting.
 	var stop atomic.Bool
 	var mu sync.Mutex
 	var served []struct{ start, end time.Time } // 1-permit requests
 	var wg sync.WaitGroup
-	errs := make(chan error, 6)
-	for i := range 6 {
+	errs := make(chan error, 12)
+	for i := range 12 {
 		s := cs[i%2].NewSemaphore(name, size)
+		// Holds of different lengths, so that the holders do not fall
+		// into step and free all the permits at once by chance.
+		hold := time.Duration(3+i%5) * time.Millisecond
 		wg.Go(func() {
 			for !stop.Load() {
 				start := time.Now()
@@ -149,7 +153,7 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 					return
 				}
 				end := time.Now()
-				time.Sleep(2 * time.Millisecond) // the critical section
+				time.Sleep(hold) // the critical section
 				if err := s.Release(ctx, 1); err != nil {
 					errs <- err
 					return
@@ -261,7 +265,7 @@ func TestSemaphoreWaitersDoNotPoll(t *testing.T) {
 	// Each waiter looks once more after subscribing; wait until Redis is
 	// quiet (a ZCARD and an INFO per look).
 	last := cnt.total(t)
-	eventually(t, 5*time.Second, "the waiters to settle", func() bool {
+	eventually(t, 5*time.Second, "the waiters to stop sending commands (are they polling?)", func() bool {
 		time.Sleep(100 * time.Millisecond)
 		now := cnt.total(t)
 		quiet := now-last <= 2
