@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -495,4 +496,104 @@ func mustHKeys(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 		t.Fatal(err)
 	}
 	return keys
+}
+
+func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	s := c.NewSemaphore("s", 2)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	lost := s.Lost()
+	mr.Del(semKey)
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed after the holder's permits were removed")
+	}
+	if err := s.Acquire(ctx, 1); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Acquire after loss: %v, want ErrLockLost", err)
+	}
+	if err := s.Release(ctx, 1); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release after loss: %v, want ErrLockLost", err)
+	}
+	if s.Held() != 0 || s.Lost() != nil {
+		t.Fatal("a lost holding is still counted after its Release")
+	}
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatalf("a new holding after the loss: %v", err)
+	}
+	if err := s.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	s := c.NewSemaphore("s", 2)
+	if ok, err := s.TryAcquire(ctx, 1); !ok || err != nil { // creates the keys
+		t.Fatal(ok, err)
+	}
+	// A waiter for 2 from a process that died: its heartbeat deadline
+	// (ms of server time) has passed.
+	past := time.Now().Add(-time.Minute).UnixMilli()
+	if _, err := mr.ZAdd(semKey+":queue", 1, "ghost#1"); err != nil {
+		t.Fatal(err)
+	}
+	mr.HSet(semKey+":waiters", "ghost#1", strconv.FormatInt(past, 10)+":3000:2")
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+		t.Fatalf("TryAcquire behind a dead waiter: %v, %v, want true", ok, err)
+	}
+	if queueLen(t, mr) != 0 {
+		t.Fatal("the dead waiter is still queued")
+	}
+	// A live one (deadline ahead) is respected.
+	future := time.Now().Add(time.Minute).UnixMilli()
+	if _, err := mr.ZAdd(semKey+":queue", 2, "alive#1"); err != nil {
+		t.Fatal(err)
+	}
+	mr.HSet(semKey+":waiters", "alive#1", strconv.FormatInt(future, 10)+":3000:2")
+	if err := s.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatalf("TryAcquire ahead of a live waiter: %v, %v, want false", ok, err)
+	}
+}
+
+func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	const hb = 30 * time.Millisecond
+	c := newClient(t, rdb, WithHeartbeat(hb), WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	record := func() string {
+		keys := mustHKeys(t, mr, semKey+":waiters")
+		if len(keys) != 1 {
+			return ""
+		}
+		return mr.HGet(semKey+":waiters", keys[0])
+	}
+	// Several heartbeats pass: the record's deadline moves each time.
+	seen := map[string]bool{record(): true}
+	eventually(t, 5*time.Second, "three heartbeats", func() bool {
+		seen[record()] = true
+		return len(seen) >= 4 && !seen[""]
+	})
+	// Its deadline is in the past by the server clock unless renewed.
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil || w.Held() != 1 {
+		t.Fatalf("the live waiter was not served after %d heartbeats: %v", len(seen)-1, err)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
 }
