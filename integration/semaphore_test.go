@@ -98,8 +98,19 @@ func TestSemaphoreNeverOversubscribed(t *testing.T) {
 
 func TestSemaphoreCrashedHolderFreesPermitsWithinLease(t *testing.T) {
 	const lease = time.Second
+	t.Run("fixed lease", func(t *testing.T) {
+		testCrashedHolder(t, lease, redisync.WithLease(lease))
+	})
+	t.Run("watchdog lease", func(t *testing.T) {
+		testCrashedHolder(t, lease, redisync.WithWatchdogLease(lease))
+	})
+}
+
+// testCrashedHolder checks that a holder whose Client is closed without
+// Release loses its permits to a waiter within lease + 300ms.
+func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
 	name := uniqueName(t)
-	cs := newClients(t, 2, redisync.WithLease(lease), redisync.WithRecheck(time.Hour))
+	cs := newClients(t, 2, opt, redisync.WithRecheck(time.Hour))
 	holder, waiter := cs[0].NewSemaphore(name, 3), cs[1].NewSemaphore(name, 3)
 	acquired := time.Now()
 	if err := holder.Acquire(ctx, 3); err != nil {
