@@ -597,3 +597,34 @@ func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour)) // grant lease 3 s, lease 30 s
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// w queues without listening, so it misses the grant's message and
+	// finds the grant by attempting again, as after a lost message.
+	a := &acquireCall{s: w, n: 1, waiter: w.owner + "#1"}
+	if done, _, err := a.attempt(ctx); done || err != nil {
+		t.Fatal(done, err)
+	}
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if done, _, err := a.attempt(ctx); !done || err != nil {
+		t.Fatalf("attempt after the grant: %v, %v, want done", done, err)
+	}
+	exp, err := mr.ZScore(semKey+":expiry", w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(time.UnixMilli(int64(exp))); left < 25*time.Second {
+		t.Fatalf("the holder's lease ends in %v, want about 30s (the watchdog renews after 10s)", left)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -56,7 +56,10 @@ if held > 0 and mine < held then
   return {-1, 0}
 end
 if ARGV[9] == '1' and not queued and mine >= held + n then
-  return {1, 0} -- granted by another call; its message may be on the way
+  -- Granted by another call (its message may be on the way) with the short
+  -- grant lease: the caller counts on a full lease from now.
+  sem_lease(k, holder, now, lease)
+  return {1, 0}
 end
 if queued then
   -- Alive: refresh the deadline so that serving does not drop us.
