@@ -628,3 +628,33 @@ func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSemaphoreWaiterDroppedAsDeadQueuesAgainWithHeartbeat(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	// Dropped as if its heartbeats had stalled: the watchdog finds it gone
+	// and nudges it, and it queues again.
+	waiter := mustHKeys(t, mr, semKey+":waiters")[0]
+	if _, err := mr.ZRem(semKey+":queue", waiter); err != nil {
+		t.Fatal(err)
+	}
+	mr.HDel(semKey+":waiters", waiter)
+	eventually(t, 5*time.Second, "the waiter to queue again with a heartbeat", func() bool {
+		return queueLen(t, mr) == 1 && asleep(c) == 1
+	})
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -58,6 +58,11 @@ func (c *Client) block(ctx context.Context, channel, owner string, recheck time.
 			}
 			continue
 		}
+		if hb != nil && !c.wd.registered(hb) {
+			// Found dequeued by the watchdog (dropped after stalled
+			// heartbeats); the attempt above queued the caller again.
+			hb = nil
+		}
 		if hb == nil {
 			hb = x.queued(w)
 		}

@@ -124,6 +124,15 @@ func (w *watchdog) remove(e *keepalive) {
 	delete(w.entries, e)
 }
 
+// registered reports whether e is still an entry: neither removed nor
+// dropped as gone.
+func (w *watchdog) registered(e *keepalive) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.entries[e]
+	return ok
+}
+
 // run renews what is due, and reports lost what is past its deadline, until
 // the Client is closed. Then every hold still registered is reported lost.
 func (w *watchdog) run() {
