@@ -142,8 +142,10 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 // ErrLockLost when s's permits had been lost, in which case s forgets n of
 // them. It never touches another holder's permits.
 //
-// When a release of s's last permits fails on the network, s forgets them
-// anyway and their lease, no longer renewed, frees them in Redis.
+// When the reply is lost, Release sends the same call again (it is
+// idempotent) to learn whether it was applied, even when ctx has ended.
+// When that fails too, the release of s's last permits is taken as done:
+// s forgets them and their lease, no longer renewed, frees them in Redis.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := s.check(n); err != nil {
 		return s.wrap("release", err)
@@ -166,7 +168,15 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 		s.c.wd.remove(ka) // before the release: no renewal may outlive it
 	}
 	sent := time.Now()
-	res, err := s.release(ctx, n, held, "release", "")
+	s.seq++
+	res, err := s.release(ctx, s.seq, n, held, "release", "")
+	if err != nil && !isReply(err) {
+		// The reply was lost (or ctx ended with the call in flight): the
+		// same call again, idempotent by its number, tells what happened.
+		dctx, cancel := detached(ctx)
+		res, err = s.release(dctx, s.seq, n, held, "release", "")
+		cancel()
+	}
 	switch {
 	case err != nil:
 		if n == held {
@@ -311,7 +321,9 @@ func (s *Semaphore) attempt(ctx context.Context, n int64, mode, waiter string, q
 func (s *Semaphore) undo(ctx context.Context, n int64, waiter string) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	if s.take(ctx, s.op) != nil {
+	select { // even after Close: the clean-up is due
+	case s.op <- struct{}{}:
+	case <-ctx.Done():
 		return
 	}
 	defer s.end()
@@ -325,14 +337,14 @@ func (s *Semaphore) undoLocked(ctx context.Context, n int64, waiter string) {
 	s.mu.Lock()
 	held := s.held
 	s.mu.Unlock()
-	_, _ = s.release(ctx, n, held, "withdraw", waiter)
+	s.seq++
+	_, _ = s.release(ctx, s.seq, n, held, "withdraw", waiter)
 }
 
-// release runs the release script. s.op must be held.
-func (s *Semaphore) release(ctx context.Context, n, held int64, mode, waiter string) (int64, error) {
-	s.seq++
+// release runs the release script as call number seq. s.op must be held.
+func (s *Semaphore) release(ctx context.Context, seq, n, held int64, mode, waiter string) (int64, error) {
 	res, err := semReleaseScript.Run(ctx, s.c.rdb, []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5]},
-		s.owner, n, held, s.seq, mode, waiter, s.lease().Milliseconds(), s.size,
+		s.owner, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
 		tombstoneTTL.Milliseconds(), s.channel, "PUBLISH").Int64()
 	if err != nil {
 		return 0, redisError(err)

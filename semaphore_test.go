@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 const semKey = "redisync:sem:{s}"
@@ -656,5 +658,46 @@ func TestSemaphoreWaiterDroppedAsDeadQueuesAgainWithHeartbeat(t *testing.T) {
 	}
 	if err := w.Release(ctx, 1); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreReleaseWithCancelledCallIsResolved(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	s := c.NewSemaphore("s", 3)
+	if err := s.Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	// The call reaches Redis, then ctx ends before the reply is read.
+	cctx, cancel := context.WithCancel(ctx)
+	rdb.AddHook(&cancelAfter{cancel: cancel})
+	err := s.Release(cctx, 1)
+	if err != nil {
+		t.Fatalf("Release whose reply was lost: %v, want it resolved", err)
+	}
+	if s.Held() != 2 || permitsOf(mr, s) != "2" {
+		t.Fatalf("held %d, Redis %q; want 2 and 2", s.Held(), permitsOf(mr, s))
+	}
+}
+
+// cancelAfter is a go-redis hook that ends a context after the first
+// EVALSHA it sends has run, as if the reply was lost when it ended.
+type cancelAfter struct {
+	cancel context.CancelFunc
+	done   atomic.Bool
+}
+
+func (*cancelAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (*cancelAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "evalsha" && h.done.CompareAndSwap(false, true) {
+			h.cancel()
+			return context.Canceled
+		}
+		return err
 	}
 }
