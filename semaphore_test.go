@@ -701,3 +701,35 @@ func (h *cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return err
 	}
 }
+
+func TestSemaphoreCloseEndsWaitersAndHoldings(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := New(rdb, WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	lost := holder.Lost()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); !errors.Is(err, ErrClosed) {
+		t.Fatalf("waiting Acquire after Close: %v, want ErrClosed", err)
+	}
+	if queueLen(t, mr) != 0 {
+		t.Fatal("the waiter is still queued after Close")
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("a holding's Lost channel is still open after Close")
+	}
+	if err := holder.Release(ctx, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Release after Close: %v, want ErrClosed", err)
+	}
+	if ok, err := w.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrClosed) {
+		t.Fatalf("TryAcquire after Close: %v, %v, want ErrClosed", ok, err)
+	}
+}
