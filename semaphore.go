@@ -31,6 +31,17 @@ import (
 //
 // While permits are held their lease is renewed by the Client's watchdog
 // (unless WithLease fixed it), and Lost tells when they are lost.
+//
+// The options work as for a Mutex: WithLease gives permits a fixed lease
+// (re-armed by every Acquire and Release of the holder) and
+// WithWatchdogLease sets the renewed one; WithHeartbeat sets how long a
+// queued waiter stays queued without a heartbeat, and the lease of permits
+// granted to a waiter until its watchdog extends them; WithRecheck bounds
+// every sleep. Fair makes no difference: a Semaphore is always fair.
+//
+// The guarantees and their limits are those of a Mutex: a holder that
+// pauses longer than its lease, a failover that loses writes or a clock
+// jump on the server can let more holders in than the size.
 type Semaphore struct {
 	c       *Client
 	name    string
@@ -120,7 +131,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 // anyone is queued, even if the free permits would cover n, and when
 // another Acquire of s is under way.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
-	if err := s.check(n); err != nil {
+	if err := cmp.Or(s.check(n), s.c.usable(), ctx.Err()); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
 	select {
