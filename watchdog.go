@@ -36,9 +36,10 @@ type watchdog struct {
 	next    time.Time // when run will look next
 }
 
-// keepalive is one entry of the watchdog: a hold or a queued fair waiter.
+// keepalive is one entry of the watchdog: a hold (of a lock, or of a
+// semaphore's permits) or a queued waiter.
 type keepalive struct {
-	kind  string        // the entry's kind in renew.lua: "hold" or "wait"
+	kind  string        // the entry's kind in renew.lua: "hold", "sem" or "wait"
 	owner string        // owner id
 	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
