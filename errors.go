@@ -13,7 +13,8 @@ var (
 	ErrNotHeld = errors.New("redisync: not held")
 	// ErrLockLost is returned when a hold has been lost: its lease ran out
 	// or its key was removed behind the holder's back. Another owner may
-	// have taken the lock since.
+	// have taken the lock since. A Semaphore returns it when its holder's
+	// permits have been lost the same way.
 	ErrLockLost = errors.New("redisync: lock lost")
 	// ErrClosed is returned by every call on a closed Client and by calls
 	// that were waiting when it was closed.
@@ -31,6 +32,17 @@ var (
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")
+	// ErrSizeMismatch is returned by a Semaphore whose size differs from
+	// the size stored in Redis for its name. A semaphore is never resized
+	// silently.
+	ErrSizeMismatch = errors.New("redisync: semaphore size mismatch")
+	// ErrInvalidPermits is returned, before any call to Redis, for a
+	// Semaphore size that is not positive, or a number of permits that is
+	// not positive or exceeds the size.
+	ErrInvalidPermits = errors.New("redisync: invalid number of permits")
+	// ErrTooManyReleased is returned by Semaphore.Release when asked to
+	// release more permits than the Semaphore holds. Nothing is released.
+	ErrTooManyReleased = errors.New("redisync: released more permits than held")
 )
 
 // redisError adds ErrWrongType to an error from Redis when Redis or a

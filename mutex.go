@@ -83,52 +83,11 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 //
 // Lock returns ErrLockLost when m's current hold has been lost (Unlock it
 // first), ErrClosed after Close, and the errors of Redis.
-func (m *Mutex) Lock(ctx context.Context) (err error) {
-	var w *waiter // registered on the lock's channel
-	var hb *keepalive
-	defer func() {
-		if hb != nil {
-			m.c.wd.remove(hb)
-		}
-		if w != nil {
-			w.leave()
-		}
-		if err != nil {
-			err = m.wrap("lock", err)
-		}
-	}()
-
-	// When other waiters of this process keep the channel subscribed,
-	// joining is free and no message can be missed from here on.
-	w = m.c.sub.joinConfirmed(m.channel, m.owner)
-	for {
-		acquired, pttl, err := m.attempt(ctx, true)
-		if err != nil || acquired {
-			return err
-		}
-		if w == nil {
-			// Subscribe, then look again: a release between the
-			// attempt above and the subscription would be missed.
-			if w, err = m.c.sub.join(ctx, m.channel, m.owner, m.cfg.recheck); err != nil {
-				m.withdraw(ctx)
-				return err
-			}
-			continue
-		}
-		if m.cfg.fair && hb == nil {
-			hb = m.heartbeat(w)
-		}
-		grant, err := w.wait(ctx, m.sleepFor(pttl))
-		if err != nil {
-			m.withdraw(ctx)
-			return err
-		}
-		if grant != "" {
-			if ok, err := m.adopt(ctx, grant, time.Now()); ok || err != nil {
-				return err
-			}
-		}
+func (m *Mutex) Lock(ctx context.Context) error {
+	if err := m.c.block(ctx, m.channel, m.owner, m.cfg.recheck, lockCall{m}); err != nil {
+		return m.wrap("lock", err)
 	}
+	return nil
 }
 
 // TryLock makes one attempt to take the lock and never waits: it reports

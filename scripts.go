@@ -18,8 +18,17 @@ var (
 	luaRelease string
 	//go:embed scripts/renew.lua
 	luaRenew string
+	//go:embed scripts/sem_lib.lua
+	luaSemLib string
+	//go:embed scripts/sem_acquire.lua
+	luaSemAcquire string
+	//go:embed scripts/sem_release.lua
+	luaSemRelease string
 
 	acquireScript = redis.NewScript(luaLib + luaAcquire)
 	releaseScript = redis.NewScript(luaLib + luaRelease)
 	renewScript   = redis.NewScript(luaLib + luaRenew)
+
+	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
+	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)
 )

@@ -37,9 +37,10 @@ type watchdog struct {
 	next    time.Time // when run will look next
 }
 
-// keepalive is one entry of the watchdog: a hold or a queued fair waiter.
+// keepalive is one entry of the watchdog: a hold (of a lock, or of a
+// semaphore's permits) or a queued waiter.
 type keepalive struct {
-	kind  string        // the entry's kind in renew.lua: "hold" or "wait"
+	kind  string        // the entry's kind in renew.lua: "hold", "sem" or "wait"
 	owner string        // owner id
 	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
@@ -126,6 +127,15 @@ func (w *watchdog) remove(e *keepalive) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.entries, e)
+}
+
+// registered reports whether e is still an entry: neither removed nor
+// dropped as gone.
+func (w *watchdog) registered(e *keepalive) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.entries[e]
+	return ok
 }
 
 // run renews what is due, and reports lost what is past its deadline, until

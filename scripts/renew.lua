@@ -1,19 +1,24 @@
 -- renew.lua: the watchdog's batch: extend held leases and refresh fair
 -- waiters' heartbeats, for many locks in one call.
 --
--- ARGV holds one triple per entry: kind ("hold" or "wait"), owner id, ms (the
--- lease of a hold, the heartbeat ttl of a waiter). KEYS holds the entries'
--- keys in the same order: one key for a hold (its lock hash), three for a
--- waiter (its queue, its waiters hash and the lock hash).
+-- ARGV holds one triple per entry: kind ("hold", "sem" or "wait"), owner id,
+-- ms (the lease of a hold, the heartbeat ttl of a waiter). KEYS holds the
+-- entries' keys in the same order: one key for a hold (its lock hash), two
+-- for a semaphore holder (its holders hash and expiry zset), three for a
+-- waiter (its queue, its waiters hash, and the lock hash or the
+-- semaphore's holders hash).
 --
--- A hold is extended only while its owner still holds the lock; a waiter's
--- deadline is moved only while it is still queued (it keeps its hand-off
--- lease). A key of the wrong type counts as gone for its entry alone.
+-- A hold is extended only while its owner still holds the lock; a semaphore
+-- holder only while it holds permits whose lease has not ended (an ended one
+-- is left for the semaphore's next script to reclaim); a waiter's deadline
+-- is moved only while it is still queued (the rest of its record, such as
+-- its hand-off lease, is kept). A key of the wrong type counts as gone for
+-- its entry alone.
 --
 -- Reply: one integer per entry: 1 renewed, 0 gone (a lost hold, or a waiter
--- no longer queued: handed the lock, or dropped as dead), 2 a waiter renewed
--- whose lock is free: nobody will publish (a hand-off to a waiter that died
--- ran out), so it must look again itself.
+-- no longer queued: handed the lock or its permits, or dropped as dead), 2 a
+-- waiter renewed whose lock or semaphore nobody holds: nobody will publish
+-- (a hand-off to a waiter that died ran out), so it must look again itself.
 local out = {}
 local k = 1
 local now = nil
@@ -27,14 +32,27 @@ for i = 1, #ARGV, 3 do
       redis.call('PEXPIRE', lock, ms)
       ok = 1
     end
+  elseif kind == 'sem' then
+    local holders, expiry = KEYS[k], KEYS[k + 1]
+    k = k + 2
+    now = now or now_ms()
+    local rec = redis.pcall('HGET', holders, owner)
+    local e = redis.pcall('ZSCORE', expiry, owner)
+    if type(rec) == 'string' and type(e) == 'string' and tonumber(e) > now then
+      if tonumber(e) < now + ms then
+        redis.call('ZADD', expiry, now + ms, owner)
+      end
+      keep_alive(holders, ms)
+      keep_alive(expiry, ms)
+      ok = 1
+    end
   else
     local queue, waiters, lock = KEYS[k], KEYS[k + 1], KEYS[k + 2]
     k = k + 3
     local rec = redis.pcall('HGET', waiters, owner)
     if type(rec) == 'string' then
       now = now or now_ms()
-      local _, handoff = parse_waiter(rec)
-      redis.call('HSET', waiters, owner, (now + ms) .. ':' .. handoff)
+      redis.call('HSET', waiters, owner, (now + ms) .. (string.match(rec, '^%d+(:.*)$') or ''))
       if redis.pcall('TYPE', queue)['ok'] == 'zset' then
         keep_alive(queue, 2 * ms)
       end

@@ -1,0 +1,57 @@
+package redisync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+)
+
+// A semaphore of 2 permits limits how many jobs run at once, across every
+// process that uses the name "gpu". Here, on an embedded Redis.
+func ExampleSemaphore() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	client := redisync.New(rdb)
+	defer client.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var running, most atomic.Int64
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			gpus := client.NewSemaphore("gpu", 2) // one holder per job
+			if err := gpus.Acquire(ctx, 1); err != nil {
+				fmt.Println(err)
+				return
+			}
+			defer gpus.Release(ctx, 1)
+			n := running.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(10 * time.Millisecond) // the job
+			running.Add(-1)
+		})
+	}
+	wg.Wait()
+	fmt.Println("jobs at once, at most:", most.Load())
+
+	// A Semaphore with another size for the same name is refused.
+	err = client.NewSemaphore("gpu", 3).Acquire(ctx, 1)
+	fmt.Println(errors.Is(err, redisync.ErrSizeMismatch))
+	// Output:
+	// jobs at once, at most: 2
+	// true
+}

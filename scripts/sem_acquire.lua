@@ -1,0 +1,89 @@
+-- sem_acquire.lua: take permits of a semaphore, or queue for them.
+--
+-- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
+-- KEYS[5] waiters (see sem_lib.lua)
+-- ARGV[1] holder id
+-- ARGV[2] n: permits wanted
+-- ARGV[3] size of the semaphore as the caller knows it
+-- ARGV[4] held: the permits the caller believes it holds
+-- ARGV[5] seq: the caller's call number (>= 1, increasing); a retry of a
+--         call that was applied finds it in the holder record
+-- ARGV[6] lease in ms
+-- ARGV[7] mode: "queue" joins the queue when not granted; "try" never does
+-- ARGV[8] waiter id ("holder#call") of this Acquire
+-- ARGV[9] "1" when this Acquire has queued before: finding its permits
+--         granted (and itself dequeued) means another call granted them
+-- ARGV[10] heartbeat ttl in ms, ARGV[11] lease of a grant to a waiter in ms
+-- ARGV[12] channel, ARGV[13] publish command (PUBLISH or SPUBLISH)
+--
+-- Permits are granted only when nobody is queued ahead: first the queue is
+-- served (reclaimed permits may cover its head), then the caller.
+--
+-- Reply: {1, 0}      the caller holds n more permits
+--        {0, ms}     not granted (queued in mode "queue"); ms until the
+--                    earliest lease ends (-1: no holder)
+--        {-1, 0}     held > 0 but the caller's permits are gone (lost)
+--        {-2, size}  the stored size differs from ARGV[3]
+local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[4], waiters = KEYS[5]}
+local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+
+-- Every key is read before anything is written: one of the wrong type
+-- fails the script here, having changed nothing.
+local stored = redis.call('GET', KEYS[3])
+redis.call('ZSCORE', k.expiry, holder)
+redis.call('HGET', k.waiters, waiter)
+local queued = redis.call('ZSCORE', k.queue, waiter)
+local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+if stored then
+  if not tonumber(stored) then
+    error('WRONGTYPE redisync: ' .. KEYS[3] .. ' does not hold a size')
+  end
+  if tonumber(stored) ~= size then
+    return {-2, tonumber(stored)}
+  end
+else
+  redis.call('SET', KEYS[3], size)
+end
+
+local now = now_ms()
+sem_reclaim(k, now)
+mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+if mine > 0 and mseq == seq then
+  return {1, 0} -- a retry: this call was applied
+end
+if held > 0 and mine < held then
+  return {-1, 0}
+end
+if ARGV[9] == '1' and not queued and mine >= held + n then
+  -- Granted by another call (its message may be on the way) with the short
+  -- grant lease: the caller counts on a full lease from now.
+  sem_lease(k, holder, now, lease)
+  return {1, 0}
+end
+if queued then
+  -- Alive: refresh the deadline so that serving does not drop us.
+  redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n)
+end
+
+local used, served = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
+if served then
+  return {1, 0}
+end
+queued = redis.call('ZSCORE', k.queue, waiter)
+if not queued and used + n <= size and redis.call('ZCARD', k.queue) == 0 then
+  sem_put(k, holder, mine + n, seq)
+  sem_lease(k, holder, now, lease)
+  return {1, 0}
+end
+if mode == 'queue' then
+  local ttl = tonumber(ARGV[10])
+  if not queued then
+    local last = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', k.queue, (tonumber(last) or 0) + 1, waiter)
+  end
+  redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n)
+  keep_alive(k.queue, 2 * ttl)
+  keep_alive(k.waiters, 2 * ttl)
+end
+return {0, sem_next(k, now)}

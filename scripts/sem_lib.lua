@@ -1,0 +1,120 @@
+-- sem_lib.lua: helpers shared by the semaphore scripts. scripts.go prepends
+-- lib.lua and this file to each semaphore script.
+--
+-- A semaphore's state lives in keys under the hash tag {name}:
+--   holders: hash holder id -> "permits:seq", where seq is the number of the
+--            holder's last call applied (it makes a retried call a no-op)
+--   expiry:  zset holder id -> end of the holder's lease, ms of server time
+--   size:    string, the size every Client must agree on (no TTL)
+--   queue:   zset waiter id -> arrival number; a waiter id is
+--            "holder id#call number", one per blocked Acquire
+--   waiters: hash waiter id -> "deadline:lease:permits": heartbeat deadline
+--            (ms of server time), the lease its permits get when granted,
+--            and how many it wants
+-- Holders whose lease has ended are removed by every script call before it
+-- does anything else.
+
+-- sem_parse splits a holder record into permits and call number.
+local function sem_parse(v)
+  if not v then
+    return 0, 0
+  end
+  local p, s = string.match(v, '^(%d+):(%d+)$')
+  return tonumber(p) or 0, tonumber(s) or 0
+end
+
+-- sem_holder returns the holder id of a waiter id.
+local function sem_holder(waiter)
+  return string.match(waiter, '^(.*)#%d+$') or waiter
+end
+
+-- sem_put sets a holder's permits (removing it at zero) and call number.
+local function sem_put(k, holder, permits, seq)
+  if permits > 0 then
+    redis.call('HSET', k.holders, holder, permits .. ':' .. seq)
+  else
+    redis.call('HDEL', k.holders, holder)
+    redis.call('ZREM', k.expiry, holder)
+  end
+end
+
+-- sem_lease makes a holder's lease end no earlier than now + ms.
+local function sem_lease(k, holder, now, ms)
+  local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
+  if not e or e < now + ms then
+    redis.call('ZADD', k.expiry, now + ms, holder)
+  end
+  keep_alive(k.holders, ms)
+  keep_alive(k.expiry, ms)
+end
+
+-- sem_reclaim removes the holders whose lease ended by now.
+local function sem_reclaim(k, now)
+  local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now)
+  for i = 1, #gone, 1000 do
+    redis.call('HDEL', k.holders, unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
+  end
+end
+
+-- sem_used returns the permits held, by all holders.
+local function sem_used(k)
+  local used = 0
+  for _, v in ipairs(redis.call('HVALS', k.holders)) do
+    used = used + sem_parse(v)
+  end
+  return used
+end
+
+-- sem_serve grants queued waiters from the head, as many as the free permits
+-- cover, in order, dropping dead waiters (heartbeat deadline passed) on the
+-- way; a waiter that does not fit stops it (no overtaking). The granted
+-- waiters other than self are named in one message "waiter:permits ...".
+-- self (a waiter id or false) is granted with lease selflease and call
+-- number seq. It returns the permits in use afterwards and whether self was
+-- granted.
+local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
+  local msg = {}
+  local served = false
+  while true do
+    local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
+    if not head then
+      break
+    end
+    local d, l, w = string.match(redis.call('HGET', k.waiters, head) or '', '^(%d+):(%d+):(%d+)$')
+    local deadline, lease, want = tonumber(d), tonumber(l), tonumber(w)
+    if want and deadline >= now and used + want > size then
+      break
+    end
+    redis.call('ZREM', k.queue, head)
+    redis.call('HDEL', k.waiters, head)
+    if want and deadline >= now then
+      local holder = sem_holder(head)
+      local permits, s = sem_parse(redis.call('HGET', k.holders, holder))
+      if head == self then
+        lease, s, served = selflease, seq, true
+      else
+        msg[#msg + 1] = head .. ':' .. want
+      end
+      sem_put(k, holder, permits + want, s)
+      sem_lease(k, holder, now, lease)
+      used = used + want
+    end
+  end
+  if #msg > 0 then
+    redis.call(publish, channel, table.concat(msg, ' '))
+  end
+  return used, served
+end
+
+-- sem_next returns how long until the earliest lease ends, in ms (at least
+-- 1), or -1 when nobody holds a permit.
+local function sem_next(k, now)
+  local first = redis.call('ZRANGE', k.expiry, 0, 0, 'WITHSCORES')[2]
+  if not first then
+    return -1
+  end
+  return math.max(tonumber(first) - now, 1)
+end

@@ -1,0 +1,68 @@
+-- sem_release.lua: give back permits of a semaphore; or withdraw a waiter
+-- and give back what was granted to it in the meantime.
+--
+-- KEYS[1] holders, KEYS[2] expiry, KEYS[3] queue, KEYS[4] waiters
+-- (see sem_lib.lua), KEYS[5] released: zset "holder:seq" -> ms of server
+--         time until which a release that emptied the holder is remembered,
+--         so that a retry of it knows it was applied
+-- ARGV[1] holder id
+-- ARGV[2] n: permits to give back ("release"), or wanted by the waiter
+--         ("withdraw")
+-- ARGV[3] held: the permits the caller believes it holds (not counting a
+--         grant to its waiter that it has not taken)
+-- ARGV[4] seq: the caller's call number (>= 1, increasing)
+-- ARGV[5] mode: "release", or "withdraw" with ARGV[6] the waiter id
+-- ARGV[7] lease in ms, re-armed while the holder keeps permits
+-- ARGV[8] size, ARGV[9] memory of a full release in ms
+-- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
+--
+-- Freed permits go to the queue's head waiters, as many as they cover
+-- (sem_serve), named in one message.
+--
+-- Reply: 1 released (now or by an earlier try of this call); withdraw: the
+--          waiter had been granted and its permits were given back
+--        0 withdraw: the waiter had not been granted
+--        -1 release: the holder holds fewer permits than held or n (lost)
+local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[3], waiters = KEYS[4]}
+local released = KEYS[5]
+local holder, n, held, seq, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local size = tonumber(ARGV[8])
+
+-- Every key is read before anything is written (see sem_acquire.lua).
+redis.call('ZSCORE', k.expiry, holder)
+redis.call('ZSCORE', k.queue, holder)
+redis.call('HGET', k.waiters, holder)
+local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
+redis.call('HGET', k.holders, holder)
+
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
+sem_reclaim(k, now)
+local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+local result = 1
+if mode == 'withdraw' then
+  local was = redis.call('ZREM', k.queue, ARGV[6])
+  redis.call('HDEL', k.waiters, ARGV[6])
+  result = 0
+  if was == 0 and mine >= held + n then
+    sem_put(k, holder, mine - n, mseq)
+    result = 1
+  end
+else
+  if applied or (mine > 0 and mseq == seq) then
+    return 1
+  end
+  if mine < held or mine < n then
+    return -1
+  end
+  sem_put(k, holder, mine - n, seq)
+  if mine == n then
+    local ms = tonumber(ARGV[9])
+    redis.call('ZADD', released, now + ms, holder .. ':' .. seq)
+    keep_alive(released, ms)
+  else
+    redis.call('ZADD', k.expiry, now + tonumber(ARGV[7]), holder)
+  end
+end
+sem_serve(k, size, sem_used(k), now, false, 0, 0, ARGV[10], ARGV[11])
+return result

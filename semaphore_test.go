@@ -1,0 +1,735 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+const semKey = "redisync:sem:{s}"
+
+// permitsOf returns the permits a holder has in Redis.
+func permitsOf(mr *miniredis.Miniredis, s *Semaphore) string {
+	v := mr.HGet(semKey, s.owner)
+	p, _, _ := strings.Cut(v, ":")
+	return p
+}
+
+// queueLen returns how many waiters are queued in Redis.
+func queueLen(t *testing.T, mr *miniredis.Miniredis) int {
+	t.Helper()
+	if !mr.Exists(semKey + ":queue") {
+		return 0
+	}
+	m, err := mr.ZMembers(semKey + ":queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m)
+}
+
+// asleep returns how many Acquire calls of c are queued and asleep: their
+// heartbeat is registered with the watchdog just before they sleep.
+func asleep(c *Client) int {
+	c.wd.mu.Lock()
+	defer c.wd.mu.Unlock()
+	n := 0
+	for e := range c.wd.entries {
+		if e.kind == "wait" {
+			n++
+		}
+	}
+	return n
+}
+
+// result waits for an error from done, failing the test after 5 s.
+func result(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("timed out waiting for Acquire to return")
+		return nil
+	}
+}
+
+// acquireAsync runs s.Acquire(ctx, n) in a goroutine.
+func acquireAsync(ctx context.Context, s *Semaphore, n int64) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- s.Acquire(ctx, n) }()
+	return done
+}
+
+func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	cases := []struct {
+		name string
+		s    *Semaphore
+		n    int64
+		ctx  context.Context
+		want error
+	}{
+		{"empty name", c.NewSemaphore("", 3), 1, ctx, ErrInvalidName},
+		{"zero size", c.NewSemaphore("s", 0), 1, ctx, ErrInvalidPermits},
+		{"negative size", c.NewSemaphore("s", -2), 1, ctx, ErrInvalidPermits},
+		{"zero permits", c.NewSemaphore("s", 3), 0, ctx, ErrInvalidPermits},
+		{"negative permits", c.NewSemaphore("s", 3), -1, ctx, ErrInvalidPermits},
+		{"more permits than size", c.NewSemaphore("s", 3), 4, ctx, ErrInvalidPermits},
+		{"invalid option", c.NewSemaphore("s", 3, WithLease(0)), 1, ctx, ErrInvalidOption},
+		{"nil client", New(nil).NewSemaphore("s", 3), 1, ctx, ErrNilClient},
+		{"cancelled context", c.NewSemaphore("s", 3), 1, cancelled, context.Canceled},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.s.Acquire(tc.ctx, tc.n); !errors.Is(err, tc.want) {
+				t.Errorf("Acquire: got %v, want %v", err, tc.want)
+			}
+			if ok, err := tc.s.TryAcquire(tc.ctx, tc.n); ok || !errors.Is(err, tc.want) {
+				t.Errorf("TryAcquire: got %v, %v, want false, %v", ok, err, tc.want)
+			}
+			if err := tc.s.Release(tc.ctx, tc.n); !errors.Is(err, tc.want) {
+				t.Errorf("Release: got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if n := cnt.n.Load(); n != 0 {
+		t.Errorf("%d commands reached Redis, want 0", n)
+	}
+}
+
+func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	a, b := c.NewSemaphore("s", 5), c.NewSemaphore("s", 5)
+	if err := a.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if a.Held() != 3 || permitsOf(mr, a) != "3" {
+		t.Fatalf("a holds %d (Redis: %q), want 3", a.Held(), permitsOf(mr, a))
+	}
+	if a.Lost() == nil {
+		t.Fatal("Lost is nil while permits are held")
+	}
+	if ok, err := b.TryAcquire(ctx, 3); ok || err != nil {
+		t.Fatalf("TryAcquire(3) with 2 free: %v, %v, want false", ok, err)
+	}
+	if ok, err := b.TryAcquire(ctx, 2); !ok || err != nil {
+		t.Fatalf("TryAcquire(2) with 2 free: %v, %v, want true", ok, err)
+	}
+	if got, _ := mr.Get(semKey + ":size"); got != "5" {
+		t.Fatalf("stored size %q, want 5", got)
+	}
+	if err := a.Release(ctx, 2); err != nil || a.Held() != 1 || permitsOf(mr, a) != "1" {
+		t.Fatalf("Release(2): %v, held %d (Redis %q), want 1", err, a.Held(), permitsOf(mr, a))
+	}
+	for _, s := range []*Semaphore{a, b} {
+		if err := s.Release(ctx, s.Held()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mr.Exists(semKey) || a.Lost() != nil || a.Held() != 0 {
+		t.Fatal("permits left after releasing everything")
+	}
+}
+
+func TestSemaphoreSizeMismatch(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	if ok, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	other := c.NewSemaphore("s", 4)
+	if err := other.Acquire(ctx, 1); !errors.Is(err, ErrSizeMismatch) {
+		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
+	}
+	if ok, err := other.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrSizeMismatch) {
+		t.Fatalf("TryAcquire with another size: %v, %v, want ErrSizeMismatch", ok, err)
+	}
+	if got, _ := mr.Get(semKey + ":size"); got != "3" {
+		t.Fatalf("stored size changed to %q", got)
+	}
+	if other.Held() != 0 || queueLen(t, mr) != 0 {
+		t.Fatal("a mismatched Semaphore left permits or a queued waiter")
+	}
+}
+
+func TestSemaphoreReleaseMoreThanHeld(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	s := c.NewSemaphore("s", 5)
+	before := cnt.n.Load()
+	if err := s.Release(ctx, 1); !errors.Is(err, ErrTooManyReleased) {
+		t.Fatalf("Release with nothing held: %v, want ErrTooManyReleased", err)
+	}
+	if n := cnt.n.Load() - before; n != 0 {
+		t.Fatalf("a rejected Release sent %d commands", n)
+	}
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, 3); !errors.Is(err, ErrTooManyReleased) {
+		t.Fatalf("Release(3) holding 2: %v, want ErrTooManyReleased", err)
+	}
+	if s.Held() != 2 || permitsOf(mr, s) != "2" {
+		t.Fatal("a rejected Release released something")
+	}
+	if err := s.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
+	for _, key := range []string{semKey, semKey + ":size", semKey + ":queue", semKey + ":expiry"} {
+		t.Run(key, func(t *testing.T) {
+			mr, rdb, _ := newMini(t)
+			c := newClient(t, rdb)
+			if key == semKey+":size" {
+				if err := mr.Set(key, "x"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				mr.Lpush(key, "x")
+			}
+			s := c.NewSemaphore("s", 2)
+			if err := s.Acquire(ctx, 1); !errors.Is(err, ErrWrongType) {
+				t.Fatalf("Acquire: %v, want ErrWrongType", err)
+			}
+			if ok, err := s.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrWrongType) {
+				t.Fatalf("TryAcquire: %v, %v, want ErrWrongType", ok, err)
+			}
+			if keys := mr.Keys(); len(keys) != 1 || keys[0] != key {
+				t.Fatalf("keys after a failed acquire: %v, want only %s", keys, key)
+			}
+			if s.Held() != 0 {
+				t.Fatal("a failed Acquire left permits")
+			}
+		})
+	}
+}
+
+func TestSemaphoreFIFONoOvertaking(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	holders := []*Semaphore{c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)}
+	if err := holders[0].Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := holders[1].Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	big := c.NewSemaphore("s", 3)
+	bigDone := acquireAsync(ctx, big, 3)
+	eventually(t, 5*time.Second, "the 3-permit waiter to queue", func() bool { return queueLen(t, mr) == 1 })
+
+	// One permit comes free: a later 1-permit request would fit, but must
+	// not overtake the waiter for 3.
+	if err := holders[1].Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	small := c.NewSemaphore("s", 3)
+	if ok, err := small.TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatalf("TryAcquire(1) ahead of a queued waiter: %v, %v, want false", ok, err)
+	}
+	smallDone := acquireAsync(ctx, small, 1)
+	eventually(t, 5*time.Second, "the 1-permit waiter to queue", func() bool { return queueLen(t, mr) == 2 })
+	select {
+	case err := <-smallDone:
+		t.Fatalf("the 1-permit Acquire overtook the waiter for 3: %v", err)
+	default:
+	}
+
+	if err := holders[0].Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, bigDone); err != nil || big.Held() != 3 {
+		t.Fatalf("waiter for 3: %v, held %d", err, big.Held())
+	}
+	select {
+	case err := <-smallDone:
+		t.Fatalf("the 1-permit Acquire returned while 3 of 3 are held: %v", err)
+	default:
+	}
+	if err := big.Release(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, smallDone); err != nil || small.Held() != 1 {
+		t.Fatalf("waiter for 1: %v, held %d", err, small.Held())
+	}
+	if err := small.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreReleaseGrantsSeveralWaitersInOneMessage(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	holder := c.NewSemaphore("s", 4)
+	// A first cycle loads the scripts, so that the count below has no
+	// EVALSHA answered NOSCRIPT in it.
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Acquire(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	var ws []*Semaphore
+	var dones []<-chan error
+	for i := range 3 {
+		w := c.NewSemaphore("s", 4)
+		ws = append(ws, w)
+		dones = append(dones, acquireAsync(ctx, w, int64(i+1))) // 1, 2, 3
+		eventually(t, 5*time.Second, "a waiter to queue and sleep", func() bool { return queueLen(t, mr) == i+1 && asleep(c) == i+1 })
+	}
+	before := cnt.n.Load()
+	if err := holder.Release(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 { // 1 + 2 fit in 4, 3 does not
+		if err := result(t, dones[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cnt.n.Load() - before; n != 1 {
+		t.Errorf("Release and two grants took %d commands, want 1", n)
+	}
+	if err := ws[0].Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ws[1].Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, dones[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := ws[2].Release(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreRetriedScriptsDoNotDoubleApply(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	s := c.NewSemaphore("s", 5)
+	check := func(what, want string) {
+		t.Helper()
+		if got := permitsOf(mr, s); got != want {
+			t.Fatalf("%s: Redis has %q permits, want %q", what, got, want)
+		}
+	}
+	cnt.armReplay(semAcquireScript)
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	check("replayed acquire", "2")
+	cnt.armReplay(semAcquireScript)
+	if ok, err := s.TryAcquire(ctx, 2); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	check("replayed try-acquire", "4")
+	cnt.armReplay(semReleaseScript)
+	if err := s.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	check("replayed partial release", "3")
+	cnt.armReplay(semReleaseScript)
+	if err := s.Release(ctx, 3); err != nil {
+		t.Fatalf("replayed final release: %v", err)
+	}
+	check("replayed final release", "")
+	if s.Held() != 0 {
+		t.Fatalf("held %d after releasing everything", s.Held())
+	}
+
+	// A replayed release that grants a waiter grants it once.
+	other := c.NewSemaphore("s", 5)
+	if err := s.Acquire(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, other, 2)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	cnt.armReplay(semReleaseScript)
+	if err := s.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := strings.Cut(mr.HGet(semKey, other.owner), ":"); got != "2" || permitsOf(mr, s) != "3" {
+		t.Fatalf("after a replayed release: waiter has %q, holder %q; want 2 and 3", got, permitsOf(mr, s))
+	}
+}
+
+func TestSemaphoreCancelledAcquireLeavesNothing(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+	if err := holder.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := acquireAsync(cctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return queueLen(t, mr) == 1 })
+	cancel()
+	if err := result(t, done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v, want context.Canceled", err)
+	}
+	if queueLen(t, mr) != 0 || mr.Exists(semKey+":waiters") && len(mustHKeys(t, mr, semKey+":waiters")) != 0 {
+		t.Fatal("a cancelled Acquire left its place in the queue")
+	}
+	if w.Held() != 0 || permitsOf(mr, w) != "" {
+		t.Fatal("a cancelled Acquire left permits")
+	}
+	// The permits it did not take are free for others.
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+		t.Fatalf("TryAcquire after the cancelled waiter left: %v, %v", ok, err)
+	}
+}
+
+func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	// Grant lease (the heartbeat) and recheck long: the permits must be
+	// given back, not left to run out.
+	c := newClient(t, rdb, WithRecheck(time.Hour), WithHeartbeat(time.Hour))
+	holder, w, next := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+	if err := holder.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	a := &acquireCall{s: w, n: 2, waiter: w.owner + "#1"}
+	// Queue w by hand, as Acquire's first attempt does, then let next queue
+	// behind it.
+	if done, _, err := a.attempt(cctx); done || err != nil {
+		t.Fatal(done, err)
+	}
+	nextDone := acquireAsync(ctx, next, 2)
+	eventually(t, 5*time.Second, "the second waiter to queue", func() bool { return queueLen(t, mr) == 2 })
+	// The release grants w, whose Acquire is being cancelled.
+	if err := holder.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	a.withdraw(cctx)
+	if permitsOf(mr, w) != "" {
+		t.Fatalf("the cancelled waiter still has %q permits in Redis", permitsOf(mr, w))
+	}
+	if err := result(t, nextDone); err != nil {
+		t.Fatalf("the permits granted to a cancelled waiter were not passed on: %v", err)
+	}
+	if w.Held() != 0 || permitsOf(mr, w) != "" || permitsOf(mr, next) != "2" {
+		t.Fatalf("w holds %d (Redis %q), next %q; want 0, none, 2", w.Held(), permitsOf(mr, w), permitsOf(mr, next))
+	}
+	if err := next.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreExpiredHolderIsReclaimed(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	dead := c.NewSemaphore("s", 2, WithLease(time.Minute))
+	if err := dead.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	w := c.NewSemaphore("s", 2)
+	if ok, err := w.TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	// miniredis's TIME follows its own clock: move it past the lease.
+	mr.SetTime(time.Now().Add(2 * time.Minute))
+	if ok, err := w.TryAcquire(ctx, 2); !ok || err != nil {
+		t.Fatalf("TryAcquire after the holder's lease ended: %v, %v", ok, err)
+	}
+	if err := dead.Release(ctx, 2); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release of expired permits: %v, want ErrLockLost", err)
+	}
+	if permitsOf(mr, w) != "2" {
+		t.Fatal("the lost holder's Release touched another holder's permits")
+	}
+}
+
+func TestSemaphoreConcurrentUseOfOneValue(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(50*time.Millisecond))
+	s := c.NewSemaphore("s", 3)
+	errs := make(chan error, 20)
+	for range 20 {
+		go func() {
+			if err := s.Acquire(ctx, 1); err != nil {
+				errs <- err
+				return
+			}
+			errs <- s.Release(ctx, 1)
+		}()
+	}
+	for range 20 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.Held() != 0 {
+		t.Fatalf("held %d at the end", s.Held())
+	}
+}
+
+func mustHKeys(t *testing.T, mr *miniredis.Miniredis, key string) []string {
+	t.Helper()
+	keys, err := mr.HKeys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	s := c.NewSemaphore("s", 2)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	lost := s.Lost()
+	mr.Del(semKey)
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed after the holder's permits were removed")
+	}
+	if err := s.Acquire(ctx, 1); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Acquire after loss: %v, want ErrLockLost", err)
+	}
+	if err := s.Release(ctx, 1); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release after loss: %v, want ErrLockLost", err)
+	}
+	if s.Held() != 0 || s.Lost() != nil {
+		t.Fatal("a lost holding is still counted after its Release")
+	}
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatalf("a new holding after the loss: %v", err)
+	}
+	if err := s.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	s := c.NewSemaphore("s", 2)
+	if ok, err := s.TryAcquire(ctx, 1); !ok || err != nil { // creates the keys
+		t.Fatal(ok, err)
+	}
+	// A waiter for 2 from a process that died: its heartbeat deadline
+	// (ms of server time) has passed.
+	past := time.Now().Add(-time.Minute).UnixMilli()
+	if _, err := mr.ZAdd(semKey+":queue", 1, "ghost#1"); err != nil {
+		t.Fatal(err)
+	}
+	mr.HSet(semKey+":waiters", "ghost#1", strconv.FormatInt(past, 10)+":3000:2")
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+		t.Fatalf("TryAcquire behind a dead waiter: %v, %v, want true", ok, err)
+	}
+	if queueLen(t, mr) != 0 {
+		t.Fatal("the dead waiter is still queued")
+	}
+	// A live one (deadline ahead) is respected.
+	future := time.Now().Add(time.Minute).UnixMilli()
+	if _, err := mr.ZAdd(semKey+":queue", 2, "alive#1"); err != nil {
+		t.Fatal(err)
+	}
+	mr.HSet(semKey+":waiters", "alive#1", strconv.FormatInt(future, 10)+":3000:2")
+	if err := s.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatalf("TryAcquire ahead of a live waiter: %v, %v, want false", ok, err)
+	}
+}
+
+func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	const hb = 30 * time.Millisecond
+	c := newClient(t, rdb, WithHeartbeat(hb), WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	record := func() string {
+		keys := mustHKeys(t, mr, semKey+":waiters")
+		if len(keys) != 1 {
+			return ""
+		}
+		return mr.HGet(semKey+":waiters", keys[0])
+	}
+	// Several heartbeats pass: the record's deadline moves each time.
+	seen := map[string]bool{record(): true}
+	eventually(t, 5*time.Second, "three heartbeats", func() bool {
+		seen[record()] = true
+		return len(seen) >= 4 && !seen[""]
+	})
+	// Its deadline is in the past by the server clock unless renewed.
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil || w.Held() != 1 {
+		t.Fatalf("the live waiter was not served after %d heartbeats: %v", len(seen)-1, err)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour)) // grant lease 3 s, lease 30 s
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// w queues without listening, so it misses the grant's message and
+	// finds the grant by attempting again, as after a lost message.
+	a := &acquireCall{s: w, n: 1, waiter: w.owner + "#1"}
+	if done, _, err := a.attempt(ctx); done || err != nil {
+		t.Fatal(done, err)
+	}
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if done, _, err := a.attempt(ctx); !done || err != nil {
+		t.Fatalf("attempt after the grant: %v, %v, want done", done, err)
+	}
+	exp, err := mr.ZScore(semKey+":expiry", w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(time.UnixMilli(int64(exp))); left < 25*time.Second {
+		t.Fatalf("the holder's lease ends in %v, want about 30s (the watchdog renews after 10s)", left)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreWaiterDroppedAsDeadQueuesAgainWithHeartbeat(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	// Dropped as if its heartbeats had stalled: the watchdog finds it gone
+	// and nudges it, and it queues again.
+	waiter := mustHKeys(t, mr, semKey+":waiters")[0]
+	if _, err := mr.ZRem(semKey+":queue", waiter); err != nil {
+		t.Fatal(err)
+	}
+	mr.HDel(semKey+":waiters", waiter)
+	eventually(t, 5*time.Second, "the waiter to queue again with a heartbeat", func() bool {
+		return queueLen(t, mr) == 1 && asleep(c) == 1
+	})
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSemaphoreReleaseWithCancelledCallIsResolved(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	s := c.NewSemaphore("s", 3)
+	if err := s.Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	// The call reaches Redis, then ctx ends before the reply is read.
+	cctx, cancel := context.WithCancel(ctx)
+	rdb.AddHook(&cancelAfter{cancel: cancel})
+	err := s.Release(cctx, 1)
+	if err != nil {
+		t.Fatalf("Release whose reply was lost: %v, want it resolved", err)
+	}
+	if s.Held() != 2 || permitsOf(mr, s) != "2" {
+		t.Fatalf("held %d, Redis %q; want 2 and 2", s.Held(), permitsOf(mr, s))
+	}
+}
+
+// cancelAfter is a go-redis hook that ends a context after the first
+// EVALSHA it sends has run, as if the reply was lost when it ended.
+type cancelAfter struct {
+	cancel context.CancelFunc
+	done   atomic.Bool
+}
+
+func (*cancelAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (*cancelAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "evalsha" && h.done.CompareAndSwap(false, true) {
+			h.cancel()
+			return context.Canceled
+		}
+		return err
+	}
+}
+
+func TestSemaphoreCloseEndsWaitersAndHoldings(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := New(rdb, WithRecheck(time.Hour))
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	lost := holder.Lost()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); !errors.Is(err, ErrClosed) {
+		t.Fatalf("waiting Acquire after Close: %v, want ErrClosed", err)
+	}
+	if queueLen(t, mr) != 0 {
+		t.Fatal("the waiter is still queued after Close")
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("a holding's Lost channel is still open after Close")
+	}
+	if err := holder.Release(ctx, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Release after Close: %v, want ErrClosed", err)
+	}
+	if ok, err := w.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrClosed) {
+		t.Fatalf("TryAcquire after Close: %v, %v, want ErrClosed", ok, err)
+	}
+}
