@@ -2,6 +2,10 @@ package redisync
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
 	"time"
 )
 
@@ -28,7 +32,8 @@ type contender interface {
 // (a message published in between would be missed); then sleep until a
 // message, the sleep bound or the end of ctx, and attempt again or adopt
 // what the message handed over. It leaves nothing behind: no heartbeat,
-// no waiter, and, through withdraw, no place in the queue.
+// no waiter, and, through withdraw, no place in the queue. Once waiting, it
+// outlives Redis being unreachable for a while (see transient).
 func (c *Client) block(ctx context.Context, channel, owner string, recheck time.Duration, x contender) error {
 	var w *waiter // registered on the channel
 	var hb *keepalive
@@ -44,10 +49,23 @@ func (c *Client) block(ctx context.Context, channel, owner string, recheck time.
 	// When other waiters of this process keep the channel subscribed,
 	// joining is free and no message can be missed from here on.
 	w = c.sub.joinConfirmed(channel, owner)
+	waiting := false // an attempt found the primitive taken
+	backoff := time.Duration(0)
 	for {
 		done, sleep, err := x.attempt(ctx)
-		if err != nil || done {
+		switch {
+		case err != nil && waiting && transient(err) && ctx.Err() == nil:
+			// Redis went away (a restart, a failover) while the call
+			// waited: keep waiting, and look again after a pause that
+			// grows while it stays away. A first attempt that fails
+			// returns the error instead, so that a wrong address or a
+			// server that is down fails fast.
+			backoff = min(max(2*backoff, 50*time.Millisecond), maxBackoff)
+			sleep = backoff
+		case err != nil || done:
 			return err
+		default:
+			waiting, backoff = true, 0
 		}
 		if w == nil {
 			// Subscribe, then look again: a release between the
@@ -92,4 +110,20 @@ func (m lockCall) queued(w *waiter) *keepalive {
 		return nil
 	}
 	return m.heartbeat(w)
+}
+
+// transient reports whether err says Redis could not be reached or could
+// not serve the call for now (a network error, a timeout, a server loading
+// its data or a cluster failing over), rather than a final answer.
+func transient(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY"} {
+		if strings.HasPrefix(err.Error(), prefix) {
+			return true
+		}
+	}
+	return false
 }
