@@ -19,7 +19,8 @@ const legend = `Columns:
   cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
              commands its script runs are not counted. Counted in the clients (go-redis
              hooks; for rueidis a wrapper of Do/DoMulti), plus the (UN)SUBSCRIBE calls of
-             INFO commandstats, which pub/sub connections send past the hooks
+             INFO commandstats, which pub/sub connections send past the hooks; a new
+             connection's handshake (HELLO, CLIENT SETINFO) is not counted
   calls/acq  commands Redis executed per acquisition: INFO commandstats calls, the
              commands run inside Lua scripts included (the design notes' bar counts so)
   req/acq    requests per acquisition, counted in the clients: a command or a pipeline is
