@@ -92,7 +92,11 @@ func scaleSeries(results []result) []libSeries {
 func printReport(w io.Writer, results []result, about map[string]string) {
 	for _, sc := range scenarioNames(results) {
 		rows := headline(results, sc)
-		fmt.Fprintf(w, "\n== %s: %s, %.1f s window\n", sc, rows[0].label(), rows[0].seconds)
+		pooled := ""
+		if rows[0].rounds > 1 {
+			pooled = fmt.Sprintf(" (%d rounds pooled)", rows[0].rounds)
+		}
+		fmt.Fprintf(w, "\n== %s: %s, %.1f s window%s\n", sc, rows[0].label(), rows[0].seconds, pooled)
 		if sc == "uncontended" {
 			printUncontended(w, rows)
 		} else {
@@ -272,7 +276,7 @@ func writeCSV(dir string, results []result) error {
 	runs := [][]string{{"scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
 		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "cpu_us_per_acq", "client_cpu_us_per_acq",
 		"wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us", "gap_p50_us", "gap_p99_us",
-		"jain", "violations", "errors", "conns"}}
+		"jain", "violations", "errors", "conns", "rounds"}}
 	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
 	us := func(d time.Duration) string {
 		if d < 0 {
@@ -292,7 +296,7 @@ func writeCSV(dir string, results []result) error {
 			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.cpu), num(r.ccpu),
 			us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
 			us(r.gap.quantile(0.5)), us(r.gap.quantile(0.99)), num(r.jain),
-			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns)})
+			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns), strconv.Itoa(r.rounds)})
 		for _, p := range []float64{1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100} {
 			waits = append(waits, []string{r.scenario, r.library, strconv.Itoa(r.goroutines),
 				strconv.FormatFloat(p, 'g', -1, 64), us(r.wait.quantile(p / 100))})

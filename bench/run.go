@@ -45,6 +45,9 @@ type result struct {
 	errors     int64  // failed Lock or Unlock calls
 	firstError string // the first of them
 	conns      int    // most client connections seen, the benchmark's own excluded; -1: none seen
+
+	counts []int64 // every contender's acquisitions in the window
+	rounds int     // runs pooled into this result
 }
 
 // lockState is the bookkeeping of one lock, shared by its contenders.
@@ -272,6 +275,7 @@ func (r *run) summarize(res *result) {
 	res.ccpu = perAcquisition(res.ccpu, res.acquisitions)
 	res.wait, res.op, res.gap = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot()
 	res.jain = jain(r.counts)
+	res.counts, res.rounds = r.counts, 1
 	res.violations, res.errors, res.firstError = r.violations.Load(), r.errors.Load(), r.firstError
 }
 
