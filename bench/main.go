@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ type options struct {
 	out                string
 	settle             time.Duration
 	rounds             int
+	cpuprofile         string
 	settings
 }
 
@@ -70,6 +72,7 @@ func parseFlags() options {
 	flag.StringVar(&o.out, "out", "", "directory for the CSV files and SVG charts (created if needed)")
 	flag.DurationVar(&o.settle, "settle", 300*time.Millisecond, "pause between runs")
 	flag.IntVar(&o.rounds, "rounds", 1, "run everything this many times, the libraries' order rotated each round, and pool the rounds")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the benchmark process (every client) to this file")
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
@@ -163,11 +166,25 @@ func bench(ctx context.Context, o options) (err error) {
 		}
 	}()
 
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	m := machine{redisVersion: srv.version(ctx), loadBefore: loadAverage()}
 	results, err := runJobs(ctx, srv, jobs, token, o.settle)
 	if err != nil {
 		return err
 	}
+	m.loadAfter = loadAverage()
 	results = pool(results)
+	fmt.Fprintln(os.Stdout, "machine:", m)
 	about := map[string]string{}
 	for _, j := range jobs {
 		about[j.lib.name] = j.lib.about
