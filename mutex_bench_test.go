@@ -31,8 +31,11 @@ import (
 // The side-by-side comparison with other libraries is in bench/.
 
 // BenchmarkMutexLockUnlock measures an uncontended Lock followed by Unlock:
-// one acquire and one release script call. The "2xPING" case is the floor
-// the machine sets: two round trips that do nothing.
+// one acquire and one release script call. Two floors run beside it:
+// "2xPING", two round trips that do nothing, and "SETNX+DEL", the
+// simplest lock there is (SET NX PX, then a compare-and-delete script, as
+// bsm/redislock and redsync do), which has no reentrancy, fencing token,
+// fair queue, retry tombstone nor wake-up message.
 func BenchmarkMutexLockUnlock(b *testing.B) {
 	for _, tc := range []struct {
 		name string
@@ -72,7 +75,26 @@ func BenchmarkMutexLockUnlock(b *testing.B) {
 		run()
 		benchLoop(b, rdb, cnt, run)
 	})
+	b.Run("SETNX+DEL", func(b *testing.B) {
+		rdb, cnt := benchRedis(b)
+		ctx := context.Background()
+		key, token := benchKey(b), "owner-token"
+		run := func() {
+			if ok, err := rdb.SetNX(ctx, key, token, 30*time.Second).Result(); err != nil || !ok {
+				b.Fatalf("SET NX = %v, %v", ok, err)
+			}
+			if n, err := benchDelIfOwner.Run(ctx, rdb, []string{key}, token).Int(); err != nil || n != 1 {
+				b.Fatalf("compare-and-delete = %v, %v", n, err)
+			}
+		}
+		run()
+		benchLoop(b, rdb, cnt, run)
+	})
 }
+
+// benchDelIfOwner is the release of the simplest lock: delete the key if
+// it still holds the caller's token.
+var benchDelIfOwner = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
 // BenchmarkMutexTryLockHeld measures TryLock on a lock another owner
 // holds: one acquire script call that fails.
@@ -105,6 +127,131 @@ func BenchmarkMutexTryLockHeld(b *testing.B) {
 			benchLoop(b, rdb, cnt, run)
 		})
 	}
+}
+
+// BenchmarkMutexHandoff measures the hand-off of a fair lock between two
+// Clients (two processes, each with its own connections and subscriber)
+// that take turns: each holds the lock for handoffHold, then unlocks,
+// which hands the lock to the other, queued meanwhile. ns/handoff is the
+// mean time from the call of Unlock in one to the return of Lock in the
+// other (the bench's "gap"); an op is two turns. The "PUBLISH" case is the
+// floor under it: the same turns passed by a PUBLISH that the other
+// client's pub/sub connection reads.
+func BenchmarkMutexHandoff(b *testing.B) {
+	b.Run("fair", func(b *testing.B) {
+		rdb1, cnt := benchRedis(b)
+		rdb2 := benchSecondClient(b, rdb1, cnt)
+		name := benchKey(b)
+		m1 := benchClient(b, rdb1).NewMutex(name, Fair())
+		m2 := benchClient(b, rdb2).NewMutex(name, Fair())
+		var gaps benchGaps
+		turn := func(ctx context.Context, m *Mutex) error {
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			gaps.took()
+			time.Sleep(handoffHold)
+			gaps.release()
+			return m.Unlock(context.Background())
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { // the other process
+			defer close(done)
+			for turn(ctx, m2) == nil {
+			}
+		}()
+		b.Cleanup(func() { cancel(); <-done })
+		run := func() {
+			if err := turn(ctx, m1); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run()
+		gaps.reset()
+		benchLoop(b, rdb1, cnt, run)
+		gaps.report(b)
+	})
+	b.Run("PUBLISH", func(b *testing.B) {
+		rdb1, cnt := benchRedis(b)
+		rdb2 := benchSecondClient(b, rdb1, cnt)
+		ctx := context.Background()
+		ping, pong := benchKey(b)+":ping", benchKey(b)+":pong"
+		ps1, ps2 := rdb1.Subscribe(ctx, pong), rdb2.Subscribe(ctx, ping)
+		b.Cleanup(func() { _ = ps1.Close() })
+		for _, ps := range []*redis.PubSub{ps1, ps2} {
+			if _, err := ps.Receive(ctx); err != nil { // the confirmation
+				b.Fatal(err)
+			}
+		}
+		var gaps benchGaps
+		turn := func(rdb *redis.Client, ps *redis.PubSub, to string) error {
+			if _, err := ps.ReceiveMessage(ctx); err != nil {
+				return err
+			}
+			gaps.took()
+			time.Sleep(handoffHold)
+			gaps.release()
+			return rdb.Publish(ctx, to, "").Err()
+		}
+		done := make(chan struct{})
+		go func() { // the other process
+			defer close(done)
+			for turn(rdb2, ps2, pong) == nil {
+			}
+		}()
+		b.Cleanup(func() { _ = ps2.Close(); <-done }) // runs first
+		if err := rdb1.Publish(ctx, ping, "").Err(); err != nil {
+			b.Fatal(err)
+		}
+		run := func() {
+			if err := turn(rdb1, ps1, ping); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run()
+		gaps.reset()
+		benchLoop(b, rdb1, cnt, run)
+		gaps.report(b)
+	})
+}
+
+// handoffHold is how long a holder keeps the lock in BenchmarkMutexHandoff:
+// long enough for the other to be queued again when it is handed over.
+const handoffHold = time.Millisecond
+
+// benchGaps measures hand-offs: from release, when one side is about to
+// give the lock up, to took, when the other has it.
+type benchGaps struct {
+	released    atomic.Int64 // UnixNano of the last release; 0: none yet
+	sum, handed atomic.Int64
+}
+
+func (g *benchGaps) release() { g.released.Store(time.Now().UnixNano()) }
+
+func (g *benchGaps) took() {
+	if r := g.released.Load(); r != 0 {
+		g.sum.Add(time.Now().UnixNano() - r)
+		g.handed.Add(1)
+	}
+}
+
+func (g *benchGaps) reset() { g.sum.Store(0); g.handed.Store(0) }
+
+func (g *benchGaps) report(b *testing.B) {
+	if n := g.handed.Load(); n > 0 {
+		b.ReportMetric(float64(g.sum.Load())/float64(n), "ns/handoff")
+	}
+}
+
+// benchSecondClient returns another go-redis client to rdb's server,
+// counting in cnt: a second process.
+func benchSecondClient(b *testing.B, rdb *redis.Client, cnt *benchCounter) *redis.Client {
+	b.Helper()
+	rdb2 := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+	rdb2.AddHook(cnt)
+	b.Cleanup(func() { _ = rdb2.Close() })
+	return rdb2
 }
 
 // benchLoop times op with b.Loop and reports the commands sent and
