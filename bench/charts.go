@@ -56,7 +56,7 @@ func latencyChart(scenario string, results []result) lineChart {
 		if scenario == "uncontended" {
 			d = r.op
 		}
-		s := series{name: r.library}
+		s := series{name: r.library, colour: libraryColour(r.library)}
 		for _, p := range d.cdf() {
 			s.x, s.y = append(s.x, float64(p.value)), append(s.y, p.fraction)
 		}
@@ -76,7 +76,7 @@ func scaleChart(bySeries []libSeries, title, ylabel string, logY bool, figure fu
 	}
 	seen := map[int]bool{}
 	for _, ls := range bySeries {
-		s := series{name: ls.library}
+		s := series{name: ls.library, colour: libraryColour(ls.library)}
 		for _, r := range ls.results {
 			s.x, s.y = append(s.x, float64(r.goroutines)), append(s.y, figure(r))
 			if !seen[r.goroutines] {
@@ -113,4 +113,14 @@ func fmtTick(d time.Duration) string {
 		num = strings.TrimRight(strings.TrimRight(num, "0"), ".")
 	}
 	return num + unit
+}
+
+// libraryColour gives every library the same colour in every chart, by
+// its place in libraries(), whichever libraries a chart leaves out.
+func libraryColour(name string) string {
+	i := slices.IndexFunc(libraries(), func(l library) bool { return l.name == name })
+	if i < 0 {
+		return ""
+	}
+	return palette[i%len(palette)]
 }

@@ -26,6 +26,8 @@ func (c *clientCounts) add(n int) {
 // newGoRedis returns a go-redis client with default options that counts
 // its requests in counts. go-redis's pub/sub connections bypass hooks:
 // their SUBSCRIBE and UNSUBSCRIBE are counted from the server instead.
+// The handshake of a new connection (HELLO, CLIENT SETINFO), which goes
+// through the hooks, is not counted: it is the pool's cost, not the lock's.
 func newGoRedis(addr string, counts *clientCounts) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	rdb.AddHook(goRedisCounter{counts})
@@ -41,17 +43,37 @@ func (h goRedisCounter) DialHook(next redis.DialHook) redis.DialHook { return ne
 // ProcessHook counts a request of one command.
 func (h goRedisCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.counts.add(1)
+		if !handshake(cmd) {
+			h.counts.add(1)
+		}
 		return next(ctx, cmd)
 	}
 }
 
-// ProcessPipelineHook counts a request of the pipeline's commands.
+// ProcessPipelineHook counts a request of the pipeline's commands, the
+// handshake's left out.
 func (h goRedisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.counts.add(len(cmds))
+		n := 0
+		for _, cmd := range cmds {
+			if !handshake(cmd) {
+				n++
+			}
+		}
+		if n > 0 {
+			h.counts.add(n)
+		}
 		return next(ctx, cmds)
 	}
+}
+
+// handshake reports whether cmd belongs to a new connection's set-up.
+func handshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+		return true
+	}
+	return false
 }
 
 // countingRueidis wraps a rueidis client and counts a request per Do,

@@ -7,6 +7,21 @@ import (
 	"github.com/redisync/redisync"
 )
 
+// redisyncSemaphore is the hook of the semaphore scenario: it returns a
+// holder of one permit of the redisync semaphore called name, which has
+// size permits, on Client c. It is nil while redisync has no Semaphore,
+// and redisync then sits out the semaphore scenario. When it has one, set
+// the hook in an init function of a file of its own, for example:
+//
+//	func init() {
+//		redisyncSemaphore = func(c *redisync.Client, name string, size int64) locker {
+//			return semaphoreLocker{c.NewSemaphore(name, size)} // Acquire(ctx, 1) / Release(ctx, 1)
+//		}
+//	}
+//
+// Only redisync (not redisync-fair) runs it: the semaphore is FIFO anyway.
+var redisyncSemaphore func(c *redisync.Client, name string, size int64) locker
+
 // redisyncLibrary is redisync with its default options, or its fair
 // (FIFO, direct hand-off) Mutex when fair is set.
 func redisyncLibrary(fair bool) library {
@@ -17,6 +32,7 @@ func redisyncLibrary(fair bool) library {
 			rdb := newGoRedis(addr, counts)
 			return &redisyncInstance{rdb: rdb, c: redisync.New(rdb), fair: fair}, nil
 		},
+		semaphores: !fair && redisyncSemaphore != nil,
 	}
 	if fair {
 		lib.name = "redisync-fair"
@@ -38,6 +54,12 @@ func (r *redisyncInstance) Mutex(key string) locker {
 		return r.c.NewMutex(key, redisync.Fair())
 	}
 	return r.c.NewMutex(key)
+}
+
+// Semaphore returns a holder of one permit through the redisyncSemaphore
+// hook; the plan calls it only when the hook is set.
+func (r *redisyncInstance) Semaphore(key string, size int64) locker {
+	return redisyncSemaphore(r.c, key, size)
 }
 
 // Close closes the redisync Client, then its go-redis client.

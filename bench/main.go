@@ -6,19 +6,22 @@
 //
 // Usage:
 //
-//	go run . [-redis ADDR] [-libs LIST] [-scenarios LIST] [-p N] [-g N] [-hold D] [-d D] [-quick] [-out DIR]
+//	go run . [-redis ADDR] [-libs LIST] [-scenarios LIST] [-p N] [-g N] [-hold D] [-d D] [-rounds N] [-quick] [-out DIR]
 //
 // Without -redis it starts redis-server on a free loopback port and stops
-// it at exit. Progress goes to stderr, the tables to stdout, and with -out
+// it at exit. With -rounds N every run is repeated N times, the libraries
+// taking turns in a rotated order each round, and the rounds are pooled. Progress goes to stderr, the tables to stdout, and with -out
 // the CSV files and SVG charts to DIR.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +33,8 @@ type options struct {
 	libs, scenarios    string
 	out                string
 	settle             time.Duration
+	rounds             int
+	cpuprofile         string
 	settings
 }
 
@@ -66,6 +71,8 @@ func parseFlags() options {
 	quick := flag.Bool("quick", false, "a run of about a minute: -d 1.5s unless -d is given")
 	flag.StringVar(&o.out, "out", "", "directory for the CSV files and SVG charts (created if needed)")
 	flag.DurationVar(&o.settle, "settle", 300*time.Millisecond, "pause between runs")
+	flag.IntVar(&o.rounds, "rounds", 1, "run everything this many times, the libraries' order rotated each round, and pool the rounds")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the benchmark process (every client) to this file")
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
@@ -86,12 +93,17 @@ type job struct {
 	scenario string
 	shape    shape
 	lib      library
+	round    int
 }
 
-// plan lists the jobs in run order: scenario by scenario, step by step,
-// every library in turn. Libraries without a semaphore sit out the
-// semaphore scenario.
+// plan lists the jobs in run order: round by round, scenario by scenario,
+// step by step, every library in turn (in an order rotated by one place
+// each round). Libraries without a semaphore sit out the semaphore
+// scenario.
 func plan(o options) ([]job, error) {
+	if o.rounds < 1 {
+		return nil, fmt.Errorf("-rounds %d: want at least 1", o.rounds)
+	}
 	libs, err := selectLibraries(o.libs)
 	if err != nil {
 		return nil, fmt.Errorf("-libs: %w", err)
@@ -101,14 +113,19 @@ func plan(o options) ([]job, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	var jobs []job
-	for _, sc := range scs {
-		for _, s := range sc.shapes(o.settings) {
-			for _, lib := range libs {
-				if s.size == 0 || lib.semaphores {
-					jobs = append(jobs, job{scenario: sc.name, shape: s, lib: lib})
+	for round := range o.rounds {
+		for _, sc := range scs {
+			for _, s := range sc.shapes(o.settings) {
+				for _, lib := range rotate(libs, round) {
+					if s.size == 0 || lib.semaphores {
+						jobs = append(jobs, job{scenario: sc.name, shape: s, lib: lib, round: round})
+					}
 				}
 			}
 		}
+	}
+	if len(jobs) == 0 {
+		return nil, errors.New("nothing to run: no library selected has what the scenarios selected need")
 	}
 	return jobs, nil
 }
@@ -149,10 +166,25 @@ func bench(ctx context.Context, o options) (err error) {
 		}
 	}()
 
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	m := machine{redisVersion: srv.version(ctx), loadBefore: loadAverage()}
 	results, err := runJobs(ctx, srv, jobs, token, o.settle)
 	if err != nil {
 		return err
 	}
+	m.loadAfter = loadAverage()
+	results = pool(results)
+	fmt.Fprintln(os.Stdout, "machine:", m)
 	about := map[string]string{}
 	for _, j := range jobs {
 		about[j.lib.name] = j.lib.about
@@ -177,11 +209,16 @@ func bench(ctx context.Context, o options) (err error) {
 // runJobs measures every job in turn, pausing settle between them.
 func runJobs(ctx context.Context, srv *server, jobs []job, token string, settle time.Duration) ([]result, error) {
 	prog := newProgress(os.Stderr, len(jobs))
+	rounds := jobs[len(jobs)-1].round + 1
 	var results []result
 	for i, j := range jobs {
-		prog.start(fmt.Sprintf("%s %s %s", j.scenario, j.shape.label(), j.lib.name))
+		label := fmt.Sprintf("%s %s %s", j.scenario, j.shape.label(), j.lib.name)
+		if rounds > 1 {
+			label = fmt.Sprintf("round %d/%d: %s", j.round+1, rounds, label)
+		}
+		prog.start(label)
 		planned := j.shape.warmup + j.shape.measure
-		key := fmt.Sprintf("%s:%s:%d:%s", token, j.scenario, j.shape.goroutines, j.lib.name)
+		key := fmt.Sprintf("%s:%s:%d:%s:%d", token, j.scenario, j.shape.goroutines, j.lib.name, j.round)
 		res, err := measure(ctx, srv, j.lib, j.shape, key, func(elapsed time.Duration, acquired int64) {
 			prog.update(elapsed, planned, acquired)
 		})

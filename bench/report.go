@@ -19,13 +19,16 @@ const legend = `Columns:
   cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
              commands its script runs are not counted. Counted in the clients (go-redis
              hooks; for rueidis a wrapper of Do/DoMulti), plus the (UN)SUBSCRIBE calls of
-             INFO commandstats, which pub/sub connections send past the hooks
+             INFO commandstats, which pub/sub connections send past the hooks; a new
+             connection's handshake (HELLO, CLIENT SETINFO) is not counted
   calls/acq  commands Redis executed per acquisition: INFO commandstats calls, the
              commands run inside Lua scripts included (the design notes' bar counts so)
   req/acq    requests per acquisition, counted in the clients: a command or a pipeline is
              one, as a round trip; rueidis auto-pipelines concurrent requests, so its
              requests may share round trips
   cpu/acq    Redis CPU time (used_cpu_user + used_cpu_sys) per acquisition
+  ccpu/acq   the benchmark process's CPU time per acquisition: every client of the run
+             and the harness (the limit's figure is the harness's share)
   wait       from calling Lock to holding; p99 xlim: divided by the limit's p99
   gap        from one holder's release to the next holder's acquisition (one process clock)
   Jain       Jain's fairness index over the goroutines' acquisition counts (1 = equal)
@@ -89,7 +92,11 @@ func scaleSeries(results []result) []libSeries {
 func printReport(w io.Writer, results []result, about map[string]string) {
 	for _, sc := range scenarioNames(results) {
 		rows := headline(results, sc)
-		fmt.Fprintf(w, "\n== %s: %s, %.1f s window\n", sc, rows[0].label(), rows[0].seconds)
+		pooled := ""
+		if rows[0].rounds > 1 {
+			pooled = fmt.Sprintf(" (%d rounds pooled)", rows[0].rounds)
+		}
+		fmt.Fprintf(w, "\n== %s: %s, %.1f s window%s\n", sc, rows[0].label(), rows[0].seconds, pooled)
 		if sc == "uncontended" {
 			printUncontended(w, rows)
 		} else {
@@ -98,6 +105,7 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 	}
 	if series := scaleSeries(results); len(series) > 0 && len(series[0].results) > 1 {
 		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.cmds, 2) })
+		printSeries(w, series, "calls/acq", func(r result) string { return fmtNum(r.calls, 1) })
 		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.rate, 0) })
 		printSeries(w, series, "wait p99", func(r result) string { return fmtDur(r.wait.quantile(0.99)) })
 	}
@@ -113,12 +121,12 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 // printContended writes the table of a scenario with waiters.
 func printContended(w io.Writer, rows []result) {
 	limit := findLimit(rows)
-	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "cpu/acq",
+	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "cpu/acq", "ccpu/acq",
 		"wait p50", "p99", "p99 xlim", "max", "gap p50", "gap p99", "Jain", "viol", "errs", "conns"}}
 	for _, r := range rows {
 		p99 := r.wait.quantile(0.99)
 		t = append(t, []string{r.library, fmtNum(r.rate, 0), ratio(r.rate, limit.rate),
-			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu),
+			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu),
 			fmtDur(r.wait.quantile(0.5)), fmtDur(p99), ratio(float64(p99), float64(limit.wait.quantile(0.99))), fmtDur(r.wait.max),
 			fmtDur(r.gap.quantile(0.5)), fmtDur(r.gap.quantile(0.99)), fmtNum(r.jain, 3),
 			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), fmtConns(r.conns)})
@@ -129,11 +137,11 @@ func printContended(w io.Writer, rows []result) {
 
 // printUncontended writes the table of the single-goroutine scenario.
 func printUncontended(w io.Writer, rows []result) {
-	t := [][]string{{"library", "ops/s", "op p50", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op", "cpu/op", "errs"}}
+	t := [][]string{{"library", "ops/s", "op p50", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op", "cpu/op", "ccpu/op", "errs"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0),
 			fmtDur(r.op.quantile(0.5)), fmtDur(r.op.quantile(0.99)), fmtDur(r.op.max), fmtDur(r.wait.quantile(0.5)),
-			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu),
+			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu),
 			strconv.FormatInt(r.errors, 10)})
 	}
 	writeTable(w, t)
@@ -266,9 +274,9 @@ func fmtDur(d time.Duration) string {
 // percentiles of every run) into dir.
 func writeCSV(dir string, results []result) error {
 	runs := [][]string{{"scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
-		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "cpu_us_per_acq",
+		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "cpu_us_per_acq", "client_cpu_us_per_acq",
 		"wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us", "gap_p50_us", "gap_p99_us",
-		"jain", "violations", "errors", "conns"}}
+		"jain", "violations", "errors", "conns", "rounds"}}
 	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
 	us := func(d time.Duration) string {
 		if d < 0 {
@@ -285,10 +293,10 @@ func writeCSV(dir string, results []result) error {
 	for _, r := range results {
 		runs = append(runs, []string{r.scenario, r.library, strconv.Itoa(r.clients), strconv.Itoa(r.goroutines),
 			strconv.Itoa(r.keys), num(float64(r.hold) / 1e6), strconv.FormatInt(r.size, 10), num(r.seconds),
-			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.cpu),
+			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.cpu), num(r.ccpu),
 			us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
 			us(r.gap.quantile(0.5)), us(r.gap.quantile(0.99)), num(r.jain),
-			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns)})
+			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns), strconv.Itoa(r.rounds)})
 		for _, p := range []float64{1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100} {
 			waits = append(waits, []string{r.scenario, r.library, strconv.Itoa(r.goroutines),
 				strconv.FormatFloat(p, 'g', -1, 64), us(r.wait.quantile(p / 100))})

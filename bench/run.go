@@ -7,6 +7,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -33,6 +34,7 @@ type result struct {
 	calls    float64 // commands Redis executed, those run by scripts included
 	requests float64 // requests the clients waited for (a pipeline counts one)
 	cpu      float64 // Redis CPU time, user + system, in µs
+	ccpu     float64 // the benchmark process's CPU time (every client, the harness too), in µs
 
 	wait distribution // from calling Lock to holding
 	op   distribution // from calling Lock to Unlock's return
@@ -43,6 +45,9 @@ type result struct {
 	errors     int64  // failed Lock or Unlock calls
 	firstError string // the first of them
 	conns      int    // most client connections seen, the benchmark's own excluded; -1: none seen
+
+	counts []int64 // every contender's acquisitions in the window
+	rounds int     // runs pooled into this result
 }
 
 // lockState is the bookkeeping of one lock, shared by its contenders.
@@ -226,6 +231,7 @@ func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, re
 		return result{}, err
 	}
 	requests0, commands0 := counts.requests.Load(), counts.commands.Load()
+	ccpu0 := processCPU()
 	r.winStart.Store(r.now())
 	conns, samples := 0, 0 // conns counts the benchmark's own connection
 	err = wait(r.measure, func() error {
@@ -234,6 +240,7 @@ func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, re
 		return err
 	})
 	r.winEnd.Store(r.now())
+	ccpu1 := processCPU()
 	requests1, commands1 := counts.requests.Load(), counts.commands.Load()
 	if err != nil {
 		return result{}, err
@@ -248,6 +255,7 @@ func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, re
 		cmds:     float64(commands1 - commands0 + d.subs),
 		calls:    float64(d.calls),
 		cpu:      d.cpu * 1e6,
+		ccpu:     cpuMicros(ccpu0, ccpu1),
 		requests: float64(requests1 - requests0),
 		conns:    conns - 1,
 	}, nil
@@ -264,7 +272,29 @@ func (r *run) summarize(res *result) {
 	res.calls = perAcquisition(res.calls, res.acquisitions)
 	res.requests = perAcquisition(res.requests, res.acquisitions)
 	res.cpu = perAcquisition(res.cpu, res.acquisitions)
+	res.ccpu = perAcquisition(res.ccpu, res.acquisitions)
 	res.wait, res.op, res.gap = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot()
 	res.jain = jain(r.counts)
+	res.counts, res.rounds = r.counts, 1
 	res.violations, res.errors, res.firstError = r.violations.Load(), r.errors.Load(), r.firstError
+}
+
+// cpuMicros returns the CPU time from before to after in µs; NaN when
+// either is unknown.
+func cpuMicros(before, after time.Duration) float64 {
+	if before < 0 || after < 0 {
+		return math.NaN()
+	}
+	return float64(after-before) / 1e3
+}
+
+// processCPU returns the CPU time, user + system, the process has used so
+// far; -1 when it cannot tell. Every client of a run lives in this
+// process, so its growth is what the clients and the harness cost.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -129,11 +129,17 @@ func holdOr(set settings, def time.Duration) time.Duration {
 }
 
 // window gives s a measuring window of part of the base duration, and a
-// warm-up of a sixteenth of the base plus startWarmup per contender, for
-// their first attempts to be over before the window opens.
+// warm-up of a sixteenth of the base plus the longer of startWarmup per
+// contender (to start them) and one full turn of a lock's contenders at
+// the hold plus startWarmup each, so that every contender has had its
+// first turn before the window opens: a window opened inside the first
+// turn mixes the start-up's shorter waits, and its zero counts, into the
+// steady state (at 1,024 waiters and 1 ms, the first turn takes 1.1 s).
 func window(set settings, part float64, s shape) shape {
 	s.measure = time.Duration(part * float64(set.base))
-	s.warmup = set.base/16 + time.Duration(s.goroutines)*startWarmup
+	start := time.Duration(s.goroutines) * startWarmup
+	turn := time.Duration(s.goroutines/s.keys) * (s.hold + startWarmup) / time.Duration(max(s.size, 1))
+	s.warmup = set.base/16 + max(start, turn)
 	return s
 }
 

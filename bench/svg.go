@@ -36,8 +36,9 @@ type axis struct {
 
 // A series is one line of a chart.
 type series struct {
-	name string
-	x, y []float64 // NaN, or <= 0 on a log axis, leaves a gap
+	name   string
+	colour string    // "": the palette's, by the series' place in the chart
+	x, y   []float64 // NaN, or <= 0 on a log axis, leaves a gap
 }
 
 // A lineChart is a titled set of series over two axes.
@@ -81,7 +82,10 @@ func (c lineChart) svg() []byte {
 	w.text(16, marginTop+plotH/2, "middle", fmt.Sprintf("transform=\"rotate(-90 16 %.1f)\"", marginTop+plotH/2), c.y.label)
 
 	for i, s := range c.series {
-		colour := palette[i%len(palette)]
+		colour := s.colour
+		if colour == "" {
+			colour = palette[i%len(palette)]
+		}
 		var run [][2]float64
 		flush := func() {
 			w.polyline(run, colour)

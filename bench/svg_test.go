@@ -100,3 +100,17 @@ func TestFmtTick(t *testing.T) {
 		}
 	}
 }
+
+func TestLibraryColourIsStableAcrossCharts(t *testing.T) {
+	hot := shape{clients: 4, goroutines: 32, keys: 1}
+	all := latencyChart("hot", []result{{library: "limit", shape: hot}, {library: "redisync", shape: hot}})
+	some := scaleChart([]libSeries{{library: "redisync", results: []result{{shape: shape{goroutines: 32}, cmds: 2}}}},
+		"t", "y", true, func(r result) float64 { return r.cmds })
+	if all.series[1].colour == "" || all.series[1].colour != some.series[0].colour {
+		t.Errorf("redisync drawn in %q next to the limit, %q without it; want one colour",
+			all.series[1].colour, some.series[0].colour)
+	}
+	if libraryColour("limit") == libraryColour("redisync") {
+		t.Error("limit and redisync share a colour")
+	}
+}

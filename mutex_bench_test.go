@@ -1,0 +1,420 @@
+package redisync
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Micro-benchmarks of the Mutex fast paths on a real Redis: the one given
+// by REDIS_ADDR, or else a redis-server (from PATH) that each benchmark
+// starts on a free loopback port and stops when it ends. Besides ns/op they
+// report, per operation:
+//
+//	cmds/op   commands the client sent (an EVALSHA counts one), counted by a
+//	          go-redis hook; connection handshakes are left out
+//	calls/op  commands Redis executed, those run inside scripts included
+//	          (INFO commandstats)
+//
+// Run them with
+//
+//	go test -run '^$' -bench Mutex -benchtime 2s .
+//
+// The side-by-side comparison with other libraries is in bench/.
+
+// BenchmarkMutexLockUnlock measures an uncontended Lock followed by Unlock:
+// one acquire and one release script call. Two floors run beside it:
+// "2xPING", two round trips that do nothing, and "SETNX+DEL", the
+// simplest lock there is (SET NX PX, then a compare-and-delete script, as
+// bsm/redislock and redsync do), which has no reentrancy, fencing token,
+// fair queue, retry tombstone nor wake-up message.
+func BenchmarkMutexLockUnlock(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"default", nil},
+		{"fair", []Option{Fair()}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			rdb, cnt := benchRedis(b)
+			c := benchClient(b, rdb)
+			m := c.NewMutex(benchKey(b), tc.opts...)
+			ctx := context.Background()
+			run := func() {
+				if err := m.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			run() // loads the scripts and opens the connection
+			benchLoop(b, rdb, cnt, run)
+		})
+	}
+	b.Run("2xPING", func(b *testing.B) {
+		rdb, cnt := benchRedis(b)
+		ctx := context.Background()
+		run := func() {
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run()
+		benchLoop(b, rdb, cnt, run)
+	})
+	b.Run("SETNX+DEL", func(b *testing.B) {
+		rdb, cnt := benchRedis(b)
+		ctx := context.Background()
+		key, token := benchKey(b), "owner-token"
+		run := func() {
+			if ok, err := rdb.SetNX(ctx, key, token, 30*time.Second).Result(); err != nil || !ok {
+				b.Fatalf("SET NX = %v, %v", ok, err)
+			}
+			if n, err := benchDelIfOwner.Run(ctx, rdb, []string{key}, token).Int(); err != nil || n != 1 {
+				b.Fatalf("compare-and-delete = %v, %v", n, err)
+			}
+		}
+		run()
+		benchLoop(b, rdb, cnt, run)
+	})
+}
+
+// benchDelIfOwner is the release of the simplest lock: delete the key if
+// it still holds the caller's token.
+var benchDelIfOwner = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// BenchmarkMutexTryLockHeld measures TryLock on a lock another owner
+// holds: one acquire script call that fails.
+func BenchmarkMutexTryLockHeld(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"default", nil},
+		{"fair", []Option{Fair()}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			rdb, cnt := benchRedis(b)
+			c := benchClient(b, rdb)
+			name := benchKey(b)
+			ctx := context.Background()
+			holder := c.NewMutex(name, tc.opts...)
+			if err := holder.Lock(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = holder.Unlock(ctx) })
+			m := c.NewMutex(name, tc.opts...)
+			run := func() {
+				ok, err := m.TryLock(ctx)
+				if err != nil || ok {
+					b.Fatalf("TryLock on a held lock = %v, %v; want false, nil", ok, err)
+				}
+			}
+			run()
+			benchLoop(b, rdb, cnt, run)
+		})
+	}
+}
+
+// BenchmarkMutexHandoff measures the hand-off of a fair lock between two
+// Clients (two processes, each with its own connections and subscriber)
+// that take turns: each holds the lock for handoffHold, then unlocks,
+// which hands the lock to the other, queued meanwhile. ns/handoff is the
+// mean time from the call of Unlock in one to the return of Lock in the
+// other (the bench's "gap"); an op is two turns. The "PUBLISH" case is the
+// floor under it: the same turns passed by a PUBLISH that the other
+// client's pub/sub connection reads.
+func BenchmarkMutexHandoff(b *testing.B) {
+	b.Run("fair", func(b *testing.B) {
+		rdb1, cnt := benchRedis(b)
+		rdb2 := benchSecondClient(b, rdb1, cnt)
+		name := benchKey(b)
+		m1 := benchClient(b, rdb1).NewMutex(name, Fair())
+		m2 := benchClient(b, rdb2).NewMutex(name, Fair())
+		var gaps benchGaps
+		turn := func(ctx context.Context, m *Mutex) error {
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			gaps.took()
+			time.Sleep(handoffHold)
+			gaps.release()
+			return m.Unlock(context.Background())
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { // the other process
+			defer close(done)
+			for turn(ctx, m2) == nil {
+			}
+		}()
+		b.Cleanup(func() { cancel(); <-done })
+		run := func() {
+			if err := turn(ctx, m1); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run()
+		gaps.reset()
+		benchLoop(b, rdb1, cnt, run)
+		gaps.report(b)
+	})
+	b.Run("PUBLISH", func(b *testing.B) {
+		rdb1, cnt := benchRedis(b)
+		rdb2 := benchSecondClient(b, rdb1, cnt)
+		ctx := context.Background()
+		ping, pong := benchKey(b)+":ping", benchKey(b)+":pong"
+		ps1, ps2 := rdb1.Subscribe(ctx, pong), rdb2.Subscribe(ctx, ping)
+		b.Cleanup(func() { _ = ps1.Close() })
+		for _, ps := range []*redis.PubSub{ps1, ps2} {
+			if _, err := ps.Receive(ctx); err != nil { // the confirmation
+				b.Fatal(err)
+			}
+		}
+		var gaps benchGaps
+		turn := func(rdb *redis.Client, ps *redis.PubSub, to string) error {
+			if _, err := ps.ReceiveMessage(ctx); err != nil {
+				return err
+			}
+			gaps.took()
+			time.Sleep(handoffHold)
+			gaps.release()
+			return rdb.Publish(ctx, to, "").Err()
+		}
+		done := make(chan struct{})
+		go func() { // the other process
+			defer close(done)
+			for turn(rdb2, ps2, pong) == nil {
+			}
+		}()
+		b.Cleanup(func() { _ = ps2.Close(); <-done }) // runs first
+		if err := rdb1.Publish(ctx, ping, "").Err(); err != nil {
+			b.Fatal(err)
+		}
+		run := func() {
+			if err := turn(rdb1, ps1, ping); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run()
+		gaps.reset()
+		benchLoop(b, rdb1, cnt, run)
+		gaps.report(b)
+	})
+}
+
+// handoffHold is how long a holder keeps the lock in BenchmarkMutexHandoff:
+// long enough for the other to be queued again when it is handed over.
+const handoffHold = time.Millisecond
+
+// benchGaps measures hand-offs: from release, when one side is about to
+// give the lock up, to took, when the other has it.
+type benchGaps struct {
+	released    atomic.Int64 // UnixNano of the last release; 0: none yet
+	sum, handed atomic.Int64
+}
+
+func (g *benchGaps) release() { g.released.Store(time.Now().UnixNano()) }
+
+func (g *benchGaps) took() {
+	if r := g.released.Load(); r != 0 {
+		g.sum.Add(time.Now().UnixNano() - r)
+		g.handed.Add(1)
+	}
+}
+
+func (g *benchGaps) reset() { g.sum.Store(0); g.handed.Store(0) }
+
+func (g *benchGaps) report(b *testing.B) {
+	if n := g.handed.Load(); n > 0 {
+		b.ReportMetric(float64(g.sum.Load())/float64(n), "ns/handoff")
+	}
+}
+
+// benchSecondClient returns another go-redis client to rdb's server,
+// counting in cnt: a second process.
+func benchSecondClient(b *testing.B, rdb *redis.Client, cnt *benchCounter) *redis.Client {
+	b.Helper()
+	rdb2 := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+	rdb2.AddHook(cnt)
+	b.Cleanup(func() { _ = rdb2.Close() })
+	return rdb2
+}
+
+// benchLoop times op with b.Loop and reports the commands sent and
+// executed per op.
+func benchLoop(b *testing.B, rdb *redis.Client, cnt *benchCounter, op func()) {
+	b.Helper()
+	ctx := context.Background()
+	calls0 := benchServerCalls(b, ctx, rdb)
+	sent0 := cnt.n.Load()
+	n := 0
+	for b.Loop() {
+		op()
+		n++
+	}
+	sent := cnt.n.Load() - sent0
+	calls := benchServerCalls(b, ctx, rdb) - calls0 - 1 // the first INFO
+	b.ReportMetric(float64(sent)/float64(n), "cmds/op")
+	b.ReportMetric(float64(calls)/float64(n), "calls/op")
+}
+
+// benchServerCalls returns the number of commands Redis has executed, the
+// ones run by scripts included, from INFO commandstats. It is sent past
+// the counting hook.
+func benchServerCalls(b *testing.B, ctx context.Context, rdb *redis.Client) int64 {
+	b.Helper()
+	info, err := rdb.Info(benchUncounted(ctx), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_") {
+			continue
+		}
+		_, stats, _ := strings.Cut(line, ":")
+		for _, field := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(field, "calls="); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					b.Fatalf("commandstats %q: %v", line, err)
+				}
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// benchClient returns a redisync Client closed when the benchmark ends.
+func benchClient(b *testing.B, rdb redis.UniversalClient) *Client {
+	b.Helper()
+	c := New(rdb)
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// benchKey returns a lock name unique to this benchmark run.
+func benchKey(b *testing.B) string {
+	return "bench:" + b.Name() + ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// benchRedis returns a go-redis client, closed at the end of the
+// benchmark, that counts what it sends: to REDIS_ADDR if set (flushing
+// nothing: benchmarks use keys of their own), else to a redis-server
+// started for this benchmark. It skips the benchmark when neither is
+// available.
+func benchRedis(b *testing.B) (*redis.Client, *benchCounter) {
+	b.Helper()
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		addr = benchStartServer(b)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	cnt := &benchCounter{}
+	rdb.AddHook(cnt)
+	b.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(benchUncounted(context.Background())).Err(); err != nil {
+		b.Fatalf("redis at %s: %v", addr, err)
+	}
+	return rdb, cnt
+}
+
+// benchStartServer starts redis-server without persistence on a free
+// loopback port, stopped when the benchmark ends, and returns its address.
+func benchStartServer(b *testing.B) string {
+	b.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		b.Skip("redis-server is not on PATH and REDIS_ADDR is not set: skipping the benchmarks that need Redis")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	dir := b.TempDir()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start redis-server: %v", err)
+	}
+	b.Cleanup(func() { // runs before TempDir's clean-up
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = conn.Close()
+			return addr
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("redis-server on %s did not start: %v", addr, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// benchCounter is a go-redis hook that counts the commands sent, except
+// a new connection's handshake and the commands of a context marked by
+// benchUncounted.
+type benchCounter struct{ n atomic.Int64 }
+
+type benchUncountedKey struct{}
+
+// benchUncounted marks ctx so that benchCounter does not count its
+// commands: the benchmark's own measurements.
+func benchUncounted(ctx context.Context) context.Context {
+	return context.WithValue(ctx, benchUncountedKey{}, true)
+}
+
+func (c *benchCounter) counts(ctx context.Context, cmd redis.Cmder) bool {
+	if ctx.Value(benchUncountedKey{}) != nil {
+		return false
+	}
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+		return false
+	}
+	return true
+}
+
+func (c *benchCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *benchCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if c.counts(ctx, cmd) {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *benchCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if c.counts(ctx, cmd) {
+				c.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
