@@ -102,7 +102,7 @@ type proc struct {
 	eof   chan struct{}
 
 	mu   sync.Mutex
-	seen []string
+	seen []line // read by expect while waiting for another prefix
 	done bool
 }
 
@@ -153,10 +153,19 @@ func (p *proc) send(cmd string) {
 }
 
 // expect waits up to d for a line starting with prefix and returns it with
-// the time it was read. Other lines are kept (see saw); an "error" line
-// fails the test.
+// the time it was read. Lines skipped meanwhile are kept for later calls;
+// an "error" line fails the test unless prefix asks for one.
 func (p *proc) expect(prefix string, d time.Duration) (string, time.Time) {
 	p.t.Helper()
+	p.mu.Lock()
+	for i, l := range p.seen {
+		if strings.HasPrefix(l.text, prefix) {
+			p.seen = append(p.seen[:i], p.seen[i+1:]...)
+			p.mu.Unlock()
+			return l.text, l.at
+		}
+	}
+	p.mu.Unlock()
 	timeout := time.After(d)
 	for {
 		select {
@@ -168,7 +177,7 @@ func (p *proc) expect(prefix string, d time.Duration) (string, time.Time) {
 				return l.text, l.at
 			}
 			p.mu.Lock()
-			p.seen = append(p.seen, l.text)
+			p.seen = append(p.seen, l)
 			p.mu.Unlock()
 		case <-timeout:
 			p.t.Fatalf("holder: no %q line after %v (seen %q)", prefix, d, p.saw())
@@ -180,7 +189,11 @@ func (p *proc) expect(prefix string, d time.Duration) (string, time.Time) {
 func (p *proc) saw() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]string(nil), p.seen...)
+	var s []string
+	for _, l := range p.seen {
+		s = append(s, l.text)
+	}
+	return s
 }
 
 // lockToken sends "lock" and returns the token of the hold.
@@ -232,3 +245,7 @@ func (p *proc) stop() {
 	}
 	_ = p.cmd.Wait()
 }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

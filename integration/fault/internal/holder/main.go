@@ -17,9 +17,10 @@
 // and prints "lost" when the current hold's Lost channel closes.
 //
 // contend prints "ready", waits for "go" on stdin, then runs G goroutines,
-// each with a Mutex of its own, taking the lock C times; under the lock each appends "+token" to the history list, offers
-// its token to the fenced register, reads the counter, pauses, and writes
-// it back plus one, then appends "-token". It prints "done <n>" or
+// each with a Mutex of its own, taking the lock C times; under the lock
+// each appends "+token" to the history list, offers its token to the
+// fenced register, reads the counter, pauses, and writes it back plus one,
+// then appends "-token". It prints "done <n>" or
 // "error <msg>".
 package main
 
