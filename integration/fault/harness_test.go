@@ -249,3 +249,5 @@ func (p *proc) stop() {
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func atoi64(s string) (int64, error) { return strconv.ParseInt(strings.TrimSpace(s), 10, 64) }
