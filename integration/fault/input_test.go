@@ -1,0 +1,375 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// ops runs Lock, TryLock and Unlock on m with lctx, each bounded by 5 s
+// (a hang fails the test), and returns their errors.
+func ops(t *testing.T, m *redisync.Mutex, lctx context.Context) map[string]error {
+	t.Helper()
+	out := map[string]error{}
+	for _, op := range []string{"Lock", "TryLock", "Unlock"} {
+		done := make(chan error, 1)
+		go func() {
+			switch op {
+			case "Lock":
+				done <- m.Lock(lctx)
+			case "TryLock":
+				_, err := m.TryLock(lctx)
+				done <- err
+			default:
+				done <- m.Unlock(lctx)
+			}
+		}()
+		select {
+		case out[op] = <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s hangs", op)
+		}
+	}
+	return out
+}
+
+// TestBadInput gives every call invalid input and fails unless each
+// returns an error matching the expected sentinel (errors.Is), promptly,
+// without a panic and without a single command or dial reaching Redis
+// (counted by a go-redis hook on a live connection to a real server).
+func TestBadInput(t *testing.T) {
+	huge := strings.Repeat("n", redisync.MaxNameLen+1)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	expired, cancel2 := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	for _, tc := range []struct {
+		name       string
+		lockName   string
+		clientOpts []redisync.Option
+		mutexOpts  []redisync.Option
+		ctx        context.Context
+		want       error
+		closed     bool
+	}{
+		{name: "empty name", lockName: "", want: redisync.ErrInvalidName},
+		{name: "huge name", lockName: huge, want: redisync.ErrInvalidName},
+		{name: "zero lease", mutexOpts: opts(redisync.WithLease(0)), want: redisync.ErrInvalidOption},
+		{name: "negative lease", mutexOpts: opts(redisync.WithLease(-time.Second)), want: redisync.ErrInvalidOption},
+		{name: "sub-ms lease", mutexOpts: opts(redisync.WithLease(999 * time.Microsecond)), want: redisync.ErrInvalidOption},
+		{name: "lease over max", mutexOpts: opts(redisync.WithLease(redisync.MaxLease + 1)), want: redisync.ErrInvalidOption},
+		{name: "overflowing lease", mutexOpts: opts(redisync.WithLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
+		{name: "min int lease", mutexOpts: opts(redisync.WithLease(math.MinInt64)), want: redisync.ErrInvalidOption},
+		{name: "watchdog 2ms", mutexOpts: opts(redisync.WithWatchdogLease(2 * time.Millisecond)), want: redisync.ErrInvalidOption},
+		{name: "negative watchdog", mutexOpts: opts(redisync.WithWatchdogLease(-1)), want: redisync.ErrInvalidOption},
+		{name: "overflowing watchdog", mutexOpts: opts(redisync.WithWatchdogLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
+		{name: "zero heartbeat", mutexOpts: opts(redisync.Fair(), redisync.WithHeartbeat(0)), want: redisync.ErrInvalidOption},
+		{name: "zero recheck", mutexOpts: opts(redisync.WithRecheck(0)), want: redisync.ErrInvalidOption},
+		{name: "recheck over max", mutexOpts: opts(redisync.WithRecheck(redisync.MaxLease + time.Nanosecond)), want: redisync.ErrInvalidOption},
+		{name: "empty prefix", mutexOpts: opts(redisync.WithKeyPrefix("")), want: redisync.ErrInvalidOption},
+		{name: "prefix with brace", mutexOpts: opts(redisync.WithKeyPrefix("a{b")), want: redisync.ErrInvalidOption},
+		{name: "invalid client default", clientOpts: opts(redisync.WithLease(-1)), want: redisync.ErrInvalidOption},
+		{name: "cancelled ctx", ctx: cancelled, want: context.Canceled},
+		{name: "expired ctx", ctx: expired, want: context.DeadlineExceeded},
+		{name: "closed client", closed: true, want: redisync.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := redistest.NewClient(t, redistest.Addr(t))
+			if err := rdb.Ping(ctx).Err(); err != nil { // a live connection, before counting
+				t.Fatal(err)
+			}
+			hook := &countingHook{}
+			rdb.AddHook(hook)
+			c := redisync.New(rdb, tc.clientOpts...)
+			defer c.Close()
+			if tc.closed {
+				_ = c.Close()
+			}
+			name := tc.lockName
+			if name == "" && tc.want != redisync.ErrInvalidName {
+				name = uniqueName(t)
+			}
+			m := c.NewMutex(name, tc.mutexOpts...)
+			lctx := tc.ctx
+			if lctx == nil {
+				lctx = ctx
+			}
+			for op, err := range ops(t, m, lctx) {
+				if !errors.Is(err, tc.want) {
+					t.Errorf("%s: %v, want %v", op, err, tc.want)
+				}
+			}
+			if n, d := hook.cmds.Load(), hook.dials.Load(); n != 0 || d != 0 {
+				t.Errorf("%d commands and %d dials reached Redis", n, d)
+			}
+		})
+	}
+
+	t.Run("nil client", func(t *testing.T) {
+		c := redisync.New(nil)
+		defer c.Close()
+		for op, err := range ops(t, c.NewMutex("x"), ctx) {
+			if !errors.Is(err, redisync.ErrNilClient) {
+				t.Errorf("%s: %v, want ErrNilClient", op, err)
+			}
+		}
+	})
+	t.Run("unlock not held", func(t *testing.T) {
+		rdb := redistest.NewClient(t, redistest.Addr(t))
+		hook := &countingHook{}
+		rdb.AddHook(hook)
+		c := redisync.New(rdb)
+		defer c.Close()
+		if err := c.NewMutex(uniqueName(t)).Unlock(ctx); !errors.Is(err, redisync.ErrNotHeld) {
+			t.Errorf("Unlock: %v, want ErrNotHeld", err)
+		}
+		if n := hook.cmds.Load(); n != 0 {
+			t.Errorf("%d commands reached Redis", n)
+		}
+	})
+}
+
+func opts(o ...redisync.Option) []redisync.Option { return o }
+
+// snapshot returns a lock's keys as DUMP payloads (missing keys as "").
+func snapshot(t *testing.T, rdb *redis.Client, keys []string) []string {
+	t.Helper()
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		v, err := rdb.Dump(ctx, k).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// TestWrongKeyTypes puts a value of each wrong type at each of a lock's
+// keys (hash, token counter, queue, waiters; with a waiter queued when the
+// waiters' records are of the wrong type) and runs Lock (bounded by
+// 3 s) then, if it succeeded, Unlock, on a plain and a fair Mutex. It fails
+// if a call panics or hangs, or returns an error that is not ErrWrongType,
+// or returns ErrWrongType after changing any of the lock's keys (the
+// documented promise: "Nothing is written in that case").
+func TestWrongKeyTypes(t *testing.T) {
+	addr := redistest.Addr(t)
+	rdb := redistest.NewClient(t, addr)
+	c := newClient(t, addr)
+	plant := map[string]func(k string) error{
+		"string": func(k string) error { return rdb.Set(ctx, k, "x", 0).Err() },
+		"list":   func(k string) error { return rdb.RPush(ctx, k, "x").Err() },
+		"set":    func(k string) error { return rdb.SAdd(ctx, k, "x").Err() },
+		"zset":   func(k string) error { return rdb.ZAdd(ctx, k, redis.Z{Score: 1, Member: "x"}).Err() },
+		"hash":   func(k string) error { return rdb.HSet(ctx, k, "x", "y").Err() },
+	}
+	wrong := map[string][]string{ // key suffix -> wrong types
+		"":         {"string", "list", "set", "zset"},
+		":token":   {"string", "list", "set", "zset", "hash"}, // string "x" is not a counter
+		":queue":   {"string", "list", "set", "hash"},
+		":waiters": {"string", "list", "set", "zset"},
+	}
+	// Known bug: the release script (and a fair acquire's hand-off) write
+	// before they read the queue and the waiters' records, so a key of the
+	// wrong type there fails them halfway (see docs/guarantees.md).
+	knownBug := func(suffix string, fair bool) bool {
+		return suffix == ":waiters" || (suffix == ":queue" && !fair)
+	}
+	for _, suffix := range []string{"", ":token", ":queue", ":waiters"} {
+		for _, typ := range wrong[suffix] {
+			for _, fair := range []bool{false, true} {
+				label := "lock" + suffix + "=" + typ
+				if fair {
+					label += "/fair"
+				}
+				t.Run(label, func(t *testing.T) {
+					if knownBug(suffix, fair) {
+						skipKnownBug(t, "scripts write before they fail on a queue or waiters key of the wrong type")
+					}
+					name := uniqueName(t)
+					base := lockKey(name)
+					keys := []string{base, base + ":token", base + ":queue", base + ":waiters"}
+					t.Cleanup(func() { rdb.Del(ctx, keys...) })
+					if err := plant[typ](base + suffix); err != nil {
+						t.Fatal(err)
+					}
+					if suffix == ":waiters" {
+						// Someone queued, so that a release or a fair
+						// acquire reads the waiters' records.
+						rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
+					}
+					var o []redisync.Option
+					if fair {
+						o = append(o, redisync.Fair())
+					}
+					m := c.NewMutex(name, o...)
+					check := func(op string, call func() error) bool {
+						before := snapshot(t, rdb, keys)
+						err := call()
+						if err == nil {
+							return true
+						}
+						if !errors.Is(err, redisync.ErrWrongType) {
+							t.Fatalf("%s: %v, want nil or ErrWrongType", op, err)
+						}
+						if after := snapshot(t, rdb, keys); !equalStrings(before, after) {
+							t.Fatalf("%s returned ErrWrongType but changed the lock's keys", op)
+						}
+						return false
+					}
+					lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+					defer cancel()
+					if check("Lock", func() error { return m.Lock(lctx) }) {
+						check("Unlock", func() error { return m.Unlock(ctx) })
+					}
+					if lctx.Err() != nil {
+						t.Fatal("Lock hung until its deadline")
+					}
+				})
+			}
+		}
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// errStub is what the stub hook answers to every command.
+var errStub = errors.New("stub: no Redis here")
+
+// stubHook answers every command with errStub, counting them, without
+// touching the network: the fuzz targets need no Redis.
+type stubHook struct{ countingHook }
+
+func (h *stubHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		cmd.SetErr(errStub)
+		return errStub
+	}
+}
+
+func (h *stubHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.cmds.Add(int64(len(cmds)))
+		for _, c := range cmds {
+			c.SetErr(errStub)
+		}
+		return errStub
+	}
+}
+
+// fuzzMutex makes a Mutex on a stubbed go-redis client, runs Lock, TryLock
+// and Unlock, and checks them against the model: invalid input gives
+// invalid (the sentinel) with no command sent; valid input reaches Redis
+// (errStub comes back) on Lock and TryLock; Unlock of nothing held is
+// ErrNotHeld, with no command.
+func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	hook := &stubHook{}
+	rdb.AddHook(hook)
+	c := redisync.New(rdb)
+	defer c.Close()
+	m := c.NewMutex(name, o...)
+	res := ops(t, m, ctx)
+	if invalid != nil {
+		for op, err := range res {
+			if !errors.Is(err, invalid) {
+				t.Fatalf("%s: %v, want %v", op, err, invalid)
+			}
+		}
+		if n := hook.cmds.Load(); n != 0 {
+			t.Fatalf("%d commands sent for invalid input", n)
+		}
+		return
+	}
+	for _, op := range []string{"Lock", "TryLock"} {
+		if !errors.Is(res[op], errStub) {
+			t.Fatalf("%s: %v, want the stub's error (a call to Redis)", op, res[op])
+		}
+	}
+	if !errors.Is(res["Unlock"], redisync.ErrNotHeld) {
+		t.Fatalf("Unlock: %v, want ErrNotHeld", res["Unlock"])
+	}
+	if hook.cmds.Load() == 0 {
+		t.Fatal("valid input sent no command")
+	}
+}
+
+// FuzzMutexName checks the name validator: 1 to MaxNameLen bytes of
+// anything (braces, NUL, invalid UTF-8) are valid; nothing else is.
+func FuzzMutexName(f *testing.F) {
+	for _, s := range []string{"", "a", "{x}", "}{", "\x00", "\xff\xfe", "a b\r\nc", strings.Repeat("z", redisync.MaxNameLen), strings.Repeat("z", redisync.MaxNameLen+1)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		var invalid error
+		if len(name) == 0 || len(name) > redisync.MaxNameLen {
+			invalid = redisync.ErrInvalidName
+		}
+		fuzzMutex(t, name, invalid)
+	})
+}
+
+// FuzzOptions checks the option validators against their documented
+// ranges: lease and recheck in [1ms, MaxLease], watchdog lease and
+// heartbeat in [3ms, MaxLease], a prefix non-empty and without braces. A
+// zero duration means the option is not given.
+func FuzzOptions(f *testing.F) {
+	ms := int64(time.Millisecond)
+	f.Add(int64(0), int64(0), int64(0), int64(0), "redisync", false)
+	f.Add(ms, 3*ms, 3*ms, ms, "p", true)
+	f.Add(ms-1, 3*ms-1, 3*ms-1, ms-1, "p", false)
+	f.Add(int64(-1), int64(-1), int64(-1), int64(-1), "", true)
+	f.Add(int64(redisync.MaxLease), int64(redisync.MaxLease), int64(redisync.MaxLease), int64(redisync.MaxLease), "a:b", true)
+	f.Add(int64(redisync.MaxLease)+1, int64(0), int64(0), int64(0), "x", false)
+	f.Add(int64(math.MaxInt64), int64(math.MinInt64), int64(0), int64(0), "{", false)
+	f.Fuzz(func(t *testing.T, lease, watchdog, heartbeat, recheck int64, prefix string, fair bool) {
+		var o []redisync.Option
+		bad := false
+		inRange := func(v, lo int64) bool { return v >= lo && v <= int64(redisync.MaxLease) }
+		if lease != 0 {
+			o = append(o, redisync.WithLease(time.Duration(lease)))
+			bad = bad || !inRange(lease, ms)
+		}
+		if watchdog != 0 {
+			o = append(o, redisync.WithWatchdogLease(time.Duration(watchdog)))
+			bad = bad || !inRange(watchdog, 3*ms)
+		}
+		if heartbeat != 0 {
+			o = append(o, redisync.WithHeartbeat(time.Duration(heartbeat)))
+			bad = bad || !inRange(heartbeat, 3*ms)
+		}
+		if recheck != 0 {
+			o = append(o, redisync.WithRecheck(time.Duration(recheck)))
+			bad = bad || !inRange(recheck, ms)
+		}
+		o = append(o, redisync.WithKeyPrefix(prefix))
+		bad = bad || prefix == "" || strings.ContainsAny(prefix, "{}")
+		if fair {
+			o = append(o, redisync.Fair())
+		}
+		var invalid error
+		if bad {
+			invalid = redisync.ErrInvalidOption
+		}
+		fuzzMutex(t, "fuzz", invalid, o...)
+	})
+}

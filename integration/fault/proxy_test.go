@@ -1,0 +1,234 @@
+package fault
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// faultProxy is a TCP proxy on loopback between clients and Redis that
+// injects faults into every connection through it:
+//
+//   - latency: each chunk is delivered no earlier than latency after it was
+//     read, in both directions, order kept;
+//   - blackhole: connections stay open and everything sent either way is
+//     swallowed (a partition that sends no RST, so only timeouts notice);
+//   - reset: every open connection is closed at once;
+//   - hold: the next chunk from a client that contains a given string (such
+//     as a SUBSCRIBE) is held, with everything after it on that connection,
+//     until the test lets it go.
+type faultProxy struct {
+	Addr     string
+	upstream string
+	ln       net.Listener
+	closed   chan struct{}
+	wg       sync.WaitGroup
+
+	mu        sync.Mutex
+	conns     map[net.Conn]struct{}
+	latency   time.Duration
+	blackhole bool
+	holdPat   []byte        // hold the next client chunk containing this
+	held      chan struct{} // closed when a chunk is held
+	gate      chan struct{} // closed to let the held chunk go
+}
+
+// newFaultProxy starts a proxy to upstream, stopped when the test ends.
+func newFaultProxy(t *testing.T, upstream string) *faultProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &faultProxy{
+		Addr: ln.Addr().String(), upstream: upstream, ln: ln,
+		closed: make(chan struct{}), conns: map[net.Conn]struct{}{},
+	}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// setLatency delays every chunk read from now on by d.
+func (p *faultProxy) setLatency(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latency = d
+}
+
+// setBlackhole starts (true) or stops swallowing everything.
+func (p *faultProxy) setBlackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackhole = on
+}
+
+// resetAll closes every open connection, as a network reset would.
+func (p *faultProxy) resetAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// holdNext arms the proxy to hold the next client chunk containing pat. It
+// returns a channel closed once such a chunk is held, and a function that
+// lets it (and what follows it) go.
+func (p *faultProxy) holdNext(pat string) (held <-chan struct{}, release func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdPat = []byte(pat)
+	p.held = make(chan struct{})
+	p.gate = make(chan struct{})
+	gate := p.gate
+	var once sync.Once
+	return p.held, func() { once.Do(func() { close(gate) }) }
+}
+
+func (p *faultProxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.upstream)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		if !p.track(client, server) {
+			return
+		}
+		p.pipe(client, server, true)
+		p.pipe(server, client, false)
+	}
+}
+
+type chunk struct {
+	b  []byte
+	at time.Time // when it may be delivered
+}
+
+// pipe copies from src to dst through a queue, applying the faults; a
+// failure on either side closes both.
+func (p *faultProxy) pipe(src, dst net.Conn, fromClient bool) {
+	q := make(chan chunk, 4096)
+	p.wg.Add(2)
+	go func() { // reader
+		defer p.wg.Done()
+		defer close(q)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				drop, lat := p.blackhole, p.latency
+				p.mu.Unlock()
+				if !drop {
+					select {
+					case q <- chunk{buf[:n], time.Now().Add(lat)}:
+					case <-p.closed:
+						return
+					}
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() { // writer
+		defer p.wg.Done()
+		defer func() {
+			_ = src.Close()
+			_ = dst.Close()
+			p.untrack(src, dst)
+			for range q { // let the reader finish
+			}
+		}()
+		for c := range q {
+			if d := time.Until(c.at); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-p.closed:
+					t.Stop()
+					return
+				}
+			}
+			if fromClient && !p.pass(c.b) {
+				return
+			}
+			p.mu.Lock()
+			drop := p.blackhole
+			p.mu.Unlock()
+			if drop {
+				continue
+			}
+			if _, err := dst.Write(c.b); err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// pass holds a client chunk that matches the armed pattern until the test
+// lets it go. It reports false when the proxy is closed meanwhile.
+func (p *faultProxy) pass(b []byte) bool {
+	p.mu.Lock()
+	if p.holdPat == nil || !bytes.Contains(bytes.ToLower(b), p.holdPat) {
+		p.mu.Unlock()
+		return true
+	}
+	p.holdPat = nil
+	held, gate := p.held, p.gate
+	p.mu.Unlock()
+	close(held)
+	select {
+	case <-gate:
+		return true
+	case <-p.closed:
+		return false
+	}
+}
+
+func (p *faultProxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		p.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (p *faultProxy) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		delete(p.conns, c)
+	}
+}
+
+// close stops the proxy and waits for its goroutines.
+func (p *faultProxy) close() {
+	_ = p.ln.Close()
+	close(p.closed)
+	p.mu.Lock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}

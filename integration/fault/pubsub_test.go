@@ -1,0 +1,158 @@
+package fault
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// TestSubscriberDroppedAtRelease drops the waiters' pub/sub connections
+// (CLIENT KILL TYPE pubsub; or a reset of every connection through a
+// proxy) and releases the lock at once, so its message is published while
+// nobody is subscribed. Eight waiters on two Clients (recheck 1 s) block on
+// a holder with a 30 s lease. It fails unless the first waiter acquires
+// within the recheck interval + 300 ms of the release and all eight within
+// recheck + 1 s. It would fail if a waiter's sleep depended on the lost
+// message (it would sleep until the 30 s lease ran out).
+func TestSubscriberDroppedAtRelease(t *testing.T) {
+	const recheck = time.Second
+	for _, tc := range []struct {
+		name  string
+		proxy bool
+	}{{"client-kill-pubsub", false}, {"proxy-reset", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Spawn(t)
+			admin := redistest.NewClient(t, srv.Addr)
+			name := uniqueName(t)
+			waitAddr := srv.Addr
+			var px *faultProxy
+			if tc.proxy {
+				px = newFaultProxy(t, srv.Addr)
+				waitAddr = px.Addr
+			}
+			holder := newClient(t, srv.Addr).NewMutex(name)
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			const clients, perClient = 2, 4
+			var started atomic.Int64
+			acquired := make(chan result, clients*perClient)
+			for range clients {
+				c := newClient(t, waitAddr, redisync.WithRecheck(recheck))
+				for range perClient {
+					m := c.NewMutex(name)
+					go func() {
+						started.Add(1)
+						err := m.Lock(lctx)
+						at := time.Now()
+						if err == nil {
+							err = m.Unlock(lctx)
+						}
+						acquired <- result{err, at}
+					}()
+				}
+			}
+			eventually(t, 5*time.Second, "8 waiters on 2 subscriptions", func() bool {
+				return started.Load() == clients*perClient && subscribers(t, admin, name) == clients
+			})
+
+			if tc.proxy {
+				px.resetAll()
+			} else if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+				t.Fatal(err)
+			}
+			released := time.Now()
+			if err := holder.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var first, last time.Duration
+			for i := range clients * perClient {
+				r := await(t, acquired, recheck+10*time.Second, "waiter")
+				d := r.at.Sub(released)
+				if i == 0 {
+					first = d
+				}
+				last = max(last, d)
+			}
+			t.Logf("release to first acquire %v, to last %v (recheck %v)", first.Round(time.Millisecond), last.Round(time.Millisecond), recheck)
+			if first > recheck+300*time.Millisecond {
+				t.Errorf("first waiter acquired %v after the release, want <= recheck + 300ms", first)
+			}
+			if last > recheck+time.Second {
+				t.Errorf("last waiter acquired %v after the release, want <= recheck + 1s", last)
+			}
+		})
+	}
+}
+
+// TestGapRace makes a release land between a waiter's failed attempt and
+// its subscription: the waiter's Client talks to Redis through a proxy that
+// holds its SUBSCRIBE; the holder (30 s lease) releases while it is held,
+// publishing to nobody. Recheck is 2 s.
+//
+//   - subscribe-late: the SUBSCRIBE goes through right after the release.
+//     The waiter must look again once subscribed, and acquire well within
+//     the recheck interval (< recheck/2); without that second look it would
+//     sleep a whole recheck interval (or the 30 s lease).
+//   - subscribe-lost: the SUBSCRIBE is never confirmed. The waiter must
+//     still acquire within the recheck interval + 300 ms: joining waits for
+//     the confirmation no longer than that.
+func TestGapRace(t *testing.T) {
+	const recheck = 2 * time.Second
+	for _, tc := range []struct {
+		name  string
+		late  bool
+		bound time.Duration
+	}{{"subscribe-late", true, recheck / 2}, {"subscribe-lost", false, recheck + 300*time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := redistest.Addr(t)
+			px := newFaultProxy(t, addr)
+			name := uniqueName(t)
+			holder := newClient(t, addr).NewMutex(name)
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			held, letGo := px.holdNext("$9\r\nsubscribe\r\n") // the command, not a name
+			defer letGo()
+			waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck)).NewMutex(name)
+			done := lockAsync(waiter, ctx)
+			select {
+			case <-held:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiter never sent SUBSCRIBE")
+			}
+			released := time.Now()
+			if err := holder.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := admin(t, addr).Exists(ctx, lockKey(name)).Val(); n != 0 {
+				t.Fatal("the lock is still held after Unlock")
+			}
+			if tc.late {
+				letGo()
+			}
+			r := await(t, done, recheck+10*time.Second, "waiter")
+			gap := r.at.Sub(released)
+			t.Logf("release to acquire: %v (recheck %v, bound %v)", gap.Round(time.Millisecond), recheck, tc.bound)
+			if gap > tc.bound {
+				t.Fatalf("waiter acquired %v after the release, want <= %v", gap, tc.bound)
+			}
+			if err := waiter.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// admin returns a plain go-redis client to addr.
+func admin(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	return redistest.NewClient(t, addr)
+}
