@@ -232,12 +232,12 @@ func testClusterFairOrder(t *testing.T, c *redistest.Cluster) {
 	}
 }
 
-// testClusterFailover kills the primary that serves one lock while
+// testClusterFailover kills the primary that serves one fair lock while
 // waiters block on it and on a lock of another primary. The other
 // primary's waiters are served as usual; the failed-over lock's waiters
 // all get it once the replica has taken over.
 func testClusterFailover(t *testing.T, c *redistest.Cluster) {
-	cs := clusterClients(t, c, 2, redisync.WithWatchdogLease(2*time.Second), redisync.WithRecheck(time.Minute))
+	cs := clusterClients(t, c, 2, redisync.Fair(), redisync.WithWatchdogLease(2*time.Second), redisync.WithRecheck(time.Minute))
 	admin := c.NewClient(t)
 	names := namesOnEveryPrimary(t, c, admin, 2)
 	doomed := c.PrimaryFor(t, admin, lockKey(names[0]))
@@ -267,13 +267,12 @@ func testClusterFailover(t *testing.T, c *redistest.Cluster) {
 				done <- err
 			}()
 			dones[name] = append(dones[name], done)
+			// Queued: its first attempt is done, so it is waiting.
+			eventually(t, 10*time.Second, "the waiter to queue", func() bool {
+				return queueLen(t, admin, name) == int64(i+1)
+			})
 		}
 	}
-	channel := lockKey(other) + ":ch"
-	eventually(t, 10*time.Second, "the waiters to subscribe", func() bool {
-		n, _ := admin.PubSubShardNumSub(ctx, channel).Result()
-		return n[channel] == 2
-	})
 
 	doomed.Kill(t)
 	// Waiters on the surviving primary are served as if nothing happened.
