@@ -51,23 +51,28 @@ func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if handshake(cmd) {
 			return next(ctx, cmd)
 		}
+		// Counted once answered, so that a count seen by a test is of
+		// commands that have run.
+		err := next(ctx, cmd)
 		c.n.Add(1)
-		if err := next(ctx, cmd); err != nil || !c.take(cmd) {
+		if err != nil || !c.take(cmd) {
 			return err
 		}
+		err = next(ctx, cmd)
 		c.n.Add(1)
-		return next(ctx, cmd)
+		return err
 	}
 }
 
 func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
 		for _, cmd := range cmds {
 			if !handshake(cmd) {
 				c.n.Add(1)
 			}
 		}
-		return next(ctx, cmds)
+		return err
 	}
 }
 

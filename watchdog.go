@@ -240,11 +240,7 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 		}
 		args = append(args, e.kind, e.owner, e.ttl.Milliseconds())
 	}
-	// A renewal that has not answered by the first deadline is of no use:
-	// give up then, so the loss is reported on time.
-	ctx, cancel := context.WithDeadline(w.ctx, limit)
-	res, err := renewScript.Run(ctx, w.rdb, keys, args...).Int64Slice()
-	cancel()
+	res, err := w.call(limit, keys, args)
 
 	now := time.Now()
 	var gone []func()
@@ -271,6 +267,35 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 	w.mu.Unlock()
 	for _, f := range gone {
 		f()
+	}
+}
+
+// call runs the renew script, giving up at limit: a renewal that has not
+// answered by the first deadline of its batch is of no use, and the loss
+// must be reported on time. go-redis bounds a call by its context only
+// when the go-redis client was built with ContextTimeoutEnabled, so the
+// call runs in a goroutine of its own and the watchdog stops waiting for
+// it at limit; go-redis's own timeouts end it later (Close waits for it).
+// A renewal that reaches Redis after limit only delays other owners.
+func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, error) {
+	ctx, cancel := context.WithDeadline(w.ctx, limit)
+	type reply struct {
+		res []int64
+		err error
+	}
+	done := make(chan reply, 1)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer cancel()
+		res, err := renewScript.Run(ctx, w.rdb, keys, args...).Int64Slice()
+		done <- reply{res, err}
+	}()
+	select {
+	case r := <-done:
+		return r.res, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 

@@ -48,6 +48,7 @@ if mode == 'barge' then
 end
 
 local queued = redis.call('ZSCORE', queue, owner)
+redis.call('HLEN', waiters) -- a key of the wrong type fails here, before any write
 if pttl == -2 then
   local head, t = hand_off(lock, token, queue, waiters, ARGV[7], ARGV[8], owner)
   if head == nil then

@@ -26,6 +26,12 @@ local owner, held, mytoken = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 
 local count = tonumber(redis.call('HGET', lock, owner) or '0')
 check_counter(token)
+-- Read the queue, and the waiters' records when they may be touched, before
+-- the first write: a key of the wrong type fails the script here.
+local queued = redis.call('ZCARD', queue)
+if queued > 0 or ARGV[8] == 'withdraw' then
+  redis.call('HLEN', waiters)
+end
 if ARGV[8] == 'withdraw' then
   redis.call('ZREM', queue, owner)
   redis.call('HDEL', waiters, owner)
@@ -52,7 +58,7 @@ redis.call('DEL', lock)
 if mytoken > 0 then
   redis.call('SET', tomb, mytoken, 'PX', tonumber(ARGV[5]))
 end
-if not hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], nil) then
+if queued == 0 or not hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], nil) then
   redis.call(ARGV[7], ARGV[6], '')
 end
 return 1

@@ -251,16 +251,3 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func atoi64(s string) (int64, error) { return strconv.ParseInt(strings.TrimSpace(s), 10, 64) }
-
-// knownBugsEnv runs the tests of known library bugs, which fail until the
-// bug is fixed; they are skipped otherwise, so that the suite stays green.
-const knownBugsEnv = "REDISYNC_FAULT_KNOWN_BUGS"
-
-// skipKnownBug skips a test that shows a known, reported library bug,
-// unless REDISYNC_FAULT_KNOWN_BUGS=1.
-func skipKnownBug(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv(knownBugsEnv) != "1" {
-		t.Skipf("known bug, fails until fixed (run with %s=1): %s", knownBugsEnv, bug)
-	}
-}

@@ -176,12 +176,6 @@ func TestWrongKeyTypes(t *testing.T) {
 		":queue":   {"string", "list", "set", "hash"},
 		":waiters": {"string", "list", "set", "zset"},
 	}
-	// Known bug: the release script (and a fair acquire's hand-off) write
-	// before they read the queue and the waiters' records, so a key of the
-	// wrong type there fails them halfway (see docs/guarantees.md).
-	knownBug := func(suffix string, fair bool) bool {
-		return suffix == ":waiters" || (suffix == ":queue" && !fair)
-	}
 	for _, suffix := range []string{"", ":token", ":queue", ":waiters"} {
 		for _, typ := range wrong[suffix] {
 			for _, fair := range []bool{false, true} {
@@ -190,9 +184,6 @@ func TestWrongKeyTypes(t *testing.T) {
 					label += "/fair"
 				}
 				t.Run(label, func(t *testing.T) {
-					if knownBug(suffix, fair) {
-						skipKnownBug(t, "scripts write before they fail on a queue or waiters key of the wrong type")
-					}
 					name := uniqueName(t)
 					base := lockKey(name)
 					keys := []string{base, base + ":token", base + ":queue", base + ":waiters"}

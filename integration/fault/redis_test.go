@@ -279,8 +279,8 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the token counter to reach the replica", func() bool {
-		return rAdmin.Get(ctx, tokenKey).Val() == "1"
+	eventually(t, 10*time.Second, "the token counter and the release to reach the replica", func() bool {
+		return rAdmin.Get(ctx, tokenKey).Val() == "1" && rAdmin.Exists(ctx, lockKey(name)).Val() == 0
 	})
 
 	link.setBlackhole(true) // the replication link now carries nothing

@@ -27,17 +27,13 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 		name       string
 		fault      func(*faultProxy)
 		ctxTimeout bool // go-redis Options.ContextTimeoutEnabled on the holder
-		knownBug   bool
 	}{
-		{"blackhole", blackhole, false, true},
-		{"latency", latency, false, true},
-		{"blackhole-ctx-timeouts", blackhole, true, false},
-		{"latency-ctx-timeouts", latency, true, false},
+		{"blackhole", blackhole, false},
+		{"latency", latency, false},
+		{"blackhole-ctx-timeouts", blackhole, true},
+		{"latency-ctx-timeouts", latency, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.knownBug {
-				skipKnownBug(t, "watchdog: Lost waits for a renewal that go-redis does not time out by ctx (see docs/guarantees.md)")
-			}
 			addr := redistest.Addr(t)
 			rdb := redistest.NewClient(t, addr)
 			px := newFaultProxy(t, addr)
