@@ -57,27 +57,45 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 // commandstats (scripts' inner calls included).
 type cmdCounter struct{ rdb *redis.Client }
 
-// total returns the number of calls of every command so far.
-func (c cmdCounter) total(t *testing.T) int64 {
+// stats returns the calls of each command so far, by lower-case name.
+func (c cmdCounter) stats(t *testing.T) map[string]int64 {
 	t.Helper()
 	info, err := c.rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
+	stats := make(map[string]int64)
 	for _, line := range strings.Split(info, "\n") {
-		_, rest, ok := strings.Cut(line, ":calls=")
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
 		if !ok {
 			continue
 		}
+		name, rest, _ := strings.Cut(rest, ":calls=")
 		calls, _, _ := strings.Cut(rest, ",")
-		v, err := strconv.ParseInt(calls, 10, 64)
+		n, err := strconv.ParseInt(calls, 10, 64)
 		if err != nil {
 			t.Fatalf("commandstats line %q: %v", line, err)
 		}
-		n += v
+		stats[name] = n
+	}
+	return stats
+}
+
+// total returns the number of calls of every command so far.
+func (c cmdCounter) total(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	for _, calls := range c.stats(t) {
+		n += calls
 	}
 	return n
+}
+
+// callsOf returns how many times Redis ran the command cmd ("evalsha"
+// counts script calls, not their inner calls).
+func callsOf(t *testing.T, c cmdCounter, cmd string) int64 {
+	t.Helper()
+	return c.stats(t)[cmd]
 }
 
 // inCS counts goroutines inside a critical section and records the most

@@ -220,19 +220,25 @@ func TestMutexBlockedWaitersDoNotPoll(t *testing.T) {
 	eventually(t, 5*time.Second, "4 subscribers", func() bool {
 		return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 4
 	})
-	// Let every waiter make its attempts and go to sleep, then watch the
-	// server for 5 s.
+	// Let every waiter make its attempts and go to sleep: wait until
+	// Redis is quiet (an INFO per look) over 100 ms windows.
 	counter := cmdCounter{rdb}
-	settled := counter.total(t)
-	eventually(t, 5*time.Second, "the waiters to settle", func() bool {
+	last := counter.total(t)
+	eventually(t, 5*time.Second, "the waiters to stop sending commands (are they polling?)", func() bool {
+		time.Sleep(100 * time.Millisecond) // a sampling window
 		now := counter.total(t)
-		quiet := now-settled <= 1 // the INFO call itself
-		settled = now
+		quiet := now-last <= 1
+		last = now
 		return quiet
 	})
-	before := counter.total(t)
-	time.Sleep(5 * time.Second)               // the observation window
-	executed := counter.total(t) - before - 1 // less our INFO
+	// Counted: every command but INFO (ours) and PING (the subscribers'
+	// keep-alive of a silent pub/sub connection, every 3 s).
+	busy := func() int64 {
+		return counter.total(t) - callsOf(t, counter, "info") - callsOf(t, counter, "ping")
+	}
+	before := busy()
+	time.Sleep(5 * time.Second) // the observation window
+	executed := busy() - before
 	cancel()
 	wg.Wait()
 	if err := holder.Unlock(ctx); err != nil {

@@ -18,27 +18,6 @@ func semKeys(name string) (queue, waiters string) {
 	return base + ":queue", base + ":waiters"
 }
 
-// callsOf returns how many times Redis ran the command cmd (from INFO
-// commandstats; "evalsha" counts script calls, not their inner calls).
-func callsOf(t *testing.T, c cmdCounter, cmd string) int64 {
-	t.Helper()
-	info, err := c.rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
-			calls, _, _ := strings.Cut(rest, ",")
-			var n int64
-			for _, d := range calls {
-				n = 10*n + int64(d-'0')
-			}
-			return n
-		}
-	}
-	return 0
-}
-
 func TestSemaphoreNeverOversubscribed(t *testing.T) {
 	const size, goroutines, rounds = 5, 50, 4
 	name := uniqueName(t)
