@@ -29,6 +29,10 @@ var (
 	// lease that is not positive or longer than MaxLease, a key prefix
 	// with braces, ...).
 	ErrInvalidOption = errors.New("redisync: invalid option")
+	// ErrNotReplicated is returned, with WithReplicas, when fewer replicas
+	// than asked acknowledged an acquisition in time. The acquisition was
+	// undone.
+	ErrNotReplicated = errors.New("redisync: not acknowledged by enough replicas")
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")

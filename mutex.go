@@ -202,10 +202,10 @@ func (m *Mutex) attempt(ctx context.Context, queue bool) (acquired bool, pttl in
 		}
 	}
 	sent := time.Now()
-	res, err := acquireScript.Run(ctx, m.c.rdb, m.keys[:4],
+	res, err := m.c.runAcked(ctx, m.cfg, acquireScript, m.keys[:4], []any{
 		m.owner, m.lease().Milliseconds(), held, mode,
 		m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
-		m.channel, m.c.publish).Int64Slice()
+		m.channel, m.c.publish}, granted)
 	if err != nil {
 		if !isReply(err) {
 			// The script may have run and only its reply was lost.
@@ -224,14 +224,20 @@ func (m *Mutex) attempt(ctx context.Context, queue bool) (acquired bool, pttl in
 	return false, res[1], nil
 }
 
+// granted reports whether an acquire script's reply {status, value} says
+// it took something (status 1).
+func granted(res []int64) bool { return len(res) > 0 && res[0] == 1 }
+
 // adopt takes a hold that a release handed to m, announced by a message
 // "owner:token" received at received. It reports false when m holds the
 // lock already (a concurrent call of the same value adopted it), for the
 // caller to attempt again.
 func (m *Mutex) adopt(ctx context.Context, grant string, received time.Time) (bool, error) {
 	token, err := strconv.ParseInt(grant[strings.LastIndexByte(grant, ':')+1:], 10, 64)
-	if err != nil {
-		return false, nil // not a grant of ours; the attempt will tell
+	if err != nil || m.cfg.replicas > 0 {
+		// Not a grant of ours, or one to confirm with the replicas:
+		// the attempt will tell, and adopt the hold if it is ours.
+		return false, nil
 	}
 	if err := m.begin(ctx); err != nil {
 		m.withdraw(ctx) // passes the lock on

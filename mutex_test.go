@@ -31,6 +31,8 @@ func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"zero recheck", c.NewMutex("a", WithRecheck(0)), ctx, ErrInvalidOption},
 		{"prefix with brace", c.NewMutex("a", WithKeyPrefix("p{")), ctx, ErrInvalidOption},
 		{"empty prefix", c.NewMutex("a", WithKeyPrefix("")), ctx, ErrInvalidOption},
+		{"zero replicas", c.NewMutex("a", WithReplicas(0, time.Second)), ctx, ErrInvalidOption},
+		{"zero replica timeout", c.NewMutex("a", WithReplicas(1, 0)), ctx, ErrInvalidOption},
 		{"nil client", New(nil).NewMutex("a"), ctx, ErrNilClient},
 		{"cancelled context", c.NewMutex("a"), cancelled, context.Canceled},
 	}

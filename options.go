@@ -23,14 +23,16 @@ type Option func(*config)
 
 // config is the set of options of one primitive.
 type config struct {
-	prefix    string
-	lease     time.Duration // fixed lease; 0: watchdog
-	watchdog  time.Duration // lease kept alive by the watchdog
-	heartbeat time.Duration // fair waiters' liveness deadline and hand-off lease
-	recheck   time.Duration // longest sleep without a message
-	fair      bool
-	plain     bool  // plain pub/sub on a Redis Cluster (an option of New)
-	err       error // the first invalid option
+	prefix         string
+	lease          time.Duration // fixed lease; 0: watchdog
+	watchdog       time.Duration // lease kept alive by the watchdog
+	heartbeat      time.Duration // fair waiters' liveness deadline and hand-off lease
+	recheck        time.Duration // longest sleep without a message
+	fair           bool
+	plain          bool // plain pub/sub on a Redis Cluster (an option of New)
+	replicas       int  // replicas that must acknowledge an acquisition; 0: none
+	replicaTimeout time.Duration
+	err            error // the first invalid option
 }
 
 func defaultConfig() config {

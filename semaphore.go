@@ -262,8 +262,10 @@ func (a *acquireCall) queued(w *waiter) *keepalive {
 func (a *acquireCall) adopt(ctx context.Context, grant string, received time.Time) (bool, error) {
 	i := strings.LastIndexByte(grant, ':')
 	n, err := strconv.ParseInt(grant[i+1:], 10, 64)
-	if err != nil || grant[:i] != a.waiter || n != a.n {
-		return false, nil // not a grant of this call; the attempt will tell
+	if err != nil || grant[:i] != a.waiter || n != a.n || a.s.cfg.replicas > 0 {
+		// Not a grant of this call, or one to confirm with the
+		// replicas: the attempt will tell, and take it if it is ours.
+		return false, nil
 	}
 	if err := a.s.begin(ctx); err != nil {
 		a.withdraw(ctx) // gives the permits back
@@ -302,10 +304,10 @@ func (s *Semaphore) attempt(ctx context.Context, n int64, mode, waiter string, q
 	}
 	s.seq++
 	sent := time.Now()
-	res, err := semAcquireScript.Run(ctx, s.c.rdb, s.keys[:5],
+	res, err := s.c.runAcked(ctx, s.cfg, semAcquireScript, s.keys[:5], []any{
 		s.owner, n, s.size, held, s.seq, s.lease().Milliseconds(), mode, waiter, again,
 		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
-		s.channel, s.c.publish).Int64Slice()
+		s.channel, s.c.publish}, granted)
 	if err != nil {
 		if !isReply(err) {
 			// The script may have run and only its reply was lost.

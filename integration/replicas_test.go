@@ -1,0 +1,105 @@
+package integration
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// replicated starts a primary and a replica of it, in sync.
+func replicated(t *testing.T) (primary, replica *redistest.Server) {
+	t.Helper()
+	primary = redistest.Spawn(t, "--repl-diskless-sync-delay", "0")
+	replica = redistest.Spawn(t)
+	rAdmin := redistest.NewClient(t, replica.Addr)
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	if err := rAdmin.ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pAdmin := redistest.NewClient(t, primary.Addr)
+	eventually(t, 10*time.Second, "the replica to sync", func() bool {
+		return strings.Contains(rAdmin.Info(ctx, "replication").Val(), "master_link_status:up") &&
+			strings.Contains(pAdmin.Info(ctx, "replication").Val(), "state=online")
+	})
+	return primary, replica
+}
+
+func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
+	primary, replica := replicated(t)
+	pAdmin, rAdmin := redistest.NewClient(t, primary.Addr), redistest.NewClient(t, replica.Addr)
+	c := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
+	t.Cleanup(func() { _ = c.Close() })
+
+	for _, fair := range []bool{false, true} {
+		var opts []redisync.Option
+		if fair {
+			opts = append(opts, redisync.Fair())
+		}
+		name := uniqueName(t)
+		m := c.NewMutex(name, opts...)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Acknowledged: the replica has the hold the moment Lock returns.
+		if n := rAdmin.Exists(ctx, lockKey(name)).Val(); n != 1 {
+			t.Fatalf("fair=%v: the replica lacks the hold after Lock returned", fair)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Cut the replica off: no acknowledgement can come.
+	if err := rAdmin.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the primary to lose its replica", func() bool {
+		return strings.Contains(pAdmin.Info(ctx, "replication").Val(), "connected_slaves:0")
+	})
+	name := uniqueName(t)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); !errors.Is(err, redisync.ErrNotReplicated) {
+		t.Fatalf("Lock without a replica: %v, want ErrNotReplicated", err)
+	}
+	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, redisync.ErrNotReplicated) {
+		t.Fatalf("TryLock without a replica: %v, %v, want ErrNotReplicated", ok, err)
+	}
+	if n := pAdmin.Exists(ctx, lockKey(name)).Val(); n != 0 {
+		t.Fatal("an acquisition that was not replicated was left on the primary")
+	}
+	if m.Token() != 0 {
+		t.Fatal("a failed Lock left a hold")
+	}
+}
+
+func TestReplicatedHoldSurvivesFailover(t *testing.T) {
+	primary, replica := replicated(t)
+	rAdmin := redistest.NewClient(t, replica.Addr)
+	c := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
+	t.Cleanup(func() { _ = c.Close() })
+	name := uniqueName(t)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	token := m.Token()
+
+	primary.Kill(t)
+	if err := rAdmin.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	oc := redisync.New(redistest.NewClient(t, replica.Addr))
+	t.Cleanup(func() { _ = oc.Close() })
+	other := oc.NewMutex(name)
+	if ok, err := other.TryLock(ctx); ok || err != nil {
+		t.Fatalf("after failover another owner took the lock: %v, %v", ok, err)
+	}
+	if got := rAdmin.Get(ctx, lockKey(name)+":token").Val(); got != strconv.FormatInt(token, 10) {
+		t.Fatalf("the promoted replica's token counter is %s, want the holder's %d", got, token)
+	}
+}
