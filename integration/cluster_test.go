@@ -46,6 +46,7 @@ func TestCluster(t *testing.T) {
 	t.Run("RenewalAcrossSlots", func(t *testing.T) { testClusterRenewal(t, c) })
 	t.Run("FairOrder", func(t *testing.T) { testClusterFairOrder(t, c) })
 	t.Run("PlainPubSub", func(t *testing.T) { testClusterPlainPubSub(t, c) })
+	t.Run("Semaphore", func(t *testing.T) { testClusterSemaphore(t, c) })
 	t.Run("Failover", func(t *testing.T) { testClusterFailover(t, c) })
 }
 
@@ -193,6 +194,50 @@ func testClusterPlainPubSub(t *testing.T, c *redistest.Cluster) {
 		}
 		if n := in.max.Load(); n != 1 {
 			t.Fatalf("%d holders at once", n)
+		}
+	}
+}
+
+// testClusterSemaphore contends for semaphores of size 3 on every
+// primary, with a short watchdog lease so that permit renewals of
+// different slots fall due together.
+func testClusterSemaphore(t *testing.T, c *redistest.Cluster) {
+	const size = 3
+	cs := clusterClients(t, c, 3, redisync.WithWatchdogLease(300*time.Millisecond))
+	admin := c.NewClient(t)
+	names := namesOnEveryPrimary(t, c, admin, 3)
+	ins := make([]inCS, len(names))
+	var wg sync.WaitGroup
+	errs := make(chan error, 24)
+	for i := range 24 {
+		k := i % len(names)
+		s := cs[i%3].NewSemaphore(names[k], size)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 8 {
+				if err := s.Acquire(ctx, 1); err != nil {
+					errs <- err
+					return
+				}
+				ins[k].enter()
+				time.Sleep(2 * time.Millisecond) // the work done with a permit
+				ins[k].leave()
+				if err := s.Release(ctx, 1); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for k := range ins {
+		if n := ins[k].max.Load(); n > size || n < 2 {
+			t.Fatalf("semaphore %s: at most %d holders at once, want 2..%d", names[k], n, size)
 		}
 	}
 }
