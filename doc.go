@@ -1,6 +1,9 @@
 // Package redisync provides distributed synchronization primitives on
 // Redis for Go services: a reentrant, leased Mutex with a blocking
-// Lock(ctx), a fair (FIFO) variant, and fencing tokens.
+// Lock(ctx), a fair (FIFO) variant, fencing tokens, and a counting
+// Semaphore whose permits are leased to their holders. It works on a
+// single Redis, a primary with replicas (WithReplicas), and Redis Cluster
+// (sharded pub/sub).
 //
 // # Waiting without polling
 //
@@ -42,5 +45,7 @@
 //	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
 //	redisync:lock:{name}:ch        the channel releases publish on
 //
-// The prefix "redisync" is set with WithKeyPrefix.
+// A semaphore's keys are "redisync:sem:{name}..." in the same way. The
+// prefix "redisync" is set with WithKeyPrefix. docs/design.md describes
+// every key and script.
 package redisync
