@@ -31,6 +31,17 @@ var (
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")
+	// ErrQuorum is returned by a Redlock's calls when fewer than a quorum
+	// (a majority) of its nodes answered in time, so the lock could not be
+	// taken (or, from Unlock, may stay held until its lease runs out on the
+	// nodes that did not answer), or when a quorum was reached too late to
+	// leave any validity. The lock's state is not known to be held by the
+	// caller; the errors of the nodes that failed are joined to it.
+	ErrQuorum = errors.New("redisync: no quorum of redlock nodes")
+	// ErrDuplicateNode is returned by every call of a Redlock given the
+	// same Redis client (or two *redis.Client with the same address and
+	// database) twice: one server counted twice would break the majority.
+	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
 )
 
 // redisError adds ErrWrongType to an error from Redis when Redis or a
