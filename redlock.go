@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -293,8 +294,9 @@ func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
 
 // Unlock releases one level of m's hold; the last level releases the lock
 // on every node of the hold, at once. It returns ErrNotHeld when m holds
-// nothing, ErrLockLost when the hold had been lost (a quorum could no
-// longer be confirmed; the lock may have had another owner since), and an
+// nothing, ErrLockLost when the hold had been lost (Lost was closed, or
+// fewer than a quorum of nodes still had their hold to release: the lock
+// may have had another owner meanwhile), and an
 // error wrapping ErrQuorum when more than N - quorum nodes could not be
 // told: their holds then stay until their leases run out. m forgets the
 // hold in every case.
@@ -322,20 +324,26 @@ func (m *RedMutex) Unlock(ctx context.Context) error {
 	m.forget()
 	m.mu.Unlock()
 
-	res := m.fanOut(context.WithoutCancel(ctx), members, m.releaseOn, nil)
-	failed, errs := 0, []error(nil)
+	res := m.fanOut(context.WithoutCancel(ctx), members, m.releaseOn, m.quorumOK, nil)
+	released, failed, errs := 0, 0, []error(nil)
 	for i, x := range res {
-		if members[i] && (!x.done || x.err != nil) {
+		switch {
+		case !members[i]:
+		case !x.done || x.err != nil:
 			failed++
 			errs = append(errs, nodeErr(i, x))
+		case x.ok:
+			released++
 		}
 	}
 	switch {
-	case lost:
-		return m.wrap("unlock", ErrLockLost)
 	case failed > len(m.nodes)-m.r.quorum:
 		return m.wrap("unlock", fmt.Errorf("%w: %d of %d nodes not released: %w",
-			ErrQuorum, failed, len(m.nodes), errors.Join(errs...)))
+			ErrQuorum, failed, len(m.nodes), nodeErrors(errs)))
+	case lost || released < m.r.quorum:
+		// Too many node holds were gone: another owner may have
+		// held the lock meanwhile, before the watchdog could tell.
+		return m.wrap("unlock", ErrLockLost)
 	}
 	return nil
 }
@@ -404,7 +412,24 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 	m.mu.Unlock()
 
 	start := time.Now()
-	res := m.fanOut(ctx, m.idle(), m.acquireOn, m.lateAcquire)
+	use := m.idle()
+	res := m.fanOut(ctx, use, m.acquireOn, func(res []nodeResult) bool {
+		// Known: won; lost for want of answers; or lost to
+		// another owner, with a quorum answering.
+		ok, busy, failed := 0, 0, 0
+		for i, x := range res {
+			switch {
+			case !use[i] || (x.done && x.err != nil):
+				failed++
+			case x.done && x.ok:
+				ok++
+			case x.done:
+				busy++
+			}
+		}
+		n, q := len(m.nodes), m.r.quorum
+		return ok >= q || failed > n-q || (ok+busy >= q && busy+failed > n-q)
+	}, m.lateAcquire)
 	var got []int
 	var errs []error
 	answered, pttl, token := 0, int64(-1), int64(0)
@@ -445,7 +470,7 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 		return false, 0, false, late
 	case answered < m.r.quorum:
 		return false, 0, false, fmt.Errorf("%w: %d of %d nodes answered, %d needed: %w",
-			ErrQuorum, answered, len(m.nodes), m.r.quorum, errors.Join(errs...))
+			ErrQuorum, answered, len(m.nodes), m.r.quorum, nodeErrors(errs))
 	}
 	return false, m.sleepFor(pttl), len(got) > 0, nil
 }
@@ -460,7 +485,7 @@ func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 			return nodeResult{err: redisError(err)}
 		}
 		return nodeResult{ok: v == 1}
-	}, nil)
+	}, m.quorumOK, nil)
 	var held []int
 	for _, i := range got {
 		if res[i].ok {
@@ -535,35 +560,44 @@ func (m *RedMutex) lateAcquire(i int, x nodeResult) {
 	}
 }
 
-// releaseOn releases node i's hold; a hold that was not there any more
-// counts as released.
+// releaseOn releases node i's hold: ok when it was released, neither ok
+// nor an error when it was not there any more.
 func (m *RedMutex) releaseOn(ctx context.Context, i int) nodeResult {
 	err := m.nodes[i].Unlock(ctx)
-	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrNotHeld) {
-		return nodeResult{err: err}
+	switch {
+	case err == nil:
+		return nodeResult{ok: true}
+	case errors.Is(err, ErrLockLost), errors.Is(err, ErrNotHeld):
+		return nodeResult{}
 	}
-	return nodeResult{ok: true}
+	return nodeResult{err: err}
 }
 
 // releaseAll releases the node holds of the nodes in idx, which are not
 // part of a hold of m. It outlives ctx.
 func (m *RedMutex) releaseAll(ctx context.Context, idx []int) {
 	if len(idx) > 0 {
-		m.fanOut(context.WithoutCancel(ctx), mask(len(m.nodes), idx), m.releaseOn, nil)
+		m.fanOut(context.WithoutCancel(ctx), mask(len(m.nodes), idx), m.releaseOn, m.quorumOK, nil)
 	}
 }
 
 // fanOut runs call on every node i with use[i], all at once, each with ctx
 // bounded by the node timeout. It returns when all have returned or the
 // node timeout has passed, with the results of those that returned (done).
-// A call still running then goes on in the background (Close waits for it)
-// and hands its result to late, if any, when it returns; until then, its
-// node is left out of m's rounds.
-func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Context, int) nodeResult, late func(int, nodeResult)) []nodeResult {
+// When settled (if not nil) finds the outcome known before that, the others
+// are given as long again as that took to return, so that a node that is
+// down does not slow every call down to the node timeout, while healthy
+// nodes, which answer alike, are all waited for. A call still running when
+// fanOut returns goes on in the background (Close waits for it) and hands
+// its result to late, if any, when it returns; until then its node is left
+// out of m's rounds.
+func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Context, int) nodeResult,
+	settled func([]nodeResult) bool, late func(int, nodeResult)) []nodeResult {
 	res := make([]nodeResult, len(m.nodes))
 	var mu sync.Mutex // guards res, pending and abandoned
 	pending, abandoned := 0, false
-	done := make(chan struct{})
+	done, early := make(chan struct{}), make(chan struct{})
+	isEarly := false
 	for i := range use {
 		if use[i] {
 			pending++
@@ -587,6 +621,9 @@ func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Con
 		res[i] = x
 		if pending--; pending == 0 {
 			close(done)
+		} else if !isEarly && settled != nil && settled(res) {
+			isEarly = true
+			close(early)
 		}
 		mu.Unlock()
 	}
@@ -605,16 +642,36 @@ func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Con
 			finish(i, nodeResult{done: true, err: ErrClosed})
 		}
 	}
+	start := time.Now()
 	t := time.NewTimer(m.nodeTimeout)
 	defer t.Stop()
 	select {
 	case <-done:
 	case <-t.C:
+	case <-early:
+		grace := time.NewTimer(time.Since(start) + time.Millisecond)
+		select {
+		case <-done:
+		case <-t.C:
+		case <-grace.C:
+		}
+		grace.Stop()
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	abandoned = true
 	return slices.Clone(res)
+}
+
+// quorumOK reports whether a quorum of calls succeeded.
+func (m *RedMutex) quorumOK(res []nodeResult) bool {
+	n := 0
+	for _, x := range res {
+		if x.done && x.ok {
+			n++
+		}
+	}
+	return n >= m.r.quorum
 }
 
 // setBusy counts calls to node i still running.
@@ -779,6 +836,19 @@ func nodeErr(i int, x nodeResult) error {
 	}
 	return fmt.Errorf("node %d: %w", i, x.err)
 }
+
+// nodeErrors are the errors of several nodes, on one line.
+type nodeErrors []error
+
+func (e nodeErrors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e nodeErrors) Unwrap() []error { return e }
 
 // mask returns a slice of n flags, set at idx.
 func mask(n int, idx []int) []bool {
