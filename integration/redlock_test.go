@@ -85,6 +85,7 @@ func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, 
 	var cs inCS
 	var mu sync.Mutex
 	var last int64
+	var bad []string
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for i := range workers {
@@ -100,11 +101,11 @@ func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, 
 				cs.enter()
 				mu.Lock()
 				if tok := m.Token(); tok <= last {
-					errs <- fmt.Errorf("token %d after %d", tok, last)
-				} else {
-					last = tok
+					bad = append(bad, fmt.Sprintf("token %d after %d", tok, last))
 				}
+				last = max(last, m.Token())
 				mu.Unlock()
+				time.Sleep(200 * time.Microsecond) // the work done under the lock
 				cs.leave()
 				if err := m.Unlock(ctx); err != nil {
 					errs <- err
@@ -120,6 +121,9 @@ func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, 
 	}
 	if n := cs.max.Load(); n != 1 {
 		t.Fatalf("%d holders were inside the critical section at once", n)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("tokens out of order: %v", bad)
 	}
 }
 
