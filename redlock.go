@@ -31,6 +31,9 @@ const (
 	// maxSplitJitter caps the random pause after a round in which
 	// contenders split the nodes between them and nobody won.
 	maxSplitJitter = 50 * time.Millisecond
+	// minGrace is the least time the slower nodes of a round are given
+	// once its outcome is known, for scheduling noise.
+	minGrace = 5 * time.Millisecond
 )
 
 // Redlock takes locks on N independent Redis deployments ("nodes") at
@@ -585,7 +588,7 @@ func (m *RedMutex) releaseAll(ctx context.Context, idx []int) {
 // bounded by the node timeout. It returns when all have returned or the
 // node timeout has passed, with the results of those that returned (done).
 // When settled (if not nil) finds the outcome known before that, the others
-// are given as long again as that took to return, so that a node that is
+// are given as long again as that took (at least minGrace) to return, so that a node that is
 // down does not slow every call down to the node timeout, while healthy
 // nodes, which answer alike, are all waited for. A call still running when
 // fanOut returns goes on in the background (Close waits for it) and hands
@@ -649,7 +652,7 @@ func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Con
 	case <-done:
 	case <-t.C:
 	case <-early:
-		grace := time.NewTimer(time.Since(start) + time.Millisecond)
+		grace := time.NewTimer(max(time.Since(start), minGrace))
 		select {
 		case <-done:
 		case <-t.C:
