@@ -371,11 +371,12 @@ func (m *RedMutex) Token() int64 {
 	return m.token
 }
 
-// Lost returns a channel that is closed when m's current hold is lost: more
-// than N - quorum of its node holds (counted among the nodes of the hold)
-// were lost, each by its node's watchdog (by the local deadline of its
-// lease, or when a renewal found it gone), or the Redlock was closed. A
-// normal Unlock does not close it. When m holds nothing, Lost returns nil.
+// Lost returns a channel that is closed when m's current hold is lost:
+// fewer than a quorum of its node holds remain, the others having been
+// lost each by its node's watchdog (by the local deadline of its lease, or
+// when a renewal found it gone), or the Redlock was closed. A hold that
+// lost a node does not get it back. A normal Unlock does not close it.
+// When m holds nothing, Lost returns nil.
 func (m *RedMutex) Lost() <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -438,6 +439,8 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 	answered, pttl, token := 0, int64(-1), int64(0)
 	for i, x := range res {
 		switch {
+		case !use[i]:
+			errs = append(errs, fmt.Errorf("node %d: an earlier call has not returned", i))
 		case !x.done || x.err != nil:
 			errs = append(errs, nodeErr(i, x))
 		case x.ok:
