@@ -187,6 +187,35 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 		}
 		t.Log(err)
 	})
+	t.Run("while waiting", func(t *testing.T) {
+		const recheck = time.Second
+		ss := spawnNodes(t, 3)
+		rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(nodeTimeout), redisync.WithRecheck(recheck))
+		name := uniqueName(t)
+		holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() { got <- waiter.Lock(ctx) }()
+		admins := nodeAdmins(t, ss)
+		channel := lockKey(name) + ":ch"
+		eventually(t, 5*time.Second, "the waiter subscribed on node 2", func() bool {
+			return admins[2].PubSubNumSub(ctx, channel).Val()[channel] == 1
+		})
+		ss[0].Kill(t)
+		ss[1].Kill(t)
+		start := time.Now()
+		select {
+		case err := <-got:
+			if !errors.Is(err, redisync.ErrQuorum) {
+				t.Fatalf("waiting Lock after 2 of 3 nodes died: %v, want ErrQuorum", err)
+			}
+		case <-time.After(recheck + bound):
+			t.Fatalf("waiting Lock still blocked %v after a majority died", recheck+bound)
+		}
+		t.Logf("ErrQuorum %v after the majority died", time.Since(start))
+	})
 	t.Run("paused", func(t *testing.T) {
 		ss := spawnNodes(t, 5)
 		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
@@ -306,6 +335,68 @@ func TestRedlockClockJumpDoubleGrantIsFenced(t *testing.T) {
 	}
 	if err := h2.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Kleppmann's example on 5 nodes: h1 gets A, B, C (D and E are
+// unreachable for it), C's clock jumps and its key expires, and h2 gets C,
+// D, E. Both hold a majority at once; C carries h1's token forward, so h2's
+// token is larger.
+func TestRedlockKleppmannFiveNodes(t *testing.T) {
+	ss := spawnNodes(t, 5)
+	rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
+	admins := nodeAdmins(t, ss)
+	name := uniqueName(t)
+	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	for _, s := range ss[3:] {
+		s.Signal(t, syscall.SIGSTOP)
+	}
+	err := h1.Lock(ctx)
+	for _, s := range ss[3:] {
+		s.Signal(t, syscall.SIGCONT)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// D and E ran h1's acquire when they resumed; it is undone.
+	eventually(t, 15*time.Second, "h1's late grants on D and E undone", func() bool {
+		return admins[3].Exists(ctx, lockKey(name)).Val()+admins[4].Exists(ctx, lockKey(name)).Val() == 0
+	})
+	t1 := h1.Token()
+	if err := admins[2].PExpire(ctx, lockKey(name), time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "C's key to expire", func() bool {
+		return admins[2].Exists(ctx, lockKey(name)).Val() == 0
+	})
+	if err := h2.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t2 := h2.Token()
+	select {
+	case <-h1.Lost():
+		t.Fatal("h1 already knows; the scenario needs it not to")
+	default:
+	}
+	t.Logf("double grant on 5 nodes: h1 token %d on A,B,C; h2 token %d on C,D,E", t1, t2)
+	var res fenced
+	if err := res.write(t2, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.write(t1, "h1"); err == nil {
+		t.Fatalf("the stale holder's write (token %d) was accepted after token %d", t1, t2)
+	}
+	if err := h1.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
+		t.Fatalf("h1's Unlock: %v, want ErrLockLost", err)
+	}
+	if err := h2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, admins, name); len(l) > 0 {
+		t.Fatalf("keys left: %v", l)
 	}
 }
 
