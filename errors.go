@@ -31,12 +31,12 @@ var (
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")
-	// ErrQuorum is returned by a Redlock's calls when fewer than a quorum
-	// (a majority) of its nodes answered in time, so the lock could not be
-	// taken (or, from Unlock, may stay held until its lease runs out on the
-	// nodes that did not answer), or when a quorum was reached too late to
-	// leave any validity. The lock's state is not known to be held by the
-	// caller; the errors of the nodes that failed are joined to it.
+	// ErrQuorum is returned by a Redlock's Lock and TryLock when fewer
+	// than a quorum (a majority) of its nodes answered within the node
+	// timeout, or a quorum granted the lock too late to leave any validity;
+	// they leave nothing held then. Unlock returns it when more than N -
+	// quorum nodes could not be told: the lock stays held there until the
+	// leases run out. The failed nodes' errors are wrapped with it.
 	ErrQuorum = errors.New("redisync: no quorum of redlock nodes")
 	// ErrDuplicateNode is returned by every call of a Redlock given the
 	// same Redis client (or two *redis.Client with the same address and

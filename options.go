@@ -29,8 +29,9 @@ type config struct {
 	heartbeat time.Duration // fair waiters' liveness deadline and hand-off lease
 	recheck   time.Duration // longest sleep without a message
 	fair      bool
-	node      time.Duration // Redlock: per-node timeout; 0: the default
-	err       error         // the first invalid option
+	err       error // the first invalid option
+
+	node time.Duration // Redlock: per-node timeout; 0: the default
 }
 
 func defaultConfig() config {
