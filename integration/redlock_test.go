@@ -20,7 +20,11 @@ func spawnNodes(t *testing.T, n int) []*redistest.Server {
 	t.Helper()
 	ss := make([]*redistest.Server, n)
 	for i := range ss {
-		ss[i] = redistest.Spawn(t)
+		s := redistest.Spawn(t)
+		// Kill it before its own clean-up, and wait until it is gone, so
+		// that the goroutine reaping it has ended when goleak looks.
+		t.Cleanup(func() { s.Kill(t) })
+		ss[i] = s
 	}
 	return ss
 }
