@@ -47,6 +47,17 @@ var (
 	// ErrTooManyReleased is returned by Semaphore.Release when asked to
 	// release more permits than the Semaphore holds. Nothing is released.
 	ErrTooManyReleased = errors.New("redisync: released more permits than held")
+	// ErrQuorum is returned by a Redlock's Lock and TryLock when fewer
+	// than a quorum (a majority) of its nodes answered within the node
+	// timeout, or a quorum granted the lock too late to leave any validity;
+	// they leave nothing held then. Unlock returns it when more than N -
+	// quorum nodes could not be told: the lock stays held there until the
+	// leases run out. The failed nodes' errors are wrapped with it.
+	ErrQuorum = errors.New("redisync: no quorum of redlock nodes")
+	// ErrDuplicateNode is returned by every call of a Redlock given the
+	// same Redis client (or two *redis.Client with the same address and
+	// database) twice: one server counted twice would break the majority.
+	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
 )
 
 // redisError adds ErrWrongType to an error from Redis when Redis or a

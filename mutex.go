@@ -46,6 +46,11 @@ type Mutex struct {
 	lost   chan struct{} // of the current hold; closed when it is lost
 	isLost bool
 	ka     *keepalive // the current hold's watchdog entry
+
+	// lostHook, when set (before first use), is called by markLost right
+	// after the Lost channel is closed, with mu held: a Redlock counts its
+	// nodes' lost holds through it.
+	lostHook func()
 }
 
 // NewMutex returns a Mutex for the lock called name. It does no I/O. An
@@ -293,6 +298,9 @@ func (m *Mutex) markLost(ka *keepalive) {
 	}
 	m.isLost = true
 	close(m.lost)
+	if m.lostHook != nil {
+		m.lostHook()
+	}
 	m.c.wd.remove(m.ka)
 }
 

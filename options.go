@@ -32,7 +32,8 @@ type config struct {
 	plain          bool // plain pub/sub on a Redis Cluster (an option of New)
 	replicas       int  // replicas that must acknowledge an acquisition; 0: none
 	replicaTimeout time.Duration
-	err            error // the first invalid option
+	node           time.Duration // Redlock: per-node timeout; 0: the default
+	err            error         // the first invalid option
 }
 
 func defaultConfig() config {

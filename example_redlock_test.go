@@ -1,0 +1,49 @@
+package redisync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+)
+
+func ExampleRedlock() {
+	ctx := context.Background()
+	// Three independent Redis deployments (not replicas of one another).
+	var nodes []redis.UniversalClient
+	for range 3 {
+		rdb, stop := embeddedRedis()
+		defer stop()
+		nodes = append(nodes, rdb)
+	}
+
+	rl := redisync.NewRedlock(nodes) // one per process
+	defer rl.Close()
+
+	m := rl.NewMutex("ledger") // one value per owner, as with Mutex
+	switch err := m.Lock(ctx); {
+	case errors.Is(err, redisync.ErrQuorum):
+		log.Fatal("fewer than a majority of the nodes answered: ", err)
+	case err != nil:
+		log.Fatal(err)
+	}
+	fmt.Println("held on a quorum of", rl.Quorum(), "nodes, fencing token", m.Token())
+
+	// Pass m.Token() with every write; the resource rejects tokens lower
+	// than the highest it has seen. Stop when the hold is lost.
+	select {
+	case <-m.Lost():
+		fmt.Println("lost: a majority of node holds is gone")
+	default:
+		fmt.Println("still held")
+	}
+	if err := m.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// held on a quorum of 2 nodes, fencing token 1
+	// still held
+}

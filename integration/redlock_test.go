@@ -1,0 +1,534 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// spawnNodes starts n redis-servers of the test's own.
+func spawnNodes(t *testing.T, n int) []*redistest.Server {
+	t.Helper()
+	ss := make([]*redistest.Server, n)
+	for i := range ss {
+		s := redistest.Spawn(t)
+		// Kill it before its own clean-up, and wait until it is gone, so
+		// that the goroutine reaping it has ended when goleak looks.
+		t.Cleanup(func() { s.Kill(t) })
+		ss[i] = s
+	}
+	return ss
+}
+
+// newRedlocks returns k Redlocks over the servers, each with go-redis
+// clients of its own (as k processes would have), closed at the end of the
+// test.
+func newRedlocks(t *testing.T, ss []*redistest.Server, k int, opts ...redisync.Option) []*redisync.Redlock {
+	t.Helper()
+	rs := make([]*redisync.Redlock, k)
+	for j := range rs {
+		rdbs := make([]redis.UniversalClient, len(ss))
+		for i, s := range ss {
+			rdbs[i] = redistest.NewClient(t, s.Addr)
+		}
+		r := redisync.NewRedlock(rdbs, opts...)
+		t.Cleanup(func() { _ = r.Close() })
+		rs[j] = r
+	}
+	return rs
+}
+
+// nodeAdmins returns a plain go-redis client per live server.
+func nodeAdmins(t *testing.T, ss []*redistest.Server) []*redis.Client {
+	t.Helper()
+	out := make([]*redis.Client, len(ss))
+	for i, s := range ss {
+		out[i] = redistest.NewClient(t, s.Addr)
+	}
+	return out
+}
+
+// leftovers lists, on every reachable node, the keys of lock name other
+// than its token counter and its owners' release tombstones (which expire
+// within 10 s): a lock hash found there is an orphan unless held.
+func leftovers(t *testing.T, admins []*redis.Client, name string) []string {
+	t.Helper()
+	var out []string
+	for i, rdb := range admins {
+		keys, err := rdb.Keys(ctx, "*{"+name+"}*").Result()
+		if err != nil {
+			continue // a node that is down holds nothing we can see
+		}
+		for _, k := range keys {
+			if strings.HasSuffix(k, ":token") {
+				continue
+			}
+			if strings.Contains(k, ":released:") && rdb.PTTL(ctx, k).Val() > 0 {
+				continue
+			}
+			out = append(out, fmt.Sprintf("node %d: %s", i, k))
+		}
+	}
+	return out
+}
+
+// contendRedlock runs workers goroutines spread over rs, each with a
+// RedMutex of its own on name, rounds times each, and fails the test if two
+// are ever inside at once or a token does not exceed the one before.
+func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, rounds int) {
+	t.Helper()
+	var cs inCS
+	var mu sync.Mutex
+	var last int64
+	var bad []string
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for i := range workers {
+		m := rs[i%len(rs)].NewMutex(name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if err := m.Lock(ctx); err != nil {
+					errs <- err
+					return
+				}
+				cs.enter()
+				mu.Lock()
+				if tok := m.Token(); tok <= last {
+					bad = append(bad, fmt.Sprintf("token %d after %d", tok, last))
+				}
+				last = max(last, m.Token())
+				mu.Unlock()
+				time.Sleep(200 * time.Microsecond) // the work done under the lock
+				cs.leave()
+				if err := m.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := cs.max.Load(); n != 1 {
+		t.Fatalf("%d holders were inside the critical section at once", n)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("tokens out of order: %v", bad)
+	}
+}
+
+func TestRedlockExclusionUnderContention(t *testing.T) {
+	ss := spawnNodes(t, 3)
+	rs := newRedlocks(t, ss, 3)
+	name := uniqueName(t)
+	contendRedlock(t, rs, name, 16, 10)
+	if l := leftovers(t, nodeAdmins(t, ss), name); len(l) > 0 {
+		t.Fatalf("keys left after every Unlock: %v", l)
+	}
+}
+
+func TestRedlockMinorityKilled(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprint(n, "nodes"), func(t *testing.T) {
+			ss := spawnNodes(t, n)
+			rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
+			name := uniqueName(t)
+			a, b := rs[0].NewMutex(name), rs[1].NewMutex(name)
+			if err := a.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Kill a minority while a holds the lock: a keeps it.
+			minority := (n - 1) / 2
+			for _, s := range ss[:minority] {
+				s.Kill(t)
+			}
+			if ok, err := b.TryLock(ctx); ok || err != nil {
+				t.Fatalf("TryLock while held, minority down: %v, %v; want false, nil", ok, err)
+			}
+			select {
+			case <-a.Lost():
+				t.Fatal("Lost closed with a quorum of nodes alive")
+			default:
+			}
+			if err := a.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock with a minority down: %v", err)
+			}
+			contendRedlock(t, rs, name, 8, 5)
+			if l := leftovers(t, nodeAdmins(t, ss[minority:]), name); len(l) > 0 {
+				t.Fatalf("keys left: %v", l)
+			}
+		})
+	}
+}
+
+func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
+	const nodeTimeout = 300 * time.Millisecond
+	const bound = 3 * time.Second // node timeout, two rounds, and a loaded machine
+	t.Run("killed", func(t *testing.T) {
+		ss := spawnNodes(t, 3)
+		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
+		m := rs[0].NewMutex(uniqueName(t))
+		ss[0].Kill(t)
+		ss[2].Kill(t)
+		start := time.Now()
+		err := m.Lock(ctx)
+		if !errors.Is(err, redisync.ErrQuorum) || time.Since(start) > bound {
+			t.Fatalf("Lock with 2 of 3 nodes killed: %v after %v; want ErrQuorum within %v", err, time.Since(start), bound)
+		}
+		t.Log(err)
+	})
+	t.Run("while waiting", func(t *testing.T) {
+		const recheck = time.Second
+		ss := spawnNodes(t, 3)
+		rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(nodeTimeout), redisync.WithRecheck(recheck))
+		name := uniqueName(t)
+		holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() { got <- waiter.Lock(ctx) }()
+		admins := nodeAdmins(t, ss)
+		channel := lockKey(name) + ":ch"
+		eventually(t, 5*time.Second, "the waiter subscribed on node 2", func() bool {
+			return admins[2].PubSubNumSub(ctx, channel).Val()[channel] == 1
+		})
+		ss[0].Kill(t)
+		ss[1].Kill(t)
+		start := time.Now()
+		select {
+		case err := <-got:
+			if !errors.Is(err, redisync.ErrQuorum) {
+				t.Fatalf("waiting Lock after 2 of 3 nodes died: %v, want ErrQuorum", err)
+			}
+		case <-time.After(recheck + bound):
+			t.Fatalf("waiting Lock still blocked %v after a majority died", recheck+bound)
+		}
+		t.Logf("ErrQuorum %v after the majority died", time.Since(start))
+	})
+	t.Run("paused", func(t *testing.T) {
+		ss := spawnNodes(t, 5)
+		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
+		name := uniqueName(t)
+		admins := nodeAdmins(t, ss)
+		m := rs[0].NewMutex(name)
+		for _, s := range ss[2:] {
+			s.Signal(t, syscall.SIGSTOP)
+		}
+		start := time.Now()
+		err := m.Lock(ctx)
+		took := time.Since(start)
+		for _, s := range ss[2:] {
+			s.Signal(t, syscall.SIGCONT)
+		}
+		if !errors.Is(err, redisync.ErrQuorum) || took > bound {
+			t.Fatalf("Lock with 3 of 5 nodes paused: %v after %v; want ErrQuorum within %v", err, took, bound)
+		}
+		// The paused nodes ran the acquire when they resumed: the
+		// abandoned calls must undo it.
+		eventually(t, 15*time.Second, "no orphan keys on any node", func() bool {
+			return len(leftovers(t, admins, name)) == 0
+		})
+		// And the lock works again.
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A slow node (paused past the node timeout) does not stop the others
+// from granting the lock, and the grant it makes when it resumes is undone.
+func TestRedlockSlowNodeGrantIsUndone(t *testing.T) {
+	ss := spawnNodes(t, 3)
+	rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(300*time.Millisecond))
+	name := uniqueName(t)
+	admins := nodeAdmins(t, ss)
+	m := rs[0].NewMutex(name)
+	ss[2].Signal(t, syscall.SIGSTOP)
+	err := m.Lock(ctx)
+	ss[2].Signal(t, syscall.SIGCONT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the slow node's late grant undone", func() bool {
+		return admins[2].Exists(ctx, lockKey(name)).Val() == 0
+	})
+	for i := range 2 {
+		if admins[i].Exists(ctx, lockKey(name)).Val() != 1 {
+			t.Fatalf("node %d lost the hold", i)
+		}
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, admins, name); len(l) > 0 {
+		t.Fatalf("keys left: %v", l)
+	}
+}
+
+// Kleppmann's scenario: a majority of the holder's node keys expire early
+// (a clock jump on those servers, emulated by PEXPIRE), another client is
+// granted the lock while the first still believes it holds it. Redlock
+// cannot prevent that; the fencing token lets the resource reject the
+// stale holder.
+func TestRedlockClockJumpDoubleGrantIsFenced(t *testing.T) {
+	ss := spawnNodes(t, 3)
+	rs := newRedlocks(t, ss, 2)
+	admins := nodeAdmins(t, ss)
+	name := uniqueName(t)
+	// Node 0 has minted more tokens for this name than the others.
+	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	if err := h1.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t1 := h1.Token()
+	for _, rdb := range admins[1:] {
+		if err := rdb.PExpire(ctx, lockKey(name), time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "the keys on nodes 1 and 2 to expire", func() bool {
+		return admins[1].Exists(ctx, lockKey(name)).Val()+admins[2].Exists(ctx, lockKey(name)).Val() == 0
+	})
+	if err := h2.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t2 := h2.Token()
+	select {
+	case <-h1.Lost():
+		t.Fatal("h1 already knows; the scenario needs it not to")
+	default:
+	}
+	t.Logf("double grant: h1 holds with token %d, h2 holds with token %d", t1, t2)
+
+	var res fenced
+	if err := res.write(t2, "h2"); err != nil {
+		t.Fatalf("the current holder's write: %v", err)
+	}
+	if err := res.write(t1, "h1"); err == nil {
+		t.Fatalf("the stale holder's write (token %d) was accepted after token %d", t1, t2)
+	}
+	if t2 <= t1 {
+		t.Fatalf("token %d of the later hold is not above %d", t2, t1)
+	}
+	if err := h1.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
+		t.Fatalf("h1's Unlock: %v, want ErrLockLost", err)
+	}
+	if n := admins[1].Exists(ctx, lockKey(name)).Val(); n != 1 {
+		t.Fatal("h1's Unlock removed h2's hold")
+	}
+	if err := h2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Kleppmann's example on 5 nodes: h1 gets A, B, C (D and E are
+// unreachable for it), C's clock jumps and its key expires, and h2 gets C,
+// D, E. Both hold a majority at once; C carries h1's token forward, so h2's
+// token is larger.
+func TestRedlockKleppmannFiveNodes(t *testing.T) {
+	ss := spawnNodes(t, 5)
+	rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
+	admins := nodeAdmins(t, ss)
+	name := uniqueName(t)
+	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	for _, s := range ss[3:] {
+		s.Signal(t, syscall.SIGSTOP)
+	}
+	err := h1.Lock(ctx)
+	for _, s := range ss[3:] {
+		s.Signal(t, syscall.SIGCONT)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// D and E ran h1's acquire when they resumed; it is undone.
+	eventually(t, 15*time.Second, "h1's late grants on D and E undone", func() bool {
+		return admins[3].Exists(ctx, lockKey(name)).Val()+admins[4].Exists(ctx, lockKey(name)).Val() == 0
+	})
+	t1 := h1.Token()
+	if err := admins[2].PExpire(ctx, lockKey(name), time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "C's key to expire", func() bool {
+		return admins[2].Exists(ctx, lockKey(name)).Val() == 0
+	})
+	if err := h2.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t2 := h2.Token()
+	select {
+	case <-h1.Lost():
+		t.Fatal("h1 already knows; the scenario needs it not to")
+	default:
+	}
+	t.Logf("double grant on 5 nodes: h1 token %d on A,B,C; h2 token %d on C,D,E", t1, t2)
+	var res fenced
+	if err := res.write(t2, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.write(t1, "h1"); err == nil {
+		t.Fatalf("the stale holder's write (token %d) was accepted after token %d", t1, t2)
+	}
+	if err := h1.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
+		t.Fatalf("h1's Unlock: %v, want ErrLockLost", err)
+	}
+	if err := h2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, admins, name); len(l) > 0 {
+		t.Fatalf("keys left: %v", l)
+	}
+}
+
+// fenced is a resource that rejects writes carrying a token lower than
+// the highest it has seen.
+type fenced struct {
+	mu      sync.Mutex
+	highest int64
+}
+
+func (f *fenced) write(token int64, who string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if token < f.highest {
+		return fmt.Errorf("%s: token %d is stale (seen %d)", who, token, f.highest)
+	}
+	f.highest = token
+	return nil
+}
+
+func TestRedlockLostWhenMajorityLost(t *testing.T) {
+	const lease = time.Second
+	ss := spawnNodes(t, 3)
+	rs := newRedlocks(t, ss, 1, redisync.WithWatchdogLease(lease), redisync.WithNodeTimeout(200*time.Millisecond))
+	m := rs[0].NewMutex(uniqueName(t))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ss[0].Kill(t)
+	// Node 0's hold is lost by its deadline (< lease); the quorum stays.
+	select {
+	case <-m.Lost():
+		t.Fatal("Lost closed with 2 of 3 node holds alive")
+	case <-time.After(2 * lease):
+	}
+	ss[1].Kill(t)
+	start := time.Now()
+	select {
+	case <-m.Lost():
+	case <-time.After(5 * lease):
+		t.Fatal("Lost not closed after a majority of nodes went down")
+	}
+	if d := time.Since(start); d > lease+500*time.Millisecond {
+		t.Fatalf("Lost closed %v after the majority went down, later than the lease %v", d, lease)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) && !errors.Is(err, redisync.ErrQuorum) {
+		t.Fatalf("Unlock of a lost hold: %v", err)
+	}
+}
+
+// A waiter is woken by the release on its nodes' channels, not by its
+// recheck interval, and sends nothing while it sleeps.
+func TestRedlockWaiterWokenByPubSub(t *testing.T) {
+	ss := spawnNodes(t, 3)
+	rs := newRedlocks(t, ss, 2, redisync.WithRecheck(time.Minute))
+	admins := nodeAdmins(t, ss)
+	name := uniqueName(t)
+	holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- waiter.Lock(ctx) }()
+	channel := lockKey(name) + ":ch"
+	for i, rdb := range admins {
+		eventually(t, 5*time.Second, fmt.Sprintf("node %d's subscriber", i), func() bool {
+			return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 1
+		})
+	}
+	// Watch the nodes for a while: a sleeping waiter sends nothing.
+	counters := make([]cmdCounter, len(admins))
+	before := make([]int64, len(admins))
+	for i, rdb := range admins {
+		counters[i] = cmdCounter{rdb}
+		eventually(t, 5*time.Second, "the waiter to settle", func() bool {
+			a := counters[i].total(t)
+			b := counters[i].total(t)
+			before[i] = b
+			return b-a <= 1
+		})
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter returned while the lock was held: %v", err)
+	case <-time.After(2 * time.Second): // the observation window
+	}
+	for i := range admins {
+		// Less our INFO; a keep-alive PING of the subscriber is fine.
+		if n := counters[i].total(t) - before[i] - 1; n > 2 {
+			t.Errorf("node %d executed %d commands while the waiter slept", i, n)
+		}
+	}
+	start := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken by the release")
+	}
+	t.Logf("woken %v after the release", time.Since(start))
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRedlockCancelledLockLeavesNothing(t *testing.T) {
+	ss := spawnNodes(t, 3)
+	rs := newRedlocks(t, ss, 2)
+	admins := nodeAdmins(t, ss)
+	name := uniqueName(t)
+	holder := rs[0].NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := rs[1].NewMutex(name).Lock(wctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock: %v, want DeadlineExceeded", err)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, admins, name); len(l) > 0 {
+		t.Fatalf("keys left: %v", l)
+	}
+}

@@ -1,0 +1,255 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// newMiniNodes starts n embedded Redis servers and returns them, go-redis
+// clients to them, and their command counters.
+func newMiniNodes(t *testing.T, n int) ([]*miniredis.Miniredis, []redis.UniversalClient, []*counter) {
+	t.Helper()
+	mrs := make([]*miniredis.Miniredis, n)
+	rdbs := make([]redis.UniversalClient, n)
+	cnts := make([]*counter, n)
+	for i := range n {
+		var rdb *redis.Client
+		mrs[i], rdb, cnts[i] = newMini(t)
+		rdbs[i] = rdb
+	}
+	return mrs, rdbs, cnts
+}
+
+// newRedlock returns a Redlock closed at the end of the test.
+func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...Option) *Redlock {
+	t.Helper()
+	r := NewRedlock(rdbs, opts...)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
+	_, rdbs, cnts := newMiniNodes(t, 3)
+	same := redis.NewClient(&redis.Options{Addr: rdbs[0].(*redis.Client).Options().Addr})
+	t.Cleanup(func() { _ = same.Close() })
+	var typedNil *redis.Client
+	cases := []struct {
+		what string
+		rdbs []redis.UniversalClient
+		opts []Option
+		name string
+		want error
+	}{
+		{"nil list", nil, nil, "a", ErrNilClient},
+		{"empty list", []redis.UniversalClient{}, nil, "a", ErrNilClient},
+		{"nil node", []redis.UniversalClient{rdbs[0], nil, rdbs[2]}, nil, "a", ErrNilClient},
+		{"typed nil node", []redis.UniversalClient{rdbs[0], typedNil}, nil, "a", ErrNilClient},
+		{"same client twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "a", ErrDuplicateNode},
+		{"same address twice", []redis.UniversalClient{rdbs[0], rdbs[1], same}, nil, "a", ErrDuplicateNode},
+		{"fair", rdbs, []Option{Fair()}, "a", ErrInvalidOption},
+		{"bad lease", rdbs, []Option{WithLease(0)}, "a", ErrInvalidOption},
+		{"bad node timeout", rdbs, []Option{WithNodeTimeout(0)}, "a", ErrInvalidOption},
+		{"empty name", rdbs, nil, "", ErrInvalidName},
+	}
+	for _, tc := range cases {
+		t.Run(tc.what, func(t *testing.T) {
+			r := newRedlock(t, tc.rdbs, tc.opts...)
+			m := r.NewMutex(tc.name)
+			if err := m.Lock(context.Background()); !errors.Is(err, tc.want) {
+				t.Errorf("Lock: %v, want %v", err, tc.want)
+			}
+			if _, err := m.TryLock(context.Background()); !errors.Is(err, tc.want) {
+				t.Errorf("TryLock: %v, want %v", err, tc.want)
+			}
+			if err := m.Unlock(context.Background()); !errors.Is(err, tc.want) {
+				t.Errorf("Unlock: %v, want %v", err, tc.want)
+			}
+		})
+	}
+	for i, c := range cnts {
+		if n := c.n.Load(); n != 0 {
+			t.Errorf("node %d got %d commands, want none", i, n)
+		}
+	}
+	// Fair given to one lock only.
+	r := newRedlock(t, rdbs)
+	if err := r.NewMutex("a", Fair()).Lock(context.Background()); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("Lock of a fair RedMutex: %v, want ErrInvalidOption", err)
+	}
+}
+
+func TestRedlockQuorumSizes(t *testing.T) {
+	for n, want := range map[int]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3} {
+		_, rdbs, _ := newMiniNodes(t, n)
+		r := newRedlock(t, rdbs)
+		if got := r.Quorum(); got != want {
+			t.Errorf("%d nodes: quorum %d, want %d", n, got, want)
+		}
+		m := r.NewMutex("even-is-fine")
+		if err := m.Lock(context.Background()); err != nil {
+			t.Fatalf("%d nodes: %v", n, err)
+		}
+		if err := m.Unlock(context.Background()); err != nil {
+			t.Fatalf("%d nodes: %v", n, err)
+		}
+	}
+}
+
+func TestRedlockLockUnlockReentrant(t *testing.T) {
+	ctx := context.Background()
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	r := newRedlock(t, rdbs)
+	a, b := r.NewMutex("x"), r.NewMutex("x")
+	for range 3 {
+		if err := a.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := "redisync:lock:{x}"
+	for i, mr := range mrs {
+		if !mr.Exists(key) {
+			t.Fatalf("node %d has no lock key", i)
+		}
+	}
+	if ok, err := b.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock of another owner = %v, %v; want false, nil", ok, err)
+	}
+	if a.Token() == 0 || a.Lost() == nil {
+		t.Fatalf("Token %d, Lost %v while held", a.Token(), a.Lost())
+	}
+	for range 2 {
+		if err := a.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !mrs[0].Exists(key) {
+			t.Fatal("an inner Unlock released the lock")
+		}
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, mr := range mrs {
+		if mr.Exists(key) {
+			t.Fatalf("node %d still has the lock key after the last Unlock", i)
+		}
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Unlock of nothing: %v, want ErrNotHeld", err)
+	}
+	if a.Token() != 0 || a.Lost() != nil {
+		t.Fatal("Token or Lost not reset after the last Unlock")
+	}
+	if ok, err := b.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after release = %v, %v; want true, nil", ok, err)
+	}
+	_ = b.Unlock(ctx)
+}
+
+// The token is the largest of the quorum's, and every node of the hold is
+// raised to it, so that a later hold on any of them gets a larger one.
+func TestRedlockTokenIsRaisedOnEveryNode(t *testing.T) {
+	ctx := context.Background()
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	tokenKey := "redisync:lock:{t}:token"
+	if err := mrs[1].Set(tokenKey, "100"); err != nil {
+		t.Fatal(err)
+	}
+	r := newRedlock(t, rdbs)
+	m := r.NewMutex("t")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Token(); got != 101 {
+		t.Fatalf("token %d, want 101 (the largest node token)", got)
+	}
+	for i, mr := range mrs {
+		v, _ := mr.Get(tokenKey)
+		if n, _ := strconv.Atoi(v); n != 101 {
+			t.Errorf("node %d token counter %q, want 101", i, v)
+		}
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Without node 1, the next hold still gets a larger token.
+	mrs[1].Close()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Token(); got != 102 {
+		t.Fatalf("token %d, want 102", got)
+	}
+	_ = m.Unlock(ctx)
+}
+
+func TestRedlockNoQuorum(t *testing.T) {
+	ctx := context.Background()
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	r := newRedlock(t, rdbs, WithNodeTimeout(200*time.Millisecond))
+	m := r.NewMutex("q")
+	mrs[0].Close()
+	mrs[2].Close()
+	start := time.Now()
+	err := m.Lock(ctx)
+	if !errors.Is(err, ErrQuorum) {
+		t.Fatalf("Lock with 2 of 3 nodes down: %v, want ErrQuorum", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("ErrQuorum took %v", d)
+	}
+	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, ErrQuorum) {
+		t.Fatalf("TryLock: %v, %v; want false, ErrQuorum", ok, err)
+	}
+	for _, k := range mrs[1].Keys() {
+		// The token counter stays, and a release's tombstone for 10 s.
+		if !strings.HasSuffix(k, ":token") && !(strings.Contains(k, ":released:") && mrs[1].TTL(k) > 0) {
+			t.Fatalf("key %q left on the live node", k)
+		}
+	}
+}
+
+// A node's hold lost (found gone by its watchdog) does not lose the
+// Redlock hold while a quorum remains; the next one does.
+func TestRedlockLostWhenQuorumGone(t *testing.T) {
+	ctx := context.Background()
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	r := newRedlock(t, rdbs, WithWatchdogLease(300*time.Millisecond))
+	m := r.NewMutex("l")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := "redisync:lock:{l}"
+	mrs[0].Del(key)
+	eventually(t, 5*time.Second, "node 0's hold reported lost", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return !m.alive[0]
+	})
+	select {
+	case <-m.Lost():
+		t.Fatal("Lost closed with a quorum of node holds left")
+	default:
+	}
+	mrs[1].Del(key)
+	select {
+	case <-m.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed after a quorum of node holds was lost")
+	}
+	if err := m.Lock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Lock on a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock of a lost hold: %v, want ErrLockLost", err)
+	}
+	if mrs[2].Exists(key) {
+		t.Fatal("Unlock of a lost hold left its last node hold")
+	}
+}
