@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 
 	"github.com/redis/go-redis/v9"
@@ -9,18 +10,23 @@ import (
 
 // redisyncSemaphore is the hook of the semaphore scenario: it returns a
 // holder of one permit of the redisync semaphore called name, which has
-// size permits, on Client c. It is nil while redisync has no Semaphore,
-// and redisync then sits out the semaphore scenario. When it has one, set
-// the hook in an init function of a file of its own, for example:
-//
-//	func init() {
-//		redisyncSemaphore = func(c *redisync.Client, name string, size int64) locker {
-//			return semaphoreLocker{c.NewSemaphore(name, size)} // Acquire(ctx, 1) / Release(ctx, 1)
-//		}
-//	}
+// size permits, on Client c: a Semaphore value of its own, so every
+// goroutine is one holder. When it is nil, redisync sits out the semaphore
+// scenario.
 //
 // Only redisync (not redisync-fair) runs it: the semaphore is FIFO anyway.
-var redisyncSemaphore func(c *redisync.Client, name string, size int64) locker
+var redisyncSemaphore = func(c *redisync.Client, name string, size int64) locker {
+	return semaphoreLocker{c.NewSemaphore(name, size)}
+}
+
+// semaphoreLocker adapts a redisync Semaphore, one permit at a time.
+type semaphoreLocker struct{ s *redisync.Semaphore }
+
+// Lock acquires one permit.
+func (l semaphoreLocker) Lock(ctx context.Context) error { return l.s.Acquire(ctx, 1) }
+
+// Unlock releases one permit.
+func (l semaphoreLocker) Unlock(ctx context.Context) error { return l.s.Release(ctx, 1) }
 
 // redisyncLibrary is redisync with its default options, or its fair
 // (FIFO, direct hand-off) Mutex when fair is set.

@@ -4,8 +4,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/redisync/redisync"
 )
 
 // semaphoreRunners returns the libraries the plan runs in the semaphore
@@ -24,17 +22,16 @@ func semaphoreRunners(t *testing.T) []string {
 }
 
 func TestSemaphoreHook(t *testing.T) {
-	if redisyncSemaphore != nil {
-		t.Skip("redisync has a semaphore now: the hook is set")
-	}
-	if got := semaphoreRunners(t); !slices.Equal(got, []string{"limit"}) {
-		t.Errorf("semaphore scenario runs %v without the hook, want only the limit", got)
-	}
-
-	redisyncSemaphore = func(*redisync.Client, string, int64) locker { return nil }
-	defer func() { redisyncSemaphore = nil }()
 	if got := semaphoreRunners(t); !slices.Equal(got, []string{"limit", "redisync"}) {
 		t.Errorf("semaphore scenario runs %v with the hook, want limit and redisync", got)
 	}
+
+	hook := redisyncSemaphore
+	redisyncSemaphore = nil
+	defer func() { redisyncSemaphore = hook }()
+	if got := semaphoreRunners(t); !slices.Equal(got, []string{"limit"}) {
+		t.Errorf("semaphore scenario runs %v without the hook, want only the limit", got)
+	}
 	var _ semaphoreInstance = &redisyncInstance{}
+	var _ locker = semaphoreLocker{}
 }

@@ -60,10 +60,27 @@ func signalName(sig os.Signal) string {
 // hold is what the command runs under: a held lock, or held permits.
 type hold struct {
 	desc    string                      // for messages: `lock "jobs" (token 7)`
+	plural  bool                        // desc is plural: "permits ... were lost"
 	env     []string                    // added to the command's environment
 	lost    <-chan struct{}             // closed when the hold is lost
 	release func(context.Context) error // wraps redisync.ErrLockLost when it was lost
 	close   func()                      // closes the redisync Client
+}
+
+// was returns the verb "was" agreeing with h.desc.
+func (h *hold) was() string {
+	if h.plural {
+		return "were"
+	}
+	return "was"
+}
+
+// it returns the pronoun "it" agreeing with h.desc.
+func (h *hold) it() string {
+	if h.plural {
+		return "they"
+	}
+	return "it"
 }
 
 // job is one run of lock or sem: acquire, run the command, release.
@@ -188,7 +205,7 @@ func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
 			_ = cmd.Process.Signal(sig)
 		case <-lost:
 			lost, wasLost = nil, true
-			fmt.Fprintf(os.Stderr, "redisync: %s was LOST while the command ran (lease ran out, key removed, or Redis unreachable); sending SIGTERM to pid %d\n", h.desc, cmd.Process.Pid)
+			fmt.Fprintf(os.Stderr, "redisync: %s %s LOST while the command ran (lease ran out, key removed, or Redis unreachable); sending SIGTERM to pid %d\n", h.desc, h.was(), cmd.Process.Pid)
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			kill = time.NewTimer(j.grace)
 			killC = kill.C
@@ -207,11 +224,11 @@ func (j *job) finish(h *hold, cmd *exec.Cmd, waitErr error, wasLost bool) int {
 	rerr := j.release(h)
 	switch {
 	case wasLost:
-		return errorf(exitLost, "exiting with %d: %s was lost while the command ran (the command %s)", exitLost, h.desc, describeExit(cmd, code))
+		return errorf(exitLost, "exiting with %d: %s %s lost while the command ran (the command %s)", exitLost, h.desc, h.was(), describeExit(cmd, code))
 	case errors.Is(rerr, redisync.ErrLockLost):
-		return errorf(exitLost, "%s was lost before the command finished (found on release; the command %s): other holders may have run alongside it", h.desc, describeExit(cmd, code))
+		return errorf(exitLost, "%s %s lost before the command finished (found on release; the command %s): other holders may have run alongside it", h.desc, h.was(), describeExit(cmd, code))
 	case rerr != nil:
-		fmt.Fprintf(os.Stderr, "redisync: warning: cannot release %s: %v; it will be freed when its lease runs out\n", h.desc, trimPrefix(rerr))
+		fmt.Fprintf(os.Stderr, "redisync: warning: cannot release %s: %v; %s will be freed when the lease runs out\n", h.desc, trimPrefix(rerr), h.it())
 	case j.verbose:
 		fmt.Fprintf(os.Stderr, "redisync: released %s; the command %s\n", h.desc, describeExit(cmd, code))
 	}
@@ -255,7 +272,8 @@ func describeExit(cmd *exec.Cmd, code int) string {
 func errorCode(err error) int {
 	var ne net.Error
 	switch {
-	case errors.Is(err, redisync.ErrInvalidName), errors.Is(err, redisync.ErrInvalidOption):
+	case errors.Is(err, redisync.ErrInvalidName), errors.Is(err, redisync.ErrInvalidOption),
+		errors.Is(err, redisync.ErrInvalidPermits), errors.Is(err, redisync.ErrSizeMismatch):
 		return exitUsage
 	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, redis.ErrClosed):

@@ -22,19 +22,21 @@ import (
 
 const demoHelp = `Usage: redisync demo [flags]
 
-Watch simulated clients contend for a fair lock. The demo starts an
-embedded, in-process Redis (unless --redis, $REDIS_URL or $REDIS_ADDR names
-a real one) and --clients redisync Clients, standing for as many processes,
-each with --workers goroutines that take the fair lock NAME, hold it for a
-few milliseconds, let go and come back. The terminal shows, live, who holds
-the lock and who waits, in queue order, read from Redis as "redisync
-status" reads it.
+Watch simulated clients contend for a fair lock and a semaphore. The demo
+starts an embedded, in-process Redis (unless --redis, $REDIS_URL or
+$REDIS_ADDR names a real one) and --clients redisync Clients, standing for
+as many processes, each with --workers goroutines that take the fair lock
+NAME, hold it for a few milliseconds, let go and come back, and as many
+that do the same with 1 or 2 of the 3 permits of the semaphore NAME. The
+terminal shows, live, who holds the lock and the permits and who waits, in
+queue order, read from Redis as "redisync status" reads it.
 
 After --duration (or Ctrl-C) it prints a summary: acquisitions per client,
 the longest wait, how evenly the lock was shared, and checks that no two
-workers ever held it at once, that fencing tokens only grew, that every
-worker got its turn and that nothing was left in Redis. Exit 0 when every
-check passes, 70 when one fails.
+workers ever held the lock at once, that fencing tokens only grew, that
+never more than 3 permits were in use, that every worker (lock) and every
+client (semaphore) got its turn and that nothing was left in Redis. Exit 0
+when every check passes, 70 when one fails.
 
 When stdout is not a terminal (or with --plain) it prints a progress line
 every half second instead of redrawing.
@@ -59,8 +61,8 @@ type demoEnv struct {
 	labels  *labeler
 }
 
-// demoPart is one primitive shown by the demo: the fair lock, and the
-// semaphore in a build with semaphores (demo_sem.go).
+// demoPart is one primitive shown by the demo: the fair lock
+// (demo_lock.go) and the semaphore (demo_sem.go).
 type demoPart interface {
 	// title names the primitive, for the header.
 	title(env *demoEnv) string
@@ -76,7 +78,7 @@ type demoPart interface {
 }
 
 // demoParts make the parts of a demo, in display order.
-var demoParts = []func() demoPart{newLockPart}
+var demoParts = []func() demoPart{newLockPart, newSemPart}
 
 // check is the outcome of one of the demo's checks.
 type check struct {
@@ -89,9 +91,9 @@ func runDemo(args []string) int {
 	redisURL := redisFlag(fs)
 	duration := fs.Duration("duration", 5*time.Second, "how `long` to run before the summary")
 	clients := fs.Int("clients", 4, "`number` of redisync Clients (simulated processes)")
-	workers := fs.Int("workers", 2, "`number` of goroutines per client, each with its own Mutex")
+	workers := fs.Int("workers", 2, "`number` of goroutines per client and primitive, each with its own Mutex or Semaphore")
 	hold := fs.Duration("hold", 30*time.Millisecond, "longest simulated hold; each hold takes a random time up to it")
-	name := fs.String("name", "demo", "`name` of the lock (and semaphore)")
+	name := fs.String("name", "demo", "`name` of the lock and of the semaphore")
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	plain := fs.Bool("plain", false, "print progress lines, even on a terminal")
 	p, err := parseArgs(fs, demoHelp, args)

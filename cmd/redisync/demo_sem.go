@@ -1,5 +1,3 @@
-//go:build redisync_sem
-
 // The semaphore part of the demo.
 
 package main
@@ -20,8 +18,6 @@ import (
 // demoSemSize is the size of the demo's semaphore; workers take 1 or 2
 // permits at a time.
 const demoSemSize = 3
-
-func init() { demoParts = append(demoParts, newSemPart) }
 
 // semPart is the demo of the semaphore: every worker has its own
 // Semaphore value and loops on Acquire, hold, Release, pause.

@@ -55,8 +55,8 @@ Exit codes:
   128+N    redisync or CMD was interrupted by signal N (130: SIGINT, 143: SIGTERM)
 `
 
-// usage returns the top-level help: the commands this build has, in
-// order, and the exit codes.
+// usage returns the top-level help: the commands, in order, and the exit
+// codes.
 func usage() string {
 	var b strings.Builder
 	b.WriteString(usageHead)
@@ -82,18 +82,12 @@ type command struct {
 	help     string
 }
 
-// commands are the subcommands in the order the usage lists them. Code
-// behind a build tag (sem.go) adds to it from init with addCommand.
+// commands are the subcommands in the order the usage lists them.
 var commands = []*command{
 	{"lock", "[flags] NAME -- CMD [ARGS...]", "run CMD while holding lock NAME", runLock, lockHelp},
-	{"status", "[flags] NAME", "show who holds NAME and who waits, in order", runStatus, statusHelp},
+	{"sem", "--limit N [flags] NAME -- CMD [ARGS...]", "run CMD while holding permits of semaphore NAME", runSem, semHelp},
+	{"status", "[flags] NAME", "show who holds lock or semaphore NAME and who waits, in order", runStatus, statusHelp},
 	{"demo", "[flags]", "watch simulated clients contend (embedded Redis)", runDemo, demoHelp},
-}
-
-// addCommand adds c to the commands after the one called after.
-func addCommand(after string, c *command) {
-	i := slices.IndexFunc(commands, func(c *command) bool { return c.name == after })
-	commands = slices.Insert(commands, i+1, c)
 }
 
 // lookup returns the command called name, or nil.

@@ -1,8 +1,4 @@
-//go:build redisync_sem
-
-// The semaphore command. Built only with the tag redisync_sem until the
-// library's Semaphore lands; then drop the tag here, in status_sem.go,
-// demo_sem.go and sem_test.go, and delete status_nosem.go.
+// The semaphore command.
 
 package main
 
@@ -36,9 +32,9 @@ REDISYNC_NAME and REDISYNC_PERMITS. Signals are passed on to CMD as by
 "redisync lock"; a signal while waiting cancels the wait and leaves nothing
 queued.
 
-Exit codes: CMD's own; 64 usage; 69 Redis unreachable; 70 Redis error;
-75 --wait ran out; 76 permits lost while CMD ran; 126/127 CMD cannot run /
-not found; 128+N signal N.
+Exit codes: CMD's own; 64 usage, or NAME is stored with another --limit;
+69 Redis unreachable; 70 Redis error; 75 --wait ran out; 76 permits lost
+while CMD ran; 126/127 CMD cannot run / not found; 128+N signal N.
 
 Examples:
   # at most 4 encoding jobs at once across the fleet
@@ -50,11 +46,6 @@ Examples:
   # who holds permits, who waits
   redisync status gpus
 `
-
-func init() {
-	addCommand("lock", &command{"sem", "--limit N [flags] NAME -- CMD [ARGS...]",
-		"run CMD while holding permits of semaphore NAME", runSem, semHelp})
-}
 
 func runSem(args []string) int {
 	fs := newFlags("sem")
@@ -107,9 +98,10 @@ func acquireSem(ctx context.Context, rdb redis.UniversalClient, name string, siz
 		return nil, err
 	}
 	return &hold{
-		desc: fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
-		env:  []string{"REDISYNC_NAME=" + name, "REDISYNC_PERMITS=" + strconv.FormatInt(n, 10)},
-		lost: s.Lost(),
+		desc:   fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
+		plural: true,
+		env:    []string{"REDISYNC_NAME=" + name, "REDISYNC_PERMITS=" + strconv.FormatInt(n, 10)},
+		lost:   s.Lost(),
 		release: func(ctx context.Context) error {
 			return s.Release(ctx, n)
 		},

@@ -1,5 +1,3 @@
-//go:build redisync_sem
-
 package main
 
 import (
@@ -12,8 +10,6 @@ import (
 
 	"github.com/redisync/redisync/internal/redistest"
 )
-
-func init() { buildTags = append(buildTags, "redisync_sem") }
 
 func TestSemLimits(t *testing.T) {
 	addr := redistest.Addr(t)
@@ -56,6 +52,8 @@ func TestSemUsageAndExit(t *testing.T) {
 		{[]string{"sem", name, "--", "true"}, exitUsage},
 		{[]string{"sem", "--limit", "2", "--permits", "3", name, "--", "true"}, exitUsage},
 		{[]string{"sem", "--limit", "2", name, "--", "sh", "-c", "exit 3"}, 3},
+		// The size is stored: another --limit for the same NAME is refused.
+		{[]string{"sem", "--limit", "3", name, "--", "true"}, exitUsage},
 	}
 	for _, c := range cases {
 		if code, p := runCode(t, addr, c.args...); code != c.code {
@@ -69,16 +67,41 @@ func TestSemStatus(t *testing.T) {
 	name, ready := uniqueName(t), filepath.Join(t.TempDir(), "ready")
 	p := start(t, addr, "sem", "--limit", "3", "--permits", "2", name, "--", "sh", "-c", loopScript, ready, "exit 0")
 	waitFor(t, "the command to start", func() bool { return fileHas(ready, "ready") || p.exited() })
-	code, s := runCode(t, addr, "status", "--json", name)
-	var st Status
-	if err := json.Unmarshal([]byte(s.stdout.String()), &st); code != 0 || err != nil {
-		t.Fatalf("exit %d, %v: %s", code, err, s.stdout.String())
+	st := semStatus(t, addr, name)
+	if sem := st.Semaphore; sem == nil || sem.Size != 3 || sem.Available != 1 || len(sem.Holders) != 1 ||
+		sem.Holders[0].Permits != 2 || sem.Holders[0].LeaseMS <= 0 || len(sem.Queue) != 0 {
+		t.Fatalf("semaphore %+v, want size 3, 1 available, one holder of 2 with a lease, no queue", st.Semaphore)
 	}
-	if sem := st.Semaphore; sem == nil || sem.Size != 3 || sem.Available != 1 || len(sem.Holders) != 1 || sem.Holders[0].Permits != 2 {
-		t.Errorf("semaphore %+v, want size 3, 1 available, one holder of 2", st.Semaphore)
+	holder := st.Semaphore.Holders[0].Owner
+
+	// A second process wants 2 permits: it queues behind the holder.
+	q := start(t, addr, "sem", "--limit", "3", "--permits", "2", name, "--", "true")
+	waitFor(t, "the second process to queue", func() bool {
+		sem := semStatus(t, addr, name).Semaphore
+		return (sem != nil && len(sem.Queue) == 1) || q.exited()
+	})
+	st = semStatus(t, addr, name)
+	w := st.Semaphore.Queue[0]
+	if w.Position != 1 || w.Permits != 2 || !w.Alive || w.HeartbeatMS <= 0 || w.GrantLeaseMS <= 0 ||
+		!strings.HasPrefix(w.Waiter, w.Owner+"#") || w.Owner == holder {
+		t.Errorf("waiter %+v, want one live waiter for 2 permits, another holder than %s", w, holder)
 	}
 	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	p.wait(t)
+	if code := q.wait(t); code != 0 {
+		t.Errorf("the queued process: exit %d, stderr %q", code, q.stderr.String())
+	}
+}
+
+// semStatus runs "redisync status --json name".
+func semStatus(t *testing.T, addr, name string) Status {
+	t.Helper()
+	code, s := runCode(t, addr, "status", "--json", name)
+	var st Status
+	if err := json.Unmarshal([]byte(s.stdout.String()), &st); code != 0 || err != nil {
+		t.Fatalf("status: exit %d, %v: %s", code, err, s.stdout.String())
+	}
+	return st
 }

@@ -20,25 +20,32 @@ const statusHelp = `Usage: redisync status [flags] NAME
 
 Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
-waiter's heartbeat deadline. Only reads Redis, in one transaction.
+waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
+its size, the permits available, the holders with their permits and
+leases, and its queue in order. Only reads Redis, in one transaction.
 
 Times come from the Redis server's clock. An owner id is the holding
-process's client id followed by a number.
+process's client id followed by a number; a semaphore waiter is an owner
+id followed by "#" and the number of its Acquire.
 
 Examples:
   redisync status backup
   redisync status --redis redis://10.0.0.5:6379/2 deploy
   redisync status --json deploy | jq -r '.lock.holder.owner // "free"'
+  redisync status --json gpus | jq '.semaphore.available'
 
 JSON (--json): {"name", "prefix", "server_time_ms",
   "lock": {"held", "holder": {"owner", "count", "lease_ms", "token"} | null,
            "last_token", "queue": [{"position", "owner", "arrival",
            "heartbeat_ms", "handoff_lease_ms", "alive"}]},
-  "semaphore": null, or in a build with semaphores {"size", "available",
-                "holders": [{"owner", "permits", "lease_ms"}], "queue":
-                [{"position", "owner", "permits", "heartbeat_ms", "alive"}]}}
-lease_ms is -1 for a key without expiry; heartbeat_ms is the time left
-before a waiter that stops sending heartbeats is skipped (negative: overdue).
+  "semaphore": {"size", "available", "holders": [{"owner", "permits",
+                "lease_ms"}], "queue": [{"position", "waiter", "owner",
+                "arrival", "permits", "heartbeat_ms", "grant_lease_ms",
+                "alive"}]} | null}
+lease_ms is -1 for a lock key without expiry; a semaphore holder's lease_ms
+of 0 or less means its lease ended and the next call reclaims its permits.
+heartbeat_ms is the time left before a waiter that stops sending
+heartbeats is skipped (negative: overdue).
 `
 
 // Status is the state of one lock name (and semaphore of the same name),
@@ -132,11 +139,10 @@ func runStatus(args []string) int {
 	return exitOK
 }
 
-// readStatus reads the lock name, and the semaphore of that name in a
-// build with semaphores, in one MULTI/EXEC transaction, so that the
-// holder, the token and the queue are seen at one instant. It only
-// reads. A key of another type than redisync uses is an error that names
-// the keys.
+// readStatus reads the lock name and the semaphore of that name in one
+// MULTI/EXEC transaction, so that holders, tokens and queues are seen at
+// one instant. It only reads. A key of another type than redisync uses
+// is an error that names the keys.
 func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*Status, error) {
 	k := newLockKeys(prefix, name)
 	var (

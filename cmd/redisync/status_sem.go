@@ -1,23 +1,27 @@
-//go:build redisync_sem
-
 // The semaphore part of "redisync status".
 //
-// ASSUMED KEY LAYOUT (the library's Semaphore is being written as this
-// is; adapt readSemaphore to the layout it ends up with). For a semaphore
-// NAME under the key prefix P, every key sharing the hash tag {NAME} like
-// the lock's keys:
+// KEY LAYOUT, as semaphore.go and scripts/sem_*.lua write it. For a
+// semaphore NAME under the key prefix P, every key shares the hash tag
+// {NAME}:
 //
-//	P:sem:{NAME}          hash    holder id -> permits it holds
-//	P:sem:{NAME}:leases   zset    holder id -> lease deadline, ms by the
-//	                              Redis server clock (TIME); a holder past
-//	                              it is reclaimed by the next script call
-//	P:sem:{NAME}:size     string  the semaphore's size, as last given
-//	P:sem:{NAME}:queue    zset    waiter id -> arrival number (FIFO)
-//	P:sem:{NAME}:waiters  hash    waiter id -> "permits:deadlineMs", the
-//	                              deadline of its heartbeat by TIME
-//	P:sem:{NAME}:ch       channel wake-ups
+//	P:sem:{NAME}           hash    holder id -> "permits:seq", seq being
+//	                               the number of its last call applied
+//	P:sem:{NAME}:expiry    zset    holder id -> end of its lease, ms by the
+//	                               Redis server clock (TIME); a holder whose
+//	                               lease has ended is reclaimed by the next
+//	                               script call
+//	P:sem:{NAME}:size      string  the semaphore's size (no TTL)
+//	P:sem:{NAME}:queue     zset    waiter id -> arrival number (FIFO); a
+//	                               waiter id is "holder id#call number"
+//	P:sem:{NAME}:waiters   hash    waiter id -> "deadline:grantLease:n":
+//	                               heartbeat deadline (ms, server clock),
+//	                               lease in ms of permits granted to it,
+//	                               permits wanted
+//	P:sem:{NAME}:released  zset    recent full releases, for retries (not
+//	                               read here)
+//	P:sem:{NAME}:ch        channel grant messages
 //
-// Holder and waiter ids are owner ids as minted by a Client, like a lock's.
+// Holder ids are owner ids as minted by a Client, like a lock's.
 
 package main
 
@@ -32,12 +36,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func init() {
-	c := lookup("status")
-	c.summary = "show who holds lock or semaphore NAME and who waits, in order"
-	c.help = strings.Replace(c.help, "waiter's heartbeat deadline.", "waiter's heartbeat deadline; and of the semaphore NAME, if there is one:\nits size, the permits available, the holders with their permits and\nleases, and its queue in order.", 1)
-}
-
 // SemStatus is the state of a semaphore.
 type SemStatus struct {
 	Size      int64       `json:"size"`
@@ -50,34 +48,40 @@ type SemStatus struct {
 type SemHolder struct {
 	Owner   string `json:"owner"`
 	Permits int64  `json:"permits"`
-	LeaseMS int64  `json:"lease_ms"` // negative: expired, reclaimed by the next call
+	LeaseMS int64  `json:"lease_ms"` // <= 0: ended, reclaimed by the next call
 }
 
-// SemWaiter is a queued waiter for permits.
+// SemWaiter is a queued waiter for permits: one blocked Acquire of the
+// holder Owner.
 type SemWaiter struct {
-	Position    int    `json:"position"`
-	Owner       string `json:"owner"`
-	Permits     int64  `json:"permits"`
-	HeartbeatMS int64  `json:"heartbeat_ms"`
-	Alive       bool   `json:"alive"`
+	Position     int    `json:"position"`
+	Waiter       string `json:"waiter"` // "owner#call"
+	Owner        string `json:"owner"`
+	Arrival      int64  `json:"arrival"`
+	Permits      int64  `json:"permits"`
+	HeartbeatMS  int64  `json:"heartbeat_ms"`
+	GrantLeaseMS int64  `json:"grant_lease_ms"` // 0: no record
+	Alive        bool   `json:"alive"`
 }
 
-// semKeys are the keys of the semaphore name under prefix (see the top
-// of this file).
-type semKeys struct{ holders, leases, size, queue, waiters string }
+// semKeys are the keys of the semaphore name under prefix that status
+// reads (see the top of this file).
+type semKeys struct{ holders, expiry, size, queue, waiters string }
 
 func newSemKeys(prefix, name string) semKeys {
 	base := prefix + ":sem:{" + name + "}"
-	return semKeys{base, base + ":leases", base + ":size", base + ":queue", base + ":waiters"}
+	return semKeys{base, base + ":expiry", base + ":size", base + ":queue", base + ":waiters"}
 }
 
 // readSemaphore queues the reads of the semaphore name on p, a
-// transaction, and returns the function that decodes them once it ran:
-// nil when the semaphore has no keys.
+// transaction, and returns the function that decodes them once it ran
+// with the server time nowMS: nil when the semaphore has no keys.
+// Available counts the permits as the next script call would: those of
+// holders whose lease has not ended are in use.
 func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) func(nowMS int64) (*SemStatus, error) {
 	k := newSemKeys(prefix, name)
 	holders := p.HGetAll(ctx, k.holders)
-	leases := p.ZRangeWithScores(ctx, k.leases, 0, -1)
+	expiry := p.ZRangeWithScores(ctx, k.expiry, 0, -1)
 	size := p.Get(ctx, k.size)
 	queue := p.ZRangeWithScores(ctx, k.queue, 0, -1)
 	waiters := p.HGetAll(ctx, k.waiters)
@@ -92,18 +96,19 @@ func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) 
 				return nil, fmt.Errorf("the semaphore size key %s holds %q, not a number", k.size, v)
 			}
 		}
-		deadline := map[string]int64{}
-		for _, z := range leases.Val() {
-			deadline[fmt.Sprint(z.Member)] = int64(z.Score)
+		end := map[string]int64{}
+		for _, z := range expiry.Val() {
+			end[fmt.Sprint(z.Member)] = int64(z.Score)
 		}
 		used := int64(0)
 		for owner, v := range holders.Val() {
-			h := SemHolder{Owner: owner, LeaseMS: -1}
-			h.Permits, _ = strconv.ParseInt(v, 10, 64)
-			if d, ok := deadline[owner]; ok {
-				h.LeaseMS = d - nowMS
+			h := SemHolder{Owner: owner}
+			permits, _, _ := strings.Cut(v, ":") // "permits:seq"
+			h.Permits, _ = strconv.ParseInt(permits, 10, 64)
+			if e, ok := end[owner]; ok {
+				h.LeaseMS = e - nowMS
 			}
-			if h.LeaseMS >= 0 {
+			if h.LeaseMS > 0 {
 				used += h.Permits
 			}
 			s.Holders = append(s.Holders, h)
@@ -111,11 +116,17 @@ func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) 
 		slices.SortFunc(s.Holders, func(a, b SemHolder) int { return strings.Compare(a.Owner, b.Owner) })
 		s.Available = max(s.Size-used, 0)
 		for i, z := range queue.Val() {
-			w := SemWaiter{Position: i + 1, Owner: fmt.Sprint(z.Member)}
-			if a, b, ok := strings.Cut(waiters.Val()[w.Owner], ":"); ok {
-				w.Permits, _ = strconv.ParseInt(a, 10, 64)
-				if d, err := strconv.ParseInt(b, 10, 64); err == nil {
-					w.HeartbeatMS = d - nowMS
+			w := SemWaiter{Position: i + 1, Waiter: fmt.Sprint(z.Member), Arrival: int64(z.Score)}
+			w.Owner = w.Waiter
+			if j := strings.LastIndexByte(w.Waiter, '#'); j >= 0 {
+				w.Owner = w.Waiter[:j]
+			}
+			if f := strings.Split(waiters.Val()[w.Waiter], ":"); len(f) == 3 {
+				deadline, err1 := strconv.ParseInt(f[0], 10, 64)
+				grant, err2 := strconv.ParseInt(f[1], 10, 64)
+				permits, err3 := strconv.ParseInt(f[2], 10, 64)
+				if err1 == nil && err2 == nil && err3 == nil {
+					w.HeartbeatMS, w.GrantLeaseMS, w.Permits = deadline-nowMS, grant, permits
 					w.Alive = w.HeartbeatMS >= 0
 				}
 			}
@@ -141,8 +152,8 @@ func printSemaphore(out io.Writer, st *Status) {
 		rows := [][]string{{"owner", "permits", "lease"}}
 		for _, h := range s.Holders {
 			lease := ms(h.LeaseMS) + " left"
-			if h.LeaseMS < 0 {
-				lease = "expired (reclaimed on the next call)"
+			if h.LeaseMS <= 0 {
+				lease = "ended (reclaimed on the next call)"
 			}
 			rows = append(rows, []string{h.Owner, strconv.FormatInt(h.Permits, 10), lease})
 		}
@@ -153,10 +164,10 @@ func printSemaphore(out io.Writer, st *Status) {
 		return
 	}
 	field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(s.Queue)))
-	rows := [][]string{{"#", "owner", "permits", "heartbeat due"}}
+	rows := [][]string{{"#", "waiter", "permits", "heartbeat due", "grant lease"}}
 	for _, q := range s.Queue {
-		due := heartbeatText(Waiter{HeartbeatMS: q.HeartbeatMS, HandoffLeaseMS: 1, Alive: q.Alive})
-		rows = append(rows, []string{strconv.Itoa(q.Position), q.Owner, strconv.FormatInt(q.Permits, 10), due})
+		due := heartbeatText(Waiter{HeartbeatMS: q.HeartbeatMS, HandoffLeaseMS: q.GrantLeaseMS, Alive: q.Alive})
+		rows = append(rows, []string{strconv.Itoa(q.Position), q.Waiter, strconv.FormatInt(q.Permits, 10), due, ms(q.GrantLeaseMS)})
 	}
 	table(out, rows)
 }
