@@ -2,14 +2,15 @@
 // Redis for Go services: a reentrant, leased Mutex with a blocking
 // Lock(ctx), a fair (FIFO) variant, fencing tokens, and a counting
 // Semaphore whose permits are leased to their holders. It works on a
-// single Redis, a primary with replicas (WithReplicas), and Redis Cluster
-// (sharded pub/sub).
+// single Redis, a primary with replicas (WithReplicas), Redis Cluster
+// (sharded pub/sub), and independent Redis nodes (NewRedlock).
 //
 // # Waiting without polling
 //
 // A Mutex that finds its lock held does not poll Redis. It registers with
 // its Client's one subscriber (a single pub/sub connection shared by every
-// waiter of every lock of that Client), makes sure the subscription is
+// waiter of every lock of that Client; one per primary on a Redis Cluster),
+// makes sure the subscription is
 // confirmed, looks at the lock once more, and sleeps. The release that
 // frees the lock publishes on the lock's channel, which wakes one waiter
 // per process (or, for a fair Mutex, hands the lock to the next waiter in
