@@ -87,7 +87,10 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 // queue, no subscription.
 //
 // Lock returns ErrLockLost when m's current hold has been lost (Unlock it
-// first), ErrClosed after Close, and the errors of Redis.
+// first), ErrClosed after Close, and the errors of Redis. An error reaching
+// Redis on the first attempt is returned at once; once Lock is waiting, it
+// outlives Redis being unreachable or failing over, looking again with a
+// growing pause until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
 	if err := m.c.block(ctx, m.channel, m.owner, m.cfg.recheck, lockCall{m}); err != nil {
 		return m.wrap("lock", err)

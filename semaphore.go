@@ -109,7 +109,10 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 // Acquire returns ErrInvalidPermits when n is not in [1, Size()],
 // ErrSizeMismatch when Redis has another size for the name, ErrLockLost
 // when s's permits have been lost (Release them first), ErrClosed after
-// Close, and the errors of Redis.
+// Close, and the errors of Redis. An error reaching Redis on the first
+// attempt is returned at once; once Acquire is waiting, it outlives Redis
+// being unreachable or failing over, looking again with a growing pause
+// until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 	if err := s.check(n); err != nil {
 		return s.wrap("acquire", err)
