@@ -164,37 +164,7 @@ func testClusterPlainPubSub(t *testing.T, c *redistest.Cluster) {
 	cs := clusterClients(t, c, 2, redisync.WithPlainPubSub(), redisync.WithRecheck(time.Minute))
 	admin := c.NewClient(t)
 	for _, name := range namesOnEveryPrimary(t, c, admin, 3) {
-		var in inCS
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
-		for i := range 8 {
-			m := cs[i%2].NewMutex(name)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 5 {
-					if err := m.Lock(ctx); err != nil {
-						errs <- err
-						return
-					}
-					in.enter()
-					time.Sleep(time.Millisecond)
-					in.leave()
-					if err := m.Unlock(ctx); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-		if n := in.max.Load(); n != 1 {
-			t.Fatalf("%d holders at once", n)
-		}
+		contend(t, mutexes(cs, name, 8), time.Millisecond, rounds(5))
 	}
 }
 

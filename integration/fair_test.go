@@ -284,49 +284,15 @@ func TestFairCancelRacingHandOff(t *testing.T) {
 
 func TestFairContentionIsFairAndExclusive(t *testing.T) {
 	cs := newClients(t, 4, redisync.Fair())
-	name := uniqueName(t)
 	const workers = 32
-	var in inCS
-	counts := make([]int, workers)
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	stop := time.Now().Add(3 * time.Second)
-	for i := range workers {
-		m := cs[i%4].NewMutex(name)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(stop) {
-				if err := m.Lock(ctx); err != nil {
-					errs <- err
-					return
-				}
-				in.enter()
-				counts[i]++
-				time.Sleep(time.Millisecond) // the work done under the lock
-				in.leave()
-				if err := m.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if n := in.max.Load(); n != 1 {
-		t.Fatalf("%d holders inside at once", n)
-	}
+	res := contend(t, mutexes(cs, uniqueName(t), workers), time.Millisecond, until(time.Now().Add(3*time.Second)))
 	var sum, sq float64
-	for _, c := range counts {
+	for _, c := range res.counts {
 		sum += float64(c)
 		sq += float64(c) * float64(c)
 	}
 	jain := sum * sum / (workers * sq)
-	t.Logf("%v acquisitions in 3 s, per goroutine %v, Jain index %.4f", sum, counts, jain)
+	t.Logf("%v acquisitions in 3 s, per goroutine %v, Jain index %.4f", sum, res.counts, jain)
 	if jain < 0.99 {
 		t.Fatalf("Jain fairness index %.4f, want >= 0.99", jain)
 	}
@@ -335,39 +301,6 @@ func TestFairContentionIsFairAndExclusive(t *testing.T) {
 func TestFairAndPlainOnOneNameStayExclusive(t *testing.T) {
 	cs := newClients(t, 4)
 	name := uniqueName(t)
-	var in inCS
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for i := range 16 {
-		var opts []redisync.Option
-		if i%2 == 0 {
-			opts = append(opts, redisync.Fair())
-		}
-		m := cs[i%4].NewMutex(name, opts...)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 20 {
-				if err := m.Lock(ctx); err != nil {
-					errs <- err
-					return
-				}
-				in.enter()
-				time.Sleep(100 * time.Microsecond)
-				in.leave()
-				if err := m.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if n := in.max.Load(); n != 1 {
-		t.Fatalf("%d holders inside at once", n)
-	}
+	fair, plain := mutexes(cs, name, 8, redisync.Fair()), mutexes(cs, name, 8)
+	contend(t, append(fair, plain...), 100*time.Microsecond, rounds(20))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,6 +97,92 @@ func (c cmdCounter) total(t *testing.T) int64 {
 func callsOf(t *testing.T, c cmdCounter, cmd string) int64 {
 	t.Helper()
 	return c.stats(t)[cmd]
+}
+
+// locker is a lock as contend takes it: a *redisync.Mutex or a
+// *redisync.RedMutex.
+type locker interface {
+	Lock(context.Context) error
+	Unlock(context.Context) error
+	Token() int64
+}
+
+// contention is what contend saw.
+type contention struct {
+	counts []int   // acquisitions of each locker
+	tokens []int64 // the token of every hold, in the order of the holds
+}
+
+// contend has one goroutine per locker take it, hold it for hold (the
+// work done under the lock) and let it go, again and again while more(n)
+// says so, n being that goroutine's acquisitions so far. It fails the test
+// on an error, or if two goroutines were ever inside at once.
+func contend(t *testing.T, ls []locker, hold time.Duration, more func(n int) bool) contention {
+	t.Helper()
+	var in inCS
+	var mu sync.Mutex
+	res := contention{counts: make([]int, len(ls))}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(ls))
+	for i, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; more(n); n++ {
+				if err := l.Lock(ctx); err != nil {
+					errs <- err
+					return
+				}
+				in.enter()
+				mu.Lock()
+				res.tokens = append(res.tokens, l.Token())
+				res.counts[i]++
+				mu.Unlock()
+				time.Sleep(hold)
+				in.leave()
+				if err := l.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := in.max.Load(); n != 1 {
+		t.Fatalf("%d holders were inside the critical section at once", n)
+	}
+	return res
+}
+
+// rounds is a more function for contend: n acquisitions each.
+func rounds(n int) func(int) bool { return func(k int) bool { return k < n } }
+
+// until is a more function for contend: acquisitions until deadline.
+func until(deadline time.Time) func(int) bool {
+	return func(int) bool { return time.Now().Before(deadline) }
+}
+
+// mutexes returns n Mutex values for name, dealt round-robin to cs.
+func mutexes(cs []*redisync.Client, name string, n int, opts ...redisync.Option) []locker {
+	ls := make([]locker, n)
+	for i := range ls {
+		ls[i] = cs[i%len(cs)].NewMutex(name, opts...)
+	}
+	return ls
+}
+
+// increasing fails the test unless tokens strictly increase.
+func increasing(t *testing.T, tokens []int64) {
+	t.Helper()
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("token %d after %d: tokens must strictly increase", tokens[i], tokens[i-1])
+		}
+	}
 }
 
 // inCS counts goroutines inside a critical section and records the most

@@ -14,62 +14,13 @@ import (
 // lockKey is the key of a lock's hash under the default prefix.
 func lockKey(name string) string { return "redisync:lock:{" + name + "}" }
 
-// contend runs workers goroutines spread over cs, each taking a Mutex of
-// its own on name rounds times (holding it for hold), and fails the test
-// if two of them are ever inside at once. It returns each worker's
-// acquisition count and every token seen, in acquisition order.
-func contend(t *testing.T, cs []*redisync.Client, name string, workers, rounds int, hold time.Duration, opts ...redisync.Option) []int64 {
-	t.Helper()
-	var cs1 inCS
-	var mu sync.Mutex
-	var tokens []int64
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for i := range workers {
-		m := cs[i%len(cs)].NewMutex(name, opts...)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range rounds {
-				if err := m.Lock(ctx); err != nil {
-					errs <- err
-					return
-				}
-				cs1.enter()
-				mu.Lock()
-				tokens = append(tokens, m.Token())
-				mu.Unlock()
-				time.Sleep(hold) // the work done under the lock
-				cs1.leave()
-				if err := m.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if n := cs1.max.Load(); n != 1 {
-		t.Fatalf("%d holders were inside the critical section at once", n)
-	}
-	return tokens
-}
-
 func TestMutexExclusionAndTokensUnderContention(t *testing.T) {
 	cs := newClients(t, 4)
-	tokens := contend(t, cs, uniqueName(t), 32, 20, 0)
-	if len(tokens) != 32*20 {
-		t.Fatalf("%d acquisitions, want %d", len(tokens), 32*20)
+	res := contend(t, mutexes(cs, uniqueName(t), 32), 0, rounds(20))
+	if len(res.tokens) != 32*20 {
+		t.Fatalf("%d acquisitions, want %d", len(res.tokens), 32*20)
 	}
-	for i := 1; i < len(tokens); i++ {
-		if tokens[i] <= tokens[i-1] {
-			t.Fatalf("token %d after %d: tokens must strictly increase", tokens[i], tokens[i-1])
-		}
-	}
+	increasing(t, res.tokens)
 }
 
 func TestMutexReentrantOnRealRedis(t *testing.T) {
@@ -251,7 +202,7 @@ func TestMutexBlockedWaitersDoNotPoll(t *testing.T) {
 }
 
 func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
-	p := newProxy(t, redistest.Addr(t))
+	p := redistest.NewProxy(t, redistest.Addr(t))
 	rdb := redistest.NewClient(t, p.Addr)
 	c := redisync.New(rdb)
 	t.Cleanup(func() { _ = c.Close() })
@@ -273,7 +224,7 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 		{func() error { return m.Lock(ctx) }, "2"},
 		{func() error { return m.Unlock(ctx) }, "1"},
 	} {
-		p.dropReplies(1)
+		p.DropReplies(1)
 		if err := step.op(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
@@ -281,7 +232,7 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 			t.Fatalf("step %d: hold count %q after a dropped and retried reply, want %s", i, got, step.want)
 		}
 	}
-	p.dropReplies(1)
+	p.DropReplies(1)
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatalf("final Unlock with its reply dropped: %v", err)
 	}

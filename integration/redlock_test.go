@@ -84,51 +84,13 @@ func leftovers(t *testing.T, admins []*redis.Client, name string) []string {
 // contendRedlock runs workers goroutines spread over rs, each with a
 // RedMutex of its own on name, rounds times each, and fails the test if two
 // are ever inside at once or a token does not exceed the one before.
-func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, rounds int) {
+func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, n int) {
 	t.Helper()
-	var cs inCS
-	var mu sync.Mutex
-	var last int64
-	var bad []string
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for i := range workers {
-		m := rs[i%len(rs)].NewMutex(name)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range rounds {
-				if err := m.Lock(ctx); err != nil {
-					errs <- err
-					return
-				}
-				cs.enter()
-				mu.Lock()
-				if tok := m.Token(); tok <= last {
-					bad = append(bad, fmt.Sprintf("token %d after %d", tok, last))
-				}
-				last = max(last, m.Token())
-				mu.Unlock()
-				time.Sleep(200 * time.Microsecond) // the work done under the lock
-				cs.leave()
-				if err := m.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
+	ls := make([]locker, workers)
+	for i := range ls {
+		ls[i] = rs[i%len(rs)].NewMutex(name)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if n := cs.max.Load(); n != 1 {
-		t.Fatalf("%d holders were inside the critical section at once", n)
-	}
-	if len(bad) > 0 {
-		t.Fatalf("tokens out of order: %v", bad)
-	}
+	increasing(t, contend(t, ls, 200*time.Microsecond, rounds(n)).tokens)
 }
 
 func TestRedlockExclusionUnderContention(t *testing.T) {

@@ -2,6 +2,8 @@ package fault
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -221,4 +223,73 @@ func equal(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// TestSemaphoreHolderSIGKILL kills a process that holds 2 of a semaphore's
+// 3 permits (watchdog lease 1 s) while a waiter wants 2 and another holder
+// keeps the third. It fails unless the waiter gets its permits within
+// lease + 300 ms of the kill, and unless the permits held afterwards, as
+// Redis counts them, are the waiter's 2 and the other holder's 1: never
+// more than the size, and none left to the dead process.
+func TestSemaphoreHolderSIGKILL(t *testing.T) {
+	const lease = time.Second
+	const size = 3
+	addr := redistest.Addr(t)
+	rdb := redistest.NewClient(t, addr)
+	name := uniqueName(t)
+	holder := startHolder(t, "serve", "-addr", addr, "-name", name, "-sem", "3", "-watchdog", lease.String())
+	holder.send("acquire 2")
+	holder.expect("acquired 2", 5*time.Second)
+
+	c := newClient(t, addr, redisync.WithWatchdogLease(lease))
+	other := c.NewSemaphore(name, size)
+	if err := other.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	waiter := c.NewSemaphore(name, size)
+	done := make(chan time.Time, 1)
+	errs := make(chan error, 1)
+	go func() {
+		if err := waiter.Acquire(ctx, 2); err != nil {
+			errs <- err
+			return
+		}
+		done <- time.Now()
+	}()
+	queue := "redisync:sem:{" + name + "}:queue"
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return rdb.ZCard(ctx, queue).Val() == 1 })
+	time.Sleep(lease / 2) // the kill lands mid-lease, after a renewal (a deliberate pause)
+
+	killed := time.Now()
+	holder.kill()
+	select {
+	case at := <-done:
+		gap := at.Sub(killed)
+		t.Logf("SIGKILL to the waiter's permits: %v (lease %v)", gap.Round(time.Millisecond), lease)
+		if gap > lease+300*time.Millisecond {
+			t.Fatalf("the waiter got its permits %v after SIGKILL, want <= lease + 300ms", gap)
+		}
+	case err := <-errs:
+		t.Fatal(err)
+	case <-time.After(lease + 5*time.Second):
+		t.Fatal("the waiter never got the dead holder's permits")
+	}
+	var used int64
+	for _, v := range rdb.HVals(ctx, "redisync:sem:{"+name+"}").Val() {
+		n, _, _ := strings.Cut(v, ":")
+		p, err := strconv.ParseInt(n, 10, 64)
+		if err != nil {
+			t.Fatalf("holder record %q: %v", v, err)
+		}
+		used += p
+	}
+	if used != size {
+		t.Fatalf("%d permits held after the waiter got its 2, want %d (the waiter's 2 and the other's 1)", used, size)
+	}
+	if err := waiter.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -30,9 +30,9 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 			admin := redistest.NewClient(t, srv.Addr)
 			name := uniqueName(t)
 			waitAddr := srv.Addr
-			var px *faultProxy
+			var px *redistest.Proxy
 			if tc.proxy {
-				px = newFaultProxy(t, srv.Addr)
+				px = redistest.NewProxy(t, srv.Addr)
 				waitAddr = px.Addr
 			}
 			holder := newClient(t, srv.Addr).NewMutex(name)
@@ -64,7 +64,7 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 			})
 
 			if tc.proxy {
-				px.resetAll()
+				px.ResetAll()
 			} else if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -113,13 +113,13 @@ func TestGapRace(t *testing.T) {
 	}{{"subscribe-late", true, recheck / 2}, {"subscribe-lost", false, recheck + 300*time.Millisecond}} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
-			px := newFaultProxy(t, addr)
+			px := redistest.NewProxy(t, addr)
 			name := uniqueName(t)
 			holder := newClient(t, addr).NewMutex(name)
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			held, letGo := px.holdNext("$9\r\nsubscribe\r\n") // the command, not a name
+			held, letGo := px.HoldNext("$9\r\nsubscribe\r\n") // the command, not a name
 			defer letGo()
 			waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck)).NewMutex(name)
 			done := lockAsync(waiter, ctx)

@@ -264,7 +264,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	// No 5 s wait for more replicas before the first (diskless) sync.
 	primary, replica := redistest.Spawn(t, "--repl-diskless-sync-delay", "0"), redistest.Spawn(t)
 	pAdmin, rAdmin := redistest.NewClient(t, primary.Addr), redistest.NewClient(t, replica.Addr)
-	link := newFaultProxy(t, primary.Addr)
+	link := redistest.NewProxy(t, primary.Addr)
 	host, port, _ := strings.Cut(link.Addr, ":")
 	if err := rAdmin.SlaveOf(ctx, host, port).Err(); err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 		return rAdmin.Get(ctx, tokenKey).Val() == "1" && rAdmin.Exists(ctx, lockKey(name)).Val() == 0
 	})
 
-	link.setBlackhole(true) // the replication link now carries nothing
+	link.SetBlackhole(true) // the replication link now carries nothing
 	for range 3 {
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)

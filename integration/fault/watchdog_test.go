@@ -21,11 +21,11 @@ import (
 // counted as a success.
 func TestLostBeforeOthersAcquire(t *testing.T) {
 	const lease = 1500 * time.Millisecond
-	blackhole := func(p *faultProxy) { p.setBlackhole(true) }
-	latency := func(p *faultProxy) { p.setLatency(2 * time.Second) }
+	blackhole := func(p *redistest.Proxy) { p.SetBlackhole(true) }
+	latency := func(p *redistest.Proxy) { p.SetLatency(2 * time.Second) }
 	for _, tc := range []struct {
 		name       string
-		fault      func(*faultProxy)
+		fault      func(*redistest.Proxy)
 		ctxTimeout bool // go-redis Options.ContextTimeoutEnabled on the holder
 	}{
 		{"blackhole", blackhole, false},
@@ -36,7 +36,7 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
 			rdb := redistest.NewClient(t, addr)
-			px := newFaultProxy(t, addr)
+			px := redistest.NewProxy(t, addr)
 			name := uniqueName(t)
 			hrdb := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: tc.ctxTimeout})
 			t.Cleanup(func() { _ = hrdb.Close() })

@@ -9,6 +9,9 @@
 //
 //	lock         -> "locked <token>" (blocks until held)
 //	unlock       -> "unlocked" or "error <msg>"
+//	acquire <n>  -> "acquired <n>": n permits of the semaphore -name of
+//	                size -sem (blocks until held)
+//	release <n>  -> "released <n>" or "error <msg>"
 //	write <v>    -> "write ok <token>" or "write rejected <token>": v offered to
 //	                the fenced register (-register) with the token of the last
 //	                hold, as a client that paused would still do
@@ -31,6 +34,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,6 +57,7 @@ var (
 	cycles     = flag.Int("cycles", 100, "contend: cycles per goroutine")
 	counter    = flag.String("counter", "", "contend: counter key")
 	history    = flag.String("history", "", "contend: history list key")
+	semSize    = flag.Int64("sem", 0, "serve: the size of semaphore -name, for acquire and release")
 )
 
 var outMu sync.Mutex
@@ -147,6 +152,12 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 			default:
 				emit("write rejected %d", token)
 			}
+		case "acquire", "release":
+			if err := semaphore(ctx, c, cmd, arg); err != nil {
+				emit("error %v", err)
+				continue
+			}
+			emit("%sd %s", cmd, arg)
 		case "exit":
 			return nil
 		default:
@@ -154,6 +165,25 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 		}
 	}
 	return nil
+}
+
+// sem is the semaphore of serve's acquire and release commands.
+var sem *redisync.Semaphore
+
+// semaphore acquires or releases n permits of the semaphore -name of size
+// -sem.
+func semaphore(ctx context.Context, c *redisync.Client, cmd, n string) error {
+	permits, err := strconv.ParseInt(n, 10, 64)
+	if err != nil {
+		return err
+	}
+	if sem == nil {
+		sem = c.NewSemaphore(*name, *semSize)
+	}
+	if cmd == "acquire" {
+		return sem.Acquire(ctx, permits)
+	}
+	return sem.Release(ctx, permits)
 }
 
 func contend(c *redisync.Client, rdb *redis.Client) error {

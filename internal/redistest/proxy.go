@@ -1,4 +1,4 @@
-package fault
+package redistest
 
 import (
 	"bytes"
@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// faultProxy is a TCP proxy on loopback between clients and Redis that
-// injects faults into every connection through it:
+// Proxy is a TCP proxy on loopback between clients and Redis that injects
+// faults into every connection through it:
 //
 //   - latency: each chunk is delivered no earlier than latency after it was
 //     read, in both directions, order kept;
@@ -18,8 +18,11 @@ import (
 //   - reset: every open connection is closed at once;
 //   - hold: the next chunk from a client that contains a given string (such
 //     as a SUBSCRIBE) is held, with everything after it on that connection,
-//     until the test lets it go.
-type faultProxy struct {
+//     until the test lets it go;
+//   - drop: the next replies from Redis are swallowed, each closing its
+//     connection, as a network failure after a command ran would (go-redis
+//     then retries the command on a new connection).
+type Proxy struct {
 	Addr     string
 	upstream string
 	ln       net.Listener
@@ -30,19 +33,20 @@ type faultProxy struct {
 	conns     map[net.Conn]struct{}
 	latency   time.Duration
 	blackhole bool
+	drop      int           // replies still to drop
 	holdPat   []byte        // hold the next client chunk containing this
 	held      chan struct{} // closed when a chunk is held
 	gate      chan struct{} // closed to let the held chunk go
 }
 
-// newFaultProxy starts a proxy to upstream, stopped when the test ends.
-func newFaultProxy(t *testing.T, upstream string) *faultProxy {
+// NewProxy starts a proxy to upstream, stopped when the test ends.
+func NewProxy(t testing.TB, upstream string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &faultProxy{
+	p := &Proxy{
 		Addr: ln.Addr().String(), upstream: upstream, ln: ln,
 		closed: make(chan struct{}), conns: map[net.Conn]struct{}{},
 	}
@@ -52,22 +56,30 @@ func newFaultProxy(t *testing.T, upstream string) *faultProxy {
 	return p
 }
 
-// setLatency delays every chunk read from now on by d.
-func (p *faultProxy) setLatency(d time.Duration) {
+// SetLatency delays every chunk read from now on by d.
+func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.latency = d
 }
 
-// setBlackhole starts (true) or stops swallowing everything.
-func (p *faultProxy) setBlackhole(on bool) {
+// SetBlackhole starts (true) or stops swallowing everything.
+func (p *Proxy) SetBlackhole(on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.blackhole = on
 }
 
-// resetAll closes every open connection, as a network reset would.
-func (p *faultProxy) resetAll() {
+// DropReplies makes the proxy drop the next n replies from Redis, each
+// with its connection.
+func (p *Proxy) DropReplies(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drop = n
+}
+
+// ResetAll closes every open connection, as a network reset would.
+func (p *Proxy) ResetAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for c := range p.conns {
@@ -75,10 +87,10 @@ func (p *faultProxy) resetAll() {
 	}
 }
 
-// holdNext arms the proxy to hold the next client chunk containing pat. It
+// HoldNext arms the proxy to hold the next client chunk containing pat. It
 // returns a channel closed once such a chunk is held, and a function that
 // lets it (and what follows it) go.
-func (p *faultProxy) holdNext(pat string) (held <-chan struct{}, release func()) {
+func (p *Proxy) HoldNext(pat string) (held <-chan struct{}, release func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.holdPat = []byte(pat)
@@ -89,7 +101,7 @@ func (p *faultProxy) holdNext(pat string) (held <-chan struct{}, release func())
 	return p.held, func() { once.Do(func() { close(gate) }) }
 }
 
-func (p *faultProxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		client, err := p.ln.Accept()
@@ -116,7 +128,7 @@ type chunk struct {
 
 // pipe copies from src to dst through a queue, applying the faults; a
 // failure on either side closes both.
-func (p *faultProxy) pipe(src, dst net.Conn, fromClient bool) {
+func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 	q := make(chan chunk, 4096)
 	p.wg.Add(2)
 	go func() { // reader
@@ -164,6 +176,9 @@ func (p *faultProxy) pipe(src, dst net.Conn, fromClient bool) {
 			if fromClient && !p.pass(c.b) {
 				return
 			}
+			if !fromClient && p.dropped() {
+				return // closes both ends: the reply is lost
+			}
 			p.mu.Lock()
 			drop := p.blackhole
 			p.mu.Unlock()
@@ -179,7 +194,7 @@ func (p *faultProxy) pipe(src, dst net.Conn, fromClient bool) {
 
 // pass holds a client chunk that matches the armed pattern until the test
 // lets it go. It reports false when the proxy is closed meanwhile.
-func (p *faultProxy) pass(b []byte) bool {
+func (p *Proxy) pass(b []byte) bool {
 	p.mu.Lock()
 	if p.holdPat == nil || !bytes.Contains(bytes.ToLower(b), p.holdPat) {
 		p.mu.Unlock()
@@ -197,7 +212,18 @@ func (p *faultProxy) pass(b []byte) bool {
 	}
 }
 
-func (p *faultProxy) track(cs ...net.Conn) bool {
+// dropped reports whether a reply is to be dropped, counting it.
+func (p *Proxy) dropped() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drop == 0 {
+		return false
+	}
+	p.drop--
+	return true
+}
+
+func (p *Proxy) track(cs ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conns == nil {
@@ -212,7 +238,7 @@ func (p *faultProxy) track(cs ...net.Conn) bool {
 	return true
 }
 
-func (p *faultProxy) untrack(cs ...net.Conn) {
+func (p *Proxy) untrack(cs ...net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range cs {
@@ -221,7 +247,7 @@ func (p *faultProxy) untrack(cs ...net.Conn) {
 }
 
 // close stops the proxy and waits for its goroutines.
-func (p *faultProxy) close() {
+func (p *Proxy) close() {
 	_ = p.ln.Close()
 	close(p.closed)
 	p.mu.Lock()
