@@ -34,6 +34,16 @@ func newGoRedis(addr string, counts *clientCounts) *redis.Client {
 	return rdb
 }
 
+// newGoRedisCluster is newGoRedis for a Redis Cluster client seeded with
+// addrs. The hook sits on the cluster client: a command counts once, even
+// when it is redirected (MOVED), and a pipeline counts one request even
+// when it is split over several primaries.
+func newGoRedisCluster(addrs []string, counts *clientCounts) *redis.ClusterClient {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	rdb.AddHook(goRedisCounter{counts})
+	return rdb
+}
+
 // goRedisCounter is a go-redis hook that counts requests.
 type goRedisCounter struct{ counts *clientCounts }
 

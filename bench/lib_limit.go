@@ -16,10 +16,11 @@ func limitLibrary() library {
 		semaphores: map[string]*semaphore.Weighted{},
 	}
 	return library{
-		name:       "limit",
-		about:      "in-process sync.Mutex (semaphore.Weighted for semaphores), shared by all goroutines",
-		open:       func(string, *clientCounts) (instance, error) { return reg, nil },
-		semaphores: true,
+		name:        "limit",
+		about:       "in-process sync.Mutex (semaphore.Weighted for semaphores), shared by all goroutines",
+		open:        func(string, *clientCounts) (instance, error) { return reg, nil },
+		openCluster: func([]string, *clientCounts) (instance, error) { return reg, nil },
+		semaphores:  true,
 	}
 }
 

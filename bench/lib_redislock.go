@@ -27,12 +27,18 @@ func redislockLibrary(backoff string) library {
 			rdb := newGoRedis(addr, counts)
 			return &redislockInstance{rdb: rdb, c: redislock.New(rdb), backoff: interval}, nil
 		},
+		openCluster: func(addrs []string, counts *clientCounts) (instance, error) {
+			rdb := newGoRedisCluster(addrs, counts)
+			return &redislockInstance{rdb: rdb, c: redislock.New(rdb), backoff: interval}, nil
+		},
+		redisKey: func(name string) string { return name },
 	}
 }
 
-// redislockInstance is one redislock Client on its own go-redis client.
+// redislockInstance is one redislock Client on its own go-redis client
+// (cluster or not: redislock takes a redis.Scripter).
 type redislockInstance struct {
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	c       *redislock.Client
 	backoff time.Duration
 }

@@ -38,6 +38,11 @@ func redisyncLibrary(fair bool) library {
 			rdb := newGoRedis(addr, counts)
 			return &redisyncInstance{rdb: rdb, c: redisync.New(rdb), fair: fair}, nil
 		},
+		openCluster: func(addrs []string, counts *clientCounts) (instance, error) {
+			rdb := newGoRedisCluster(addrs, counts)
+			return &redisyncInstance{rdb: rdb, c: redisync.New(rdb), fair: fair}, nil
+		},
+		redisKey:   func(name string) string { return "redisync:lock:{" + name + "}" },
 		semaphores: !fair && redisyncSemaphore != nil,
 	}
 	if fair {
@@ -47,9 +52,10 @@ func redisyncLibrary(fair bool) library {
 	return lib
 }
 
-// redisyncInstance is one redisync Client on its own go-redis client.
+// redisyncInstance is one redisync Client on its own go-redis client (a
+// *redis.Client, or a *redis.ClusterClient in the cluster scenario).
 type redisyncInstance struct {
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	c    *redisync.Client
 	fair bool
 }

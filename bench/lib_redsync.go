@@ -20,12 +20,18 @@ func redsyncLibrary() library {
 			rdb := newGoRedis(addr, counts)
 			return &redsyncInstance{rdb: rdb, rs: redsync.New(goredis.NewPool(rdb))}, nil
 		},
+		openCluster: func(addrs []string, counts *clientCounts) (instance, error) {
+			rdb := newGoRedisCluster(addrs, counts)
+			return &redsyncInstance{rdb: rdb, rs: redsync.New(goredis.NewPool(rdb))}, nil
+		},
+		redisKey: func(name string) string { return name },
 	}
 }
 
-// redsyncInstance is one Redsync on its own go-redis client.
+// redsyncInstance is one Redsync on its own go-redis client (cluster or
+// not: its goredis pool takes a redis.UniversalClient).
 type redsyncInstance struct {
-	rdb *redis.Client
+	rdb redis.UniversalClient
 	rs  *redsync.Redsync
 }
 

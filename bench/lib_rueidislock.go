@@ -10,29 +10,39 @@ import (
 
 // rueidislockLibrary is rueidislock with its defaults but KeyMajority 1
 // (one Redis instance, as its README says), woken by client-side caching
-// invalidations.
+// invalidations. On a cluster, rueidis is given every primary as
+// InitAddress and makes a cluster client; the lock is still one key.
 func rueidislockLibrary() library {
 	return library{
 		name:  "rueidislock",
 		about: "rueidislock defaults, KeyMajority 1: woken by client-side-caching invalidations",
 		open: func(addr string, counts *clientCounts) (instance, error) {
-			l, err := rueidislock.NewLocker(rueidislock.LockerOption{
-				ClientOption: rueidis.ClientOption{InitAddress: []string{addr}},
-				KeyMajority:  1,
-				ClientBuilder: func(opt rueidis.ClientOption) (rueidis.Client, error) {
-					c, err := rueidis.NewClient(opt)
-					if err != nil {
-						return nil, err
-					}
-					return countingRueidis{Client: c, counts: counts}, nil
-				},
-			})
+			return openRueidislock([]string{addr}, counts)
+		},
+		openCluster: openRueidislock,
+		// rueidislock's keyname(prefix, name, i), for its one key (i = 0).
+		redisKey: func(name string) string { return "rueidislock:0:" + name },
+	}
+}
+
+// openRueidislock opens a rueidislock Locker on the Redis (or the cluster)
+// at addrs.
+func openRueidislock(addrs []string, counts *clientCounts) (instance, error) {
+	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
+		ClientOption: rueidis.ClientOption{InitAddress: addrs},
+		KeyMajority:  1,
+		ClientBuilder: func(opt rueidis.ClientOption) (rueidis.Client, error) {
+			c, err := rueidis.NewClient(opt)
 			if err != nil {
 				return nil, err
 			}
-			return rueidislockInstance{l}, nil
+			return countingRueidis{Client: c, counts: counts}, nil
 		},
+	})
+	if err != nil {
+		return nil, err
 	}
+	return rueidislockInstance{l}, nil
 }
 
 // rueidislockInstance is one rueidislock Locker, which owns its rueidis

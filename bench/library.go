@@ -41,8 +41,26 @@ type library struct {
 	// sends in counts.
 	open func(addr string, counts *clientCounts) (instance, error)
 
+	// openCluster connects one instance to the Redis Cluster of the
+	// primaries at addrs; nil when the library sits out the cluster
+	// scenario.
+	openCluster func(addrs []string, counts *clientCounts) (instance, error)
+
+	// redisKey returns the Redis key of the lock called name (the one
+	// whose hash slot decides which primary of a cluster serves the lock);
+	// nil when the library keeps no lock in Redis.
+	redisKey func(name string) string
+
 	// semaphores says whether open returns a semaphoreInstance.
 	semaphores bool
+}
+
+// connect opens one instance of l on t.
+func (l library) connect(t *target, counts *clientCounts) (instance, error) {
+	if t.cluster {
+		return l.openCluster(t.addrs(), counts)
+	}
+	return l.open(t.nodes[0].addr, counts)
 }
 
 // libraries returns every contender, the in-process limit first.

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 // options are the command line.
 type options struct {
 	redis, redisServer string
+	redisCli           string
 	libs, scenarios    string
 	out                string
 	settle             time.Duration
@@ -62,10 +64,11 @@ func parseFlags() options {
 	}
 	flag.StringVar(&o.redis, "redis", "", "address of the Redis to use (default: start redis-server on a free loopback port)")
 	flag.StringVar(&o.redisServer, "redis-server", "redis-server", "the redis-server binary started when -redis is not given")
+	flag.StringVar(&o.redisCli, "redis-cli", "redis-cli", "the redis-cli binary that joins the cluster scenario's nodes")
 	flag.StringVar(&o.libs, "libs", "all", "comma-separated libraries: "+names(libNames))
-	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios: "+names(scNames))
+	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios: "+names(scNames)+"; all: every one but cluster")
 	flag.IntVar(&o.clients, "p", 0, "client instances (connection pools, as processes) (default: each scenario's own)")
-	flag.IntVar(&o.perClient, "g", 0, "goroutines per client in hot, hot0 and semaphore (default: each scenario's own)")
+	flag.IntVar(&o.perClient, "g", 0, "goroutines per client in hot, hot0 and semaphore, per client and lock in cluster (default: each scenario's own)")
 	flag.DurationVar(&o.hold, "hold", 0, "how long a holder keeps the lock (default: each scenario's own)")
 	flag.DurationVar(&o.base, "d", 8*time.Second, "the hot scenario's measuring window; the others' scale from it")
 	quick := flag.Bool("quick", false, "a run of about a minute: -d 1.5s unless -d is given")
@@ -91,6 +94,7 @@ func parseFlags() options {
 // A job is one library in one step of one scenario.
 type job struct {
 	scenario string
+	cluster  bool // on the Redis Cluster
 	shape    shape
 	lib      library
 	round    int
@@ -99,7 +103,8 @@ type job struct {
 // plan lists the jobs in run order: round by round, scenario by scenario,
 // step by step, every library in turn (in an order rotated by one place
 // each round). Libraries without a semaphore sit out the semaphore
-// scenario.
+// scenario, those without a cluster client the cluster scenario; "all"
+// scenarios are those not on a cluster.
 func plan(o options) ([]job, error) {
 	if o.rounds < 1 {
 		return nil, fmt.Errorf("-rounds %d: want at least 1", o.rounds)
@@ -112,13 +117,16 @@ func plan(o options) ([]job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
+	if o.scenarios == "all" {
+		scs = slices.DeleteFunc(scs, func(sc scenario) bool { return sc.cluster })
+	}
 	var jobs []job
 	for round := range o.rounds {
 		for _, sc := range scs {
 			for _, s := range sc.shapes(o.settings) {
 				for _, lib := range rotate(libs, round) {
-					if s.size == 0 || lib.semaphores {
-						jobs = append(jobs, job{scenario: sc.name, shape: s, lib: lib, round: round})
+					if (s.size == 0 || lib.semaphores) && (!sc.cluster || lib.openCluster != nil) {
+						jobs = append(jobs, job{scenario: sc.name, cluster: sc.cluster, shape: s, lib: lib, round: round})
 					}
 				}
 			}
@@ -142,18 +150,9 @@ func bench(ctx context.Context, o options) (err error) {
 	}
 	fmt.Fprintf(os.Stderr, "%d runs, about %v\n", len(jobs), planned.Round(time.Second))
 
-	var srv *server
-	if o.redis != "" {
-		srv, err = connectServer(ctx, o.redis)
-	} else {
-		srv, err = startServer(ctx, o.redisServer)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "redis at %s\n", srv.addr)
 	// Every key of this invocation contains token.
 	token := "rsbench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	var tg targets
 	defer func() {
 		pattern := ""
 		if o.redis != "" {
@@ -161,10 +160,13 @@ func bench(ctx context.Context, o options) (err error) {
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if cerr := srv.close(ctx, pattern); err == nil {
+		if cerr := tg.close(ctx, pattern); err == nil {
 			err = cerr
 		}
 	}()
+	if err := tg.open(ctx, o, jobs); err != nil {
+		return err
+	}
 
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
@@ -177,8 +179,8 @@ func bench(ctx context.Context, o options) (err error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	m := machine{redisVersion: srv.version(ctx), loadBefore: loadAverage()}
-	results, err := runJobs(ctx, srv, jobs, token, o.settle)
+	m := machine{redisVersion: tg.any().version(ctx), loadBefore: loadAverage()}
+	results, err := runJobs(ctx, tg, jobs, token, o.settle)
 	if err != nil {
 		return err
 	}
@@ -206,8 +208,61 @@ func bench(ctx context.Context, o options) (err error) {
 	return nil
 }
 
+// targets are the Redis servers of an invocation: the one server of the
+// scenarios on one, and the cluster of the cluster scenario; each is nil
+// when no job needs it.
+type targets struct{ single, cluster *target }
+
+// open connects to, or starts, the targets the jobs need.
+func (tg *targets) open(ctx context.Context, o options, jobs []job) error {
+	if slices.ContainsFunc(jobs, func(j job) bool { return !j.cluster }) {
+		var srv *server
+		var err error
+		if o.redis != "" {
+			srv, err = connectServer(ctx, o.redis)
+		} else {
+			srv, err = startServer(ctx, o.redisServer)
+		}
+		if err != nil {
+			return err
+		}
+		tg.single = single(srv)
+		fmt.Fprintf(os.Stderr, "redis at %s\n", tg.single)
+	}
+	if slices.ContainsFunc(jobs, func(j job) bool { return j.cluster }) {
+		c, err := startCluster(ctx, o.redisServer, o.redisCli, clusterPrimaries)
+		if err != nil {
+			return err
+		}
+		tg.cluster = c
+		fmt.Fprintf(os.Stderr, "redis: %s\n", tg.cluster)
+	}
+	return nil
+}
+
+// any returns one of the targets that are open.
+func (tg *targets) any() *target {
+	if tg.single != nil {
+		return tg.single
+	}
+	return tg.cluster
+}
+
+// close closes the targets that are open: pattern (when not empty) names
+// the keys to remove from a server the benchmark did not start.
+func (tg *targets) close(ctx context.Context, pattern string) error {
+	var errs []error
+	if tg.single != nil {
+		errs = append(errs, tg.single.close(ctx, pattern))
+	}
+	if tg.cluster != nil {
+		errs = append(errs, tg.cluster.close(ctx, ""))
+	}
+	return errors.Join(errs...)
+}
+
 // runJobs measures every job in turn, pausing settle between them.
-func runJobs(ctx context.Context, srv *server, jobs []job, token string, settle time.Duration) ([]result, error) {
+func runJobs(ctx context.Context, tg targets, jobs []job, token string, settle time.Duration) ([]result, error) {
 	prog := newProgress(os.Stderr, len(jobs))
 	rounds := jobs[len(jobs)-1].round + 1
 	var results []result
@@ -219,7 +274,11 @@ func runJobs(ctx context.Context, srv *server, jobs []job, token string, settle 
 		prog.start(label)
 		planned := j.shape.warmup + j.shape.measure
 		key := fmt.Sprintf("%s:%s:%d:%s:%d", token, j.scenario, j.shape.goroutines, j.lib.name, j.round)
-		res, err := measure(ctx, srv, j.lib, j.shape, key, func(elapsed time.Duration, acquired int64) {
+		t := tg.single
+		if j.cluster {
+			t = tg.cluster
+		}
+		res, err := measure(ctx, t, j.lib, j.shape, key, func(elapsed time.Duration, acquired int64) {
 			prog.update(elapsed, planned, acquired)
 		})
 		if err != nil {

@@ -36,6 +36,13 @@ func startServer(ctx context.Context, binary string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	return spawn(ctx, binary, port)
+}
+
+// spawn runs binary (redis-server) on the loopback port, without
+// persistence and with the extra arguments, in a directory of its own, and
+// connects to it. close stops it.
+func spawn(ctx context.Context, binary string, port int, extra ...string) (*server, error) {
 	dir, err := os.MkdirTemp("", "redisync-bench-")
 	if err != nil {
 		return nil, err
@@ -43,6 +50,7 @@ func startServer(ctx context.Context, binary string) (*server, error) {
 	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log")}
+	args = append(args, extra...)
 	s := &server{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir}
 	s.proc = exec.Command(binary, args...)
 	if err := s.proc.Start(); err != nil {

@@ -34,7 +34,9 @@ const legend = `Columns:
   Jain       Jain's fairness index over the goroutines' acquisition counts (1 = equal)
   viol       mutual-exclusion violations (must be 0); errs: failed Lock/Unlock calls
   conns      most Redis client connections during the window, the benchmark's own excluded
-  The benchmark's own INFO commands are subtracted from the server's counts.`
+  The benchmark's own INFO commands are subtracted from the server's counts. In the
+  cluster scenario the server's figures (calls, cpu, (S)SUBSCRIBE, conns) are summed
+  over the primaries, and a client-side request is one call of the cluster client.`
 
 // A libSeries is one library's results over the steps of a series.
 type libSeries struct {

@@ -131,10 +131,10 @@ func (r *run) contend(ctx context.Context, id int, l locker, st *lockState) {
 	}
 }
 
-// measure runs lib in shape s on srv and measures it. Keys are named
+// measure runs lib in shape s on t and measures it. Keys are named
 // after key, fresh for each run. report is called every sampleEvery with
 // the time spent and the acquisitions made so far.
-func measure(ctx context.Context, srv *server, lib library, s shape, key string, report func(elapsed time.Duration, acquired int64)) (res result, err error) {
+func measure(ctx context.Context, t *target, lib library, s shape, key string, report func(elapsed time.Duration, acquired int64)) (res result, err error) {
 	var counts clientCounts
 	instances := make([]instance, 0, s.clients)
 	defer func() {
@@ -143,13 +143,13 @@ func measure(ctx context.Context, srv *server, lib library, s shape, key string,
 		}
 	}()
 	for range s.clients {
-		in, err := lib.open(srv.addr, &counts)
+		in, err := lib.connect(t, &counts)
 		if err != nil {
 			return result{}, fmt.Errorf("%s: open: %w", lib.name, err)
 		}
 		instances = append(instances, in)
 	}
-	lockers, err := makeLockers(instances, s, key)
+	lockers, err := makeLockers(instances, s, lockNames(t, lib, s, key))
 	if err != nil {
 		return result{}, fmt.Errorf("%s: %w", lib.name, err)
 	}
@@ -164,7 +164,7 @@ func measure(ctx context.Context, srv *server, lib library, s shape, key string,
 		wg.Go(func() { r.contend(runCtx, i, l, &r.locks[min(i/perKey, s.keys-1)]) })
 	}
 
-	res, err = r.observe(ctx, srv, &counts, report)
+	res, err = r.observe(ctx, t, &counts, report)
 	stop()
 	wg.Wait()
 	if err != nil {
@@ -174,17 +174,28 @@ func measure(ctx context.Context, srv *server, lib library, s shape, key string,
 	return res, nil
 }
 
+// lockNames returns the names of s's locks: key for one lock, else
+// key:k... (see target.lockName: on a cluster, the locks are dealt to the
+// primaries in turn).
+func lockNames(t *target, lib library, s shape, key string) []string {
+	if s.keys == 1 {
+		return []string{key}
+	}
+	names := make([]string, s.keys)
+	for k := range names {
+		names[k] = t.lockName(key, k, lib.redisKey)
+	}
+	return names
+}
+
 // makeLockers gives every contender its own locker, on client i%clients
-// and lock i/(goroutines/keys).
-func makeLockers(instances []instance, s shape, key string) ([]locker, error) {
+// and lock i/(goroutines/keys), called names[that lock].
+func makeLockers(instances []instance, s shape, names []string) ([]locker, error) {
 	lockers := make([]locker, s.goroutines)
 	perKey := s.goroutines / s.keys
 	for i := range lockers {
 		in := instances[i%len(instances)]
-		name := key
-		if s.keys > 1 {
-			name = fmt.Sprintf("%s:%d", key, min(i/perKey, s.keys-1))
-		}
+		name := names[min(i/perKey, s.keys-1)]
 		if s.size == 0 {
 			lockers[i] = in.Mutex(name)
 			continue
@@ -201,7 +212,7 @@ func makeLockers(instances []instance, s shape, key string) ([]locker, error) {
 // observe lets the contenders warm up, then opens the window between two
 // snapshots of the server's counters, sampling its connections meanwhile.
 // It fills in the result's server-side and client-side figures.
-func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, report func(time.Duration, int64)) (result, error) {
+func (r *run) observe(ctx context.Context, t *target, counts *clientCounts, report func(time.Duration, int64)) (result, error) {
 	began := time.Now()
 	tick := time.NewTicker(sampleEvery)
 	defer tick.Stop()
@@ -226,16 +237,16 @@ func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, re
 		return result{}, err
 	}
 
-	before, err := srv.snapshot(ctx)
+	before, err := t.snapshot(ctx)
 	if err != nil {
 		return result{}, err
 	}
 	requests0, commands0 := counts.requests.Load(), counts.commands.Load()
 	ccpu0 := processCPU()
 	r.winStart.Store(r.now())
-	conns, samples := 0, 0 // conns counts the benchmark's own connection
+	conns, samples := -1, 0
 	err = wait(r.measure, func() error {
-		n, err := srv.clients(ctx)
+		n, err := t.clients(ctx)
 		conns, samples = max(conns, n), samples+1
 		return err
 	})
@@ -245,7 +256,7 @@ func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, re
 	if err != nil {
 		return result{}, err
 	}
-	after, err := srv.snapshot(ctx)
+	after, err := t.snapshot(ctx)
 	if err != nil {
 		return result{}, err
 	}
@@ -257,7 +268,7 @@ func (r *run) observe(ctx context.Context, srv *server, counts *clientCounts, re
 		cpu:      d.cpu * 1e6,
 		ccpu:     cpuMicros(ccpu0, ccpu1),
 		requests: float64(requests1 - requests0),
-		conns:    conns - 1,
+		conns:    conns,
 	}, nil
 }
 

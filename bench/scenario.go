@@ -50,6 +50,9 @@ func pick(set, def int) int {
 type scenario struct {
 	name  string
 	about string
+	// cluster says the scenario runs on a Redis Cluster the benchmark
+	// starts, and only when -scenarios names it ("all" leaves it out).
+	cluster bool
 	// shapes returns the steps of the scenario (one, or a series).
 	shapes func(settings) []shape
 }
@@ -115,6 +118,16 @@ func scenarios() []scenario {
 			shapes: func(set settings) []shape {
 				p, g := pick(set.clients, 4), pick(set.perClient, 8)
 				return []shape{window(set, 1, shape{clients: p, goroutines: p * g, keys: 1, size: 4, hold: holdOr(set, time.Millisecond)})}
+			},
+		},
+		{
+			name:    "cluster",
+			about:   "a 3-primary Redis Cluster, a hot lock on each primary, 4 clients x 8 goroutines per lock, 1 ms hold",
+			cluster: true,
+			shapes: func(set settings) []shape {
+				p, g := pick(set.clients, 4), pick(set.perClient, 8)
+				n := clusterPrimaries
+				return []shape{window(set, 1, shape{clients: p, goroutines: p * g * n, keys: n, hold: holdOr(set, time.Millisecond)})}
 			},
 		},
 	}

@@ -20,6 +20,12 @@ type counters struct {
 	calls int64   // INFO commandstats calls, summed over all commands
 	subs  int64   // the calls of subscriptionCommands
 	cpu   float64 // INFO cpu used_cpu_user + used_cpu_sys, in seconds
+	nodes int     // servers summed, each read by one INFO per snapshot
+}
+
+// add returns the sum of c and o, as one snapshot of both servers.
+func (c counters) add(o counters) counters {
+	return counters{calls: c.calls + o.calls, subs: c.subs + o.subs, cpu: c.cpu + o.cpu, nodes: c.nodes + o.nodes}
 }
 
 // snapshot reads the counters with one INFO commandstats cpu.
@@ -28,7 +34,7 @@ func (s *server) snapshot(ctx context.Context) (counters, error) {
 	if err != nil {
 		return counters{}, err
 	}
-	var c counters
+	c := counters{nodes: 1}
 	for key, value := range infoFields(info) {
 		switch {
 		case strings.HasPrefix(key, "cmdstat_"):
@@ -47,11 +53,13 @@ func (s *server) snapshot(ctx context.Context) (counters, error) {
 
 // since returns how much the counters grew from before to c, net of the
 // benchmark's own commands: Redis counts a command after running it, so
-// the growth holds the first snapshot's INFO and the samples INFO clients
-// sent between the snapshots, but not the second snapshot's INFO.
+// the growth holds, on every server summed, the first snapshot's INFO and
+// the samples' INFO clients sent between the snapshots, but not the second
+// snapshot's INFO.
 func (c counters) since(before counters, samples int) counters {
 	return counters{
-		calls: c.calls - before.calls - 1 - int64(samples),
+		nodes: c.nodes,
+		calls: c.calls - before.calls - int64(c.nodes)*(1+int64(samples)),
 		subs:  c.subs - before.subs,
 		cpu:   c.cpu - before.cpu,
 	}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestSlotOf(t *testing.T) {
+	for key, want := range map[string]int{
+		"foo":                  12182,
+		"hello":                866,
+		"{foo}:bar":            12182,
+		"x:{hello}":            866,
+		"redisync:lock:{foo}":  12182,
+		"rueidislock:0:{foo}x": 12182,
+	} {
+		if got := slotOf(key); got != want {
+			t.Errorf("slotOf(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
+
+func TestLockNamesOnePerPrimary(t *testing.T) {
+	// Three primaries with redis-cli's even split of the slots.
+	c := &target{cluster: true, nodes: make([]*server, 3), owner: make([]int, 16384)}
+	for slot := range c.owner {
+		c.owner[slot] = min(slot/5461, 2)
+	}
+	s := shape{keys: 6}
+	for _, lib := range libraries() {
+		names := lockNames(c, lib, s, "rsbench-x:cluster:96:"+lib.name+":0")
+		if len(names) != s.keys || len(slices.Compact(slices.Clone(names))) != s.keys {
+			t.Fatalf("%s: names %v, want %d different", lib.name, names, s.keys)
+		}
+		if lib.redisKey == nil {
+			continue
+		}
+		for k, name := range names {
+			if got := c.owner[slotOf(lib.redisKey(name))]; got != k%3 {
+				t.Errorf("%s: lock %d (%s) is on primary %d, want %d", lib.name, k, name, got, k%3)
+			}
+		}
+	}
+}
+
+func TestClusterScenarioOnlyWhenNamed(t *testing.T) {
+	for _, tc := range []struct {
+		scenarios string
+		want      int // cluster jobs
+	}{
+		{"all", 0},
+		{"hot", 0},
+		{"cluster", len(libraries())},
+		{"hot,cluster", len(libraries())},
+	} {
+		jobs, err := plan(options{libs: "all", scenarios: tc.scenarios, rounds: 1, settings: settings{base: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for _, j := range jobs {
+			if j.cluster {
+				got++
+				if j.lib.openCluster == nil {
+					t.Errorf("%s: cluster job of %s, which has no cluster client", tc.scenarios, j.lib.name)
+				}
+			}
+		}
+		if got != tc.want {
+			t.Errorf("-scenarios %s: %d cluster jobs, want %d", tc.scenarios, got, tc.want)
+		}
+	}
+}
