@@ -38,7 +38,7 @@ func SpawnCluster(tb testing.TB, primaries, replicas int) *Cluster {
 	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"}
 	for range primaries * (1 + replicas) {
-		s, err := start(freeClusterPort, args...)
+		s, err := start(freeClusterPort, "", args...)
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -19,7 +19,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -100,7 +102,7 @@ func find() (addr, why string) {
 		return a, ""
 	}
 	if _, err := exec.LookPath("redis-server"); err == nil {
-		s, err := start(freePort)
+		s, err := start(freePort, "")
 		if err != nil {
 			return "", err.Error()
 		}
@@ -162,7 +164,7 @@ func Spawn(tb testing.TB, args ...string) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing(tb, "no redis-server on PATH for a test that starts its own")
 	}
-	s, err := start(freePort, args...)
+	s, err := start(freePort, "", args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -171,11 +173,19 @@ func Spawn(tb testing.TB, args ...string) *Server {
 }
 
 // start runs redis-server on a port from pick, with no persistence unless
-// args ask for it, and waits until it answers.
-func start(pick func() (int, error), args ...string) (*Server, error) {
+// args ask for it, and waits until it answers. A non-empty conf is written
+// to a configuration file that the server is started with.
+func start(pick func() (int, error), conf string, args ...string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
 		return nil, err
+	}
+	if conf != "" {
+		path := filepath.Join(dir, "redis.conf")
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			return nil, err
+		}
+		args = append([]string{path}, args...)
 	}
 	for try := 0; try < 5; try++ {
 		port, err := pick()
@@ -194,11 +204,17 @@ func start(pick func() (int, error), args ...string) (*Server, error) {
 
 // launch starts the process on s's port and waits until it answers PING.
 func (s *Server) launch() error {
-	argv := append([]string{
+	argv := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--protected-mode", "no",
-	}, s.args...)
+	}
+	if len(s.args) > 0 && !strings.HasPrefix(s.args[0], "--") {
+		// A configuration file goes first.
+		argv = append([]string{s.args[0]}, append(argv, s.args[1:]...)...)
+	} else {
+		argv = append(argv, s.args...)
+	}
 	cmd := exec.Command("redis-server", argv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
