@@ -96,3 +96,26 @@ const cleanupTimeout = 5 * time.Second
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 }
+
+// persist runs call, an idempotent script call (a release), again while it
+// fails because Redis cannot be reached or cannot serve for now (a
+// restart, a failover: see transient), with a growing pause, for at most
+// cleanupTimeout and while ctx lasts. It returns call's last error.
+func persist(ctx context.Context, call func() error) error {
+	deadline := time.Now().Add(cleanupTimeout)
+	pause := 50 * time.Millisecond
+	for {
+		err := call()
+		if err == nil || !transient(err) || time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		pause = min(2*pause, maxBackoff)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -142,7 +143,13 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 
 	sent := time.Now()
-	res, err := m.release(ctx, count, token, false)
+	// The release is idempotent: one that cannot reach Redis for now (a
+	// failover under way) is sent again for a while.
+	var res int64
+	err := persist(ctx, func() (err error) {
+		res, err = m.release(ctx, count, token, false)
+		return err
+	})
 	if count == 1 {
 		m.drop()
 	}
@@ -215,7 +222,7 @@ func (m *Mutex) attempt(ctx context.Context, queue bool) (acquired bool, pttl in
 		m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
 		m.channel, m.c.publish}, granted)
 	if err != nil {
-		if !isReply(err) {
+		if mayHaveRun(err) {
 			// The script may have run and only its reply was lost.
 			m.undo(ctx, held)
 		}
@@ -426,6 +433,14 @@ func (m *Mutex) wrap(op string, err error) error {
 		return err
 	}
 	return &opError{op: op, name: m.name, err: err}
+}
+
+// mayHaveRun reports whether a command that failed with err may have run
+// in Redis all the same: its reply was lost, rather than Redis answering
+// with an error or the connection failing before anything was sent.
+func mayHaveRun(err error) bool {
+	var op *net.OpError
+	return !isReply(err) && !(errors.As(err, &op) && op.Op == "dial")
 }
 
 // isReply reports whether err is an error reply from Redis (the command

@@ -183,7 +183,13 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	}
 	sent := time.Now()
 	s.seq++
-	res, err := s.release(ctx, s.seq, n, held, "release", "")
+	// The release is idempotent (its number tells): one that cannot reach
+	// Redis for now (a failover under way) is sent again for a while.
+	var res int64
+	err := persist(ctx, func() (err error) {
+		res, err = s.release(ctx, s.seq, n, held, "release", "")
+		return err
+	})
 	if err != nil && !isReply(err) {
 		// The reply was lost (or ctx ended with the call in flight): the
 		// same call again, idempotent by its number, tells what happened.
@@ -312,7 +318,7 @@ func (s *Semaphore) attempt(ctx context.Context, n int64, mode, waiter string, q
 		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
 		s.channel, s.c.publish}, granted)
 	if err != nil {
-		if !isReply(err) {
+		if mayHaveRun(err) {
 			// The script may have run and only its reply was lost.
 			s.undoLocked(ctx, n, waiter)
 		}
