@@ -101,7 +101,7 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // fails because Redis cannot be reached or cannot serve for now (a
 // restart, a failover: see transient), with a growing pause, for at most
 // cleanupTimeout and while ctx lasts. It returns call's last error.
-func persist(ctx context.Context, call func() error) error {
+func (c *Client) persist(ctx context.Context, call func() error) error {
 	deadline := time.Now().Add(cleanupTimeout)
 	pause := 50 * time.Millisecond
 	for {
@@ -109,6 +109,7 @@ func persist(ctx context.Context, call func() error) error {
 		if err == nil || !transient(err) || time.Now().Add(pause).After(deadline) {
 			return err
 		}
+		c.relocate()
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
@@ -117,5 +118,14 @@ func persist(ctx context.Context, call func() error) error {
 			return err
 		}
 		pause = min(2*pause, maxBackoff)
+	}
+}
+
+// relocate has a Redis Cluster client reload its slot map after a call
+// failed to reach its primary: after a failover, go-redis would otherwise
+// keep sending the slot's commands to the primary that died.
+func (c *Client) relocate() {
+	if cluster, ok := c.rdb.(*redis.ClusterClient); ok {
+		cluster.ReloadState(c.ctx)
 	}
 }

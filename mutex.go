@@ -146,7 +146,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	// The release is idempotent: one that cannot reach Redis for now (a
 	// failover under way) is sent again for a while.
 	var res int64
-	err := persist(ctx, func() (err error) {
+	err := m.c.persist(ctx, func() (err error) {
 		res, err = m.release(ctx, count, token, false)
 		return err
 	})

@@ -186,7 +186,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	// The release is idempotent (its number tells): one that cannot reach
 	// Redis for now (a failover under way) is sent again for a while.
 	var res int64
-	err := persist(ctx, func() (err error) {
+	err := s.c.persist(ctx, func() (err error) {
 		res, err = s.release(ctx, s.seq, n, held, "release", "")
 		return err
 	})

@@ -400,7 +400,7 @@ func (s *subscriber) fail(sh *shard) {
 	backoff := min(time.Duration(1<<min(s.failures, 10))*5*time.Millisecond, maxBackoff)
 	s.mu.Unlock()
 	_ = sh.ps.Close()
-	s.cluster.ReloadState(s.ctx)
+	s.cluster.ReloadState(s.ctx) // the primaries may have changed
 	s.pause(backoff)
 	s.sync()
 }

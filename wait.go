@@ -62,6 +62,7 @@ func (c *Client) block(ctx context.Context, channel, owner string, recheck time.
 			// server that is down fails fast.
 			backoff = min(max(2*backoff, 50*time.Millisecond), maxBackoff)
 			sleep = backoff
+			c.relocate()
 		case err != nil || done:
 			return err
 		default:

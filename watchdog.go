@@ -241,6 +241,11 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 		args = append(args, e.kind, e.owner, e.ttl.Milliseconds())
 	}
 	res, err := w.call(limit, keys, args)
+	if err != nil && w.cluster {
+		// The slot's primary may have failed over: have go-redis look
+		// for the new one before the retry.
+		w.rdb.(*redis.ClusterClient).ReloadState(w.ctx)
+	}
 
 	now := time.Now()
 	var gone []func()

@@ -15,5 +15,8 @@ func TestMain(m *testing.M) {
 		// After a dial fails, go-redis retries in a goroutine of its
 		// pool that sleeps 1 s between tries and outlives Close by up to
 		// that second: the cluster failover test makes dials fail.
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
+		// A cluster client reloads its slot map in a goroutine that
+		// waits 200 ms before it ends.
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9.(*clusterStateHolder).LazyReload.func1"))
 }
