@@ -33,7 +33,7 @@ func namesOnEveryPrimary(t *testing.T, c *redistest.Cluster, rdb *redis.ClusterC
 	var names []string
 	primaries := map[string]bool{}
 	for i := 0; len(names) < n || len(primaries) < 3; i++ {
-		name := fmt.Sprintf("%s-%d", uniqueName(t), i)
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i)
 		primaries[c.PrimaryFor(t, rdb, lockKey(name)).Addr] = true
 		names = append(names, name)
 	}

@@ -75,7 +75,7 @@ func assertClean(t *testing.T, rdb redis.UniversalClient, name string) {
 func TestFairStrictArrivalOrder(t *testing.T) {
 	cs := newClients(t, 4, redisync.Fair())
 	rdb := admin(t)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	opts := []redisync.Option{redisync.Fair(), redisync.WithHeartbeat(heartbeat)}
 	cs := newClients(t, 2, opts...)
 	rdb := admin(t)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 
 	// The dying waiter's Client has a go-redis client of its own, closed
 	// under it, so that it cannot withdraw: as if its process died.
@@ -164,7 +164,7 @@ func TestFairLongWaitIsNotEvicted(t *testing.T) {
 	const heartbeat = 150 * time.Millisecond
 	cs := newClients(t, 2, redisync.Fair(), redisync.WithHeartbeat(heartbeat))
 	rdb := admin(t)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -198,7 +198,7 @@ func TestFairLongWaitIsNotEvicted(t *testing.T) {
 func TestFairCancelInTheMiddle(t *testing.T) {
 	cs := newClients(t, 3, redisync.Fair())
 	rdb := admin(t)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -241,7 +241,7 @@ func TestFairCancelInTheMiddle(t *testing.T) {
 func TestFairCancelRacingHandOff(t *testing.T) {
 	cs := newClients(t, 2, redisync.Fair())
 	rdb := admin(t)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var handed, cancelled int
 	for range 30 {
@@ -285,7 +285,7 @@ func TestFairCancelRacingHandOff(t *testing.T) {
 func TestFairContentionIsFairAndExclusive(t *testing.T) {
 	cs := newClients(t, 4, redisync.Fair())
 	const workers = 32
-	res := contend(t, mutexes(cs, uniqueName(t), workers), time.Millisecond, until(time.Now().Add(3*time.Second)))
+	res := contend(t, mutexes(cs, redistest.Name(t), workers), time.Millisecond, until(time.Now().Add(3*time.Second)))
 	var sum, sq float64
 	for _, c := range res.counts {
 		sum += float64(c)
@@ -300,7 +300,7 @@ func TestFairContentionIsFairAndExclusive(t *testing.T) {
 
 func TestFairAndPlainOnOneNameStayExclusive(t *testing.T) {
 	cs := newClients(t, 4)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	fair, plain := mutexes(cs, name, 8, redisync.Fair()), mutexes(cs, name, 8)
 	contend(t, append(fair, plain...), 100*time.Microsecond, rounds(20))
 }

@@ -9,18 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
 )
 
 var ctx = context.Background()
-
-// uniqueName returns a lock name that no other test uses.
-func uniqueName(t *testing.T) string {
-	return strings.ReplaceAll(t.Name(), "/", "-") + "-" + uuid.NewString()[:8]
-}
 
 // newClients returns n redisync Clients, each on a go-redis client of its
 // own (as n processes would have), closed at the end of the test.

@@ -16,7 +16,7 @@ func lockKey(name string) string { return "redisync:lock:{" + name + "}" }
 
 func TestMutexExclusionAndTokensUnderContention(t *testing.T) {
 	cs := newClients(t, 4)
-	res := contend(t, mutexes(cs, uniqueName(t), 32), 0, rounds(20))
+	res := contend(t, mutexes(cs, redistest.Name(t), 32), 0, rounds(20))
 	if len(res.tokens) != 32*20 {
 		t.Fatalf("%d acquisitions, want %d", len(res.tokens), 32*20)
 	}
@@ -25,7 +25,7 @@ func TestMutexExclusionAndTokensUnderContention(t *testing.T) {
 
 func TestMutexReentrantOnRealRedis(t *testing.T) {
 	cs := newClients(t, 2)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	a, b := cs[0].NewMutex(name), cs[1].NewMutex(name)
 	for range 3 {
 		if err := a.Lock(ctx); err != nil {
@@ -58,7 +58,7 @@ func TestMutexReentrantOnRealRedis(t *testing.T) {
 func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 	const lease = time.Second
 	addr := redistest.Addr(t)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	crashed := redisync.New(redistest.NewClient(t, addr), redisync.WithLease(lease))
 	holder := crashed.NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
@@ -81,7 +81,7 @@ func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 
 func TestMutexLostWhenKeyDeletedBehindHolder(t *testing.T) {
 	c := newClients(t, 1, redisync.WithWatchdogLease(300*time.Millisecond))[0]
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	m := c.NewMutex(name)
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestMutexLostWhenKeyDeletedBehindHolder(t *testing.T) {
 
 func TestMutexWaitersSurviveSubscriberKill(t *testing.T) {
 	cs := newClients(t, 3, redisync.WithRecheck(30*time.Second))
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestMutexWaitersSurviveSubscriberKill(t *testing.T) {
 
 func TestMutexBlockedWaitersDoNotPoll(t *testing.T) {
 	cs := newClients(t, 4)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 	rdb := redistest.NewClient(t, p.Addr)
 	c := redisync.New(rdb)
 	t.Cleanup(func() { _ = c.Close() })
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	m := c.NewMutex(name)
 	if err := m.Lock(ctx); err != nil { // loads the scripts
 		t.Fatal(err)
@@ -255,7 +255,7 @@ func TestMutexWrongTypeOnRealRedis(t *testing.T) {
 	c := newClients(t, 1)[0]
 	rdb := admin(t)
 	for _, kind := range []string{"list", "token"} {
-		name := uniqueName(t) + kind
+		name := redistest.Name(t) + kind
 		key := lockKey(name)
 		if kind == "list" {
 			rdb.RPush(ctx, key, "x")
@@ -276,7 +276,7 @@ func TestMutexWrongTypeOnRealRedis(t *testing.T) {
 
 func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 	cs := newClients(t, 2)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)

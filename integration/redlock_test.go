@@ -96,7 +96,7 @@ func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, 
 func TestRedlockExclusionUnderContention(t *testing.T) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 3)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	contendRedlock(t, rs, name, 16, 10)
 	if l := leftovers(t, nodeAdmins(t, ss), name); len(l) > 0 {
 		t.Fatalf("keys left after every Unlock: %v", l)
@@ -108,7 +108,7 @@ func TestRedlockMinorityKilled(t *testing.T) {
 		t.Run(fmt.Sprint(n, "nodes"), func(t *testing.T) {
 			ss := spawnNodes(t, n)
 			rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
-			name := uniqueName(t)
+			name := redistest.Name(t)
 			a, b := rs[0].NewMutex(name), rs[1].NewMutex(name)
 			if err := a.Lock(ctx); err != nil {
 				t.Fatal(err)
@@ -143,7 +143,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 	t.Run("killed", func(t *testing.T) {
 		ss := spawnNodes(t, 3)
 		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
-		m := rs[0].NewMutex(uniqueName(t))
+		m := rs[0].NewMutex(redistest.Name(t))
 		ss[0].Kill(t)
 		ss[2].Kill(t)
 		start := time.Now()
@@ -157,7 +157,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 		const recheck = time.Second
 		ss := spawnNodes(t, 3)
 		rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(nodeTimeout), redisync.WithRecheck(recheck))
-		name := uniqueName(t)
+		name := redistest.Name(t)
 		holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -185,7 +185,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 	t.Run("paused", func(t *testing.T) {
 		ss := spawnNodes(t, 5)
 		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
-		name := uniqueName(t)
+		name := redistest.Name(t)
 		admins := nodeAdmins(t, ss)
 		m := rs[0].NewMutex(name)
 		for _, s := range ss[2:] {
@@ -220,7 +220,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 func TestRedlockSlowNodeGrantIsUndone(t *testing.T) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(300*time.Millisecond))
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	admins := nodeAdmins(t, ss)
 	m := rs[0].NewMutex(name)
 	ss[2].Signal(t, syscall.SIGSTOP)
@@ -254,7 +254,7 @@ func TestRedlockClockJumpDoubleGrantIsFenced(t *testing.T) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 2)
 	admins := nodeAdmins(t, ss)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	// Node 0 has minted more tokens for this name than the others.
 	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
 		t.Fatal(err)
@@ -312,7 +312,7 @@ func TestRedlockKleppmannFiveNodes(t *testing.T) {
 	ss := spawnNodes(t, 5)
 	rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
 	admins := nodeAdmins(t, ss)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +387,7 @@ func TestRedlockLostWhenMajorityLost(t *testing.T) {
 	const lease = time.Second
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 1, redisync.WithWatchdogLease(lease), redisync.WithNodeTimeout(200*time.Millisecond))
-	m := rs[0].NewMutex(uniqueName(t))
+	m := rs[0].NewMutex(redistest.Name(t))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestRedlockWaiterWokenByPubSub(t *testing.T) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 2, redisync.WithRecheck(time.Minute))
 	admins := nodeAdmins(t, ss)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -477,7 +477,7 @@ func TestRedlockCancelledLockLeavesNothing(t *testing.T) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 2)
 	admins := nodeAdmins(t, ss)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := rs[0].NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 		if fair {
 			opts = append(opts, redisync.Fair())
 		}
-		name := uniqueName(t)
+		name := redistest.Name(t)
 		m := c.NewMutex(name, opts...)
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -61,7 +61,7 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 	eventually(t, 10*time.Second, "the primary to lose its replica", func() bool {
 		return strings.Contains(pAdmin.Info(ctx, "replication").Val(), "connected_slaves:0")
 	})
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	m := c.NewMutex(name)
 	if err := m.Lock(ctx); !errors.Is(err, redisync.ErrNotReplicated) {
 		t.Fatalf("Lock without a replica: %v, want ErrNotReplicated", err)
@@ -82,7 +82,7 @@ func TestReplicatedHoldSurvivesFailover(t *testing.T) {
 	rAdmin := redistest.NewClient(t, replica.Addr)
 	c := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
 	t.Cleanup(func() { _ = c.Close() })
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	m := c.NewMutex(name)
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
 )
 
 // semKeys returns the Redis keys of the semaphore called name.
@@ -20,7 +21,7 @@ func semKeys(name string) (queue, waiters string) {
 
 func TestSemaphoreNeverOversubscribed(t *testing.T) {
 	const size, goroutines, rounds = 5, 50, 4
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	clients := newClients(t, 5)
 	cnt := cmdCounter{admin(t)}
 	// Two goroutines share each Semaphore value, as with a Weighted.
@@ -88,7 +89,7 @@ func TestSemaphoreCrashedHolderFreesPermitsWithinLease(t *testing.T) {
 // testCrashedHolder checks that a holder whose Client is closed without
 // Release loses its permits to a waiter within lease + 300ms.
 func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	cs := newClients(t, 2, opt, redisync.WithRecheck(time.Hour))
 	holder, waiter := cs[0].NewSemaphore(name, 3), cs[1].NewSemaphore(name, 3)
 	acquired := time.Now()
@@ -118,7 +119,7 @@ func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
 
 func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 	const size = 3
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	cs := newClients(t, 3)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -210,7 +211,7 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 }
 
 func TestSemaphoreSizeMismatch(t *testing.T) {
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	cs := newClients(t, 2)
 	a := cs[0].NewSemaphore(name, 3)
 	if err := a.Acquire(ctx, 1); err != nil {
@@ -230,7 +231,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 
 func TestSemaphoreWaitersDoNotPoll(t *testing.T) {
 	const waiters = 10
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	// Long heartbeat and recheck: nothing is due during the measurement.
 	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithHeartbeat(time.Minute))
 	holder := cs[0].NewSemaphore(name, 1)

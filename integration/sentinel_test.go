@@ -41,7 +41,7 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	// fail with ErrNotReplicated until then.
 	cs := []*redisync.Client{newFailover(), newFailover()}
 	admin := redistest.NewClient(t, primary.Addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := newFailover(redisync.WithReplicas(1, time.Second)).NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -84,7 +84,7 @@ func TestContentionHistory(t *testing.T) {
 	const procs, goroutines, cycles = 3, 4, 250
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	counter, history, register := "fault:"+name+":counter", "fault:"+name+":history", "fault:"+name+":register"
 	t.Cleanup(func() { rdb.Del(ctx, counter, history, register) })
 

@@ -23,7 +23,7 @@ func TestHolderSIGKILL(t *testing.T) {
 	const lease = time.Second
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := startHolder(t, "serve", "-addr", addr, "-name", name, "-watchdog", lease.String())
 	holder.lockToken(5 * time.Second)
 
@@ -61,7 +61,7 @@ func TestHolderSIGSTOPFencing(t *testing.T) {
 	const staleWrites = 20
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	register := "fault:" + name + ":register"
 	t.Cleanup(func() { rdb.Del(ctx, register) })
 
@@ -133,7 +133,7 @@ func TestFairQueuedWaiterSIGKILL(t *testing.T) {
 	const hb = time.Second
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	queueLen := func() int64 { return rdb.ZCard(ctx, lockKey(name)+":queue").Val() }
 	opts := []redisync.Option{redisync.Fair(), redisync.WithHeartbeat(hb)}
 
@@ -236,7 +236,7 @@ func TestSemaphoreHolderSIGKILL(t *testing.T) {
 	const size = 3
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	holder := startHolder(t, "serve", "-addr", addr, "-name", name, "-sem", "3", "-watchdog", lease.String())
 	holder.send("acquire 2")
 	holder.expect("acquired 2", 5*time.Second)

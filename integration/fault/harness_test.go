@@ -12,18 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
 )
 
 var ctx = context.Background()
-
-// uniqueName returns a lock name that no other test uses.
-func uniqueName(t *testing.T) string {
-	return strings.ReplaceAll(t.Name(), "/", "-") + "-" + uuid.NewString()[:8]
-}
 
 // lockKey and channel are a lock's hash key and channel under the default
 // prefix.

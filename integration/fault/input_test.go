@@ -94,7 +94,7 @@ func TestBadInput(t *testing.T) {
 			}
 			name := tc.lockName
 			if name == "" && tc.want != redisync.ErrInvalidName {
-				name = uniqueName(t)
+				name = redistest.Name(t)
 			}
 			m := c.NewMutex(name, tc.mutexOpts...)
 			lctx := tc.ctx
@@ -127,7 +127,7 @@ func TestBadInput(t *testing.T) {
 		rdb.AddHook(hook)
 		c := redisync.New(rdb)
 		defer c.Close()
-		if err := c.NewMutex(uniqueName(t)).Unlock(ctx); !errors.Is(err, redisync.ErrNotHeld) {
+		if err := c.NewMutex(redistest.Name(t)).Unlock(ctx); !errors.Is(err, redisync.ErrNotHeld) {
 			t.Errorf("Unlock: %v, want ErrNotHeld", err)
 		}
 		if n := hook.cmds.Load(); n != 0 {
@@ -184,7 +184,7 @@ func TestWrongKeyTypes(t *testing.T) {
 					label += "/fair"
 				}
 				t.Run(label, func(t *testing.T) {
-					name := uniqueName(t)
+					name := redistest.Name(t)
 					base := lockKey(name)
 					keys := []string{base, base + ":token", base + ":queue", base + ":waiters"}
 					t.Cleanup(func() { rdb.Del(ctx, keys...) })

@@ -28,7 +28,7 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Spawn(t)
 			admin := redistest.NewClient(t, srv.Addr)
-			name := uniqueName(t)
+			name := redistest.Name(t)
 			waitAddr := srv.Addr
 			var px *redistest.Proxy
 			if tc.proxy {
@@ -114,7 +114,7 @@ func TestGapRace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
 			px := redistest.NewProxy(t, addr)
-			name := uniqueName(t)
+			name := redistest.Name(t)
 			holder := newClient(t, addr).NewMutex(name)
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)

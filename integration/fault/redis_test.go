@@ -30,7 +30,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	const clients, perClient = 5, 10
 	srv := redistest.Spawn(t)
 	admin := redistest.NewClient(t, srv.Addr)
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	opts := []redisync.Option{redisync.WithWatchdogLease(2 * time.Second), redisync.WithRecheck(2 * time.Second)}
 
 	holder := newClient(t, srv.Addr, opts...).NewMutex(name)
@@ -185,13 +185,13 @@ func TestShutdownIsQuiet(t *testing.T) {
 
 	var holds []*redisync.Mutex
 	for i := range 3 {
-		m := c.NewMutex(uniqueName(t) + itoa(int64(i)))
+		m := c.NewMutex(redistest.Name(t) + itoa(int64(i)))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		holds = append(holds, m)
 	}
-	busy := uniqueName(t)
+	busy := redistest.Name(t)
 	admin.HSet(ctx, lockKey(busy), "someone-else", 1)
 	admin.PExpire(ctx, lockKey(busy), time.Minute)
 	w1, w2 := lockAsync(c.NewMutex(busy), ctx), lockAsync(c.NewMutex(busy), ctx)
@@ -265,7 +265,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	if err := rAdmin.SlaveOf(ctx, host, port).Err(); err != nil {
 		t.Fatal(err)
 	}
-	name := uniqueName(t)
+	name := redistest.Name(t)
 	tokenKey := lockKey(name) + ":token"
 
 	a := newClient(t, primary.Addr, redisync.WithWatchdogLease(3*time.Second)).NewMutex(name)

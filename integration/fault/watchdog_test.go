@@ -37,7 +37,7 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 			addr := redistest.Addr(t)
 			rdb := redistest.NewClient(t, addr)
 			px := redistest.NewProxy(t, addr)
-			name := uniqueName(t)
+			name := redistest.Name(t)
 			hrdb := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: tc.ctxTimeout})
 			t.Cleanup(func() { _ = hrdb.Close() })
 			hc := redisync.New(hrdb, redisync.WithWatchdogLease(lease))

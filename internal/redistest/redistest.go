@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
@@ -327,4 +328,10 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Name returns a name for a lock or semaphore that no other test uses:
+// the test's name and a random suffix.
+func Name(tb testing.TB) string {
+	return strings.ReplaceAll(tb.Name(), "/", "-") + "-" + uuid.NewString()[:8]
 }
