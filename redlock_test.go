@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,6 +103,29 @@ func TestRedlockQuorumSizes(t *testing.T) {
 	}
 }
 
+// lockOnAll takes m with every node in the hold. Under the race detector
+// a node can answer a round too late and be left out of it (its grant is
+// undone), which a test of what each node holds cannot use: it tries
+// again, a bounded number of times.
+func lockOnAll(t *testing.T, m *RedMutex) {
+	t.Helper()
+	for range 20 {
+		if err := m.Lock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		m.mu.Lock()
+		all := !slices.Contains(m.member, false)
+		m.mu.Unlock()
+		if all {
+			return
+		}
+		if err := m.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("no round of 20 included every node")
+}
+
 func TestRedlockLockUnlockReentrant(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
@@ -113,10 +137,20 @@ func TestRedlockLockUnlockReentrant(t *testing.T) {
 		}
 	}
 	key := "redisync:lock:{x}"
-	for i, mr := range mrs {
-		if !mr.Exists(key) {
-			t.Fatalf("node %d has no lock key", i)
+	// held reports how many nodes have the lock key. A node that answered
+	// a round too late (under the race detector, say) has its grant undone
+	// in the background, so a hold is a quorum of nodes, not always all.
+	held := func() int {
+		n := 0
+		for _, mr := range mrs {
+			if mr.Exists(key) {
+				n++
+			}
 		}
+		return n
+	}
+	if n := held(); n < r.Quorum() {
+		t.Fatalf("%d nodes have the lock key, want a quorum (%d)", n, r.Quorum())
 	}
 	if ok, err := b.TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock of another owner = %v, %v; want false, nil", ok, err)
@@ -128,18 +162,17 @@ func TestRedlockLockUnlockReentrant(t *testing.T) {
 		if err := a.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if !mrs[0].Exists(key) {
-			t.Fatal("an inner Unlock released the lock")
+		if n := held(); n < r.Quorum() {
+			t.Fatalf("an inner Unlock released the lock: %d nodes have the key", n)
+		}
+		if ok, err := b.TryLock(ctx); ok || err != nil {
+			t.Fatalf("after an inner Unlock, TryLock of another owner = %v, %v; want false, nil", ok, err)
 		}
 	}
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for i, mr := range mrs {
-		if mr.Exists(key) {
-			t.Fatalf("node %d still has the lock key after the last Unlock", i)
-		}
-	}
+	eventually(t, 5*time.Second, "no node to have the lock key after the last Unlock", func() bool { return held() == 0 })
 	if err := a.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Unlock of nothing: %v, want ErrNotHeld", err)
 	}
@@ -163,16 +196,16 @@ func TestRedlockTokenIsRaisedOnEveryNode(t *testing.T) {
 	}
 	r := newRedlock(t, rdbs)
 	m := r.NewMutex("t")
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := m.Token(); got != 101 {
-		t.Fatalf("token %d, want 101 (the largest node token)", got)
+	lockOnAll(t, m)
+	// 101 unless a round that left a node out came first (lockOnAll).
+	want := m.Token()
+	if want < 101 {
+		t.Fatalf("token %d, want at least 101 (the largest node token)", want)
 	}
 	for i, mr := range mrs {
 		v, _ := mr.Get(tokenKey)
-		if n, _ := strconv.Atoi(v); n != 101 {
-			t.Errorf("node %d token counter %q, want 101", i, v)
+		if n, _ := strconv.ParseInt(v, 10, 64); n != want {
+			t.Errorf("node %d token counter %q, want %d", i, v, want)
 		}
 	}
 	if err := m.Unlock(ctx); err != nil {
@@ -183,8 +216,8 @@ func TestRedlockTokenIsRaisedOnEveryNode(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Token(); got != 102 {
-		t.Fatalf("token %d, want 102", got)
+	if got := m.Token(); got != want+1 {
+		t.Fatalf("token %d, want %d", got, want+1)
 	}
 	_ = m.Unlock(ctx)
 }
@@ -222,9 +255,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	r := newRedlock(t, rdbs, WithWatchdogLease(300*time.Millisecond))
 	m := r.NewMutex("l")
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lockOnAll(t, m)
 	key := "redisync:lock:{l}"
 	mrs[0].Del(key)
 	eventually(t, 5*time.Second, "node 0's hold reported lost", func() bool {
