@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -25,7 +24,8 @@ type Client struct {
 
 	sub     *subscriber
 	wd      *watchdog
-	publish string // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
+	calls   *callGroup // calls to Redis running in goroutines of their own
+	publish string     // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
 
 	ctx   context.Context // ends when the Client is closed
 	close context.CancelFunc
@@ -55,20 +55,31 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	} else {
 		cluster = nil
 	}
+	c.calls = newCallGroup()
 	c.sub = newSubscriber(rdb, cluster, c.ctx)
 	c.wd = newWatchdog(rdb, c.ctx)
 	return c
 }
 
-// Close stops the subscriber and the watchdog and waits for them to exit.
-// Waiting calls return ErrClosed; later calls fail with ErrClosed. Holds are
-// not released: their leases are no longer renewed, so Redis frees them
-// when they run out, and their Lost channels are closed. Close is
-// idempotent and always returns nil.
+// Close stops the subscriber and the watchdog and waits for them to exit,
+// and for the calls to Redis still running in the background (the
+// clean-up of calls whose context ended). Waiting calls return ErrClosed;
+// later calls fail with ErrClosed. Holds are not released: their leases
+// are no longer renewed, so Redis frees them when they run out, and their
+// Lost channels are closed. Close is idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.close()
 	c.sub.wait()
 	c.wd.wait()
+	c.calls.close()
+	return nil
+}
+
+// valid reports ErrNilClient when the Client has no Redis client.
+func (c *Client) valid() error {
+	if c.rdb == nil {
+		return ErrNilClient
+	}
 	return nil
 }
 
@@ -83,49 +94,8 @@ func (c *Client) usable() error {
 	return nil
 }
 
-// newOwner mints an owner id unique to this Client value.
-func (c *Client) newOwner() string {
+// ticket mints an id unique to this Client value: an owner (a Semaphore
+// value) or a call (a Lock call's ticket).
+func (c *Client) ticket() string {
 	return c.id + "-" + strconv.FormatUint(c.seq.Add(1), 10)
-}
-
-// cleanupTimeout bounds the clean-up a call does after its context ended.
-const cleanupTimeout = 5 * time.Second
-
-// detached returns a context for clean-up after ctx ended: it keeps ctx's
-// values, not its cancellation.
-func detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-}
-
-// persist runs call, an idempotent script call (a release), again while it
-// fails because Redis cannot be reached or cannot serve for now (a
-// restart, a failover: see transient), with a growing pause, for at most
-// cleanupTimeout and while ctx lasts. It returns call's last error.
-func (c *Client) persist(ctx context.Context, call func() error) error {
-	deadline := time.Now().Add(cleanupTimeout)
-	pause := 50 * time.Millisecond
-	for {
-		err := call()
-		if err == nil || !transient(err) || time.Now().Add(pause).After(deadline) {
-			return err
-		}
-		c.relocate()
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-		pause = min(2*pause, maxBackoff)
-	}
-}
-
-// relocate has a Redis Cluster client reload its slot map after a call
-// failed to reach its primary: after a failover, go-redis would otherwise
-// keep sending the slot's commands to the primary that died.
-func (c *Client) relocate() {
-	if cluster, ok := c.rdb.(*redis.ClusterClient); ok {
-		cluster.ReloadState(c.ctx)
-	}
 }

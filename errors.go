@@ -22,8 +22,8 @@ var (
 	// ErrNilClient is returned by every call when New was given a nil
 	// Redis client.
 	ErrNilClient = errors.New("redisync: nil redis client")
-	// ErrInvalidName is returned for an empty name or one longer than
-	// MaxNameLen bytes.
+	// ErrInvalidName is returned for an empty name, one longer than
+	// MaxNameLen bytes, or one that starts with '}'.
 	ErrInvalidName = errors.New("redisync: invalid name")
 	// ErrInvalidOption is returned when an option is out of its range (a
 	// lease that is not positive or longer than MaxLease, a key prefix

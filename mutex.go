@@ -4,17 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"net"
+	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// tombstoneTTL is how long Redis remembers an owner's last full release,
-// so that a release retried by go-redis after a lost reply reports success.
+// tombstoneTTL is how long Redis remembers a hold's release, so that a
+// release retried by go-redis after a lost reply reports success.
 const tombstoneTTL = 10 * time.Second
 
 // Mutex is a reentrant lock shared by every process that uses the same
@@ -22,11 +19,18 @@ const tombstoneTTL = 10 * time.Second
 //
 // A Mutex value is one owner, like a thread holding a java.util.concurrent
 // ReentrantLock: Lock on a value that already holds the lock re-enters it
-// (the hold count goes up by one) and only the last matching Unlock
-// releases it. Different values, in one process or many, exclude each
-// other: give each goroutine that must be excluded its own value (NewMutex
-// is cheap). A value is safe for concurrent use, but goroutines sharing one
-// value share its holds and do not exclude each other.
+// (the value counts the levels; Redis is not asked) and only the last
+// matching Unlock releases it. Different values, in one process or many,
+// exclude each other: give each goroutine that must be excluded its own
+// value (NewMutex is cheap). A value is safe for concurrent use, but
+// goroutines sharing one value share its hold and do not exclude each
+// other.
+//
+// Each Lock or TryLock call that takes the lock anew does so under a
+// ticket of its own: the hold is stored in Redis under it, a fair queue
+// lists it, and a hand-off names it, so that nothing granted to one call
+// can be taken by another, and a call that gives up withdraws exactly what
+// it asked for.
 //
 // While the lock is held its lease is renewed by the Client's watchdog
 // (unless WithLease fixed it), and Lost tells when the hold is lost.
@@ -34,30 +38,34 @@ type Mutex struct {
 	c       *Client
 	name    string
 	cfg     config
-	owner   string
-	keys    []string // lock hash, token counter, queue, waiters, tombstone
+	keys    lockKeys
 	channel string
 	err     error // invalid name or option
 
-	op chan struct{} // held by the call of this value that talks to Redis
-
-	mu     sync.Mutex // guards the fields below
-	count  int64      // hold count; 0: not held
-	token  int64
-	lost   chan struct{} // of the current hold; closed when it is lost
-	isLost bool
-	ka     *keepalive // the current hold's watchdog entry
-
-	// lostHook, when set (before first use), is called by markLost right
-	// after the Lost channel is closed, with mu held: a Redlock counts its
-	// nodes' lost holds through it.
-	lostHook func()
+	holds
 }
 
+// lockKeys are the Redis keys of one lock.
+type lockKeys struct {
+	base    string // the lock hash; the other keys' prefix
+	token   string // fencing token counter
+	queue   string // fair waiters, in order
+	waiters string // fair waiters' records
+	gone    string // withdrawn tickets
+}
+
+func newLockKeys(prefix, name string) lockKeys {
+	base := prefix + ":lock:{" + name + "}"
+	return lockKeys{base: base, token: base + ":token", queue: base + ":queue",
+		waiters: base + ":waiters", gone: base + ":withdrawn"}
+}
+
+// tomb is the key that remembers the release of the hold id.
+func (k lockKeys) tomb(id string) string { return k.base + ":released:" + id }
+
 // NewMutex returns a Mutex for the lock called name. It does no I/O. An
-// empty or too long name (ErrInvalidName) or an invalid option
-// (ErrInvalidOption) is reported by every call of the Mutex, before any
-// call to Redis.
+// invalid name (ErrInvalidName) or option (ErrInvalidOption) is reported
+// by every call of the Mutex, before any call to Redis.
 //
 // The lock's keys and channel share the hash tag {name}, so that they live
 // in one Redis Cluster slot.
@@ -67,13 +75,11 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 		c:     c,
 		name:  name,
 		cfg:   cfg,
-		owner: c.newOwner(),
-		op:    make(chan struct{}, 1),
+		keys:  newLockKeys(cfg.prefix, name),
 		err:   cmp.Or(checkName(name), cfg.err),
+		holds: newHolds(c),
 	}
-	base := cfg.prefix + ":lock:{" + name + "}"
-	m.keys = []string{base, base + ":token", base + ":queue", base + ":waiters", base + ":released:" + m.owner}
-	m.channel = base + ":ch"
+	m.channel = m.keys.base + ":ch"
 	return m
 }
 
@@ -84,8 +90,10 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 // released (or handed to it, for a fair Mutex), and in any case no longer
 // than the lock's remaining lease or the recheck interval (WithRecheck), so
 // no wait depends on a message arriving. When ctx ends first, Lock returns
-// ctx.Err() wrapped, and leaves nothing behind: no hold, no place in the
-// queue, no subscription.
+// ctx.Err() wrapped within a few milliseconds, whatever the go-redis
+// client's timeouts, and leaves nothing behind: no hold, no place in the
+// queue, no subscription (clean-up still under way then goes on in the
+// background; Close waits for it).
 //
 // Lock returns ErrLockLost when m's current hold has been lost (Unlock it
 // first), ErrClosed after Close, and the errors of Redis. An error reaching
@@ -93,21 +101,58 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 // outlives Redis being unreachable or failing over, looking again with a
 // growing pause until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
-	if err := m.c.block(ctx, m.channel, m.owner, m.cfg.recheck, lockCall{m}); err != nil {
+	if err := m.usable(ctx); err != nil {
 		return m.wrap("lock", err)
 	}
-	return nil
+	for {
+		if ok, err := m.reenter(); ok || err != nil {
+			return m.wrapIf("lock", err)
+		}
+		mode := "barge"
+		if m.cfg.fair {
+			mode = "queue"
+		}
+		l := &lockCall{m: m, ticket: m.c.ticket(), mode: mode}
+		err := m.c.block(ctx, m.channel, l.ticket, m.cfg.recheck, l)
+		if !errors.Is(err, errHeld) {
+			return m.wrapIf("lock", err)
+		}
+		// Another call of m took the lock meanwhile: re-enter it.
+	}
 }
 
 // TryLock makes one attempt to take the lock and never waits: it reports
 // whether m holds the lock now (re-entering if it already did). A fair
 // Mutex does not take the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
-	acquired, _, err := m.attempt(ctx, false)
-	if err != nil {
+	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
 	}
-	return acquired, nil
+	mode := "barge"
+	if m.cfg.fair {
+		mode = "try"
+	}
+	for {
+		if ok, err := m.reenter(); ok || err != nil {
+			return ok, m.wrapIf("trylock", err)
+		}
+		ok, _, err := m.tryOnce(ctx, mode)
+		if !errors.Is(err, errHeld) {
+			return ok, m.wrapIf("trylock", err)
+		}
+	}
+}
+
+// tryOnce makes one attempt under a new ticket, in the given mode, never
+// queueing. It reports whether m holds the lock now and, if not, the
+// lock's PTTL.
+func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
+	l := &lockCall{m: m, ticket: m.c.ticket(), mode: mode}
+	ok, _, err := l.attempt(ctx)
+	if err != nil || !ok {
+		l.finish(ctx, err)
+	}
+	return ok, l.pttl, err
 }
 
 // Unlock releases one level of m's hold; the last level releases the lock,
@@ -116,55 +161,68 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 // when the hold had been lost (the lock may have had another owner since);
 // it never touches another owner's hold.
 //
-// When the last level's release fails on the network, m forgets the hold
-// anyway and its lease, no longer renewed, frees the lock in Redis.
+// The last level's release is sent even when ctx has ended already (as
+// after a deferred Unlock of a call that timed out), with a timeout of its
+// own. m forgets the hold before the release is sent: the hold is no longer
+// renewed, so when the release fails, or ctx ends before it is confirmed,
+// the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	if err := m.begin(ctx); err != nil {
+	if err := cmp.Or(m.err, m.c.usable()); err != nil {
+		if errors.Is(err, ErrClosed) {
+			m.mu.Lock()
+			if m.cur != nil {
+				m.forgetLocked(m.cur) // lost with the Client
+			}
+			m.mu.Unlock()
+		}
 		return m.wrap("unlock", err)
 	}
-	defer m.end()
-
 	m.mu.Lock()
-	count, token, lost, ka := m.count, m.token, m.isLost, m.ka
-	m.mu.Unlock()
+	h := m.cur
 	switch {
-	case count == 0:
+	case h == nil:
+		m.mu.Unlock()
 		return m.wrap("unlock", ErrNotHeld)
-	case lost:
-		if count == 1 {
-			// Nothing left to protect; remove our field if it is
-			// still there, so the lock is free sooner.
-			_, _ = m.release(ctx, 1, 0, false)
+	case h.n > 1:
+		h.n--
+		lost := h.isLost
+		m.mu.Unlock()
+		if lost {
+			return m.wrap("unlock", ErrLockLost)
 		}
-		m.drop()
-		return m.wrap("unlock", ErrLockLost)
-	case count == 1:
-		m.c.wd.remove(ka) // before the release: no renewal may outlive it
+		return nil
 	}
+	lost := h.isLost
+	m.forgetLocked(h)
+	m.mu.Unlock()
 
-	sent := time.Now()
-	// The release is idempotent: one that cannot reach Redis for now (a
-	// failover under way) is sent again for a while.
-	var res int64
-	err := m.c.persist(ctx, func() (err error) {
-		res, err = m.release(ctx, count, token, false)
-		return err
-	})
-	if count == 1 {
-		m.drop()
+	if lost {
+		// Nothing left to protect; remove the hold if it is still
+		// there, so that the lock is free sooner.
+		m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+			_, err := m.release(ctx, h.id, 0, "release")
+			return nil, err
+		})
+		return m.wrap("unlock", ErrLockLost)
 	}
+	wait, cancel := ctx, context.CancelFunc(func() {})
+	if ctx.Err() != nil {
+		wait, cancel = detached(ctx)
+	}
+	defer cancel()
+	res, _, err := m.c.call(wait, func(ctx context.Context) ([]int64, error) {
+		var res int64
+		err := m.c.persist(ctx, func() (err error) {
+			res, err = m.release(ctx, h.id, h.token, "release")
+			return err
+		})
+		return []int64{res}, err
+	}, nil)
 	switch {
 	case err != nil:
-		return m.wrap("unlock", err)
-	case res == 0:
-		if count > 1 {
-			m.markLost(ka)
-			m.drop()
-		}
+		return m.wrap("unlock", fmt.Errorf("%w (the release is not confirmed: the hold is no longer renewed, and ends in Redis within its lease)", redisError(err)))
+	case res[0] == 0:
 		return m.wrap("unlock", ErrLockLost)
-	case count > 1:
-		m.drop()
-		m.c.wd.rearm(ka, sent)
 	}
 	return nil
 }
@@ -174,230 +232,211 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // hold (re-entering does not mint one), so a resource that rejects a token
 // lower than the highest it has seen is safe from a holder that paused past
 // its lease.
-func (m *Mutex) Token() int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.token
-}
+func (m *Mutex) Token() int64 { return m.token() }
 
 // Lost returns a channel that is closed when m's current hold is lost: its
 // lease could not be renewed in time, the lock's key was removed or
 // changed behind its back, its fixed lease ran out, or the Client was
 // closed. A normal Unlock does not close it. When m holds nothing, Lost
 // returns nil (a channel that never delivers).
-func (m *Mutex) Lost() <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lost
-}
+func (m *Mutex) Lost() <-chan struct{} { return m.lostChan() }
 
 // Name returns the name of the lock.
 func (m *Mutex) Name() string { return m.name }
 
-// attempt runs the acquire script once. queue says whether a fair Mutex
-// joins the queue when the lock is not granted. It returns whether m holds
-// the lock now and, when it does not, the lock's PTTL.
-func (m *Mutex) attempt(ctx context.Context, queue bool) (acquired bool, pttl int64, err error) {
-	if err := m.begin(ctx); err != nil {
-		return false, 0, err
-	}
-	defer m.end()
-
+// reenter adds a level to m's hold, if m has one.
+func (m *Mutex) reenter() (bool, error) {
 	m.mu.Lock()
-	held, lost := m.count, m.isLost
-	m.mu.Unlock()
-	if lost {
-		return false, 0, ErrLockLost
-	}
-	mode := "barge"
-	if m.cfg.fair {
-		mode = "try"
-		if queue {
-			mode = "queue"
-		}
-	}
-	sent := time.Now()
-	res, err := m.c.runAcked(ctx, m.cfg, acquireScript, m.keys[:4], []any{
-		m.owner, m.lease().Milliseconds(), held, mode,
-		m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
-		m.channel, m.c.publish}, granted)
-	if err != nil {
-		if mayHaveRun(err) {
-			// The script may have run and only its reply was lost.
-			m.undo(ctx, held)
-		}
-		return false, 0, redisError(err)
-	}
-	switch res[0] {
-	case 1:
-		m.hold(res[1], sent, m.lease())
-		return true, 0, nil
-	case -1:
-		m.markLost(nil)
-		return false, 0, ErrLockLost
-	}
-	return false, res[1], nil
-}
-
-// granted reports whether an acquire script's reply {status, value} says
-// it took something (status 1).
-func granted(res []int64) bool { return len(res) > 0 && res[0] == 1 }
-
-// adopt takes a hold that a release handed to m, announced by a message
-// "owner:token" received at received. It reports false when m holds the
-// lock already (a concurrent call of the same value adopted it), for the
-// caller to attempt again.
-func (m *Mutex) adopt(ctx context.Context, grant string, received time.Time) (bool, error) {
-	token, err := strconv.ParseInt(grant[strings.LastIndexByte(grant, ':')+1:], 10, 64)
-	if err != nil || m.cfg.replicas > 0 {
-		// Not a grant of ours, or one to confirm with the replicas:
-		// the attempt will tell, and adopt the hold if it is ours.
+	defer m.mu.Unlock()
+	switch {
+	case m.cur == nil:
 		return false, nil
+	case m.cur.isLost:
+		return false, ErrLockLost
 	}
-	if err := m.begin(ctx); err != nil {
-		m.withdraw(ctx) // passes the lock on
-		return false, err
-	}
-	defer m.end()
-	m.mu.Lock()
-	held := m.count
-	m.mu.Unlock()
-	if held > 0 {
-		return false, nil
-	}
-	m.hold(token, received, m.handoffLease())
+	m.cur.n++
 	return true, nil
 }
 
-// hold records a successful acquire. A new hold (count 0 -> 1) gets its
-// token and Lost channel and is registered with the watchdog, its lease of
-// length lease having been set by a call sent at sent.
-func (m *Mutex) hold(token int64, sent time.Time, lease time.Duration) {
-	m.mu.Lock()
-	m.count++
-	if m.count > 1 {
-		ka := m.ka
-		m.mu.Unlock()
-		m.c.wd.rearm(ka, sent)
-		return
-	}
-	lost := make(chan struct{})
-	ka := &keepalive{
-		kind:  "hold",
-		owner: m.owner,
-		keys:  m.keys[:1],
-		ttl:   m.lease(),
-		hold:  true,
-		renew: m.cfg.lease == 0,
-	}
-	ka.gone = func() { m.markLost(ka) }
-	m.token, m.lost, m.isLost, m.ka = token, lost, false, ka
-	m.mu.Unlock()
-	if !m.c.wd.add(ka, sent, lease) {
-		m.markLost(ka) // the Client was closed meanwhile
-	}
-}
-
-// markLost closes the Lost channel of the hold whose watchdog entry is ka
-// (nil: the current hold), unless m has moved on to another hold.
-func (m *Mutex) markLost(ka *keepalive) {
+// holdID returns the Redis field of m's hold, or "".
+func (m *Mutex) holdID() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.count == 0 || m.isLost || (ka != nil && ka != m.ka) {
-		return
+	if m.cur == nil {
+		return ""
 	}
-	m.isLost = true
-	close(m.lost)
-	if m.lostHook != nil {
-		m.lostHook()
-	}
-	m.c.wd.remove(m.ka)
+	return m.cur.id
 }
 
-// drop forgets one level of m's hold, and the whole hold at the last one.
-func (m *Mutex) drop() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.count--; m.count <= 0 {
-		m.count, m.token, m.lost, m.isLost, m.ka = 0, 0, nil, false, nil
-	}
+// lockCall is one Lock or TryLock call that takes the lock anew, under its
+// own ticket.
+type lockCall struct {
+	m      *Mutex
+	ticket string
+	mode   string // of acquire.lua: "queue" (fair Lock), "barge" or "try"
+
+	pttl      int64      // the lock's PTTL found by the last attempt
+	queued    bool       // an attempt queued the ticket
+	since     time.Time  // when the attempt that queued it was sent
+	unsure    bool       // an attempt may have run without its reply arriving
+	abandoned bool       // an attempt was given up on; its late reply cleans up
+	hb        *keepalive // the queued ticket's heartbeat
 }
 
-// heartbeat registers a queued fair waiter with the watchdog, which keeps
-// its place alive and nudges w when it finds the waiter dequeued (handed
-// the lock, or dropped), or the lock free with nobody to announce it (a
+// attempt runs the acquire script once.
+func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
+	m := l.m
+	if m.current() != nil {
+		return false, 0, errHeld
+	}
+	sent := time.Now()
+	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return m.c.runAcked(ctx, m.cfg, acquireScript,
+			[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone},
+			[]any{l.ticket, m.lease().Milliseconds(), l.mode,
+				m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
+				m.channel, m.c.publish}, granted)
+	}, l.late(l.ticket))
+	switch {
+	case abandoned:
+		l.abandoned = true
+		return false, 0, err
+	case err != nil:
+		l.unsure = l.unsure || mayHaveRun(err)
+		return false, 0, redisError(err)
+	case res[0] == 1:
+		return l.take(ctx, res[1], sent, m.lease())
+	case res[0] == -2:
+		return false, 0, fmt.Errorf("redisync: ticket %s was withdrawn", l.ticket)
+	}
+	if l.mode == "queue" {
+		l.queued, l.since = true, sent
+	}
+	l.pttl = res[1]
+	return false, m.sleepFor(res[1]), nil
+}
+
+// take makes the hold granted to the ticket m's, its lease of length lease
+// having been set no earlier than since. When m cannot take it, it is
+// given back (and handed on): if its lease may have run out already, the
+// call goes on waiting.
+func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration) (bool, time.Duration, error) {
+	m := l.m
+	h := &hold{id: l.ticket, token: token, n: 1}
+	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.base},
+		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0}
+	err := m.take(h, e, since, lease)
+	if err == nil {
+		l.queued, l.unsure = false, false
+		return true, 0, nil
+	}
+	m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		_, err := m.release(ctx, l.ticket, 0, "withdraw")
+		return nil, err
+	})
+	l.queued = false
+	if errors.Is(err, errExpired) {
+		return false, 0, nil // attempt again at once
+	}
+	return false, 0, err
+}
+
+// adopt takes the hold that a release handed to the ticket, announced by
+// the message grant ("ticket:token"). Its hand-off lease was set after the
+// last time Redis confirmed the ticket was queued.
+func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
+	i := strings.LastIndexByte(grant, ':')
+	token, err := strconv.ParseInt(grant[i+1:], 10, 64)
+	if err != nil || grant[:i] != l.ticket || l.m.cfg.replicas > 0 {
+		// Not a grant of this call, or one to confirm with the
+		// replicas: the attempt will tell, and take it if it is ours.
+		return false, nil
+	}
+	since := l.since
+	if l.hb != nil {
+		since = later(since, l.m.c.wd.confirmed(l.hb))
+	}
+	ok, _, err := l.take(ctx, token, since, l.m.handoffLease())
+	return ok, err
+}
+
+// sleeping keeps a queued ticket alive while the call sleeps: the watchdog
+// heartbeats it and nudges w when it finds the ticket dequeued (handed the
+// lock, or dropped), or the lock free with nobody to announce it (a
 // hand-off to a waiter that died has run out).
-func (m *Mutex) heartbeat(w *waiter) *keepalive {
-	hb := &keepalive{
-		kind:  "wait",
-		owner: m.owner,
-		keys:  []string{m.keys[2], m.keys[3], m.keys[0]},
-		ttl:   m.cfg.heartbeat,
-		renew: true,
-		gone:  w.nudge,
-		free:  w.nudge,
+func (l *lockCall) sleeping(w *waiter) {
+	if !l.queued || (l.hb != nil && l.m.c.wd.registered(l.hb)) {
+		return
 	}
-	if !m.c.wd.add(hb, time.Now(), m.cfg.heartbeat) {
-		return nil
+	m := l.m
+	hb := &keepalive{kind: "wait", owner: l.ticket,
+		keys: []string{m.keys.queue, m.keys.waiters, m.keys.base},
+		ttl:  m.cfg.heartbeat, renew: true, gone: w.nudge, free: w.nudge}
+	if m.c.wd.add(hb, l.since, m.cfg.heartbeat) {
+		l.hb = hb
 	}
-	return hb
 }
 
-// release runs the release script for a hold count of held; withdraw
-// also removes m from the fair queue.
-func (m *Mutex) release(ctx context.Context, held, token int64, withdraw bool) (int64, error) {
-	flag := ""
-	if withdraw {
-		flag = "withdraw"
+// changed is closed when another call of the same value takes a hold.
+func (l *lockCall) changed() <-chan struct{} { return l.m.changed() }
+
+// finish ends the call: it stops the heartbeat and, when the call failed,
+// withdraws the ticket (handing on the lock if it was handed to it
+// meanwhile). An abandoned attempt's late reply does that instead.
+func (l *lockCall) finish(ctx context.Context, err error) {
+	if l.hb != nil {
+		l.m.c.wd.remove(l.hb)
 	}
-	res, err := releaseScript.Run(ctx, m.c.rdb, m.keys,
-		m.owner, held, m.lease().Milliseconds(), token, tombstoneTTL.Milliseconds(),
-		m.channel, m.c.publish, flag).Int64()
+	if err == nil || l.abandoned || !(l.queued || l.unsure) {
+		return
+	}
+	mode := "withdraw"
+	if l.unsure {
+		mode = "abandon"
+	}
+	l.m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		_, err := l.m.release(ctx, l.ticket, 0, mode)
+		return nil, err
+	})
+}
+
+// late returns what an abandoned attempt of ticket does with its reply:
+// it withdraws the ticket, handing on the lock if the attempt (or a
+// release) gave it the lock, and refusing it from now on when the outcome
+// is unknown.
+func (l *lockCall) late(ticket string) func([]int64, error) {
+	m := l.m
+	return func(_ []int64, err error) {
+		mode := "withdraw"
+		if err != nil && mayHaveRun(err) {
+			mode = "abandon"
+		}
+		ctx, cancel := detached(context.Background())
+		defer cancel()
+		_, _ = m.release(ctx, ticket, 0, mode)
+	}
+}
+
+// release runs the release script for the hold (or ticket) id, in mode
+// "release", "withdraw" or "abandon" (see release.lua).
+func (m *Mutex) release(ctx context.Context, id string, token int64, mode string) (int64, error) {
+	res, err := releaseScript.Run(ctx, m.c.rdb,
+		[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.tomb(id), m.keys.gone},
+		id, token, tombstoneTTL.Milliseconds(), m.channel, m.c.publish, mode).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}
 	return res, nil
 }
 
-// undo reverts an acquire sent with a hold count of held whose reply was
-// lost, if it was applied, and leaves the queue. It outlives ctx.
-func (m *Mutex) undo(ctx context.Context, held int64) {
-	ctx, cancel := detached(ctx)
-	defer cancel()
-	_, _ = m.release(ctx, held+1, 0, true)
-}
+// granted reports whether an acquire script's reply {status, value} says
+// it took something (status 1).
+func granted(res []int64) bool { return len(res) > 0 && res[0] == 1 }
 
-// withdraw leaves the fair queue after a wait ended without the lock; if
-// the lock was handed to m meanwhile, it passes it on.
-func (m *Mutex) withdraw(ctx context.Context) {
-	if m.cfg.fair {
-		m.undo(ctx, 0)
-	}
+// usable checks, before any call to Redis, that m can be used now.
+func (m *Mutex) usable(ctx context.Context) error {
+	return cmp.Or(m.err, m.c.usable(), ctx.Err())
 }
-
-// begin checks that m can be used and takes m's turn to talk to Redis.
-func (m *Mutex) begin(ctx context.Context) error {
-	if m.err != nil {
-		return m.err
-	}
-	if err := m.c.usable(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	select {
-	case m.op <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-m.c.ctx.Done():
-		return ErrClosed
-	}
-}
-
-// end gives back m's turn to talk to Redis.
-func (m *Mutex) end() { <-m.op }
 
 // lease is the lease set by an acquire.
 func (m *Mutex) lease() time.Duration {
@@ -435,17 +474,17 @@ func (m *Mutex) wrap(op string, err error) error {
 	return &opError{op: op, name: m.name, err: err}
 }
 
-// mayHaveRun reports whether a command that failed with err may have run
-// in Redis all the same: its reply was lost, rather than Redis answering
-// with an error or the connection failing before anything was sent.
-func mayHaveRun(err error) bool {
-	var op *net.OpError
-	return !isReply(err) && !(errors.As(err, &op) && op.Op == "dial")
+// wrapIf is wrap, and nil for a nil err.
+func (m *Mutex) wrapIf(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return m.wrap(op, err)
 }
 
-// isReply reports whether err is an error reply from Redis (the command
-// ran and failed) rather than a failure to get a reply.
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -162,10 +162,16 @@ func WithPlainPubSub() Option {
 	return func(cfg *config) { cfg.plain = true }
 }
 
-// checkName validates a primitive's name.
+// checkName validates a primitive's name. The name is its keys' hash tag
+// (the part of "{name}" up to the first '}'), so it must not start with
+// '}': the tag would be empty, and Redis Cluster would hash each key whole
+// and scatter them over slots.
 func checkName(name string) error {
-	if name == "" || len(name) > MaxNameLen {
+	switch {
+	case name == "" || len(name) > MaxNameLen:
 		return fmt.Errorf("%w: length %d is outside [1, %d]", ErrInvalidName, len(name), MaxNameLen)
+	case name[0] == '}':
+		return fmt.Errorf("%w: %s starts with '}', which would leave its keys no hash tag", ErrInvalidName, quote(name))
 	}
 	return nil
 }

@@ -225,7 +225,7 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 	}
 	for i, c := range r.clients {
 		nm := c.NewMutex(name, opts...)
-		nm.lostHook = func() { m.nodeLost(i) }
+		nm.onLost = func() { m.nodeLost(i) }
 		m.nodes = append(m.nodes, nm)
 	}
 	return m
@@ -486,7 +486,7 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 	res := m.fanOut(ctx, mask(len(m.nodes), got), func(ctx context.Context, i int) nodeResult {
 		n := m.nodes[i]
-		v, err := redlockRaiseScript.Run(ctx, n.c.rdb, n.keys[:2], n.owner, token).Int64()
+		v, err := redlockRaiseScript.Run(ctx, n.c.rdb, []string{n.keys.base, n.keys.token}, n.holdID(), token).Int64()
 		if err != nil {
 			return nodeResult{err: redisError(err)}
 		}
@@ -546,7 +546,7 @@ func (m *RedMutex) nodeLost(i int) {
 
 // acquireOn makes one attempt on node i.
 func (m *RedMutex) acquireOn(ctx context.Context, i int) nodeResult {
-	ok, pttl, err := m.nodes[i].attempt(ctx, false)
+	ok, pttl, err := m.nodes[i].tryOnce(ctx, "barge")
 	switch {
 	case err != nil:
 		return nodeResult{err: err}
@@ -697,9 +697,7 @@ func (m *RedMutex) idle() []bool {
 	}
 	m.mu.Unlock()
 	for i, n := range m.nodes { // their mu is taken before m.mu, never after
-		n.mu.Lock()
-		use[i] = use[i] && n.count == 0
-		n.mu.Unlock()
+		use[i] = use[i] && n.current() == nil
 	}
 	return use
 }
@@ -710,7 +708,7 @@ func (m *RedMutex) idle() []bool {
 func (m *RedMutex) joinConfirmed() []*waiter {
 	ws := make([]*waiter, len(m.nodes))
 	for i, n := range m.nodes {
-		if ws[i] = n.c.sub.joinConfirmed(n.channel, n.owner); ws[i] == nil {
+		if ws[i] = n.c.sub.joinConfirmed(n.channel, ""); ws[i] == nil {
 			leaveAll(ws)
 			return nil
 		}
@@ -728,7 +726,7 @@ func (m *RedMutex) join(ctx context.Context) ([]*waiter, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ws[i], errs[i] = n.c.sub.join(ctx, n.channel, n.owner, min(m.nodeTimeout, m.recheck))
+			ws[i], errs[i] = n.c.sub.join(ctx, n.channel, "")
 		}()
 	}
 	wg.Wait()
@@ -772,7 +770,7 @@ func (m *RedMutex) waitAny(ctx context.Context, ws []*waiter, d time.Duration) e
 		return ErrClosed
 	}
 	for _, w := range ws {
-		if _, err := w.wait(ctx, 0); err != nil {
+		if _, _, err := w.wait(ctx, 0, nil); err != nil {
 			return err
 		}
 	}

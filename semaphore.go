@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -33,7 +32,7 @@ import (
 // (unless WithLease fixed it), and Lost tells when they are lost.
 //
 // The options work as for a Mutex: WithLease gives permits a fixed lease
-// (re-armed by every Acquire and Release of the holder) and
+// (re-armed by every Acquire and partial Release of the holder) and
 // WithWatchdogLease sets the renewed one; WithHeartbeat sets how long a
 // queued waiter stays queued without a heartbeat, and the lease of permits
 // granted to a waiter until its watchdog extends them; WithRecheck bounds
@@ -48,27 +47,23 @@ type Semaphore struct {
 	size    int64
 	cfg     config
 	owner   string   // holder id
-	keys    []string // holders, expiry, size, queue, waiters, released
+	keys    []string // holders, expiry, size, queue, waiters, released, withdrawn
 	channel string
 	err     error // invalid name, size or option
 
-	turn chan struct{} // held by the Acquire of this value that may queue
+	turn chan struct{} // held by the Acquire or TryAcquire of this value under way
 	op   chan struct{} // held by the call of this value that talks to Redis
 
 	seq   int64 // number of the last script call; guarded by op
 	calls int64 // number of the last Acquire; guarded by turn
 
-	mu     sync.Mutex // guards the fields below
-	held   int64
-	lost   chan struct{} // of the current holding; closed when it is lost
-	isLost bool
-	ka     *keepalive // the current holding's watchdog entry
+	holds // n: the permits held
 }
 
 // NewSemaphore returns a Semaphore with size permits called name. It does
-// no I/O. An empty or too long name (ErrInvalidName), a size that is not
-// positive (ErrInvalidPermits) or an invalid option (ErrInvalidOption) is
-// reported by every call of the Semaphore, before any call to Redis.
+// no I/O. An invalid name (ErrInvalidName), a size that is not positive
+// (ErrInvalidPermits) or an invalid option (ErrInvalidOption) is reported
+// by every call of the Semaphore, before any call to Redis.
 //
 // The first call to Redis stores the size; a Semaphore of the same name
 // with another size fails with ErrSizeMismatch. The size is stored without
@@ -85,13 +80,15 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 		name:  name,
 		size:  size,
 		cfg:   cfg,
-		owner: c.newOwner(),
+		owner: c.ticket(),
 		turn:  make(chan struct{}, 1),
 		op:    make(chan struct{}, 1),
 		err:   cmp.Or(checkName(name), bad, cfg.err),
+		holds: newHolds(c),
 	}
 	base := cfg.prefix + ":sem:{" + name + "}"
-	s.keys = []string{base, base + ":expiry", base + ":size", base + ":queue", base + ":waiters", base + ":released"}
+	s.keys = []string{base, base + ":expiry", base + ":size", base + ":queue", base + ":waiters",
+		base + ":released", base + ":withdrawn"}
 	s.channel = base + ":ch"
 	return s
 }
@@ -103,8 +100,11 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 // any case no longer than the time until the earliest lease of a holder
 // ends or the recheck interval (WithRecheck), so no wait depends on a
 // message arriving. When ctx ends first, Acquire returns ctx.Err()
-// wrapped and leaves nothing behind: no permits (a grant that landed at
-// that instant is given back and passed on), no place in the queue.
+// wrapped within a few milliseconds, whatever the go-redis client's
+// timeouts, and leaves nothing behind: no permits (a grant that landed at
+// that instant is given back and passed on), no place in the queue
+// (clean-up still under way then goes on in the background; Close waits
+// for it).
 //
 // Acquire returns ErrInvalidPermits when n is not in [1, Size()],
 // ErrSizeMismatch when Redis has another size for the name, ErrLockLost
@@ -114,15 +114,14 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
-	if err := s.check(n); err != nil {
+	if err := s.usable(ctx, n); err != nil {
 		return s.wrap("acquire", err)
 	}
 	if err := s.take(ctx, s.turn); err != nil {
 		return s.wrap("acquire", err)
 	}
 	defer func() { <-s.turn }()
-	s.calls++
-	a := &acquireCall{s: s, n: n, waiter: s.owner + "#" + strconv.FormatInt(s.calls, 10)}
+	a := s.newCall(n, "queue")
 	if err := s.c.block(ctx, s.channel, a.waiter, s.cfg.recheck, a); err != nil {
 		return s.wrap("acquire", err)
 	}
@@ -134,7 +133,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 // anyone is queued, even if the free permits would cover n, and when
 // another Acquire of s is under way.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
-	if err := cmp.Or(s.check(n), s.c.usable(), ctx.Err()); err != nil {
+	if err := s.usable(ctx, n); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
 	select {
@@ -143,11 +142,13 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 	default:
 		return false, nil // an Acquire of s is ahead
 	}
-	granted, _, err := s.attempt(ctx, n, "try", "", false)
+	a := s.newCall(n, "try")
+	ok, _, err := a.attempt(ctx)
 	if err != nil {
+		a.finish(ctx, err)
 		return false, s.wrap("tryacquire", err)
 	}
-	return granted, nil
+	return ok, nil
 }
 
 // Release gives back n of the permits s holds; they go to the waiters at
@@ -156,61 +157,77 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 // ErrLockLost when s's permits had been lost, in which case s forgets n of
 // them. It never touches another holder's permits.
 //
-// When the reply is lost, Release sends the same call again (it is
-// idempotent) to learn whether it was applied, even when ctx has ended.
-// When that fails too, the release of s's last permits is taken as done:
-// s forgets them and their lease, no longer renewed, frees them in Redis.
+// The release is sent even when ctx has ended already (as after a deferred
+// Release of a call that timed out), with a timeout of its own, and sent
+// again while the reply is lost (it is idempotent). When s gives back its
+// last permits, it forgets them before the release is sent: they are no
+// longer renewed, so when the release fails, or ctx ends before it is
+// confirmed, Redis frees them within one lease; the error says so.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
-	if err := s.check(n); err != nil {
+	if err := cmp.Or(s.err, s.check(n), s.c.valid()); err != nil {
 		return s.wrap("release", err)
 	}
-	if err := s.begin(ctx); err != nil {
+	wait, cancel := ctx, context.CancelFunc(func() {})
+	if ctx.Err() != nil {
+		wait, cancel = detached(ctx)
+	}
+	defer cancel()
+	if err := s.lockOp(wait); err != nil {
 		return s.wrap("release", err)
 	}
-	defer s.end()
 
 	s.mu.Lock()
-	held, lost, ka := s.held, s.isLost, s.ka
-	s.mu.Unlock()
+	h := s.cur
+	var held int64
+	if h != nil {
+		held = h.n
+	}
 	switch {
 	case n > held:
+		s.mu.Unlock()
+		s.end()
 		return s.wrap("release", fmt.Errorf("%w: releasing %d, holding %d", ErrTooManyReleased, n, held))
-	case lost:
-		s.drop(n)
+	case h.isLost:
+		s.dropLocked(h, n)
+		s.mu.Unlock()
+		s.end()
+		if s.c.usable() != nil {
+			return s.wrap("release", ErrClosed) // lost with the Client
+		}
 		return s.wrap("release", ErrLockLost)
 	case n == held:
-		s.c.wd.remove(ka) // before the release: no renewal may outlive it
+		s.forgetLocked(h) // before the release: no renewal may outlive it
 	}
-	sent := time.Now()
+	s.mu.Unlock()
+
 	s.seq++
-	// The release is idempotent (its number tells): one that cannot reach
-	// Redis for now (a failover under way) is sent again for a while.
-	var res int64
-	err := s.c.persist(ctx, func() (err error) {
-		res, err = s.release(ctx, s.seq, n, held, "release", "")
-		return err
-	})
-	if err != nil && !isReply(err) {
-		// The reply was lost (or ctx ended with the call in flight): the
-		// same call again, idempotent by its number, tells what happened.
-		dctx, cancel := detached(ctx)
-		res, err = s.release(dctx, s.seq, n, held, "release", "")
-		cancel()
+	seq := s.seq
+	sent := time.Now()
+	res, abandoned, err := s.c.call(wait, func(ctx context.Context) ([]int64, error) {
+		var res int64
+		err := s.c.persist(ctx, func() (err error) {
+			res, err = s.release(ctx, seq, n, held, "release", "")
+			return err
+		})
+		return []int64{res}, err
+	}, func([]int64, error) { s.end() })
+	if !abandoned {
+		s.end()
 	}
 	switch {
 	case err != nil:
-		if n == held {
-			s.drop(n)
+		if n < held {
+			s.drop(h, n)
 		}
-		return s.wrap("release", err)
-	case res < 0:
-		s.markLost(ka)
-		s.drop(n)
+		return s.wrap("release", fmt.Errorf("%w (the release is not confirmed: released permits are no longer renewed, and end in Redis within their lease)", redisError(err)))
+	case res[0] < 0:
+		s.lose(h)
+		s.drop(h, n)
 		return s.wrap("release", ErrLockLost)
 	}
-	s.drop(n)
 	if n < held {
-		s.c.wd.rearm(ka, sent)
+		s.drop(h, n)
+		s.c.wd.rearm(h.ka, sent)
 	}
 	return nil
 }
@@ -220,7 +237,10 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 func (s *Semaphore) Held() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.held
+	if s.cur == nil {
+		return 0
+	}
+	return s.cur.n
 }
 
 // Lost returns a channel that is closed when s's permits are lost: their
@@ -228,11 +248,7 @@ func (s *Semaphore) Held() int64 {
 // their fixed lease ran out, or the Client was closed. Releasing them
 // normally does not close it. When s holds nothing, Lost returns nil (a
 // channel that never delivers).
-func (s *Semaphore) Lost() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lost
-}
+func (s *Semaphore) Lost() <-chan struct{} { return s.lostChan() }
 
 // Name returns the name of the semaphore.
 func (s *Semaphore) Name() string { return s.name }
@@ -240,35 +256,124 @@ func (s *Semaphore) Name() string { return s.name }
 // Size returns the number of permits of the semaphore.
 func (s *Semaphore) Size() int64 { return s.size }
 
-// acquireCall is one Semaphore.Acquire call as a contender.
+// acquireCall is one Acquire or TryAcquire call.
 type acquireCall struct {
-	s *Semaphore
-	n int64
+	s    *Semaphore
+	n    int64
+	mode string // of sem_acquire.lua: "queue" or "try"
 	// waiter is the call's id in the queue and on the channel:
-	// "holder#number", one per Acquire, so that a message granting an
+	// "holder#number", one per call, so that a message granting an
 	// earlier call is never taken for this one.
-	waiter  string
-	inQueue bool // an attempt has queued it
+	waiter    string
+	inQueue   bool       // an attempt has queued it
+	since     time.Time  // when the attempt that queued it was sent
+	unsure    bool       // an attempt may have run without its reply arriving
+	abandoned bool       // an attempt was given up on; its late reply cleans up
+	hb        *keepalive // the queued call's heartbeat
 }
 
+// newCall numbers a new call of s for n permits. s.turn must be held.
+func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
+	s.calls++
+	return &acquireCall{s: s, n: n, mode: mode, waiter: s.owner + "#" + strconv.FormatInt(s.calls, 10)}
+}
+
+// attempt runs the acquire script once. It reports whether s holds n more
+// permits now and, when not, how long to sleep at most.
 func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) {
-	granted, next, err := a.s.attempt(ctx, a.n, "queue", a.waiter, a.inQueue)
-	if err != nil {
-		a.withdraw(ctx) // a failed attempt leaves no place in the queue
+	s := a.s
+	if err := s.take(ctx, s.op); err != nil {
 		return false, 0, err
 	}
-	if granted {
+	s.mu.Lock()
+	h, held, lost := s.cur, int64(0), false
+	if h != nil {
+		held, lost = h.n, h.isLost
+	}
+	s.mu.Unlock()
+	if lost {
+		s.end()
+		return false, 0, ErrLockLost
+	}
+	again := "0"
+	if a.inQueue {
+		again = "1"
+	}
+	s.seq++
+	sent := time.Now()
+	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6]}, []any{
+			s.owner, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, again,
+			s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
+			s.channel, s.c.publish}, granted)
+	}, func(_ []int64, err error) {
+		// Abandoned: give back what the attempt (or a release) granted
+		// the call, then let s's next call talk to Redis.
+		defer s.end()
+		a.giveBackLocked(context.Background(), err != nil && mayHaveRun(err))
+	})
+	if abandoned {
+		a.abandoned = true
+		return false, 0, err
+	}
+	s.end()
+	if err != nil {
+		a.unsure = a.unsure || mayHaveRun(err)
+		return false, 0, redisError(err)
+	}
+	switch res[0] {
+	case 1:
+		return a.granted(ctx, a.n, sent, s.lease())
+	case -1:
+		s.lose(h)
+		return false, 0, ErrLockLost
+	case -2:
+		return false, 0, fmt.Errorf("%w: size %d, stored size %d", ErrSizeMismatch, s.size, res[1])
+	case -3:
+		return false, 0, fmt.Errorf("redisync: call %s was withdrawn", a.waiter)
+	}
+	if a.mode == "queue" {
+		a.inQueue, a.since = true, sent
+	}
+	return false, s.sleepFor(res[1]), nil
+}
+
+// granted records n permits granted to the call, their lease of length
+// lease set no earlier than since. When s cannot take them they are given
+// back: if their lease may have run out already, the call goes on waiting.
+func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lease time.Duration) (bool, time.Duration, error) {
+	s := a.s
+	s.mu.Lock()
+	if h := s.cur; h != nil {
+		h.n += n
+		s.mu.Unlock()
+		if lease >= s.lease() { // a shorter grant lease did not shorten it
+			s.c.wd.rearm(h.ka, since)
+		}
+		a.inQueue, a.unsure = false, false
 		return true, 0, nil
 	}
-	a.inQueue = true
-	return false, a.s.sleepFor(next), nil
+	s.mu.Unlock()
+	h := &hold{id: s.owner, n: n}
+	e := &keepalive{kind: "sem", owner: s.owner, keys: s.keys[:2], ttl: s.lease(),
+		hold: true, renew: s.cfg.lease == 0}
+	err := s.holds.take(h, e, since, lease)
+	if err == nil {
+		a.inQueue, a.unsure = false, false
+		return true, 0, nil
+	}
+	a.giveBack(ctx, false)
+	a.inQueue = false
+	if errors.Is(err, errExpired) {
+		return false, 0, nil // attempt again at once
+	}
+	return false, 0, err
 }
 
-func (a *acquireCall) queued(w *waiter) *keepalive {
-	return a.s.heartbeat(a.waiter, w)
-}
-
-func (a *acquireCall) adopt(ctx context.Context, grant string, received time.Time) (bool, error) {
+// adopt takes the permits that a release granted to the call, announced
+// by the message grant ("waiter:permits"). Their grant lease was set after
+// the last time Redis confirmed the call was queued.
+func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 	i := strings.LastIndexByte(grant, ':')
 	n, err := strconv.ParseInt(grant[i+1:], 10, 64)
 	if err != nil || grant[:i] != a.waiter || n != a.n || a.s.cfg.replicas > 0 {
@@ -276,96 +381,79 @@ func (a *acquireCall) adopt(ctx context.Context, grant string, received time.Tim
 		// replicas: the attempt will tell, and take it if it is ours.
 		return false, nil
 	}
-	if err := a.s.begin(ctx); err != nil {
-		a.withdraw(ctx) // gives the permits back
-		return false, err
+	since := a.since
+	if a.hb != nil {
+		since = later(since, a.s.c.wd.confirmed(a.hb))
 	}
-	defer a.s.end()
-	a.s.hold(n, received, a.s.grantLease())
-	return true, nil
+	ok, _, err := a.granted(ctx, n, since, a.s.grantLease())
+	return ok, err
 }
 
-func (a *acquireCall) withdraw(ctx context.Context) {
-	if a.inQueue {
-		a.s.undo(ctx, a.n, a.waiter)
-	}
-}
-
-// attempt runs the acquire script once for n permits, in mode "queue" (as
-// the waiter whose id is given; queued: it has queued before) or "try".
-// It reports whether s holds n more permits now and, when not, the
-// script's time until the earliest lease ends, in ms.
-func (s *Semaphore) attempt(ctx context.Context, n int64, mode, waiter string, queued bool) (bool, int64, error) {
-	if err := s.begin(ctx); err != nil {
-		return false, 0, err
-	}
-	defer s.end()
-
-	s.mu.Lock()
-	held, lost := s.held, s.isLost
-	s.mu.Unlock()
-	if lost {
-		return false, 0, ErrLockLost
-	}
-	again := "0"
-	if queued {
-		again = "1"
-	}
-	s.seq++
-	sent := time.Now()
-	res, err := s.c.runAcked(ctx, s.cfg, semAcquireScript, s.keys[:5], []any{
-		s.owner, n, s.size, held, s.seq, s.lease().Milliseconds(), mode, waiter, again,
-		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
-		s.channel, s.c.publish}, granted)
-	if err != nil {
-		if mayHaveRun(err) {
-			// The script may have run and only its reply was lost.
-			s.undoLocked(ctx, n, waiter)
-		}
-		return false, 0, redisError(err)
-	}
-	switch res[0] {
-	case 1:
-		s.hold(n, sent, s.lease())
-		return true, 0, nil
-	case -1:
-		s.markLost(nil)
-		return false, 0, ErrLockLost
-	case -2:
-		return false, 0, fmt.Errorf("%w: size %d, stored size %d", ErrSizeMismatch, s.size, res[1])
-	}
-	return false, res[1], nil
-}
-
-// undo withdraws the waiter (if any) and gives back n permits granted to
-// it, or by an acquire sent with the current hold whose reply was lost. It
-// outlives ctx.
-func (s *Semaphore) undo(ctx context.Context, n int64, waiter string) {
-	ctx, cancel := detached(ctx)
-	defer cancel()
-	select { // even after Close: the clean-up is due
-	case s.op <- struct{}{}:
-	case <-ctx.Done():
+// sleeping keeps a queued call alive while it sleeps: the watchdog
+// heartbeats it and nudges w when it finds the call dequeued (granted, or
+// dropped), or nobody holding permits while it is queued (a lost message,
+// or a dead waiter at the head).
+func (a *acquireCall) sleeping(w *waiter) {
+	if !a.inQueue || (a.hb != nil && a.s.c.wd.registered(a.hb)) {
 		return
 	}
-	defer s.end()
-	s.undoLocked(ctx, n, waiter)
+	s := a.s
+	hb := &keepalive{kind: "wait", owner: a.waiter, keys: []string{s.keys[3], s.keys[4], s.keys[0]},
+		ttl: s.cfg.heartbeat, renew: true, gone: w.nudge, free: w.nudge}
+	if s.c.wd.add(hb, a.since, s.cfg.heartbeat) {
+		a.hb = hb
+	}
 }
 
-// undoLocked is undo with s.op held.
-func (s *Semaphore) undoLocked(ctx context.Context, n int64, waiter string) {
+// changed: nothing else in the process changes what an Acquire waits for
+// (one Acquire of a value runs at a time).
+func (a *acquireCall) changed() <-chan struct{} { return nil }
+
+// finish ends the call: it stops the heartbeat and, when the call failed,
+// withdraws it and gives back what was granted to it meanwhile. An
+// abandoned attempt's late reply does that instead.
+func (a *acquireCall) finish(ctx context.Context, err error) {
+	if a.hb != nil {
+		a.s.c.wd.remove(a.hb)
+	}
+	if err == nil || a.abandoned || !(a.inQueue || a.unsure) {
+		return
+	}
+	a.giveBack(ctx, a.unsure)
+}
+
+// giveBack withdraws the call and gives back the permits granted to it
+// but not taken by s (refusing the call from now on when abandon is set),
+// waiting for it at most cleanupWait.
+func (a *acquireCall) giveBack(ctx context.Context, abandon bool) {
+	s := a.s
+	s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		if err := s.lockOp(ctx); err != nil {
+			return nil, err
+		}
+		defer s.end()
+		a.giveBackLocked(ctx, abandon)
+		return nil, nil
+	})
+}
+
+// giveBackLocked is giveBack with s.op held, waiting for the reply.
+func (a *acquireCall) giveBackLocked(ctx context.Context, abandon bool) {
+	s := a.s
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	s.mu.Lock()
-	held := s.held
-	s.mu.Unlock()
+	mode := "withdraw"
+	if abandon {
+		mode = "abandon"
+	}
 	s.seq++
-	_, _ = s.release(ctx, s.seq, n, held, "withdraw", waiter)
+	_, _ = s.release(ctx, s.seq, a.n, s.Held(), mode, a.waiter)
 }
 
 // release runs the release script as call number seq. s.op must be held.
 func (s *Semaphore) release(ctx context.Context, seq, n, held int64, mode, waiter string) (int64, error) {
-	res, err := semReleaseScript.Run(ctx, s.c.rdb, []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5]},
+	res, err := semReleaseScript.Run(ctx, s.c.rdb,
+		[]string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5], s.keys[6]},
 		s.owner, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
 		tombstoneTTL.Milliseconds(), s.channel, s.c.publish).Int64()
 	if err != nil {
@@ -374,99 +462,32 @@ func (s *Semaphore) release(ctx context.Context, seq, n, held int64, mode, waite
 	return res, nil
 }
 
-// hold records n permits acquired. The first ones of a holding get a Lost
-// channel and are registered with the watchdog, their lease of length
-// lease having been set by a call sent at sent.
-func (s *Semaphore) hold(n int64, sent time.Time, lease time.Duration) {
-	s.mu.Lock()
-	s.held += n
-	if s.held > n {
-		ka := s.ka
-		s.mu.Unlock()
-		if lease >= s.lease() { // a shorter grant lease did not shorten it
-			s.c.wd.rearm(ka, sent)
-		}
-		return
-	}
-	lost := make(chan struct{})
-	ka := &keepalive{
-		kind:  "sem",
-		owner: s.owner,
-		keys:  s.keys[:2],
-		ttl:   s.lease(),
-		hold:  true,
-		renew: s.cfg.lease == 0,
-	}
-	ka.gone = func() { s.markLost(ka) }
-	s.lost, s.isLost, s.ka = lost, false, ka
-	s.mu.Unlock()
-	if !s.c.wd.add(ka, sent, lease) {
-		s.markLost(ka) // the Client was closed meanwhile
-	}
-}
-
-// markLost closes the Lost channel of the holding whose watchdog entry is
-// ka (nil: the current one), unless s has moved on to another holding.
-func (s *Semaphore) markLost(ka *keepalive) {
+// drop forgets n of the permits of h.
+func (s *Semaphore) drop(h *hold, n int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held == 0 || s.isLost || (ka != nil && ka != s.ka) {
-		return
-	}
-	s.isLost = true
-	close(s.lost)
-	s.c.wd.remove(s.ka)
+	s.dropLocked(h, n)
 }
 
-// drop forgets n permits, and the holding when none are left.
-func (s *Semaphore) drop(n int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held -= n; s.held <= 0 {
-		s.held, s.lost, s.isLost, s.ka = 0, nil, false, nil
+// dropLocked is drop with s.mu held: at zero, s forgets h.
+func (s *Semaphore) dropLocked(h *hold, n int64) {
+	if h.n -= n; h.n <= 0 {
+		s.forgetLocked(h)
 	}
 }
 
-// heartbeat registers a queued waiter with the watchdog, which keeps its
-// place alive and nudges w when it finds the waiter dequeued (granted, or
-// dropped), or nobody holding permits while it is queued (a lost message,
-// or a dead waiter at the head).
-func (s *Semaphore) heartbeat(waiter string, w *waiter) *keepalive {
-	hb := &keepalive{
-		kind:  "wait",
-		owner: waiter,
-		keys:  []string{s.keys[3], s.keys[4], s.keys[0]},
-		ttl:   s.cfg.heartbeat,
-		renew: true,
-		gone:  w.nudge,
-		free:  w.nudge,
-	}
-	if !s.c.wd.add(hb, time.Now(), s.cfg.heartbeat) {
-		return nil
-	}
-	return hb
-}
-
-// check validates s and a number of permits, before any call to Redis.
+// check validates a number of permits, before any call to Redis.
 func (s *Semaphore) check(n int64) error {
-	if s.err != nil {
-		return s.err
-	}
 	if n <= 0 || n > s.size {
 		return fmt.Errorf("%w: %d is outside [1, %d]", ErrInvalidPermits, n, s.size)
 	}
 	return nil
 }
 
-// begin checks that s can be used and takes s's turn to talk to Redis.
-func (s *Semaphore) begin(ctx context.Context) error {
-	if err := s.c.usable(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.take(ctx, s.op)
+// usable checks, before any call to Redis, that s can be used now for n
+// permits.
+func (s *Semaphore) usable(ctx context.Context, n int64) error {
+	return cmp.Or(s.err, s.check(n), s.c.usable(), ctx.Err())
 }
 
 // take waits for a slot of ch, ctx or Close.
@@ -478,6 +499,17 @@ func (s *Semaphore) take(ctx context.Context, ch chan struct{}) error {
 		return ctx.Err()
 	case <-s.c.ctx.Done():
 		return ErrClosed
+	}
+}
+
+// lockOp waits for s's turn to talk to Redis, for a clean-up or a release:
+// even after Close.
+func (s *Semaphore) lockOp(ctx context.Context) error {
+	select {
+	case s.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

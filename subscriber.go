@@ -22,6 +22,13 @@ const (
 	pingAfter = 3 * time.Second
 	// maxBackoff caps the pause between failed reads while Redis is down.
 	maxBackoff = time.Second
+	// joinWait is the longest a new waiter waits for its channel's
+	// subscription to be confirmed before it looks at the lock anyway.
+	joinWait = 500 * time.Millisecond
+	// deafPoll is the longest a waiter sleeps while its channel is not
+	// subscribed (a subscription not confirmed yet, a connection being
+	// re-established): messages cannot reach it then.
+	deafPoll = 250 * time.Millisecond
 )
 
 // subscriber multiplexes every waiter of a Client over as few pub/sub
@@ -33,16 +40,22 @@ const (
 // last one leaves. Subscription changes are decided and written under one
 // mutex, so they reach Redis in the order they were decided.
 //
+// A channel is confirmed when Redis says it subscribed it and no
+// unsubscription of it is still to be answered on that connection (Redis
+// answers in order, so a confirmation then means the channel is subscribed
+// from that point on). Until then its waiters cannot rely on messages:
+// they sleep at most deafPoll.
+//
 // A message wakes waiters by closing their signal channel: an empty
 // message wakes the first waiter of the channel that has no signal pending
-// (one per process, in arrival order); a message "owner:token ..." wakes
-// the waiters of those owners and hands them the grant. Messages may be
+// (one per process, in arrival order); a message "ticket:token ..." wakes
+// the waiters of those tickets and hands them the grant. Messages may be
 // lost while a connection is down, so every waiter of a channel is woken to
 // look for itself when the channel is subscribed again: by go-redis after a
-// reconnect (a confirmation nobody asked for), or, for sharded pub/sub, by
-// the subscriber itself, which replaces a failed shard's connection and
-// asks the cluster again which primary serves each of its channels (slots
-// move on failover and resharding).
+// reconnect, or, for sharded pub/sub, by the subscriber itself, which
+// replaces a failed shard's connection and asks the cluster again which
+// primary serves each of its channels (slots move on failover and
+// resharding).
 type subscriber struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // set when channels are sharded (SSUBSCRIBE)
@@ -62,8 +75,9 @@ type subscriber struct {
 type shard struct {
 	addr     string
 	ps       *redis.PubSub
-	channels int  // channels subscribed through it
-	dead     bool // closed: failed, or no channel left
+	channels int            // channels subscribed through it
+	unsubs   map[string]int // unsubscriptions not answered yet, by channel
+	dead     bool           // closed: failed, or no channel left
 }
 
 // channel is the local state of one pub/sub channel.
@@ -71,10 +85,9 @@ type channel struct {
 	name      string
 	waiters   []*waiter     // in arrival order
 	shard     *shard        // the connection it is subscribed on; nil when not
-	inflight  int           // subscribe confirmations still to come
 	ready     chan struct{} // closed once the subscription is confirmed
 	confirmed bool
-	recheck   bool      // wake every waiter at the next confirmation
+	missed    bool      // waiters looked while it was not confirmed: wake them all when it is
 	idleSince time.Time // when the last waiter left
 }
 
@@ -82,10 +95,10 @@ type channel struct {
 type waiter struct {
 	s      *subscriber
 	ch     *channel
-	owner  string
+	ticket string        // the call's address in grant messages
 	signal chan struct{} // closed when signalled; replaced once consumed
 	fired  bool          // signal closed and not consumed yet
-	grant  string        // "owner:token" received with the signal, if any
+	grant  string        // "ticket:token" received with the signal, if any
 }
 
 // newSubscriber returns the subscriber of a Client. With cluster set,
@@ -102,12 +115,13 @@ func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx 
 	}
 }
 
-// join registers a waiter for owner on the named channel and waits until
-// the subscription is confirmed by Redis, so that the caller's next look at
-// the lock cannot miss a message. The wait is bounded by maxWait (after
-// which the caller proceeds anyway: its own sleeps are bounded too), ctx
-// and Close. The caller must call leave.
-func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.Duration) (*waiter, error) {
+// join registers a waiter for the ticket on the named channel and waits
+// until the subscription is confirmed by Redis, so that the caller's next
+// look at the lock cannot miss a message. The wait is bounded by joinWait
+// (after which the caller proceeds anyway: it sleeps at most deafPoll
+// until the channel is confirmed, and is woken when it is), ctx and Close.
+// The caller must call leave.
+func (s *subscriber) join(ctx context.Context, name, ticket string) (*waiter, error) {
 	s.mu.Lock()
 	if s.ctx.Err() != nil {
 		s.mu.Unlock()
@@ -118,7 +132,7 @@ func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.
 		ch = &channel{name: name, ready: make(chan struct{})}
 		s.channels[name] = ch
 	}
-	w := s.add(ch, owner)
+	w := s.add(ch, ticket)
 	ready := ch.ready
 	needSync := ch.shard == nil
 	s.mu.Unlock()
@@ -126,12 +140,15 @@ func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.
 		s.sync()
 	}
 
-	t := time.NewTimer(maxWait)
+	t := time.NewTimer(joinWait)
 	defer t.Stop()
 	select {
 	case <-ready:
 		return w, nil
 	case <-t.C:
+		s.mu.Lock()
+		w.ch.missed = w.ch.missed || !w.ch.confirmed
+		s.mu.Unlock()
 		return w, nil
 	case <-ctx.Done():
 		w.leave()
@@ -144,28 +161,33 @@ func (s *subscriber) join(ctx context.Context, name, owner string, maxWait time.
 
 // joinConfirmed registers a waiter only if the channel's subscription is
 // already confirmed, which costs no round trip; otherwise it returns nil.
-func (s *subscriber) joinConfirmed(name, owner string) *waiter {
+func (s *subscriber) joinConfirmed(name, ticket string) *waiter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ch := s.channels[name]
 	if ch == nil || !ch.confirmed {
 		return nil
 	}
-	return s.add(ch, owner)
+	return s.add(ch, ticket)
 }
 
 // add appends a new waiter to ch. s.mu must be held.
-func (s *subscriber) add(ch *channel, owner string) *waiter {
-	w := &waiter{s: s, ch: ch, owner: owner, signal: make(chan struct{})}
+func (s *subscriber) add(ch *channel, ticket string) *waiter {
+	w := &waiter{s: s, ch: ch, ticket: ticket, signal: make(chan struct{})}
 	ch.waiters = append(ch.waiters, w)
 	return w
 }
 
-// wait sleeps until the waiter is signalled, d has passed, ctx ends or the
-// Client is closed. It returns the grant that came with the signal, if any.
-func (w *waiter) wait(ctx context.Context, d time.Duration) (string, error) {
+// wait sleeps until the waiter is signalled, d has passed, changed is
+// closed, ctx ends or the Client is closed; while the channel is not
+// confirmed, it sleeps at most deafPoll. It reports whether the waiter was
+// signalled, with the grant that came with the signal, if any.
+func (w *waiter) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) (grant string, signalled bool, err error) {
 	w.s.mu.Lock()
 	sig := w.signal
+	if !w.ch.confirmed {
+		d = min(d, deafPoll)
+	}
 	w.s.mu.Unlock()
 	if d > 0 {
 		t := time.NewTimer(d)
@@ -173,20 +195,21 @@ func (w *waiter) wait(ctx context.Context, d time.Duration) (string, error) {
 		select {
 		case <-sig:
 		case <-t.C:
+		case <-changed:
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return "", false, ctx.Err()
 		case <-w.s.closed:
-			return "", ErrClosed
+			return "", false, ErrClosed
 		}
 	}
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
 	if !w.fired {
-		return "", nil
+		return "", false, nil
 	}
-	grant := w.grant
+	grant = w.grant
 	w.fired, w.grant, w.signal = false, "", make(chan struct{})
-	return grant, nil
+	return grant, true, nil
 }
 
 // fire signals w, keeping a grant that came with an earlier signal. s.mu
@@ -269,35 +292,67 @@ func (s *subscriber) deliver(name, payload string) {
 			continue
 		}
 		for _, w := range ch.waiters {
-			if w.owner == grant[:i] {
+			if w.ticket == grant[:i] {
 				w.fire(grant)
 			}
 		}
 	}
 }
 
-// confirmed records a subscribe confirmation for a channel on sh.
+// confirmed records a subscribe confirmation for a channel on sh. One
+// that answers a subscription since unsubscribed is stale and ignored.
 func (s *subscriber) confirmed(sh *shard, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ch := s.channels[name]
-	if ch == nil || ch.shard != sh {
+	if sh.unsubs[name] > 0 || ch == nil || ch.shard != sh {
 		return
 	}
 	s.failures = 0
-	if ch.inflight == 0 || ch.recheck {
-		// Not one we asked for (go-redis subscribed again after a
-		// reconnect), or the first since a shard failed: messages may
-		// have been lost meanwhile.
-		ch.recheck = false
+	switch {
+	case ch.confirmed:
+		// Not one we asked for: go-redis subscribed again after a
+		// reconnect; messages may have been lost meanwhile.
 		ch.wakeAll()
-	}
-	if ch.inflight > 0 {
-		ch.inflight--
-	}
-	if ch.inflight == 0 && !ch.confirmed {
+	default:
 		ch.confirmed = true
 		close(ch.ready)
+		if ch.missed {
+			ch.missed = false
+			ch.wakeAll()
+		}
+	}
+}
+
+// unsubscribed records an unsubscribe reply for a channel on sh. It
+// reports false when the server dropped a channel that sh still serves
+// (its slot moved to another primary): the shard must be replaced.
+func (s *subscriber) unsubscribed(sh *shard, name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sh.unsubs[name] > 0 {
+		if sh.unsubs[name]--; sh.unsubs[name] == 0 {
+			delete(sh.unsubs, name)
+		}
+		return true
+	}
+	ch := s.channels[name]
+	return ch == nil || ch.shard != sh
+}
+
+// lapsed records that sh's connection failed: go-redis dials again and
+// subscribes its channels anew, so replies still due on the old connection
+// will never come, and until the new confirmations arrive the channels'
+// waiters cannot rely on messages.
+func (s *subscriber) lapsed(sh *shard) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(sh.unsubs)
+	for _, ch := range s.channels {
+		if ch.shard == sh && ch.confirmed {
+			ch.confirmed, ch.missed = false, true
+			ch.ready = make(chan struct{})
+		}
 	}
 }
 
@@ -332,7 +387,8 @@ func (s *subscriber) run(sh *shard) {
 			s.fail(sh)
 			return
 		default:
-			// Redis is unreachable; go-redis redials on the next read.
+			// The connection failed; go-redis redials on the next read.
+			s.lapsed(sh)
 			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
 			s.pause(backoff)
 		}
@@ -353,19 +409,11 @@ func (s *subscriber) dispatch(sh *shard, msg any) bool {
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
 			s.confirmed(sh, m.Channel)
-		case "sunsubscribe":
-			return !s.owns(sh, m.Channel)
+		case "unsubscribe", "sunsubscribe":
+			return s.unsubscribed(sh, m.Channel) || s.cluster == nil
 		}
 	}
 	return true
-}
-
-// owns reports whether the named channel is subscribed through sh.
-func (s *subscriber) owns(sh *shard, name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := s.channels[name]
-	return ch != nil && ch.shard == sh
 }
 
 // isDead reports whether sh was closed.
@@ -390,7 +438,7 @@ func (s *subscriber) fail(sh *shard) {
 		if ch.shard != sh {
 			continue
 		}
-		ch.shard, ch.inflight, ch.recheck = nil, 0, true
+		ch.shard, ch.missed = nil, true
 		if ch.confirmed {
 			ch.confirmed = false
 			ch.ready = make(chan struct{})
@@ -447,12 +495,9 @@ func (s *subscriber) sync() {
 			if sh := ch.shard; sh != nil {
 				unsub[sh] = append(unsub[sh], name)
 				sh.channels--
-				ch.shard, ch.confirmed = nil, false
-				ch.ready = make(chan struct{})
+				sh.unsubs[name]++
 			}
-			if ch.inflight == 0 {
-				delete(s.channels, name)
-			}
+			delete(s.channels, name)
 		}
 	}
 	s.mu.Unlock()
@@ -470,7 +515,6 @@ func (s *subscriber) sync() {
 		sh := s.shardFor(addrs[name])
 		sh.channels++
 		ch.shard = sh
-		ch.inflight++
 		sub[sh] = append(sub[sh], name)
 	}
 	for addr, sh := range s.shards {
@@ -518,7 +562,7 @@ func (s *subscriber) shardFor(addr string) *shard {
 	if sh := s.shards[addr]; sh != nil {
 		return sh
 	}
-	sh := &shard{addr: addr}
+	sh := &shard{addr: addr, unsubs: make(map[string]int)}
 	if s.cluster != nil {
 		sh.ps = s.cluster.SSubscribe(s.ctx)
 	} else {

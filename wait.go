@@ -2,53 +2,57 @@ package redisync
 
 import (
 	"context"
-	"errors"
-	"io"
-	"net"
-	"strings"
 	"time"
 )
 
-// contender is one blocking call, Mutex.Lock or Semaphore.Acquire, as seen
+// contender is one blocking call (Mutex.Lock or Semaphore.Acquire) as seen
 // by the wait loop that they share (Client.block).
 type contender interface {
 	// attempt asks Redis once, joining the queue if the primitive has
 	// one. It reports whether the call is done and, if not, the longest
 	// the caller may sleep before asking again.
 	attempt(ctx context.Context) (done bool, sleep time.Duration, err error)
-	// queued is called before a sleep while it returns nil: it may
-	// register the heartbeat that keeps the caller's place in the queue.
-	queued(w *waiter) *keepalive
-	// adopt takes what a message received at received handed to the
-	// caller. It reports false when the caller must attempt again.
-	adopt(ctx context.Context, grant string, received time.Time) (bool, error)
-	// withdraw leaves the queue after the wait ended without success,
-	// passing on whatever was handed to the caller meanwhile.
-	withdraw(ctx context.Context)
+	// sleeping is called before every sleep: it keeps the call's place
+	// in the queue alive (a heartbeat that nudges w when it finds the
+	// place gone).
+	sleeping(w *waiter)
+	// adopt takes what a message addressed to the call handed to it. It
+	// reports false when the call must attempt again.
+	adopt(ctx context.Context, grant string) (bool, error)
+	// changed returns a channel closed when the call must look again for
+	// a reason of its own process (nil: never).
+	changed() <-chan struct{}
+	// finish ends the call with its outcome: it stops the heartbeat and,
+	// after a failure, withdraws the call from the queue, giving back
+	// whatever was handed to it meanwhile.
+	finish(ctx context.Context, err error)
 }
 
-// block runs the wait loop of a blocking call on channel: attempt; if not
-// done, register the waiter, have the channel subscribed and attempt again
-// (a message published in between would be missed); then sleep until a
-// message, the sleep bound or the end of ctx, and attempt again or adopt
-// what the message handed over. It leaves nothing behind: no heartbeat,
-// no waiter, and, through withdraw, no place in the queue. Once waiting, it
+// block runs the wait loop of a blocking call whose ticket (its address in
+// messages) is ticket, on channel: attempt; if not done, register the
+// waiter, have the channel subscribed and attempt again (a message
+// published in between would be missed); then sleep until a message, the
+// sleep bound or the end of ctx, and attempt again or adopt what the
+// message handed over. It leaves nothing behind: no heartbeat, no waiter,
+// and, through finish, no place in the queue; a wake-up it took and could
+// not use is passed on to the next waiter of the process. Once waiting, it
 // outlives Redis being unreachable for a while (see transient).
-func (c *Client) block(ctx context.Context, channel, owner string, recheck time.Duration, x contender) error {
-	var w *waiter // registered on the channel
-	var hb *keepalive
+func (c *Client) block(ctx context.Context, channel, ticket string, recheck time.Duration, x contender) (err error) {
+	var w *waiter  // registered on the channel
+	woken := false // w took a wake-up that no attempt has used yet
 	defer func() {
-		if hb != nil {
-			c.wd.remove(hb)
-		}
+		x.finish(ctx, err)
 		if w != nil {
+			if woken && err != nil {
+				w.nudge() // leave passes it on
+			}
 			w.leave()
 		}
 	}()
 
 	// When other waiters of this process keep the channel subscribed,
 	// joining is free and no message can be missed from here on.
-	w = c.sub.joinConfirmed(channel, owner)
+	w = c.sub.joinConfirmed(channel, ticket)
 	waiting := false // an attempt found the primitive taken
 	backoff := time.Duration(0)
 	for {
@@ -66,65 +70,26 @@ func (c *Client) block(ctx context.Context, channel, owner string, recheck time.
 		case err != nil || done:
 			return err
 		default:
-			waiting, backoff = true, 0
+			waiting, backoff, woken = true, 0, false
 		}
 		if w == nil {
 			// Subscribe, then look again: a release between the
 			// attempt above and the subscription would be missed.
-			if w, err = c.sub.join(ctx, channel, owner, recheck); err != nil {
-				x.withdraw(ctx)
+			if w, err = c.sub.join(ctx, channel, ticket); err != nil {
 				return err
 			}
 			continue
 		}
-		if hb != nil && !c.wd.registered(hb) {
-			// Found dequeued by the watchdog (dropped after stalled
-			// heartbeats); the attempt above queued the caller again.
-			hb = nil
-		}
-		if hb == nil {
-			hb = x.queued(w)
-		}
-		grant, err := w.wait(ctx, sleep)
+		x.sleeping(w)
+		grant, signalled, err := w.wait(ctx, sleep, x.changed())
 		if err != nil {
-			x.withdraw(ctx)
 			return err
 		}
+		woken = signalled && grant == ""
 		if grant != "" {
-			if ok, err := x.adopt(ctx, grant, time.Now()); ok || err != nil {
+			if ok, err := x.adopt(ctx, grant); ok || err != nil {
 				return err
 			}
 		}
 	}
-}
-
-// lockCall is a Mutex.Lock call as a contender.
-type lockCall struct{ *Mutex }
-
-func (m lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
-	acquired, pttl, err := m.Mutex.attempt(ctx, true)
-	return acquired, m.sleepFor(pttl), err
-}
-
-func (m lockCall) queued(w *waiter) *keepalive {
-	if !m.cfg.fair {
-		return nil
-	}
-	return m.heartbeat(w)
-}
-
-// transient reports whether err says Redis could not be reached or could
-// not serve the call for now (a network error, a timeout, a server loading
-// its data or a cluster failing over), rather than a final answer.
-func transient(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return true
-	}
-	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY"} {
-		if strings.HasPrefix(err.Error(), prefix) {
-			return true
-		}
-	}
-	return false
 }

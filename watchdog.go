@@ -15,8 +15,14 @@ const watchdogBatch = 256
 // waiters alive: it renews every watchdog-managed lease at a third of its
 // length, heartbeats every queued fair waiter at a third of its heartbeat,
 // and notices when a hold is lost. Entries due at about the same time are
-// renewed together in one script call. A hold with a fixed lease is never
-// renewed; the watchdog only reports it lost when its lease has run out.
+// renewed together in one script call (one per hash slot on a cluster).
+// A hold with a fixed lease is never renewed; the watchdog only reports it
+// lost when its lease has run out.
+//
+// Renewals are sent from goroutines of their own, at most one call in
+// flight per entry, so that no slow call (a stalled primary, a blackholed
+// connection) delays another slot's renewals or a loss notification: the
+// watchdog goes on checking deadlines while calls are out.
 //
 // A hold's deadline is when its lease runs out by the local clock: the
 // send time of the call that last set the lease, plus the lease, less a
@@ -47,10 +53,12 @@ type keepalive struct {
 	hold  bool          // lost when its deadline passes unrenewed
 	renew bool          // false for a hold with a fixed lease
 
-	due      time.Time // next renewal
-	deadline time.Time // hold: when it is lost unless renewed
-	gone     func()    // called once, without locks, when dropped by the watchdog
-	free     func()    // waiter: called, without locks, when its lock is found free
+	due       time.Time // next renewal
+	deadline  time.Time // hold: when it is lost unless renewed
+	confirmed time.Time // waiter: when the last call that found it queued was sent
+	busy      bool      // a renewal of it is in flight
+	gone      func()    // called once, without locks, when dropped by the watchdog
+	free      func()    // waiter: called, without locks, when its lock is found free
 }
 
 func newWatchdog(rdb redis.UniversalClient, ctx context.Context) *watchdog {
@@ -74,6 +82,7 @@ func drift(lease time.Duration) time.Duration {
 // to ttl. w.mu must be held, or e not registered yet.
 func (e *keepalive) set(sent time.Time, ttl time.Duration) {
 	e.deadline = sent.Add(ttl - drift(ttl))
+	e.confirmed = sent
 	if e.renew {
 		e.due = sent.Add(ttl / 3)
 	} else {
@@ -101,11 +110,11 @@ func (w *watchdog) add(e *keepalive, sent time.Time, ttl time.Duration) bool {
 	return true
 }
 
-// rearm moves e's schedule after a call that set its lease again.
+// rearm moves e's schedule after a call sent at sent set its lease again.
 func (w *watchdog) rearm(e *keepalive, sent time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.entries[e]; ok {
+	if _, ok := w.entries[e]; ok && sent.After(e.confirmed) {
 		e.set(sent, e.ttl)
 		w.pokeIfBefore(e)
 	}
@@ -129,6 +138,14 @@ func (w *watchdog) remove(e *keepalive) {
 	delete(w.entries, e)
 }
 
+// confirmed returns when the last call that found the waiter e queued was
+// sent: a hand-off to it came later.
+func (w *watchdog) confirmed(e *keepalive) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return e.confirmed
+}
+
 // registered reports whether e is still an entry: neither removed nor
 // dropped as gone.
 func (w *watchdog) registered(e *keepalive) bool {
@@ -138,21 +155,18 @@ func (w *watchdog) registered(e *keepalive) bool {
 	return ok
 }
 
-// run renews what is due, and reports lost what is past its deadline, until
-// the Client is closed. Then every hold still registered is reported lost.
+// run sends the renewals that are due, and reports lost what is past its
+// deadline, until the Client is closed. Then every hold still registered
+// is reported lost.
 func (w *watchdog) run() {
 	defer w.wg.Done()
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		batch, sleep := w.collect(time.Now())
-		if len(batch) > 0 {
-			for _, part := range w.split(batch) {
-				w.renewBatch(part)
-			}
-			continue
+		for _, part := range w.split(w.collect(time.Now())) {
+			w.send(part)
 		}
-		t.Reset(sleep)
+		t.Reset(w.sleep(time.Now()))
 		select {
 		case <-w.ctx.Done():
 			w.stop()
@@ -163,58 +177,83 @@ func (w *watchdog) run() {
 	}
 }
 
-// collect drops the holds past their deadline and returns the entries due
-// for renewal (or about to be: within a sixth of their interval), or else
-// how long to sleep.
-func (w *watchdog) collect(now time.Time) ([]*keepalive, time.Duration) {
-	var batch []*keepalive
+// collect drops the holds past their deadline (in flight or not) and
+// returns the entries due for renewal (or about to be: within a sixth of
+// their interval) that have no renewal in flight, marked busy.
+func (w *watchdog) collect(now time.Time) []renewal {
+	var batch []renewal
 	var gone []func()
 	w.mu.Lock()
-	next := now.Add(time.Hour)
 	for e := range w.entries {
 		switch {
 		case e.hold && !now.Before(e.deadline):
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
-		case e.renew && !now.Before(e.due.Add(-e.ttl/18)):
-			batch = append(batch, e)
-		default:
-			if e.renew && e.due.Before(next) {
-				next = e.due
+		case e.renew && !e.busy && !now.Before(e.due.Add(-e.ttl/18)):
+			e.busy = true
+			limit := now.Add(e.ttl / 3)
+			if e.hold {
+				limit = e.deadline
 			}
-			if e.hold && e.deadline.Before(next) {
-				next = e.deadline
-			}
+			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: e.ttl, limit: limit})
 		}
-	}
-	w.next = next
-	if len(batch) > 0 {
-		w.next = now
 	}
 	w.mu.Unlock()
 	for _, f := range gone {
 		f()
 	}
-	return batch, next.Sub(now)
+	return batch
+}
+
+// sleep returns how long run may sleep: until the next renewal is due or
+// the next deadline passes.
+func (w *watchdog) sleep(now time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next := now.Add(time.Hour)
+	for e := range w.entries {
+		if e.renew && !e.busy && e.due.Add(-e.ttl/18).Before(next) {
+			next = e.due.Add(-e.ttl / 18)
+		}
+		if e.hold && e.deadline.Before(next) {
+			next = e.deadline
+		}
+	}
+	w.next = next
+	return max(next.Sub(now), 0)
+}
+
+// renewal is one entry of a batch, with what the call needs of it, read
+// under w.mu when the batch was collected.
+type renewal struct {
+	e     *keepalive
+	kind  string
+	owner string
+	keys  []string
+	ttl   time.Duration
+	limit time.Time // when a reply is of no more use
 }
 
 // split cuts a batch into script calls of at most watchdogBatch entries.
 // On a Redis Cluster each call holds entries of one hash slot only, as a
 // script may only touch keys of one slot.
-func (w *watchdog) split(batch []*keepalive) [][]*keepalive {
-	groups := [][]*keepalive{batch}
+func (w *watchdog) split(batch []renewal) [][]renewal {
+	if len(batch) == 0 {
+		return nil
+	}
+	groups := [][]renewal{batch}
 	if w.cluster {
-		bySlot := make(map[uint16][]*keepalive)
-		for _, e := range batch {
-			slot := slotOf(e.keys[0])
-			bySlot[slot] = append(bySlot[slot], e)
+		bySlot := make(map[uint16][]renewal)
+		for _, r := range batch {
+			slot := slotOf(r.keys[0])
+			bySlot[slot] = append(bySlot[slot], r)
 		}
 		groups = groups[:0]
 		for _, g := range bySlot {
 			groups = append(groups, g)
 		}
 	}
-	var parts [][]*keepalive
+	var parts [][]renewal
 	for _, g := range groups {
 		for len(g) > 0 {
 			n := min(len(g), watchdogBatch)
@@ -225,20 +264,26 @@ func (w *watchdog) split(batch []*keepalive) [][]*keepalive {
 	return parts
 }
 
-// renewBatch renews a batch in one script call and applies the result.
-func (w *watchdog) renewBatch(batch []*keepalive) {
+// send renews a batch in one script call, from a goroutine of its own, and
+// applies the result.
+func (w *watchdog) send(batch []renewal) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.renew(batch)
+	}()
+}
+
+// renew renews a batch in one script call and applies the result.
+func (w *watchdog) renew(batch []renewal) {
 	var keys []string
 	args := make([]any, 0, 3*len(batch))
 	sent := time.Now()
 	limit := sent.Add(time.Hour)
-	for _, e := range batch {
-		keys = append(keys, e.keys...)
-		if e.hold {
-			limit = minTime(limit, e.deadline)
-		} else {
-			limit = minTime(limit, sent.Add(e.ttl/3))
-		}
-		args = append(args, e.kind, e.owner, e.ttl.Milliseconds())
+	for _, r := range batch {
+		keys = append(keys, r.keys...)
+		limit = minTime(limit, r.limit)
+		args = append(args, r.kind, r.owner, r.ttl.Milliseconds())
 	}
 	res, err := w.call(limit, keys, args)
 	if err != nil && w.cluster {
@@ -250,9 +295,11 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 	now := time.Now()
 	var gone []func()
 	w.mu.Lock()
-	for i, e := range batch {
+	for i, r := range batch {
+		e := r.e
+		e.busy = false
 		if _, ok := w.entries[e]; !ok {
-			continue // released meanwhile
+			continue // released or lost meanwhile
 		}
 		switch {
 		case err == nil && i < len(res) && res[i] == 1:
@@ -264,10 +311,11 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
 		default:
-			// Try again soon; collect reports the hold lost if its
+			// Try again soon; run reports the hold lost if its
 			// deadline passes first.
 			e.due = now.Add(min(max(e.ttl/10, time.Millisecond), time.Second))
 		}
+		w.pokeIfBefore(e)
 	}
 	w.mu.Unlock()
 	for _, f := range gone {
@@ -276,12 +324,12 @@ func (w *watchdog) renewBatch(batch []*keepalive) {
 }
 
 // call runs the renew script, giving up at limit: a renewal that has not
-// answered by the first deadline of its batch is of no use, and the loss
-// must be reported on time. go-redis bounds a call by its context only
-// when the go-redis client was built with ContextTimeoutEnabled, so the
-// call runs in a goroutine of its own and the watchdog stops waiting for
-// it at limit; go-redis's own timeouts end it later (Close waits for it).
-// A renewal that reaches Redis after limit only delays other owners.
+// answered by the first deadline of its batch is of no use. go-redis
+// bounds a call by its context only when the go-redis client was built
+// with ContextTimeoutEnabled, so the call runs in a goroutine of its own
+// and the watchdog stops waiting for it at limit; go-redis's own timeouts
+// end it later (Close waits for it). A renewal that reaches Redis after
+// limit only delays other owners.
 func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, error) {
 	ctx, cancel := context.WithDeadline(w.ctx, limit)
 	type reply struct {

@@ -1,7 +1,8 @@
 -- sem_acquire.lua: take permits of a semaphore, or queue for them.
 --
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
--- KEYS[5] waiters (see sem_lib.lua)
+-- KEYS[5] waiters (see sem_lib.lua), KEYS[6] withdrawn calls (see lib.lua,
+-- mark_withdrawn)
 -- ARGV[1] holder id
 -- ARGV[2] n: permits wanted
 -- ARGV[3] size of the semaphore as the caller knows it
@@ -10,7 +11,7 @@
 --         call that was applied finds it in the holder record
 -- ARGV[6] lease in ms
 -- ARGV[7] mode: "queue" joins the queue when not granted; "try" never does
--- ARGV[8] waiter id ("holder#call") of this Acquire
+-- ARGV[8] waiter id ("holder#call") of this Acquire or TryAcquire call
 -- ARGV[9] "1" when this Acquire has queued before: finding its permits
 --         granted (and itself dequeued) means another call granted them
 -- ARGV[10] heartbeat ttl in ms, ARGV[11] lease of a grant to a waiter in ms
@@ -24,6 +25,7 @@
 --                    earliest lease ends (-1: no holder)
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
 --        {-2, size}  the stored size differs from ARGV[3]
+--        {-3, 0}     the call was withdrawn: nothing done
 local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[4], waiters = KEYS[5]}
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
@@ -31,15 +33,19 @@ local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 -- Every key is read before anything is written: one of the wrong type
 -- fails the script here, having changed nothing.
 local stored = redis.call('GET', KEYS[3])
+if is_withdrawn(KEYS[6], waiter) then
+  return {-3, 0}
+end
 redis.call('ZSCORE', k.expiry, holder)
 redis.call('HGET', k.waiters, waiter)
 local queued = redis.call('ZSCORE', k.queue, waiter)
 local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+sem_used(k) -- every holder record is checked
 if stored then
-  if not tonumber(stored) then
-    error('WRONGTYPE redisync: ' .. KEYS[3] .. ' does not hold a size')
+  if not integer(stored) then
+    wrong(KEYS[3], 'a size')
   end
-  if tonumber(stored) ~= size then
+  if integer(stored) ~= size then
     return {-2, tonumber(stored)}
   end
 else

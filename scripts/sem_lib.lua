@@ -14,13 +14,17 @@
 -- Holders whose lease has ended are removed by every script call before it
 -- does anything else.
 
--- sem_parse splits a holder record into permits and call number.
-local function sem_parse(v)
+-- sem_parse splits a holder record into permits and call number. A record
+-- that redisync did not write fails the script (check it before writing).
+local function sem_parse(v, key)
   if not v then
     return 0, 0
   end
   local p, s = string.match(v, '^(%d+):(%d+)$')
-  return tonumber(p) or 0, tonumber(s) or 0
+  if not p then
+    wrong(key or 'a semaphore', 'a holder record')
+  end
+  return tonumber(p), tonumber(s)
 end
 
 -- sem_holder returns the holder id of a waiter id.
@@ -38,12 +42,22 @@ local function sem_put(k, holder, permits, seq)
   end
 end
 
--- sem_lease makes a holder's lease end no earlier than now + ms.
+-- sem_lease makes a holder's lease end no earlier than now + ms, and the
+-- keys live at least as long, so that no holder outlives its record.
 local function sem_lease(k, holder, now, ms)
   local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
   if not e or e < now + ms then
     redis.call('ZADD', k.expiry, now + ms, holder)
   end
+  keep_alive(k.holders, ms)
+  keep_alive(k.expiry, ms)
+end
+
+-- sem_rearm makes a holder's lease end at now + ms exactly (a holder that
+-- keeps permits after a release starts its lease anew), and the keys live
+-- at least as long.
+local function sem_rearm(k, holder, now, ms)
+  redis.call('ZADD', k.expiry, now + ms, holder)
   keep_alive(k.holders, ms)
   keep_alive(k.expiry, ms)
 end
@@ -63,7 +77,7 @@ end
 local function sem_used(k)
   local used = 0
   for _, v in ipairs(redis.call('HVALS', k.holders)) do
-    used = used + sem_parse(v)
+    used = used + sem_parse(v, k.holders)
   end
   return used
 end

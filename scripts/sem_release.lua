@@ -4,14 +4,17 @@
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] queue, KEYS[4] waiters
 -- (see sem_lib.lua), KEYS[5] released: zset "holder:seq" -> ms of server
 --         time until which a release that emptied the holder is remembered,
---         so that a retry of it knows it was applied
+--         so that a retry of it knows it was applied,
+-- KEYS[6] withdrawn calls (see lib.lua, mark_withdrawn)
 -- ARGV[1] holder id
 -- ARGV[2] n: permits to give back ("release"), or wanted by the waiter
 --         ("withdraw")
 -- ARGV[3] held: the permits the caller believes it holds (not counting a
 --         grant to its waiter that it has not taken)
 -- ARGV[4] seq: the caller's call number (>= 1, increasing)
--- ARGV[5] mode: "release", or "withdraw" with ARGV[6] the waiter id
+-- ARGV[5] mode: "release"; or "withdraw" with ARGV[6] the waiter id of the
+--         call; "abandon" is "withdraw" that also refuses the call from now
+--         on, when its outcome is unknown
 -- ARGV[7] lease in ms, re-armed while the holder keeps permits
 -- ARGV[8] size, ARGV[9] memory of a full release in ms
 -- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
@@ -33,14 +36,20 @@ redis.call('ZSCORE', k.expiry, holder)
 redis.call('ZSCORE', k.queue, holder)
 redis.call('HGET', k.waiters, holder)
 local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
-redis.call('HGET', k.holders, holder)
+sem_used(k) -- every holder record is checked
+if mode == 'abandon' then
+  redis.call('ZCARD', KEYS[6])
+end
 
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
 sem_reclaim(k, now)
 local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 local result = 1
-if mode == 'withdraw' then
+if mode ~= 'release' then
+  if mode == 'abandon' then
+    mark_withdrawn(KEYS[6], ARGV[6])
+  end
   local was = redis.call('ZREM', k.queue, ARGV[6])
   redis.call('HDEL', k.waiters, ARGV[6])
   result = 0
@@ -61,7 +70,7 @@ else
     redis.call('ZADD', released, now + ms, holder .. ':' .. seq)
     keep_alive(released, ms)
   else
-    redis.call('ZADD', k.expiry, now + tonumber(ARGV[7]), holder)
+    sem_rearm(k, holder, now, tonumber(ARGV[7]))
   end
 end
 sem_serve(k, size, sem_used(k), now, false, 0, 0, ARGV[10], ARGV[11])

@@ -1,0 +1,222 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// cleanupTimeout bounds the clean-up a call does after its context ended,
+// and a release sent after the caller's context ended.
+const cleanupTimeout = 5 * time.Second
+
+// cleanupWait is how long a call that ends without success waits for its
+// clean-up (withdrawing from a queue, giving back what was granted to it
+// meanwhile) before it returns and leaves the clean-up to run on in the
+// background: every blocking call returns within cleanupWait of the end of
+// its context.
+const cleanupWait = 50 * time.Millisecond
+
+// detached returns a context for clean-up after ctx ended: it keeps ctx's
+// values, not its cancellation.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
+// call runs do, one call to Redis, and returns what it returned; or, as
+// soon as ctx ends or the Client is closed, the reason, with abandoned set.
+//
+// go-redis honours a context's deadline on a read only when its client was
+// built with ContextTimeoutEnabled, which most are not: a call on a
+// stalled connection would hold its caller for the client's read timeout.
+// So do runs in a goroutine of its own, with a context detached from
+// ctx's cancellation (bounded by cleanupTimeout), and the caller stops
+// waiting cleanupWait after ctx ends. An abandoned call goes on: when it returns, late
+// (if not nil) gets its reply, to undo whatever it did. Close waits for it.
+func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	if !c.calls.start() {
+		// Closed: a clean-up still runs, in the caller's goroutine.
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		res, err := do(dctx)
+		return res, false, err
+	}
+	type reply struct {
+		res []int64
+		err error
+	}
+	ch := make(chan reply, 1)
+	var gaveUp bool // guarded by c.calls.mu
+	go func() {
+		defer c.calls.done()
+		dctx, cancel := detached(ctx)
+		res, err := do(dctx)
+		cancel()
+		c.calls.mu.Lock()
+		if !gaveUp {
+			ch <- reply{res, err}
+			c.calls.mu.Unlock()
+			return
+		}
+		c.calls.mu.Unlock()
+		if late != nil {
+			late(res, err)
+		}
+	}()
+	var why error
+	select {
+	case r := <-ch:
+		return r.res, false, r.err
+	case <-ctx.Done():
+		why = ctx.Err()
+		// A reply may be about to arrive: one that does within
+		// cleanupWait saves an undo.
+		t := time.NewTimer(cleanupWait)
+		select {
+		case r := <-ch:
+			t.Stop()
+			return r.res, false, r.err
+		case <-t.C:
+		case <-c.ctx.Done():
+			t.Stop()
+		}
+	case <-c.ctx.Done():
+		why = ErrClosed
+	}
+	c.calls.mu.Lock()
+	defer c.calls.mu.Unlock()
+	select {
+	case r := <-ch: // it returned meanwhile
+		return r.res, false, r.err
+	default:
+		gaveUp = true
+		return nil, true, why
+	}
+}
+
+// cleanup runs do, a clean-up call to Redis, detached from ctx's
+// cancellation, and waits for it for at most cleanupWait: then it goes on
+// in the background (Close waits for it).
+func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64, error)) {
+	wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupWait)
+	defer cancel()
+	_, _, _ = c.call(wait, do, nil)
+}
+
+// callGroup counts the calls running in goroutines of their own, so that
+// Close can wait for them. Once closed, it starts no more.
+type callGroup struct {
+	mu      sync.Mutex
+	n       int
+	closed  bool
+	drained chan struct{} // closed when closed and n is 0
+}
+
+func newCallGroup() *callGroup { return &callGroup{drained: make(chan struct{})} }
+
+// start counts a new call, unless the group is closed.
+func (g *callGroup) start() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.n++
+	return true
+}
+
+// done counts a call out.
+func (g *callGroup) done() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n--; g.n == 0 && g.closed {
+		close(g.drained)
+	}
+}
+
+// close starts no more calls and waits for those running to return.
+func (g *callGroup) close() {
+	g.mu.Lock()
+	if !g.closed {
+		g.closed = true
+		if g.n == 0 {
+			close(g.drained)
+		}
+	}
+	g.mu.Unlock()
+	<-g.drained
+}
+
+// persist runs call, an idempotent script call (a release), again while it
+// fails because Redis cannot be reached or cannot serve for now (a
+// restart, a failover: see transient) or its reply was cut short, with a
+// growing pause, for at most cleanupTimeout and while ctx lasts. It returns
+// call's last error.
+func (c *Client) persist(ctx context.Context, call func() error) error {
+	deadline := time.Now().Add(cleanupTimeout)
+	pause := time.Duration(0) // the first retry goes at once
+	for {
+		err := call()
+		if err == nil || !(transient(err) || errors.Is(err, context.Canceled)) || time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		c.relocate()
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		pause = min(max(2*pause, 50*time.Millisecond), maxBackoff)
+	}
+}
+
+// relocate has a Redis Cluster client reload its slot map after a call
+// failed to reach its primary: after a failover, go-redis would otherwise
+// keep sending the slot's commands to the primary that died.
+func (c *Client) relocate() {
+	if cluster, ok := c.rdb.(*redis.ClusterClient); ok {
+		cluster.ReloadState(c.ctx)
+	}
+}
+
+// transient reports whether err says Redis could not be reached or could
+// not serve the call for now (a network error, a timeout, a server loading
+// its data or a cluster failing over), rather than a final answer.
+func transient(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY"} {
+		if strings.HasPrefix(err.Error(), prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// mayHaveRun reports whether a command that failed with err may have run
+// in Redis all the same: its reply was lost, rather than Redis answering
+// with an error or the connection failing before anything was sent.
+func mayHaveRun(err error) bool {
+	var op *net.OpError
+	return !isReply(err) && !(errors.As(err, &op) && op.Op == "dial")
+}
+
+// isReply reports whether err is an error reply from Redis (the command
+// ran and failed) rather than a failure to get a reply.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+}

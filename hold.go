@@ -1,0 +1,139 @@
+package redisync
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// errHeld is returned by holds.take when the value holds already: another
+// call of the same value took a hold first.
+var errHeld = errors.New("redisync: the value holds already")
+
+// errExpired is returned by holds.take when the hold's lease may have run
+// out in Redis before the reply that granted it arrived.
+var errExpired = errors.New("redisync: the hold's lease ran out before it was granted")
+
+// hold is what a Mutex or Semaphore value knows of one hold: a lock, with
+// the levels the value re-entered it, or permits of a semaphore.
+type hold struct {
+	id     string        // the hold's field in Redis
+	token  int64         // fencing token (a Mutex's)
+	n      int64         // levels (a Mutex) or permits (a Semaphore) held
+	lost   chan struct{} // closed when the hold is lost
+	isLost bool
+	ka     *keepalive // its watchdog entry
+}
+
+// holds is the hold lifecycle that Mutex and Semaphore share. A value has
+// at most one hold at a time. A call that was granted one takes it; while
+// it lasts the watchdog renews its lease (or only watches its fixed
+// deadline) and loses it when a renewal finds it gone or its deadline
+// passes unrenewed; the value forgets it when it is released.
+//
+// A hold's deadline is counted from a moment known to come before Redis
+// set its lease (the sending of the call that set it, or, for a hold
+// handed over by another call's release, the last time Redis confirmed
+// the waiter was still queued), never from when the news arrived, so that
+// the holder hears of a loss before Redis can let anyone else in, at any
+// network latency.
+type holds struct {
+	c      *Client
+	mu     sync.Mutex
+	cur    *hold
+	taken  chan struct{} // closed, and replaced, when a hold is taken
+	onLost func()        // called with mu held when the current hold is lost
+}
+
+func newHolds(c *Client) holds {
+	return holds{c: c, taken: make(chan struct{})}
+}
+
+// take makes h the value's hold; its lease of length lease was set in
+// Redis no earlier than since. e, its watchdog entry, is registered. It
+// fails, having changed nothing, with errHeld when the value holds already,
+// errExpired when the lease may have run out already, and ErrClosed when
+// the Client is closed: the caller then gives the hold back.
+func (s *holds) take(h *hold, e *keepalive, since time.Time, lease time.Duration) error {
+	if !time.Now().Before(since.Add(lease - drift(lease))) {
+		return errExpired
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		return errHeld
+	}
+	h.lost, h.ka = make(chan struct{}), e
+	e.gone = func() { s.lose(h) }
+	if !s.c.wd.add(e, since, lease) {
+		return ErrClosed
+	}
+	s.cur = h
+	close(s.taken)
+	s.taken = make(chan struct{})
+	return nil
+}
+
+// current returns the value's hold, or nil. Its fields are guarded by s.mu.
+func (s *holds) current() *hold {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+// changed returns a channel closed when the value next takes a hold.
+func (s *holds) changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.taken
+}
+
+// lose closes h's Lost channel and stops its renewal, unless h is no longer
+// the value's hold or was lost already.
+func (s *holds) lose(h *hold) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseLocked(h)
+}
+
+// loseLocked is lose with s.mu held.
+func (s *holds) loseLocked(h *hold) {
+	if s.cur != h || h.isLost {
+		return
+	}
+	h.isLost = true
+	close(h.lost)
+	s.c.wd.remove(h.ka)
+	if s.onLost != nil {
+		s.onLost()
+	}
+}
+
+// forgetLocked drops h, the value's hold, before its release is sent: no
+// renewal may outlive the release. s.mu must be held.
+func (s *holds) forgetLocked(h *hold) {
+	s.c.wd.remove(h.ka)
+	if s.cur == h {
+		s.cur = nil
+	}
+}
+
+// token returns the fencing token of the value's hold, or 0.
+func (s *holds) token() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return 0
+	}
+	return s.cur.token
+}
+
+// lostChan returns the Lost channel of the value's hold, or nil.
+func (s *holds) lostChan() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return nil
+	}
+	return s.cur.lost
+}
