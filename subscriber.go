@@ -134,11 +134,16 @@ func (s *subscriber) join(ctx context.Context, name, ticket string) (*waiter, er
 	}
 	w := s.add(ch, ticket)
 	ready := ch.ready
-	needSync := ch.shard == nil
-	s.mu.Unlock()
-	if needSync {
-		s.sync()
+	if ch.shard == nil {
+		// Subscribing may dial a connection or ask a cluster for its
+		// slots: it must not hold the caller past its ctx.
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.sync()
+		}()
 	}
+	s.mu.Unlock()
 
 	t := time.NewTimer(joinWait)
 	defer t.Stop()
