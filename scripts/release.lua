@@ -24,7 +24,8 @@ local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[
 local id, mytoken, mode = ARGV[1], tonumber(ARGV[2]), ARGV[6]
 
 -- Read every key that may be written before the first write: a key of the
--- wrong type fails the script here.
+-- wrong type fails the script here. (SET on the tombstone replaces any
+-- type.)
 local count = hold_count(lock, id)
 check_counter(token)
 local queued = redis.call('ZCARD', queue)
@@ -33,9 +34,6 @@ if queued > 0 or mode ~= 'release' then
 end
 if mode == 'abandon' then
   redis.call('ZCARD', gone)
-end
-if mytoken > 0 then
-  redis.call('GET', tomb)
 end
 
 if mode ~= 'release' then
