@@ -749,18 +749,22 @@ func leaveAll(ws []*waiter) {
 	}
 }
 
-// waitAny sleeps until a waiter of any node is signalled, d has passed, ctx
-// ends or the Redlock is closed, and then consumes every signal received.
+// waitAny sleeps until a waiter of any node is signalled, d has passed (at
+// most deafPoll while a node's channel is not confirmed), ctx ends or the
+// Redlock is closed, and then consumes every signal received.
 func (m *RedMutex) waitAny(ctx context.Context, ws []*waiter, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	cases := make([]reflect.SelectCase, 0, len(ws)+2)
 	for _, w := range ws {
 		w.s.mu.Lock()
 		sig := w.signal
+		if !w.ch.confirmed {
+			d = min(d, deafPoll) // messages cannot reach it now
+		}
 		w.s.mu.Unlock()
 		cases = append(cases, recvCase(sig), recvCase(w.s.closed))
 	}
+	t := time.NewTimer(d)
+	defer t.Stop()
 	cases = append(cases, recvCase(t.C), recvCase(ctx.Done()))
 	i, _, _ := reflect.Select(cases)
 	switch {
