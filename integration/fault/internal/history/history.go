@@ -27,8 +27,18 @@ type Hold struct {
 	Lost    bool      // the interval ended because Lost was seen
 }
 
-func (h Hold) String() string {
-	s := fmt.Sprintf("%s/%s [%v, %v]", h.Owner, h.Who, h.Start.Format("15:04:05.000000"), h.End.Format("15:04:05.000000"))
+func (h Hold) String() string { return h.Format(time.Time{}) }
+
+// Format describes h with its times as offsets from base, or as times of
+// day when base is zero.
+func (h Hold) Format(base time.Time) string {
+	at := func(t time.Time) string {
+		if base.IsZero() {
+			return t.Format("15:04:05.000000")
+		}
+		return "+" + t.Sub(base).Round(time.Microsecond).String()
+	}
+	s := fmt.Sprintf("%s/%s [%s, %s]", h.Owner, h.Who, at(h.Start), at(h.End))
 	if h.Token != 0 {
 		s += fmt.Sprintf(" token %d", h.Token)
 	}
@@ -51,13 +61,16 @@ type Violation struct {
 	Note  string
 }
 
-func (v Violation) String() string {
+func (v Violation) String() string { return v.Format(time.Time{}) }
+
+// Format describes v with times as offsets from base (see Hold.Format).
+func (v Violation) Format(base time.Time) string {
 	s := v.Kind
 	if v.Note != "" {
 		s += " (" + v.Note + ")"
 	}
 	for _, h := range v.Holds {
-		s += "\n\t" + h.String()
+		s += "\n\t" + h.Format(base)
 	}
 	return s
 }
