@@ -35,7 +35,7 @@ const (
 	defaultStormDuration = 6 * time.Second
 )
 
-// TestStorm is the cancellation storm: 4 Clients, 24-32 goroutines, some
+// TestStorm is the cancellation storm: 4 Clients, 24 goroutines, some
 // sharing a lock value and some with one of their own, call Lock (or
 // Acquire) on one name again and again with deadlines mostly drawn from
 // 0-5 ms (some 50 ms and 2 s), through fault proxies that add a random
@@ -62,7 +62,8 @@ const (
 //   - Unlock or Release reports ErrLockLost for a hold whose Lost had not
 //     closed when it was called (the lock had gone, unannounced);
 //   - a call fails with an error other than its context's end (or a socket
-//     timeout at that deadline) and ErrLockLost after a loss;
+//     timeout at that deadline), ErrLockLost after a loss, and, for a
+//     RedMutex, ErrQuorum (nodes still busy with an abandoned call);
 //   - after every call returned and every hold was released, and the
 //     Clients were closed, the lock (or the semaphore's holders) is still
 //     in Redis after 3 s, its queue and waiters after 3 s (their TTL is
@@ -176,8 +177,8 @@ type storm struct {
 	cancelled []call              // Lock calls that ended with their deadline
 	problems  map[string]*problem // by kind
 
-	locks, grants, ctxErrs, lateErrs, lateGrants, lockLost atomic.Int64
-	unlocks, unlockLost, lostSeen, fenceWrites             atomic.Int64
+	locks, grants, ctxErrs, lateErrs, lateGrants, lockLost, quorum atomic.Int64
+	unlocks, unlockLost, lostSeen, fenceWrites                     atomic.Int64
 }
 
 // call is a Lock call that ended with its deadline.
@@ -387,6 +388,11 @@ func (s *storm) lockLoop(rng *rand.Rand, owner, who string, m locker, stop time.
 			// Another goroutine of the value holds a hold that was lost:
 			// it will Unlock.
 			s.lockLost.Add(1)
+		case errors.Is(err, redisync.ErrQuorum):
+			// A RedMutex gives up at once when nodes do not answer, or
+			// are still busy with an earlier call of the value that
+			// its deadline abandoned: documented, and no hold.
+			s.quorum.Add(1)
 		default:
 			s.fail("lock error", "%s: Lock (deadline %v, expired %v): %v", who, d, expired, err)
 		}
@@ -711,9 +717,9 @@ func (s *storm) report() {
 		ps.StalledFor += st.StalledFor
 		ps.ConnsAccepted += st.ConnsAccepted
 	}
-	t.Logf("calls %d: granted %d (%d after their deadline), ended by their deadline %d (%d while another owner held, %d over %v late), ErrLockLost %d",
+	t.Logf("calls %d: granted %d (%d after their deadline), ended by their deadline %d (%d while another owner held, %d over %v late), ErrLockLost %d, ErrQuorum %d",
 		s.locks.Load(), s.grants.Load(), s.lateGrants.Load(), s.ctxErrs.Load(), waiting,
-		s.lateErrs.Load(), tooLate, s.lockLost.Load())
+		s.lateErrs.Load(), tooLate, s.lockLost.Load(), s.quorum.Load())
 	t.Logf("holds %d recorded, %d ended by Lost; releases %d (%d ErrLockLost); fenced writes %d",
 		len(holds), s.lostSeen.Load(), s.unlocks.Load(), s.unlockLost.Load(), s.fenceWrites.Load())
 	t.Logf("proxies: %d chunks, %d request stalls, %d reply stalls (%v in all), %d connections",
