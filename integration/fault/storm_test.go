@@ -97,7 +97,7 @@ func TestStorm(t *testing.T) {
 		{"RedMutex", (*storm).redMutexes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStorm(t, subSeed(base, tc.name), dur)
+			s := newStorm(t, base, subSeed(base, tc.name), dur)
 			tc.run(s)
 		})
 	}
@@ -193,10 +193,12 @@ type problem struct {
 	examples []string
 }
 
-func newStorm(t *testing.T, seed uint64, dur time.Duration) *storm {
+// newStorm prepares a subtest's storm; base is the storm's seed, seed the
+// subtest's.
+func newStorm(t *testing.T, base, seed uint64, dur time.Duration) *storm {
 	t.Helper()
-	t.Logf("seed %d (%s=%d with -run 'TestStorm/%s' replays it), storming for %v",
-		seed, stormSeedEnv, seed, strings.TrimPrefix(t.Name(), "TestStorm/"), dur)
+	t.Logf("%s=%d (replays it; alone: -run 'TestStorm/%s'), subtest seed %d, storming for %v",
+		stormSeedEnv, base, strings.TrimPrefix(t.Name(), "TestStorm/"), seed, dur)
 	return &storm{t: t, seed: seed, dur: dur, name: redistest.Name(t), base: time.Now(),
 		problems: map[string]*problem{}}
 }
@@ -546,6 +548,7 @@ func (s *storm) holdPermits(rng *rand.Rand, owner, who string, sem *redisync.Sem
 	if err := occupancy.Run(ctx, s.admin, []string{s.reg}, n).Err(); err != nil {
 		s.fail("occupancy error", "%s: %v", who, err)
 	}
+	s.fenceWrites.Add(1)
 	parts := []int64{n}
 	if n > 1 && rng.IntN(2) == 0 {
 		k := 1 + rng.Int64N(n-1)
@@ -720,7 +723,7 @@ func (s *storm) report() {
 	t.Logf("calls %d: granted %d (%d after their deadline), ended by their deadline %d (%d while another owner held, %d over %v late), ErrLockLost %d, ErrQuorum %d",
 		s.locks.Load(), s.grants.Load(), s.lateGrants.Load(), s.ctxErrs.Load(), waiting,
 		s.lateErrs.Load(), tooLate, s.lockLost.Load(), s.quorum.Load())
-	t.Logf("holds %d recorded, %d ended by Lost; releases %d (%d ErrLockLost); fenced writes %d",
+	t.Logf("holds %d recorded, %d ended by Lost; releases %d (%d ErrLockLost); writes to the fenced register (occupancy counter) %d",
 		len(holds), s.lostSeen.Load(), s.unlocks.Load(), s.unlockLost.Load(), s.fenceWrites.Load())
 	t.Logf("proxies: %d chunks, %d request stalls, %d reply stalls (%v in all), %d connections",
 		ps.Chunks, ps.RequestStalls, ps.ReplyStalls, ps.StalledFor.Round(time.Millisecond), ps.ConnsAccepted)
