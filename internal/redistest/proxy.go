@@ -2,8 +2,10 @@ package redistest
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -21,7 +23,10 @@ import (
 //     until the test lets it go;
 //   - drop: the next replies from Redis are swallowed, each closing its
 //     connection, as a network failure after a command ran would (go-redis
-//     then retries the command on a new connection).
+//     then retries the command on a new connection);
+//   - chaos: each chunk is delayed by a random jitter, and now and then
+//     stalls its connection (in its direction) for a random while, from a
+//     seeded source (see SetChaos).
 type Proxy struct {
 	Addr     string
 	upstream string
@@ -37,6 +42,55 @@ type Proxy struct {
 	holdPat   []byte        // hold the next client chunk containing this
 	held      chan struct{} // closed when a chunk is held
 	gate      chan struct{} // closed to let the held chunk go
+	chaos     Chaos
+	rng       *rand.Rand // chaos's source; nil when chaos is off
+
+	stats proxyCounters
+}
+
+// Chaos is a proxy's random delays: every chunk read in a direction that
+// Dir selects is delivered Jitter*U[0,1) later, and with probability
+// StallProb it stalls its connection, in its direction, for a further
+// Stall*U[0,1): what follows it on that side waits behind it, as behind a
+// slow network or a descheduled server. The zero value is no chaos.
+//
+// The draws come from a source seeded with Seed, but chunks of concurrent
+// connections draw in the order they are read, so the same seed gives the
+// same distribution of delays, not the same delay to the same command.
+type Chaos struct {
+	Seed      uint64
+	Jitter    time.Duration
+	StallProb float64
+	Stall     time.Duration
+	Dir       Direction
+}
+
+// Direction selects the chunks a Chaos applies to.
+type Direction int
+
+const (
+	// BothWays delays commands to Redis and replies (and pub/sub
+	// messages) from it.
+	BothWays Direction = iota
+	// RequestsOnly delays only what clients send to Redis.
+	RequestsOnly
+	// RepliesOnly delays only what Redis sends back.
+	RepliesOnly
+)
+
+// ProxyStats counts what a proxy's chaos did.
+type ProxyStats struct {
+	Chunks        int64 // chunks read, both ways
+	Jittered      int64 // chunks given a jitter > 0
+	RequestStalls int64 // stalls of a chunk sent to Redis
+	ReplyStalls   int64 // stalls of a chunk from Redis (a call in flight)
+	StalledFor    time.Duration
+	MaxStall      time.Duration
+	ConnsAccepted int64
+}
+
+type proxyCounters struct {
+	chunks, jittered, reqStalls, repStalls, stalledNs, maxStallNs, conns atomic.Int64
 }
 
 // NewProxy starts a proxy to upstream, stopped when the test ends.
@@ -78,6 +132,61 @@ func (p *Proxy) DropReplies(n int) {
 	p.drop = n
 }
 
+// SetChaos sets the random delays of every chunk read from now on (see
+// Chaos); the zero Chaos turns them off. The source is seeded anew.
+func (p *Proxy) SetChaos(c Chaos) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.chaos = c
+	p.rng = nil
+	if c.Jitter > 0 || (c.StallProb > 0 && c.Stall > 0) {
+		p.rng = rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
+	}
+}
+
+// Stats returns what the proxy's chaos has done so far.
+func (p *Proxy) Stats() ProxyStats {
+	c := &p.stats
+	return ProxyStats{
+		Chunks:        c.chunks.Load(),
+		Jittered:      c.jittered.Load(),
+		RequestStalls: c.reqStalls.Load(),
+		ReplyStalls:   c.repStalls.Load(),
+		StalledFor:    time.Duration(c.stalledNs.Load()),
+		MaxStall:      time.Duration(c.maxStallNs.Load()),
+		ConnsAccepted: c.conns.Load(),
+	}
+}
+
+// delay draws the chaos delay of a chunk read now. p.mu must be held.
+func (p *Proxy) delay(fromClient bool) time.Duration {
+	p.stats.chunks.Add(1)
+	c := p.chaos
+	if p.rng == nil || (c.Dir == RequestsOnly && !fromClient) || (c.Dir == RepliesOnly && fromClient) {
+		return 0
+	}
+	var d time.Duration
+	if c.Jitter > 0 {
+		if d = time.Duration(p.rng.Int64N(int64(c.Jitter))); d > 0 {
+			p.stats.jittered.Add(1)
+		}
+	}
+	if c.StallProb > 0 && c.Stall > 0 && p.rng.Float64() < c.StallProb {
+		s := time.Duration(p.rng.Int64N(int64(c.Stall)))
+		d += s
+		if fromClient {
+			p.stats.reqStalls.Add(1)
+		} else {
+			p.stats.repStalls.Add(1)
+		}
+		p.stats.stalledNs.Add(int64(s))
+		if int64(s) > p.stats.maxStallNs.Load() {
+			p.stats.maxStallNs.Store(int64(s)) // p.mu serializes the stores
+		}
+	}
+	return d
+}
+
 // ResetAll closes every open connection, as a network reset would.
 func (p *Proxy) ResetAll() {
 	p.mu.Lock()
@@ -116,6 +225,7 @@ func (p *Proxy) accept() {
 		if !p.track(client, server) {
 			return
 		}
+		p.stats.conns.Add(1)
 		p.pipe(client, server, true)
 		p.pipe(server, client, false)
 	}
@@ -139,7 +249,7 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 			n, err := src.Read(buf)
 			if n > 0 {
 				p.mu.Lock()
-				drop, lat := p.blackhole, p.latency
+				drop, lat := p.blackhole, p.latency+p.delay(fromClient)
 				p.mu.Unlock()
 				if !drop {
 					select {
