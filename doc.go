@@ -40,10 +40,11 @@
 // A lock called name lives in keys that share the hash tag {name}, so that
 // its scripts touch one Redis Cluster slot:
 //
-//	redisync:lock:{name}           hash: owner id -> hold count, with the lease as TTL
+//	redisync:lock:{name}           hash: hold id (the ticket of the call that took it) -> count, with the lease as TTL
 //	redisync:lock:{name}:token     counter of fencing tokens (no TTL)
 //	redisync:lock:{name}:queue     fair waiters in arrival order (zset)
 //	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
+//	redisync:lock:{name}:withdrawn tickets withdrawn with an unknown outcome (zset, 2 min)
 //	redisync:lock:{name}:ch        the channel releases publish on
 //
 // A semaphore's keys are "redisync:sem:{name}..." in the same way. The

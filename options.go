@@ -72,9 +72,10 @@ func (cfg *config) checkDuration(what string, d time.Duration) bool {
 }
 
 // WithLease gives every hold a fixed lease d, with no watchdog renewal: the
-// lock is released by Redis d after it was taken (re-entering or releasing a
-// level re-arms it), and Lost is closed when d has passed locally. d must be
-// in [1ms, MaxLease].
+// lock is released by Redis d after it was taken (re-entering does not
+// re-arm it; a Semaphore's Acquire and partial Release re-arm its
+// holder's), and Lost is closed when d has passed locally. d must be in
+// [1ms, MaxLease].
 //
 // The default is no fixed lease: the watchdog keeps a lease of 30 s (see
 // WithWatchdogLease) alive while the lock is held.
