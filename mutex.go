@@ -113,7 +113,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 			mode = "queue"
 		}
 		l := &lockCall{m: m, ticket: m.c.ticket(), mode: mode}
-		err := m.c.block(ctx, m.channel, l.ticket, m.cfg.recheck, l)
+		err := m.c.block(ctx, m.channel, m.cfg.recheck, l)
 		if !errors.Is(err, errHeld) {
 			return m.wrapIf("lock", err)
 		}
@@ -280,7 +280,7 @@ type lockCall struct {
 	since     time.Time  // when the attempt that queued it was sent
 	unsure    bool       // an attempt may have run without its reply arriving
 	abandoned bool       // an attempt was given up on; its late reply cleans up
-	hb        *keepalive // the queued ticket's heartbeat
+	hb        *keepalive // the queued ticket's heartbeat, while registered
 }
 
 // attempt runs the acquire script once.
@@ -328,15 +328,16 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	err := m.take(h, e, since, lease)
 	if err == nil {
 		l.queued, l.unsure = false, false
+		l.stopHeartbeat()
 		return true, 0, nil
 	}
-	m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-		_, err := m.release(ctx, l.ticket, 0, "withdraw")
-		return nil, err
-	})
-	l.queued = false
+	l.withdraw(ctx)
 	if errors.Is(err, errExpired) {
-		return false, 0, nil // attempt again at once
+		// Attempt again at once, under a new ticket: the withdrawal of
+		// this one may still be on its way, and must not meet a hold
+		// taken anew under it.
+		l.ticket = m.c.ticket()
+		return false, 0, nil
 	}
 	return false, 0, err
 }
@@ -368,6 +369,7 @@ func (l *lockCall) sleeping(w *waiter) {
 	if !l.queued || (l.hb != nil && l.m.c.wd.registered(l.hb)) {
 		return
 	}
+	l.stopHeartbeat() // dropped by the watchdog: the attempt queued the ticket again
 	m := l.m
 	hb := &keepalive{kind: "wait", owner: l.ticket,
 		keys: []string{m.keys.queue, m.keys.waiters, m.keys.base},
@@ -380,45 +382,60 @@ func (l *lockCall) sleeping(w *waiter) {
 // changed is closed when another call of the same value takes a hold.
 func (l *lockCall) changed() <-chan struct{} { return l.m.changed() }
 
-// finish ends the call: it stops the heartbeat and, when the call failed,
-// withdraws the ticket (handing on the lock if it was handed to it
-// meanwhile). An abandoned attempt's late reply does that instead.
+// finish ends the call: it stops the heartbeat and, when the call failed
+// after sending something that may have queued or taken it, withdraws the
+// ticket (handing on the lock if it was handed to it meanwhile). An
+// abandoned attempt's late reply does that instead.
 func (l *lockCall) finish(ctx context.Context, err error) {
-	if l.hb != nil {
-		l.m.c.wd.remove(l.hb)
-	}
-	if err == nil || l.abandoned || !(l.queued || l.unsure) {
+	if err == nil {
+		l.stopHeartbeat()
 		return
 	}
-	mode := "withdraw"
-	if l.unsure {
-		mode = "abandon"
+	if !l.abandoned && (l.queued || l.unsure) {
+		l.withdraw(ctx)
 	}
+	l.stopHeartbeat()
+}
+
+// withdraw gives up the ticket: it leaves the queue, the lock is handed on
+// if it was handed to the ticket, and the ticket is refused from then on
+// (a copy of one of its calls still on its way takes nothing). It waits
+// for it at most cleanupWait.
+func (l *lockCall) withdraw(ctx context.Context) {
+	ticket := l.ticket
 	l.m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-		_, err := l.m.release(ctx, l.ticket, 0, mode)
+		_, err := l.m.release(ctx, ticket, 0, "withdraw")
 		return nil, err
 	})
+	l.queued, l.unsure = false, false
+	l.stopHeartbeat()
 }
+
+// stopHeartbeat stops the queued ticket's heartbeat, if any.
+func (l *lockCall) stopHeartbeat() {
+	if l.hb != nil {
+		l.m.c.wd.remove(l.hb)
+		l.hb = nil
+	}
+}
+
+// address returns the ticket: the call's address in grant messages.
+func (l *lockCall) address() string { return l.ticket }
 
 // late returns what an abandoned attempt of ticket does with its reply:
 // it withdraws the ticket, handing on the lock if the attempt (or a
-// release) gave it the lock, and refusing it from now on when the outcome
-// is unknown.
+// release) gave it the lock.
 func (l *lockCall) late(ticket string) func([]int64, error) {
 	m := l.m
-	return func(_ []int64, err error) {
-		mode := "withdraw"
-		if err != nil && mayHaveRun(err) {
-			mode = "abandon"
-		}
+	return func([]int64, error) {
 		ctx, cancel := detached(context.Background())
 		defer cancel()
-		_, _ = m.release(ctx, ticket, 0, mode)
+		_, _ = m.release(ctx, ticket, 0, "withdraw")
 	}
 }
 
 // release runs the release script for the hold (or ticket) id, in mode
-// "release", "withdraw" or "abandon" (see release.lua).
+// "release" or "withdraw" (see release.lua).
 func (m *Mutex) release(ctx context.Context, id string, token int64, mode string) (int64, error) {
 	res, err := releaseScript.Run(ctx, m.c.rdb,
 		[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.tomb(id), m.keys.gone},

@@ -250,8 +250,14 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 // (Unlock it first), ErrClosed after Close, and ctx.Err() wrapped when ctx
 // ends first; it leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) (err error) {
-	var ws []*waiter // one per node, registered on the lock's channel
+	var ws []*waiter    // one per node, registered on the lock's channel
+	var woken []*waiter // took a wake-up that no round has used yet
 	defer func() {
+		if err != nil {
+			for _, w := range woken {
+				w.nudge() // leave passes it on
+			}
+		}
 		leaveAll(ws)
 		if err != nil {
 			err = m.wrap("lock", err)
@@ -263,6 +269,7 @@ func (m *RedMutex) Lock(ctx context.Context) (err error) {
 		if err != nil || acquired {
 			return err
 		}
+		woken = nil
 		if ws == nil {
 			// Subscribe, then look again: a release between the
 			// round above and the subscriptions would be missed.
@@ -276,7 +283,7 @@ func (m *RedMutex) Lock(ctx context.Context) (err error) {
 			// the other contenders instead.
 			err = m.pause(ctx, rand.N(min(m.nodeTimeout, maxSplitJitter))+time.Millisecond)
 		} else {
-			err = m.waitAny(ctx, ws, sleep)
+			woken, err = m.waitAny(ctx, ws, sleep)
 		}
 		if err != nil {
 			return err
@@ -751,8 +758,9 @@ func leaveAll(ws []*waiter) {
 
 // waitAny sleeps until a waiter of any node is signalled, d has passed (at
 // most deafPoll while a node's channel is not confirmed), ctx ends or the
-// Redlock is closed, and then consumes every signal received.
-func (m *RedMutex) waitAny(ctx context.Context, ws []*waiter, d time.Duration) error {
+// Redlock is closed, and then consumes every signal received. It returns
+// the waiters whose signal it consumed.
+func (m *RedMutex) waitAny(ctx context.Context, ws []*waiter, d time.Duration) ([]*waiter, error) {
 	cases := make([]reflect.SelectCase, 0, len(ws)+2)
 	for _, w := range ws {
 		w.s.mu.Lock()
@@ -769,16 +777,17 @@ func (m *RedMutex) waitAny(ctx context.Context, ws []*waiter, d time.Duration) e
 	i, _, _ := reflect.Select(cases)
 	switch {
 	case i == len(cases)-1:
-		return ctx.Err()
+		return nil, ctx.Err()
 	case i < len(cases)-2 && i%2 == 1:
-		return ErrClosed
+		return nil, ErrClosed
 	}
+	var woken []*waiter
 	for _, w := range ws {
-		if _, _, err := w.wait(ctx, 0, nil); err != nil {
-			return err
+		if _, signalled, _ := w.wait(ctx, 0, nil); signalled {
+			woken = append(woken, w)
 		}
 	}
-	return nil
+	return woken, nil
 }
 
 func recvCase[T any](ch <-chan T) reflect.SelectCase {

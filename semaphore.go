@@ -122,7 +122,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 	}
 	defer func() { <-s.turn }()
 	a := s.newCall(n, "queue")
-	if err := s.c.block(ctx, s.channel, a.waiter, s.cfg.recheck, a); err != nil {
+	if err := s.c.block(ctx, s.channel, s.cfg.recheck, a); err != nil {
 		return s.wrap("acquire", err)
 	}
 	return nil
@@ -269,13 +269,18 @@ type acquireCall struct {
 	since     time.Time  // when the attempt that queued it was sent
 	unsure    bool       // an attempt may have run without its reply arriving
 	abandoned bool       // an attempt was given up on; its late reply cleans up
-	hb        *keepalive // the queued call's heartbeat
+	hb        *keepalive // the queued call's heartbeat, while registered
 }
 
 // newCall numbers a new call of s for n permits. s.turn must be held.
 func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
+	return &acquireCall{s: s, n: n, mode: mode, waiter: s.nextWaiter()}
+}
+
+// nextWaiter mints the id of a new call of s. s.turn must be held.
+func (s *Semaphore) nextWaiter() string {
 	s.calls++
-	return &acquireCall{s: s, n: n, mode: mode, waiter: s.owner + "#" + strconv.FormatInt(s.calls, 10)}
+	return s.owner + "#" + strconv.FormatInt(s.calls, 10)
 }
 
 // attempt runs the acquire script once. It reports whether s holds n more
@@ -300,17 +305,17 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		again = "1"
 	}
 	s.seq++
-	sent := time.Now()
+	sent, n, waiter := time.Now(), a.n, a.waiter
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6]}, []any{
 			s.owner, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, again,
 			s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
 			s.channel, s.c.publish}, granted)
-	}, func(_ []int64, err error) {
+	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
 		// the call, then let s's next call talk to Redis.
 		defer s.end()
-		a.giveBackLocked(context.Background(), err != nil && mayHaveRun(err))
+		s.withdraw(context.Background(), n, waiter)
 	})
 	if abandoned {
 		a.abandoned = true
@@ -351,6 +356,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 			s.c.wd.rearm(h.ka, since)
 		}
 		a.inQueue, a.unsure = false, false
+		a.stopHeartbeat()
 		return true, 0, nil
 	}
 	s.mu.Unlock()
@@ -360,12 +366,15 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	err := s.holds.take(h, e, since, lease)
 	if err == nil {
 		a.inQueue, a.unsure = false, false
+		a.stopHeartbeat()
 		return true, 0, nil
 	}
-	a.giveBack(ctx, false)
-	a.inQueue = false
+	a.giveBack(ctx)
 	if errors.Is(err, errExpired) {
-		return false, 0, nil // attempt again at once
+		// Attempt again at once, as a new call: the withdrawal of this
+		// one refuses its id from now on.
+		a.waiter = s.nextWaiter()
+		return false, 0, nil
 	}
 	return false, 0, err
 }
@@ -397,6 +406,7 @@ func (a *acquireCall) sleeping(w *waiter) {
 	if !a.inQueue || (a.hb != nil && a.s.c.wd.registered(a.hb)) {
 		return
 	}
+	a.stopHeartbeat() // dropped by the watchdog: the attempt queued the call again
 	s := a.s
 	hb := &keepalive{kind: "wait", owner: a.waiter, keys: []string{s.keys[3], s.keys[4], s.keys[0]},
 		ttl: s.cfg.heartbeat, renew: true, gone: w.nudge, free: w.nudge}
@@ -409,45 +419,53 @@ func (a *acquireCall) sleeping(w *waiter) {
 // (one Acquire of a value runs at a time).
 func (a *acquireCall) changed() <-chan struct{} { return nil }
 
-// finish ends the call: it stops the heartbeat and, when the call failed,
+// finish ends the call: it stops the heartbeat and, when the call failed
+// after sending something that may have queued it or granted it permits,
 // withdraws it and gives back what was granted to it meanwhile. An
 // abandoned attempt's late reply does that instead.
 func (a *acquireCall) finish(ctx context.Context, err error) {
-	if a.hb != nil {
-		a.s.c.wd.remove(a.hb)
+	if err != nil && !a.abandoned && (a.inQueue || a.unsure) {
+		a.giveBack(ctx)
 	}
-	if err == nil || a.abandoned || !(a.inQueue || a.unsure) {
-		return
-	}
-	a.giveBack(ctx, a.unsure)
+	a.stopHeartbeat()
 }
 
-// giveBack withdraws the call and gives back the permits granted to it
-// but not taken by s (refusing the call from now on when abandon is set),
-// waiting for it at most cleanupWait.
-func (a *acquireCall) giveBack(ctx context.Context, abandon bool) {
-	s := a.s
+// giveBack withdraws the call: it leaves the queue, gives back the permits
+// granted to it but not taken by s, and its id is refused from then on (a
+// copy of one of its calls still on its way takes nothing). It waits for
+// it at most cleanupWait.
+func (a *acquireCall) giveBack(ctx context.Context) {
+	s, waiter := a.s, a.waiter
 	s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
 		if err := s.lockOp(ctx); err != nil {
 			return nil, err
 		}
 		defer s.end()
-		a.giveBackLocked(ctx, abandon)
+		s.withdraw(ctx, a.n, waiter)
 		return nil, nil
 	})
+	a.inQueue, a.unsure = false, false
+	a.stopHeartbeat()
 }
 
-// giveBackLocked is giveBack with s.op held, waiting for the reply.
-func (a *acquireCall) giveBackLocked(ctx context.Context, abandon bool) {
-	s := a.s
+// stopHeartbeat stops the queued call's heartbeat, if any.
+func (a *acquireCall) stopHeartbeat() {
+	if a.hb != nil {
+		a.s.c.wd.remove(a.hb)
+		a.hb = nil
+	}
+}
+
+// address returns the call's waiter id: its address in grant messages.
+func (a *acquireCall) address() string { return a.waiter }
+
+// withdraw withdraws the waiter, a call for n permits, giving back what
+// was granted to it but not taken by s. s.op must be held.
+func (s *Semaphore) withdraw(ctx context.Context, n int64, waiter string) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	mode := "withdraw"
-	if abandon {
-		mode = "abandon"
-	}
 	s.seq++
-	_, _ = s.release(ctx, s.seq, a.n, s.Held(), mode, a.waiter)
+	_, _ = s.release(ctx, s.seq, n, s.Held(), "withdraw", waiter)
 }
 
 // release runs the release script as call number seq. s.op must be held.

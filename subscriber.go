@@ -18,8 +18,10 @@ const (
 	// SUBSCRIBE and an UNSUBSCRIBE for every wait.
 	lingerFor = 2 * time.Second
 	// pingAfter is how long the connection may be silent before it is
-	// pinged, so that a dead connection is noticed and replaced.
+	// pinged, and pongWait how long the ping may go unanswered before
+	// the connection is taken for dead and replaced.
 	pingAfter = 3 * time.Second
+	pongWait  = 2 * time.Second
 	// maxBackoff caps the pause between failed reads while Redis is down.
 	maxBackoff = time.Second
 	// joinWait is the longest a new waiter waits for its channel's
@@ -217,6 +219,13 @@ func (w *waiter) wait(ctx context.Context, d time.Duration, changed <-chan struc
 	return grant, true, nil
 }
 
+// retarget makes ticket the address of w in grant messages.
+func (w *waiter) retarget(ticket string) {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	w.ticket = ticket
+}
+
 // fire signals w, keeping a grant that came with an earlier signal. s.mu
 // must be held.
 func (w *waiter) fire(grant string) {
@@ -371,21 +380,28 @@ func (s *subscriber) run(sh *shard) {
 	defer s.wg.Done()
 	defer sh.ps.Close()
 	backoff := time.Duration(0)
-	silent := time.Duration(0)
+	heard := time.Now()  // when something last arrived
+	var pinged time.Time // when a ping still unanswered was sent
 	for s.ctx.Err() == nil && !s.isDead(sh) {
 		msg, err := sh.ps.ReceiveTimeout(s.ctx, time.Second)
 		switch {
 		case s.ctx.Err() != nil || s.isDead(sh):
 			return
 		case err == nil:
-			backoff, silent = 0, 0
+			backoff, heard, pinged = 0, time.Now(), time.Time{}
 			if !s.dispatch(sh, msg) {
 				s.fail(sh)
 				return
 			}
+		case isTimeout(err) && !pinged.IsZero() && time.Since(pinged) >= pongWait:
+			// Silent and deaf to a ping: a connection that died
+			// without a reset (a partition) is replaced, or every
+			// message on it would be lost until TCP gives up.
+			s.fail(sh)
+			return
 		case isTimeout(err):
-			if silent += time.Second; silent >= pingAfter {
-				silent = 0
+			if pinged.IsZero() && time.Since(heard) >= pingAfter {
+				pinged = time.Now()
 				_ = sh.ps.Ping(s.ctx) // a failed write makes go-redis reconnect
 			}
 		case s.cluster != nil:
@@ -428,7 +444,8 @@ func (s *subscriber) isDead(sh *shard) bool {
 	return sh.dead
 }
 
-// fail replaces a sharded connection that failed: its channels are marked
+// fail replaces a connection that failed (a sharded one that failed in
+// any way, a plain one that stopped answering pings): its channels are marked
 // unsubscribed (their waiters will all look again once they are
 // subscribed anew), the cluster's slot map is reloaded, and, after a
 // back-off that grows while failures repeat, the channels that still have
@@ -453,7 +470,9 @@ func (s *subscriber) fail(sh *shard) {
 	backoff := min(time.Duration(1<<min(s.failures, 10))*5*time.Millisecond, maxBackoff)
 	s.mu.Unlock()
 	_ = sh.ps.Close()
-	s.cluster.ReloadState(s.ctx) // the primaries may have changed
+	if s.cluster != nil {
+		s.cluster.ReloadState(s.ctx) // the primaries may have changed
+	}
 	s.pause(backoff)
 	s.sync()
 }

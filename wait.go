@@ -20,16 +20,19 @@ type contender interface {
 	// reports false when the call must attempt again.
 	adopt(ctx context.Context, grant string) (bool, error)
 	// changed returns a channel closed when the call must look again for
-	// a reason of its own process (nil: never).
+	// a reason of its own process (nil: never). It is read before the
+	// attempt whose outcome the sleep that follows rests on.
 	changed() <-chan struct{}
+	// address returns the call's address in grant messages; it may
+	// change after an attempt.
+	address() string
 	// finish ends the call with its outcome: it stops the heartbeat and,
 	// after a failure, withdraws the call from the queue, giving back
 	// whatever was handed to it meanwhile.
 	finish(ctx context.Context, err error)
 }
 
-// block runs the wait loop of a blocking call whose ticket (its address in
-// messages) is ticket, on channel: attempt; if not done, register the
+// block runs the wait loop of a blocking call on channel: attempt; if not done, register the
 // waiter, have the channel subscribed and attempt again (a message
 // published in between would be missed); then sleep until a message, the
 // sleep bound or the end of ctx, and attempt again or adopt what the
@@ -37,7 +40,7 @@ type contender interface {
 // and, through finish, no place in the queue; a wake-up it took and could
 // not use is passed on to the next waiter of the process. Once waiting, it
 // outlives Redis being unreachable for a while (see transient).
-func (c *Client) block(ctx context.Context, channel, ticket string, recheck time.Duration, x contender) (err error) {
+func (c *Client) block(ctx context.Context, channel string, recheck time.Duration, x contender) (err error) {
 	var w *waiter  // registered on the channel
 	woken := false // w took a wake-up that no attempt has used yet
 	defer func() {
@@ -52,10 +55,11 @@ func (c *Client) block(ctx context.Context, channel, ticket string, recheck time
 
 	// When other waiters of this process keep the channel subscribed,
 	// joining is free and no message can be missed from here on.
-	w = c.sub.joinConfirmed(channel, ticket)
+	w = c.sub.joinConfirmed(channel, x.address())
 	waiting := false // an attempt found the primitive taken
 	backoff := time.Duration(0)
 	for {
+		changed := x.changed()
 		done, sleep, err := x.attempt(ctx)
 		switch {
 		case err != nil && waiting && transient(err) && ctx.Err() == nil:
@@ -75,13 +79,14 @@ func (c *Client) block(ctx context.Context, channel, ticket string, recheck time
 		if w == nil {
 			// Subscribe, then look again: a release between the
 			// attempt above and the subscription would be missed.
-			if w, err = c.sub.join(ctx, channel, ticket); err != nil {
+			if w, err = c.sub.join(ctx, channel, x.address()); err != nil {
 				return err
 			}
 			continue
 		}
+		w.retarget(x.address())
 		x.sleeping(w)
-		grant, signalled, err := w.wait(ctx, sleep, x.changed())
+		grant, signalled, err := w.wait(ctx, sleep, changed)
 		if err != nil {
 			return err
 		}

@@ -54,7 +54,7 @@ type keepalive struct {
 	renew bool          // false for a hold with a fixed lease
 
 	due       time.Time // next renewal
-	deadline  time.Time // hold: when it is lost unless renewed
+	deadline  time.Time // when it runs out in Redis at the earliest; a hold is lost then unless renewed
 	confirmed time.Time // waiter: when the last call that found it queued was sent
 	busy      bool      // a renewal of it is in flight
 	gone      func()    // called once, without locks, when dropped by the watchdog
@@ -190,12 +190,11 @@ func (w *watchdog) collect(now time.Time) []renewal {
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
 		case e.renew && !e.busy && !now.Before(e.due.Add(-e.ttl/18)):
+			// A renewal is of use until the entry's deadline: a hold's
+			// lease, or a waiter's heartbeat deadline in Redis, runs
+			// out no earlier.
 			e.busy = true
-			limit := now.Add(e.ttl / 3)
-			if e.hold {
-				limit = e.deadline
-			}
-			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: e.ttl, limit: limit})
+			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: e.ttl, limit: e.deadline})
 		}
 	}
 	w.mu.Unlock()

@@ -107,10 +107,10 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
   end
 end
 
--- withdrawn_ms is how long a ticket withdrawn after a call whose outcome
--- was unknown stays refused: a copy of the call still in flight when it
--- was withdrawn (a stalled connection, a retry by the client library) must
--- not take anything on its late arrival.
+-- withdrawn_ms is how long a withdrawn ticket (a call that gave up) stays
+-- refused: a copy of one of its calls still in flight when it was withdrawn
+-- (a stalled connection, a retry by the client library) must not take
+-- anything on its late arrival.
 local withdrawn_ms = 120000
 
 -- mark_withdrawn refuses a ticket from now on (see withdrawn_ms), in a zset

@@ -10,8 +10,10 @@
 -- ARGV[2] token of the hold (0 when unknown: no tombstone)
 -- ARGV[3] tombstone TTL in ms
 -- ARGV[4] channel, ARGV[5] publish command (PUBLISH or SPUBLISH)
--- ARGV[6] mode: "release"; "withdraw" also leaves the queue; "abandon" also
---         refuses the ticket from now on, for a call whose outcome is unknown
+-- ARGV[6] mode: "release"; or "withdraw": the call that owns the ticket
+--         gives up; it leaves the queue, and the ticket is refused from now
+--         on, so that a copy of one of its calls still on its way (a stalled
+--         connection, a retry by the client library) takes nothing
 --
 -- A hold is released whatever its count (the count of levels is kept by
 -- the holder). The lock is handed to the first live fair waiter (who is
@@ -29,18 +31,16 @@ local id, mytoken, mode = ARGV[1], tonumber(ARGV[2]), ARGV[6]
 local count = hold_count(lock, id)
 check_counter(token)
 local queued = redis.call('ZCARD', queue)
-if queued > 0 or mode ~= 'release' then
+if queued > 0 or mode == 'withdraw' then
   redis.call('HLEN', waiters)
 end
-if mode == 'abandon' then
+if mode == 'withdraw' then
   redis.call('ZCARD', gone)
 end
 
-if mode ~= 'release' then
+if mode == 'withdraw' then
   redis.call('ZREM', queue, id)
   redis.call('HDEL', waiters, id)
-end
-if mode == 'abandon' then
   mark_withdrawn(gone, id)
 end
 if count == 0 then

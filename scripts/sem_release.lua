@@ -12,9 +12,9 @@
 -- ARGV[3] held: the permits the caller believes it holds (not counting a
 --         grant to its waiter that it has not taken)
 -- ARGV[4] seq: the caller's call number (>= 1, increasing)
--- ARGV[5] mode: "release"; or "withdraw" with ARGV[6] the waiter id of the
---         call; "abandon" is "withdraw" that also refuses the call from now
---         on, when its outcome is unknown
+-- ARGV[5] mode: "release"; or "withdraw" with ARGV[6] the waiter id of a
+--         call that gives up: it leaves the queue, and the id is refused from
+--         now on (a copy of one of its calls still on its way takes nothing)
 -- ARGV[7] lease in ms, re-armed while the holder keeps permits
 -- ARGV[8] size, ARGV[9] memory of a full release in ms
 -- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
@@ -37,7 +37,7 @@ redis.call('ZSCORE', k.queue, holder)
 redis.call('HGET', k.waiters, holder)
 local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
 sem_used(k) -- every holder record is checked
-if mode == 'abandon' then
+if mode == 'withdraw' then
   redis.call('ZCARD', KEYS[6])
 end
 
@@ -46,10 +46,8 @@ redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
 sem_reclaim(k, now)
 local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 local result = 1
-if mode ~= 'release' then
-  if mode == 'abandon' then
-    mark_withdrawn(KEYS[6], ARGV[6])
-  end
+if mode == 'withdraw' then
+  mark_withdrawn(KEYS[6], ARGV[6])
   local was = redis.call('ZREM', k.queue, ARGV[6])
   redis.call('HDEL', k.waiters, ARGV[6])
   result = 0
