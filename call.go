@@ -19,9 +19,10 @@ const cleanupTimeout = 5 * time.Second
 // cleanupWait is how long a call that ends without success waits for its
 // clean-up (withdrawing from a queue, giving back what was granted to it
 // meanwhile) before it returns and leaves the clean-up to run on in the
-// background: every blocking call returns within cleanupWait of the end of
-// its context.
-const cleanupWait = 50 * time.Millisecond
+// background, and how long a call whose context ended still waits for a
+// reply about to arrive: every blocking call returns within cleanupWait
+// (plus scheduling) of the end of its context.
+const cleanupWait = 25 * time.Millisecond
 
 // detached returns a context for clean-up after ctx ended: it keeps ctx's
 // values, not its cancellation.

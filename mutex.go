@@ -90,7 +90,7 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 // released (or handed to it, for a fair Mutex), and in any case no longer
 // than the lock's remaining lease or the recheck interval (WithRecheck), so
 // no wait depends on a message arriving. When ctx ends first, Lock returns
-// ctx.Err() wrapped within a few milliseconds, whatever the go-redis
+// ctx.Err() wrapped within 25 ms, whatever the go-redis
 // client's timeouts, and leaves nothing behind: no hold, no place in the
 // queue, no subscription (clean-up still under way then goes on in the
 // background; Close waits for it).

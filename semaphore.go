@@ -100,7 +100,7 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 // any case no longer than the time until the earliest lease of a holder
 // ends or the recheck interval (WithRecheck), so no wait depends on a
 // message arriving. When ctx ends first, Acquire returns ctx.Err()
-// wrapped within a few milliseconds, whatever the go-redis client's
+// wrapped within 25 ms, whatever the go-redis client's
 // timeouts, and leaves nothing behind: no permits (a grant that landed at
 // that instant is given back and passed on), no place in the queue
 // (clean-up still under way then goes on in the background; Close waits
