@@ -190,11 +190,16 @@ func (w *watchdog) collect(now time.Time) []renewal {
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
 		case e.renew && !e.busy && !now.Before(e.due.Add(-e.ttl/18)):
-			// A renewal is of use until the entry's deadline: a hold's
-			// lease, or a waiter's heartbeat deadline in Redis, runs
-			// out no earlier.
+			// A hold's renewal is of use until its lease runs out; a
+			// waiter's heartbeat for as long as Redis keeps its record
+			// (a late one still refreshes it), which is at least a
+			// heartbeat from now.
 			e.busy = true
-			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: e.ttl, limit: e.deadline})
+			limit := now.Add(e.ttl)
+			if e.hold {
+				limit = e.deadline
+			}
+			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: e.ttl, limit: limit})
 		}
 	}
 	w.mu.Unlock()
