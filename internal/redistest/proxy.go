@@ -21,7 +21,11 @@ import (
 //     until the test lets it go;
 //   - drop: the next replies from Redis are swallowed, each closing its
 //     connection, as a network failure after a command ran would (go-redis
-//     then retries the command on a new connection).
+//     then retries the command on a new connection);
+//   - half-open: what clients send is swallowed, what Redis sends goes
+//     through (SetBlackholeRequests);
+//   - watch: a test learns when a chunk containing a given string passes
+//     (Watch).
 type Proxy struct {
 	Addr     string
 	upstream string
@@ -37,6 +41,8 @@ type Proxy struct {
 	holdPat   []byte        // hold the next client chunk containing this
 	held      chan struct{} // closed when a chunk is held
 	gate      chan struct{} // closed to let the held chunk go
+	mute      bool          // swallow what clients send (see SetBlackholeRequests)
+	watches   []watch       // see Watch
 }
 
 // NewProxy starts a proxy to upstream, stopped when the test ends.
@@ -101,6 +107,55 @@ func (p *Proxy) HoldNext(pat string) (held <-chan struct{}, release func()) {
 	return p.held, func() { once.Do(func() { close(gate) }) }
 }
 
+// SetBlackholeRequests starts (true) or stops swallowing what clients
+// send, while what Redis sends (replies, pub/sub messages) still goes
+// through: a half-open partition in which a client hears from Redis but
+// cannot talk to it.
+func (p *Proxy) SetBlackholeRequests(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mute = on
+}
+
+// watch is one pending Watch.
+type watch struct {
+	pat        []byte
+	fromClient bool
+	seen       chan struct{}
+}
+
+// Watch returns a channel closed once the proxy reads a chunk containing
+// pat (compared in lower case, like HoldNext) from a client (fromClient)
+// or from Redis. It looks at chunks as they are read, before any fault
+// applies: a chunk held behind a HoldNext, delayed or swallowed counts.
+func (p *Proxy) Watch(pat string, fromClient bool) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := watch{bytes.ToLower([]byte(pat)), fromClient, make(chan struct{})}
+	p.watches = append(p.watches, w)
+	return w.seen
+}
+
+// watched closes the watches that chunk b, read from a client
+// (fromClient) or from Redis, matches, and forgets them.
+func (p *Proxy) watched(b []byte, fromClient bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.watches) == 0 {
+		return
+	}
+	lower := bytes.ToLower(b)
+	kept := p.watches[:0]
+	for _, w := range p.watches {
+		if w.fromClient == fromClient && bytes.Contains(lower, w.pat) {
+			close(w.seen)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	p.watches = kept
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -138,8 +193,9 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
+				p.watched(buf[:n], fromClient)
 				p.mu.Lock()
-				drop, lat := p.blackhole, p.latency
+				drop, lat := p.blackhole || (fromClient && p.mute), p.latency
 				p.mu.Unlock()
 				if !drop {
 					select {
@@ -180,7 +236,7 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 				return // closes both ends: the reply is lost
 			}
 			p.mu.Lock()
-			drop := p.blackhole
+			drop := p.blackhole || (fromClient && p.mute)
 			p.mu.Unlock()
 			if drop {
 				continue
