@@ -43,6 +43,7 @@ type Proxy struct {
 	gate      chan struct{} // closed to let the held chunk go
 	mute      bool          // swallow what clients send (see SetBlackholeRequests)
 	watches   []watch       // see Watch
+	lastRead  [2]time.Time  // when a chunk was last read from Redis [0] and from a client [1]
 }
 
 // NewProxy starts a proxy to upstream, stopped when the test ends.
@@ -136,11 +137,27 @@ func (p *Proxy) Watch(pat string, fromClient bool) <-chan struct{} {
 	return w.seen
 }
 
-// watched closes the watches that chunk b, read from a client
-// (fromClient) or from Redis, matches, and forgets them.
+// LastRead returns when the proxy last read a chunk from a client
+// (fromClient) or from Redis; the zero time if it never did.
+func (p *Proxy) LastRead(fromClient bool) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastRead[side(fromClient)]
+}
+
+func side(fromClient bool) int {
+	if fromClient {
+		return 1
+	}
+	return 0
+}
+
+// watched records that chunk b was read from a client (fromClient) or
+// from Redis, and closes (and forgets) the watches it matches.
 func (p *Proxy) watched(b []byte, fromClient bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.lastRead[side(fromClient)] = time.Now()
 	if len(p.watches) == 0 {
 		return
 	}
