@@ -100,7 +100,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 	}
 }
 
-// TestSuspectDoubleSubscribeOnReconnect checks the suspected case "a double
+// TestFindingSuspectDoubleSubscribeOnReconnect checks the suspected case "a double
 // SUBSCRIBE on reconnect": when a Client's pub/sub connection is reset,
 // the channel it had subscribed must be subscribed again once, not once by
 // go-redis (which subscribes a PubSub's channels again when it redials)
@@ -113,7 +113,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 // it never reaches Redis). Once Redis shows the channel subscribed again,
 // the lock is released and every waiter takes it in turn; then Redis must
 // have run exactly one SUBSCRIBE since the reset (INFO commandstats).
-func TestSuspectDoubleSubscribeOnReconnect(t *testing.T) {
+func TestFindingSuspectDoubleSubscribeOnReconnect(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		inFlight bool
