@@ -27,6 +27,10 @@ import (
 //   - chaos: each chunk is delayed by a random jitter, and now and then
 //     stalls its connection (in its direction) for a random while, from a
 //     seeded source (see SetChaos).
+//   - half-open: what clients send is swallowed, what Redis sends goes
+//     through (SetBlackholeRequests);
+//   - watch: a test learns when a chunk containing a given string passes
+//     (Watch).
 type Proxy struct {
 	Addr     string
 	upstream string
@@ -42,6 +46,9 @@ type Proxy struct {
 	holdPat   []byte        // hold the next client chunk containing this
 	held      chan struct{} // closed when a chunk is held
 	gate      chan struct{} // closed to let the held chunk go
+	mute      bool          // swallow what clients send (see SetBlackholeRequests)
+	watches   []watch       // see Watch
+	lastRead  [2]time.Time  // when a chunk was last read from Redis [0] and from a client [1]
 	chaos     Chaos
 	rng       *rand.Rand // chaos's source; nil when chaos is off
 
@@ -210,6 +217,71 @@ func (p *Proxy) HoldNext(pat string) (held <-chan struct{}, release func()) {
 	return p.held, func() { once.Do(func() { close(gate) }) }
 }
 
+// SetBlackholeRequests starts (true) or stops swallowing what clients
+// send, while what Redis sends (replies, pub/sub messages) still goes
+// through: a half-open partition in which a client hears from Redis but
+// cannot talk to it.
+func (p *Proxy) SetBlackholeRequests(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mute = on
+}
+
+// watch is one pending Watch.
+type watch struct {
+	pat        []byte
+	fromClient bool
+	seen       chan struct{}
+}
+
+// Watch returns a channel closed once the proxy reads a chunk containing
+// pat (compared in lower case, like HoldNext) from a client (fromClient)
+// or from Redis. It looks at chunks as they are read, before any fault
+// applies: a chunk held behind a HoldNext, delayed or swallowed counts.
+func (p *Proxy) Watch(pat string, fromClient bool) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := watch{bytes.ToLower([]byte(pat)), fromClient, make(chan struct{})}
+	p.watches = append(p.watches, w)
+	return w.seen
+}
+
+// LastRead returns when the proxy last read a chunk from a client
+// (fromClient) or from Redis; the zero time if it never did.
+func (p *Proxy) LastRead(fromClient bool) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastRead[side(fromClient)]
+}
+
+func side(fromClient bool) int {
+	if fromClient {
+		return 1
+	}
+	return 0
+}
+
+// watched records that chunk b was read from a client (fromClient) or
+// from Redis, and closes (and forgets) the watches it matches.
+func (p *Proxy) watched(b []byte, fromClient bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lastRead[side(fromClient)] = time.Now()
+	if len(p.watches) == 0 {
+		return
+	}
+	lower := bytes.ToLower(b)
+	kept := p.watches[:0]
+	for _, w := range p.watches {
+		if w.fromClient == fromClient && bytes.Contains(lower, w.pat) {
+			close(w.seen)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	p.watches = kept
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -248,8 +320,9 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
+				p.watched(buf[:n], fromClient)
 				p.mu.Lock()
-				drop, lat := p.blackhole, p.latency+p.delay(fromClient)
+				drop, lat := p.blackhole || (fromClient && p.mute), p.latency+p.delay(fromClient)
 				p.mu.Unlock()
 				if !drop {
 					select {
@@ -290,7 +363,7 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 				return // closes both ends: the reply is lost
 			}
 			p.mu.Lock()
-			drop := p.blackhole
+			drop := p.blackhole || (fromClient && p.mute)
 			p.mu.Unlock()
 			if drop {
 				continue

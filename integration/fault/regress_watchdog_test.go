@@ -1,0 +1,91 @@
+package fault
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// TestFinding14LostDelayedByHeartbeat guards finding 14: no slow call of
+// any kind, such as a fair waiter's heartbeat, may delay the notice that a
+// hold is lost.
+//
+// Client A (through a proxy) has a fair waiter queued on lock Y, held by
+// Client B (direct), with the default heartbeat of 3 s; then A takes lock X
+// with a watchdog lease of 300 ms, and its connection is blackholed at
+// once. B takes X with TryLock as soon as Redis lets it: by then A's Lost
+// for X must be closed. Three trials take X 30, 50 and 70 ms before A's
+// first heartbeat falls due (1 s after it queued), so that on the code of
+// the finding the watchdog is waiting on a batch holding only that
+// heartbeat (given up after heartbeat/3 = 1 s) when X's deadline passes,
+// and reports the loss up to 0.75 s after B got X.
+func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
+	const (
+		lease     = 300 * time.Millisecond
+		heartbeat = 3 * time.Second // the default
+	)
+	for trial, before := range []time.Duration{30 * time.Millisecond, 50 * time.Millisecond, 70 * time.Millisecond} {
+		addr := redistest.Addr(t)
+		admin := redistest.NewClient(t, addr)
+		px := redistest.NewProxy(t, addr)
+		x, y := redistest.Name(t)+"-x", redistest.Name(t)+"-y"
+		b := newClient(t, addr)
+		a := newClient(t, px.Addr)
+
+		bY := b.NewMutex(y, redisync.Fair())
+		if err := bY.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		aY := a.NewMutex(y, redisync.Fair())
+		yctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		yDone := lockAsync(aY, yctx)
+		eventually(t, 5*time.Second, "A's waiter to queue on Y", func() bool {
+			return queued(t, admin, y) == 1 && subscribers(t, admin, y) == 1
+		})
+		queuedAt := time.Now()
+
+		// Take X just before the heartbeat falls due (a deliberate
+		// timing), then cut A off.
+		<-time.After(time.Until(queuedAt.Add(heartbeat/3 - before)))
+		aX := a.NewMutex(x, redisync.WithWatchdogLease(lease))
+		if err := aX.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		px.SetBlackhole(true)
+		cut := time.Now()
+		lost := aX.Lost()
+		lostAt := closedAt(lost)
+
+		bX := b.NewMutex(x)
+		got, lostFirst := grab(t, bX, lost, lease+3*time.Second)
+		if lostFirst {
+			la := <-lostAt
+			t.Logf("trial %d (X taken %v before the heartbeat): cut to A's Lost %v, cut to B holding X %v",
+				trial, before, la.Sub(cut).Round(time.Millisecond), got.Sub(cut).Round(time.Millisecond))
+		} else {
+			select {
+			case la := <-lostAt:
+				t.Errorf("trial %d (X taken %v before the heartbeat): B held X %v after the cut, A's Lost for X closed %v after the cut (%v late)",
+					trial, before, got.Sub(cut).Round(time.Millisecond), la.Sub(cut).Round(time.Millisecond), la.Sub(got).Round(time.Millisecond))
+			case <-time.After(3 * time.Second):
+				t.Errorf("trial %d (X taken %v before the heartbeat): B held X %v after the cut; A's Lost for X still open 3s later",
+					trial, before, got.Sub(cut).Round(time.Millisecond))
+			}
+		}
+
+		px.SetBlackhole(false)
+		px.ResetAll()
+		cancel()
+		<-yDone
+		if err := bX.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := bY.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		unlockQuietly(aX)
+	}
+}
