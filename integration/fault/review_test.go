@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
+
 	"sync/atomic"
 	"testing"
 	"time"
@@ -228,5 +228,68 @@ func TestReviewReenterDoesNotRearmFixedLease(t *testing.T) {
 	_ = m.Unlock(ctx)
 }
 
-var _ = net.Dial
-var _ sync.Mutex
+// TestReviewBlackholedSubscriberNeverReplaced: the subscriber pings a
+// silent pub/sub connection "so that a dead connection is noticed and
+// replaced", but PubSub.Ping only writes the PING: its reply is never
+// awaited, and read timeouts are not errors. A pub/sub connection that
+// stops delivering without an error (a partition or a middlebox that drops
+// its state: no RST) is kept for good, while the Client's other
+// connections work. Every release message is lost and every waiter of the
+// process sleeps to min(PTTL, recheck) each time.
+//
+// Here the pub/sub connection alone goes through a proxy that is then
+// blackholed; the commands go straight to Redis. After 6 s (two pings'
+// worth) the holder unlocks: the waiter should be in within a second.
+func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
+	const recheck = 15 * time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	px := redistest.NewProxy(t, addr)
+	var viaProxy atomic.Bool
+	wrdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: func(ctx context.Context, network, a string) (net.Conn, error) {
+		var d net.Dialer
+		if viaProxy.Load() {
+			return d.DialContext(ctx, network, px.Addr)
+		}
+		return d.DialContext(ctx, network, a)
+	}})
+	t.Cleanup(func() { _ = wrdb.Close() })
+	wc := redisync.New(wrdb, redisync.WithRecheck(recheck))
+	t.Cleanup(func() { _ = wc.Close() })
+	waiter := wc.NewMutex(name)
+	if err := wrdb.Ping(ctx).Err(); err != nil { // a pooled command connection, direct
+		t.Fatal(err)
+	}
+
+	holder := newClient(t, addr).NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.NewClient(t, addr)
+	viaProxy.Store(true) // the next dial: the subscriber's
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := lockAsync(waiter, lctx)
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return subscribers(t, rdb, name) == 1 })
+	viaProxy.Store(false)
+	time.Sleep(100 * time.Millisecond)
+	px.SetBlackhole(true)
+	time.Sleep(6 * time.Second)
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("waiter in %v after the release", r.at.Sub(released).Round(time.Millisecond))
+	case <-time.After(2 * time.Second):
+		cancel()
+		<-done
+		t.Fatalf("waiter still waiting 2 s after the release: the blackholed pub/sub connection (pinged, no reply for 6 s) was never replaced (proxy conns accepted: %d)",
+			px.Stats().ConnsAccepted)
+	}
+	_ = waiter.Unlock(ctx)
+}
