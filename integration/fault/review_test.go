@@ -293,3 +293,77 @@ func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
 	}
 	_ = waiter.Unlock(ctx)
 }
+
+// endingCtx is a context whose Err reports Canceled from the moment end is
+// called, as a deadline expiring right then would, while its Done channel
+// closes only later (on close): it places the end of ctx exactly between
+// two of the library's checks, deterministically.
+type endingCtx struct {
+	context.Context
+	ended atomic.Bool
+	done  chan struct{}
+}
+
+func newEndingCtx() *endingCtx { return &endingCtx{Context: context.Background(), done: make(chan struct{})} }
+
+func (c *endingCtx) Done() <-chan struct{} { return c.done }
+func (c *endingCtx) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestReviewRedMutexSwallowsWakeup: RedMutex.Lock's waitAny consumes the
+// signals of its waiters, then the next round fails (here: ctx ended just
+// then) and Lock returns without passing the wake-up on, unlike
+// Client.block, which nudges and leave()s. The release message woke one
+// waiter per process (wakeOne): the other RedMutex waiter of the process
+// sleeps to min(PTTL, recheck).
+func TestReviewRedMutexSwallowsWakeup(t *testing.T) {
+	const recheck = 5 * time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	node := redistest.NewClient(t, addr)
+	r := redisync.NewRedlock([]redis.UniversalClient{node}, redisync.WithRecheck(recheck))
+	t.Cleanup(func() { _ = r.Close() })
+	x, y := r.NewMutex(name), r.NewMutex(name)
+
+	holder := newClient(t, addr).NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.NewClient(t, addr)
+	xctx := newEndingCtx()
+	xdone := make(chan error, 1)
+	go func() { xdone <- x.Lock(xctx) }()
+	eventually(t, 5*time.Second, "x to wait", func() bool { return subscribers(t, rdb, name) == 1 })
+	time.Sleep(100 * time.Millisecond) // x registered first: the wake-up is x's
+	ydone := make(chan result, 1)
+	go func() {
+		err := y.Lock(ctx)
+		ydone <- result{err, time.Now()}
+	}()
+	time.Sleep(300 * time.Millisecond) // y waits too
+
+	xctx.ended.Store(true) // x's ctx ends: its next check sees it
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-xdone; err == nil {
+		t.Fatal("x got the lock")
+	}
+	close(xctx.done)
+	select {
+	case res := <-ydone:
+		if res.err != nil {
+			t.Fatal(res.err)
+		}
+		t.Logf("y in %v after the release", res.at.Sub(released).Round(time.Millisecond))
+	case <-time.After(2 * time.Second):
+		res := <-ydone
+		t.Fatalf("y got the free lock only %v after the release: x swallowed the process's wake-up", res.at.Sub(released).Round(time.Millisecond))
+	}
+	_ = y.Unlock(ctx)
+}
