@@ -304,7 +304,9 @@ type endingCtx struct {
 	done  chan struct{}
 }
 
-func newEndingCtx() *endingCtx { return &endingCtx{Context: context.Background(), done: make(chan struct{})} }
+func newEndingCtx() *endingCtx {
+	return &endingCtx{Context: context.Background(), done: make(chan struct{})}
+}
 
 func (c *endingCtx) Done() <-chan struct{} { return c.done }
 func (c *endingCtx) Err() error {
