@@ -1,0 +1,371 @@
+package fault
+
+// Tests written by an adversarial review of 3932f7a..35bd4b4. Each one
+// states the interleaving it forces and fails while the bug is there.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// scriptHook lets a test act on the EVALSHA calls of one go-redis client:
+// before is called before a script call is sent, after once its reply is
+// in (before the caller sees it). Both get the call's string arguments.
+type scriptHook struct {
+	before func(args []string)
+	after  func(args []string)
+}
+
+func (h *scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := strings.ToLower(cmd.Name())
+		if name != "evalsha" && name != "eval" {
+			return next(ctx, cmd)
+		}
+		args := make([]string, 0, len(cmd.Args()))
+		for _, a := range cmd.Args() {
+			args = append(args, fmt.Sprint(a))
+		}
+		if h.before != nil {
+			h.before(args)
+		}
+		err := next(ctx, cmd)
+		if h.after != nil {
+			h.after(args)
+		}
+		return err
+	}
+}
+
+func (h *scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func hasArg(args []string, v string) bool {
+	for _, a := range args {
+		if a == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestReviewRetakeRacesOwnGiveBack: a Lock call whose grant arrives after
+// its lease may have run out (take: errExpired) gives the hold back with a
+// clean-up it waits for at most cleanupWait (50 ms), then attempts again
+// under the SAME ticket. Nothing orders that second attempt after the
+// give-back: when the give-back is slower (a slow connection, a go-redis
+// retry, jitter), the second attempt takes the lock under the ticket, Lock
+// returns success, and then the give-back ("withdraw" of the ticket)
+// arrives and deletes the new hold. Another Client then takes the lock
+// while the first still holds it with Lost() open: two holders.
+//
+// Forced here with a hook on the first Client: its first acquire reply is
+// delayed past the (fixed) lease; its withdraw is delayed 300 ms before it
+// is sent (as a write stuck behind a slow connection would be).
+func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+
+	// Load the scripts first, so that the hooked calls are single EVALSHAs.
+	warm := newClient(t, addr).NewMutex(name + "-warm")
+	if err := warm.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	var acquires atomic.Int32
+	hook := &scriptHook{
+		before: func(args []string) {
+			if args[len(args)-1] == "withdraw" {
+				time.Sleep(150 * time.Millisecond)
+			}
+		},
+		after: func(args []string) {
+			if hasArg(args, "barge") && acquires.Add(1) == 1 {
+				time.Sleep(lease + 100*time.Millisecond) // the reply arrives after the lease
+			}
+		},
+	}
+	ardb := redis.NewClient(&redis.Options{Addr: addr})
+	ardb.AddHook(hook)
+	t.Cleanup(func() { _ = ardb.Close() })
+	ac := redisync.New(ardb)
+	t.Cleanup(func() { _ = ac.Close() })
+	a := ac.NewMutex(name, redisync.WithLease(lease))
+
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.Lock(lctx); err != nil {
+		t.Fatalf("A.Lock: %v", err)
+	}
+	lockedAt := time.Now()
+	t.Logf("A holds token %d after %d acquire calls", a.Token(), acquires.Load())
+
+	b := newClient(t, addr).NewMutex(name)
+	for time.Since(lockedAt) < lease-20*time.Millisecond {
+		ok, err := b.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			select {
+			case <-a.Lost():
+				t.Logf("B got the lock after A's Lost closed (fine)")
+				return
+			default:
+			}
+			t.Fatalf("two holders: B took the lock (token %d) %v after A's Lock returned (token %d), A's Lost() still open",
+				b.Token(), time.Since(lockedAt).Round(time.Millisecond), a.Token())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestReviewSiblingTakeMissedWhileAttempting: two Lock calls of one Mutex
+// value wait while another Client holds the lock. Call B's attempt is in
+// flight when call A takes the lock (A is the waiter that the release's
+// message woke). B's attempt found the lock held (by A's ticket) and B
+// then sleeps on the channel returned by changed() *after* the take, so it
+// never learns that its own value holds the lock: it re-enters only after
+// min(PTTL, recheck) instead of at once.
+func TestReviewSiblingTakeMissedWhileAttempting(t *testing.T) {
+	const recheck = 4 * time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+
+	var armed atomic.Bool
+	gate := make(chan struct{})
+	caught := make(chan struct{})
+	hook := &scriptHook{after: func(args []string) {
+		if hasArg(args, "barge") && armed.CompareAndSwap(true, false) {
+			close(caught)
+			<-gate // B's reply waits here, after its script ran
+		}
+	}}
+	mrdb := redis.NewClient(&redis.Options{Addr: addr})
+	mrdb.AddHook(hook)
+	t.Cleanup(func() { _ = mrdb.Close() })
+	mc := redisync.New(mrdb, redisync.WithRecheck(recheck))
+	t.Cleanup(func() { _ = mc.Close() })
+	m := mc.NewMutex(name)
+
+	holder := newClient(t, addr).NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.NewClient(t, addr)
+	callA := lockAsync(m, ctx)
+	eventually(t, 5*time.Second, "call A to wait", func() bool { return subscribers(t, rdb, name) == 1 })
+	time.Sleep(50 * time.Millisecond) // A is asleep in wait
+
+	armed.Store(true)
+	callB := lockAsync(m, ctx)
+	<-caught // B's attempt ran in Redis (lock held by holder); its reply is held
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rA := await(t, callA, 3*time.Second, "call A")
+	eventually(t, time.Second, "m to hold", func() bool { return m.Token() != 0 })
+	close(gate) // B's reply (lock held by someone) arrives after A took
+	start := time.Now()
+	select {
+	case r := <-callB:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("B re-entered %v after its reply", r.at.Sub(start).Round(time.Millisecond))
+	case <-time.After(time.Second):
+		r := <-callB
+		t.Fatalf("call B re-entered only %v after its attempt's reply (A took at %v): it slept to the recheck interval",
+			r.at.Sub(start).Round(time.Millisecond), rA.at.Format("15:04:05.000"))
+	}
+	_ = m.Unlock(ctx)
+	_ = m.Unlock(ctx)
+}
+
+// TestReviewReenterDoesNotRearmFixedLease: WithLease says "re-entering or
+// releasing a level re-arms it", but re-entry is counted locally since
+// 3932f7a and sends nothing: the lease runs out d after the first Lock.
+func TestReviewReenterDoesNotRearmFixedLease(t *testing.T) {
+	const lease = time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	rdb := redistest.NewClient(t, addr)
+	m := newClient(t, addr).NewMutex(name, redisync.WithLease(lease))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if err := m.Lock(ctx); err != nil { // re-enter: documented to re-arm
+		t.Fatal(err)
+	}
+	pttl := rdb.PTTL(ctx, lockKey(name)).Val()
+	if pttl < 800*time.Millisecond {
+		t.Errorf("after re-entering, the lock's PTTL is %v, not re-armed to ~%v as WithLease documents", pttl, lease)
+	}
+	_ = m.Unlock(ctx)
+	time.Sleep(200 * time.Millisecond)
+	pttl = rdb.PTTL(ctx, lockKey(name)).Val()
+	if pttl < 600*time.Millisecond {
+		t.Errorf("after releasing a level, the lock's PTTL is %v, not re-armed to ~%v as WithLease documents", pttl, lease)
+	}
+	_ = m.Unlock(ctx)
+}
+
+// TestReviewBlackholedSubscriberNeverReplaced: the subscriber pings a
+// silent pub/sub connection "so that a dead connection is noticed and
+// replaced", but PubSub.Ping only writes the PING: its reply is never
+// awaited, and read timeouts are not errors. A pub/sub connection that
+// stops delivering without an error (a partition or a middlebox that drops
+// its state: no RST) is kept for good, while the Client's other
+// connections work. Every release message is lost and every waiter of the
+// process sleeps to min(PTTL, recheck) each time.
+//
+// Here the pub/sub connection alone goes through a proxy that is then
+// blackholed; the commands go straight to Redis. After 6 s (two pings'
+// worth) the holder unlocks: the waiter should be in within a second.
+func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
+	const recheck = 15 * time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	px := redistest.NewProxy(t, addr)
+	var viaProxy atomic.Bool
+	wrdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: func(ctx context.Context, network, a string) (net.Conn, error) {
+		var d net.Dialer
+		if viaProxy.Load() {
+			return d.DialContext(ctx, network, px.Addr)
+		}
+		return d.DialContext(ctx, network, a)
+	}})
+	t.Cleanup(func() { _ = wrdb.Close() })
+	wc := redisync.New(wrdb, redisync.WithRecheck(recheck))
+	t.Cleanup(func() { _ = wc.Close() })
+	waiter := wc.NewMutex(name)
+	if err := wrdb.Ping(ctx).Err(); err != nil { // a pooled command connection, direct
+		t.Fatal(err)
+	}
+
+	holder := newClient(t, addr).NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.NewClient(t, addr)
+	viaProxy.Store(true) // the next dial: the subscriber's
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := lockAsync(waiter, lctx)
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return subscribers(t, rdb, name) == 1 })
+	viaProxy.Store(false)
+	time.Sleep(100 * time.Millisecond)
+	px.SetBlackhole(true)
+	time.Sleep(6 * time.Second)
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("waiter in %v after the release", r.at.Sub(released).Round(time.Millisecond))
+	case <-time.After(2 * time.Second):
+		cancel()
+		<-done
+		t.Fatalf("waiter still waiting 2 s after the release: the blackholed pub/sub connection (pinged, no reply for 6 s) was never replaced (proxy conns accepted: %d)",
+			px.Stats().ConnsAccepted)
+	}
+	_ = waiter.Unlock(ctx)
+}
+
+// endingCtx is a context whose Err reports Canceled from the moment end is
+// called, as a deadline expiring right then would, while its Done channel
+// closes only later (on close): it places the end of ctx exactly between
+// two of the library's checks, deterministically.
+type endingCtx struct {
+	context.Context
+	ended atomic.Bool
+	done  chan struct{}
+}
+
+func newEndingCtx() *endingCtx {
+	return &endingCtx{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *endingCtx) Done() <-chan struct{} { return c.done }
+func (c *endingCtx) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestReviewRedMutexSwallowsWakeup: RedMutex.Lock's waitAny consumes the
+// signals of its waiters, then the next round fails (here: ctx ended just
+// then) and Lock returns without passing the wake-up on, unlike
+// Client.block, which nudges and leave()s. The release message woke one
+// waiter per process (wakeOne): the other RedMutex waiter of the process
+// sleeps to min(PTTL, recheck).
+func TestReviewRedMutexSwallowsWakeup(t *testing.T) {
+	const recheck = 5 * time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	node := redistest.NewClient(t, addr)
+	r := redisync.NewRedlock([]redis.UniversalClient{node}, redisync.WithRecheck(recheck))
+	t.Cleanup(func() { _ = r.Close() })
+	x, y := r.NewMutex(name), r.NewMutex(name)
+
+	holder := newClient(t, addr).NewMutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.NewClient(t, addr)
+	xctx := newEndingCtx()
+	xdone := make(chan error, 1)
+	go func() { xdone <- x.Lock(xctx) }()
+	eventually(t, 5*time.Second, "x to wait", func() bool { return subscribers(t, rdb, name) == 1 })
+	time.Sleep(100 * time.Millisecond) // x registered first: the wake-up is x's
+	ydone := make(chan result, 1)
+	go func() {
+		err := y.Lock(ctx)
+		ydone <- result{err, time.Now()}
+	}()
+	time.Sleep(300 * time.Millisecond) // y waits too
+
+	xctx.ended.Store(true) // x's ctx ends: its next check sees it
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-xdone; err == nil {
+		t.Fatal("x got the lock")
+	}
+	close(xctx.done)
+	select {
+	case res := <-ydone:
+		if res.err != nil {
+			t.Fatal(res.err)
+		}
+		t.Logf("y in %v after the release", res.at.Sub(released).Round(time.Millisecond))
+	case <-time.After(2 * time.Second):
+		res := <-ydone
+		t.Fatalf("y got the free lock only %v after the release: x swallowed the process's wake-up", res.at.Sub(released).Round(time.Millisecond))
+	}
+	_ = y.Unlock(ctx)
+}
