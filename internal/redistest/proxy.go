@@ -37,6 +37,8 @@ type Proxy struct {
 	holdPat   []byte        // hold the next client chunk containing this
 	held      chan struct{} // closed when a chunk is held
 	gate      chan struct{} // closed to let the held chunk go
+
+	replyDelay time.Duration // extra delay of chunks from Redis only (DelayReplies)
 }
 
 // NewProxy starts a proxy to upstream, stopped when the test ends.
@@ -140,6 +142,9 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 			if n > 0 {
 				p.mu.Lock()
 				drop, lat := p.blackhole, p.latency
+				if !fromClient {
+					lat += p.replyDelay
+				}
 				p.mu.Unlock()
 				if !drop {
 					select {
@@ -257,4 +262,14 @@ func (p *Proxy) close() {
 	p.conns = nil
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// DelayReplies delays every chunk read from Redis from now on (replies and
+// pub/sub messages) by d more than the latency, leaving what clients send
+// undelayed: commands reach Redis and run at once, and their callers hear
+// of it d later.
+func (p *Proxy) DelayReplies(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.replyDelay = d
 }
