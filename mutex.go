@@ -159,7 +159,9 @@ func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
 // which goes to the next fair waiter, if any, or wakes one waiter in each
 // process. It returns ErrNotHeld when m holds nothing, and ErrLockLost
 // when the hold had been lost (the lock may have had another owner since);
-// it never touches another owner's hold.
+// it never touches another owner's hold. Releasing an inner level asks
+// nothing of Redis: a loss not noticed yet (Lost still open) is reported
+// by the last level's Unlock.
 //
 // The last level's release is sent even when ctx has ended already (as
 // after a deferred Unlock of a call that timed out), with a timeout of its

@@ -31,16 +31,6 @@ func queued(t *testing.T, rdb *redis.Client, name string) int64 {
 	return n
 }
 
-// isClosed reports whether ch is closed (a nil channel never is).
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // closedAt returns a channel that delivers the time ch is closed.
 func closedAt(ch <-chan struct{}) <-chan time.Time {
 	at := make(chan time.Time, 1)

@@ -38,19 +38,20 @@ type Proxy struct {
 	closed   chan struct{}
 	wg       sync.WaitGroup
 
-	mu        sync.Mutex
-	conns     map[net.Conn]struct{}
-	latency   time.Duration
-	blackhole bool
-	drop      int           // replies still to drop
-	holdPat   []byte        // hold the next client chunk containing this
-	held      chan struct{} // closed when a chunk is held
-	gate      chan struct{} // closed to let the held chunk go
-	mute      bool          // swallow what clients send (see SetBlackholeRequests)
-	watches   []watch       // see Watch
-	lastRead  [2]time.Time  // when a chunk was last read from Redis [0] and from a client [1]
-	chaos     Chaos
-	rng       *rand.Rand // chaos's source; nil when chaos is off
+	mu         sync.Mutex
+	conns      map[net.Conn]struct{}
+	latency    time.Duration
+	blackhole  bool
+	drop       int           // replies still to drop
+	holdPat    []byte        // hold the next client chunk containing this
+	held       chan struct{} // closed when a chunk is held
+	gate       chan struct{} // closed to let the held chunk go
+	replyDelay time.Duration // extra delay of chunks from Redis only (DelayReplies)
+	mute       bool          // swallow what clients send (see SetBlackholeRequests)
+	watches    []watch       // see Watch
+	lastRead   [2]time.Time  // when a chunk was last read from Redis [0] and from a client [1]
+	chaos      Chaos
+	rng        *rand.Rand // chaos's source; nil when chaos is off
 
 	stats proxyCounters
 }
@@ -323,6 +324,9 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 				p.watched(buf[:n], fromClient)
 				p.mu.Lock()
 				drop, lat := p.blackhole || (fromClient && p.mute), p.latency+p.delay(fromClient)
+				if !fromClient {
+					lat += p.replyDelay
+				}
 				p.mu.Unlock()
 				if !drop {
 					select {
@@ -440,4 +444,14 @@ func (p *Proxy) close() {
 	p.conns = nil
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// DelayReplies delays every chunk read from Redis from now on (replies and
+// pub/sub messages) by d more than the latency, leaving what clients send
+// undelayed: commands reach Redis and run at once, and their callers hear
+// of it d later.
+func (p *Proxy) DelayReplies(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.replyDelay = d
 }

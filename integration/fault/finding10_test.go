@@ -1,0 +1,95 @@
+package fault
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// Finding 10: a counter holding "1.5" (the token counter, or a hold
+// count) is a value of the wrong type: calls fail with ErrWrongType and
+// change nothing, rather than writing and then failing.
+func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fair bool
+		// setup prepares the keys (m is the Mutex under test) and returns
+		// the call that must fail with ErrWrongType.
+		setup func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error
+	}{
+		{"lock-free-token", false, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
+			rdb.Set(ctx, base+":token", "1.5", 0)
+			return func() error { return m.Lock(ctx) }
+		}},
+		{"fair-lock-hands-off-to-queued", true, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
+			queueGhost(t, rdb, base)
+			rdb.Set(ctx, base+":token", "1.5", 0)
+			return func() error { return m.Lock(ctx) }
+		}},
+		{"unlock-hands-off-to-queued", true, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			queueGhost(t, rdb, base)
+			rdb.Set(ctx, base+":token", "1.5", 0)
+			return func() error { return m.Unlock(ctx) }
+		}},
+		{"unlock-hold-count", false, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			owners := rdb.HKeys(ctx, base).Val()
+			if len(owners) != 1 {
+				t.Fatalf("lock hash fields %q, want one owner", owners)
+			}
+			rdb.HSet(ctx, base, owners[0], "1.5")
+			return func() error { return m.Unlock(ctx) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := redistest.Addr(t)
+			rdb := redistest.NewClient(t, addr)
+			name := redistest.Name(t)
+			base := lockKey(name)
+			t.Cleanup(func() {
+				keys, _ := rdb.Keys(ctx, globEscape(base)+"*").Result()
+				if len(keys) > 0 {
+					rdb.Del(ctx, keys...)
+				}
+			})
+			var o []redisync.Option
+			if tc.fair {
+				o = append(o, redisync.Fair())
+			}
+			m := newClient(t, addr).NewMutex(name, o...)
+			call := tc.setup(t, rdb, base, m)
+			before := keysDump(t, rdb, base)
+			err := within(t, 5*time.Second, "the call", call)
+			after := keysDump(t, rdb, base)
+			if !errors.Is(err, redisync.ErrWrongType) {
+				t.Errorf("the call returned %v, want ErrWrongType", err)
+			}
+			if !equalStrings(before, after) {
+				t.Errorf("the call changed the lock's keys:\nbefore %q\nafter  %q", before, after)
+			}
+		})
+	}
+}
+
+// queueGhost queues a live-looking fair waiter "ghost" (heartbeat deadline
+// an hour away) on the lock whose hash is base.
+func queueGhost(t *testing.T, rdb *redis.Client, base string) {
+	t.Helper()
+	deadline := serverMs(t, rdb) + time.Hour.Milliseconds()
+	if err := rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, base+":waiters", "ghost", strconv.FormatInt(deadline, 10)+":3000").Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,57 @@
+package fault
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// Finding 11: a name starting with '}' is rejected up front with
+// ErrInvalidName, before any command reaches Redis (its keys would not
+// share a hash slot: CROSSSLOT on a cluster).
+func TestFinding11BraceNameRejected(t *testing.T) {
+	for _, tc := range []struct{ label, prefix string }{{"close-brace", "}"}, {"close-brace-abc", "}abc"}} {
+		t.Run(tc.label, func(t *testing.T) {
+			addr := redistest.Addr(t)
+			rdb := redistest.NewClient(t, addr)
+			name := tc.prefix + redistest.Name(t)
+			t.Cleanup(func() {
+				for _, k := range []string{lockKey(name), lockKey(name) + ":token", semKey(name), semKey(name) + ":expiry", semKey(name) + ":size"} {
+					rdb.Del(ctx, k)
+				}
+			})
+			crdb := redistest.NewClient(t, addr)
+			if err := crdb.Ping(ctx).Err(); err != nil { // a live connection, before counting
+				t.Fatal(err)
+			}
+			hook := &countingHook{}
+			crdb.AddHook(hook)
+			c := redisync.New(crdb)
+			t.Cleanup(func() { _ = c.Close() })
+			m := c.NewMutex(name)
+			s := c.NewSemaphore(name, 2)
+			for _, op := range []struct {
+				name string
+				call func() error
+			}{
+				{"Mutex.Lock", func() error { return m.Lock(ctx) }},
+				{"Mutex.TryLock", func() error { _, err := m.TryLock(ctx); return err }},
+				{"Mutex.Unlock", func() error { return m.Unlock(ctx) }},
+				{"Semaphore.Acquire", func() error { return s.Acquire(ctx, 1) }},
+				{"Semaphore.TryAcquire", func() error { _, err := s.TryAcquire(ctx, 1); return err }},
+				{"Semaphore.Release", func() error { return s.Release(ctx, 1) }},
+			} {
+				err := within(t, 5*time.Second, op.name, op.call)
+				if !errors.Is(err, redisync.ErrInvalidName) {
+					t.Errorf("%s(%q): %v, want ErrInvalidName", op.name, name, err)
+				}
+			}
+			if n := hook.cmds.Load(); n != 0 {
+				t.Errorf("%d commands reached Redis for the name %q", n, name)
+			}
+		})
+	}
+}
