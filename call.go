@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -111,6 +112,45 @@ func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64,
 	wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupWait)
 	defer cancel()
 	_, _, _ = c.call(wait, do, nil)
+}
+
+// releasing returns the context a release waits with: ctx, or, when ctx
+// has ended already (a deferred Unlock after a timeout), one of its own,
+// bounded by cleanupTimeout: a release is due whatever ctx says.
+func releasing(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() != nil {
+		return detached(ctx)
+	}
+	return ctx, func() {}
+}
+
+// settle runs release, an idempotent release script call, as persist does
+// (again while Redis cannot serve it for now), waiting for it with ctx; an
+// abandoned one goes on, and late (if not nil) is called when it returns.
+// It returns the script's reply.
+func (c *Client) settle(ctx context.Context, release func(context.Context) (int64, error), late func()) (int64, bool, error) {
+	res, abandoned, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		var res int64
+		err := c.persist(ctx, func() (err error) {
+			res, err = release(ctx)
+			return err
+		})
+		return []int64{res}, err
+	}, func([]int64, error) {
+		if late != nil {
+			late()
+		}
+	})
+	if err != nil {
+		return 0, abandoned, redisError(err)
+	}
+	return res[0], false, nil
+}
+
+// notConfirmed says that a release failed or was not confirmed in time:
+// what it released is no longer renewed, and runs out within its lease.
+func notConfirmed(err error) error {
+	return fmt.Errorf("%w (the release is not confirmed: it is no longer renewed, and runs out in Redis within its lease)", err)
 }
 
 // callGroup counts the calls running in goroutines of their own, so that

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -112,7 +110,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 		if m.cfg.fair {
 			mode = "queue"
 		}
-		l := &lockCall{m: m, ticket: m.c.ticket(), mode: mode}
+		l := m.newCall(mode)
 		err := m.c.block(ctx, m.channel, m.cfg.recheck, l)
 		if !errors.Is(err, errHeld) {
 			return m.wrapIf("lock", err)
@@ -147,7 +145,7 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 // queueing. It reports whether m holds the lock now and, if not, the
 // lock's PTTL.
 func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
-	l := &lockCall{m: m, ticket: m.c.ticket(), mode: mode}
+	l := m.newCall(mode)
 	ok, _, err := l.attempt(ctx)
 	if err != nil || !ok {
 		l.finish(ctx, err)
@@ -207,23 +205,15 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		})
 		return m.wrap("unlock", ErrLockLost)
 	}
-	wait, cancel := ctx, context.CancelFunc(func() {})
-	if ctx.Err() != nil {
-		wait, cancel = detached(ctx)
-	}
+	wait, cancel := releasing(ctx)
 	defer cancel()
-	res, _, err := m.c.call(wait, func(ctx context.Context) ([]int64, error) {
-		var res int64
-		err := m.c.persist(ctx, func() (err error) {
-			res, err = m.release(ctx, h.id, h.token, "release")
-			return err
-		})
-		return []int64{res}, err
+	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
+		return m.release(ctx, h.id, h.token, "release")
 	}, nil)
 	switch {
 	case err != nil:
-		return m.wrap("unlock", fmt.Errorf("%w (the release is not confirmed: the hold is no longer renewed, and ends in Redis within its lease)", redisError(err)))
-	case res[0] == 0:
+		return m.wrap("unlock", notConfirmed(err))
+	case res == 0:
 		return m.wrap("unlock", ErrLockLost)
 	}
 	return nil
@@ -277,12 +267,13 @@ type lockCall struct {
 	ticket string
 	mode   string // of acquire.lua: "queue" (fair Lock), "barge" or "try"
 
-	pttl      int64      // the lock's PTTL found by the last attempt
-	queued    bool       // an attempt queued the ticket
-	since     time.Time  // when the attempt that queued it was sent
-	unsure    bool       // an attempt may have run without its reply arriving
-	abandoned bool       // an attempt was given up on; its late reply cleans up
-	hb        *keepalive // the queued ticket's heartbeat, while registered
+	pttl int64 // the lock's PTTL found by the last attempt
+	place
+}
+
+// newCall starts a call of m in the given mode under a new ticket.
+func (m *Mutex) newCall(mode string) *lockCall {
+	return &lockCall{m: m, ticket: m.c.ticket(), mode: mode, place: place{wd: m.c.wd}}
 }
 
 // attempt runs the acquire script once.
@@ -301,10 +292,10 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:
-		l.abandoned = true
+		l.failed(err, true)
 		return false, 0, err
 	case err != nil:
-		l.unsure = l.unsure || mayHaveRun(err)
+		l.failed(err, false)
 		return false, 0, redisError(err)
 	case res[0] == 1:
 		return l.take(ctx, res[1], sent, m.lease())
@@ -312,7 +303,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		return false, 0, fmt.Errorf("redisync: ticket %s was withdrawn", l.ticket)
 	}
 	if l.mode == "queue" {
-		l.queued, l.since = true, sent
+		l.joined(sent)
 	}
 	l.pttl = res[1]
 	return false, m.sleepFor(res[1]), nil
@@ -329,8 +320,7 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0}
 	err := m.take(h, e, since, lease)
 	if err == nil {
-		l.queued, l.unsure = false, false
-		l.stopHeartbeat()
+		l.left()
 		return true, 0, nil
 	}
 	l.withdraw(ctx)
@@ -348,37 +338,20 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 // the message grant ("ticket:token"). Its hand-off lease was set after the
 // last time Redis confirmed the ticket was queued.
 func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
-	i := strings.LastIndexByte(grant, ':')
-	token, err := strconv.ParseInt(grant[i+1:], 10, 64)
-	if err != nil || grant[:i] != l.ticket || l.m.cfg.replicas > 0 {
+	token, ours := parseGrant(grant, l.ticket)
+	if !ours || l.m.cfg.replicas > 0 {
 		// Not a grant of this call, or one to confirm with the
 		// replicas: the attempt will tell, and take it if it is ours.
 		return false, nil
 	}
-	since := l.since
-	if l.hb != nil {
-		since = later(since, l.m.c.wd.confirmed(l.hb))
-	}
-	ok, _, err := l.take(ctx, token, since, l.m.handoffLease())
+	ok, _, err := l.take(ctx, token, l.confirmed(), l.m.handoffLease())
 	return ok, err
 }
 
-// sleeping keeps a queued ticket alive while the call sleeps: the watchdog
-// heartbeats it and nudges w when it finds the ticket dequeued (handed the
-// lock, or dropped), or the lock free with nobody to announce it (a
-// hand-off to a waiter that died has run out).
+// sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(w *waiter) {
-	if !l.queued || (l.hb != nil && l.m.c.wd.registered(l.hb)) {
-		return
-	}
-	l.stopHeartbeat() // dropped by the watchdog: the attempt queued the ticket again
 	m := l.m
-	hb := &keepalive{kind: "wait", owner: l.ticket,
-		keys: []string{m.keys.queue, m.keys.waiters, m.keys.base},
-		ttl:  m.cfg.heartbeat, renew: true, gone: w.nudge, free: w.nudge}
-	if m.c.wd.add(hb, l.since, m.cfg.heartbeat) {
-		l.hb = hb
-	}
+	l.keepAlive(l.ticket, []string{m.keys.queue, m.keys.waiters, m.keys.base}, m.cfg.heartbeat, w)
 }
 
 // changed is closed when another call of the same value takes a hold.
@@ -389,14 +362,10 @@ func (l *lockCall) changed() <-chan struct{} { return l.m.changed() }
 // ticket (handing on the lock if it was handed to it meanwhile). An
 // abandoned attempt's late reply does that instead.
 func (l *lockCall) finish(ctx context.Context, err error) {
-	if err == nil {
-		l.stopHeartbeat()
-		return
-	}
-	if !l.abandoned && (l.queued || l.unsure) {
+	if l.mustWithdraw(err) {
 		l.withdraw(ctx)
 	}
-	l.stopHeartbeat()
+	l.stop()
 }
 
 // withdraw gives up the ticket: it leaves the queue, the lock is handed on
@@ -409,16 +378,7 @@ func (l *lockCall) withdraw(ctx context.Context) {
 		_, err := l.m.release(ctx, ticket, 0, "withdraw")
 		return nil, err
 	})
-	l.queued, l.unsure = false, false
-	l.stopHeartbeat()
-}
-
-// stopHeartbeat stops the queued ticket's heartbeat, if any.
-func (l *lockCall) stopHeartbeat() {
-	if l.hb != nil {
-		l.m.c.wd.remove(l.hb)
-		l.hb = nil
-	}
+	l.left()
 }
 
 // address returns the ticket: the call's address in grant messages.
@@ -499,11 +459,4 @@ func (m *Mutex) wrapIf(op string, err error) error {
 		return nil
 	}
 	return m.wrap(op, err)
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -167,10 +166,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := cmp.Or(s.err, s.check(n), s.c.valid()); err != nil {
 		return s.wrap("release", err)
 	}
-	wait, cancel := ctx, context.CancelFunc(func() {})
-	if ctx.Err() != nil {
-		wait, cancel = detached(ctx)
-	}
+	wait, cancel := releasing(ctx)
 	defer cancel()
 	if err := s.lockOp(wait); err != nil {
 		return s.wrap("release", err)
@@ -203,14 +199,9 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	s.seq++
 	seq := s.seq
 	sent := time.Now()
-	res, abandoned, err := s.c.call(wait, func(ctx context.Context) ([]int64, error) {
-		var res int64
-		err := s.c.persist(ctx, func() (err error) {
-			res, err = s.release(ctx, seq, n, held, "release", "")
-			return err
-		})
-		return []int64{res}, err
-	}, func([]int64, error) { s.end() })
+	res, abandoned, err := s.c.settle(wait, func(ctx context.Context) (int64, error) {
+		return s.release(ctx, seq, n, held, "release", "")
+	}, s.end)
 	if !abandoned {
 		s.end()
 	}
@@ -219,8 +210,8 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 		if n < held {
 			s.drop(h, n)
 		}
-		return s.wrap("release", fmt.Errorf("%w (the release is not confirmed: released permits are no longer renewed, and end in Redis within their lease)", redisError(err)))
-	case res[0] < 0:
+		return s.wrap("release", notConfirmed(err))
+	case res < 0:
 		s.lose(h)
 		s.drop(h, n)
 		return s.wrap("release", ErrLockLost)
@@ -264,17 +255,13 @@ type acquireCall struct {
 	// waiter is the call's id in the queue and on the channel:
 	// "holder#number", one per call, so that a message granting an
 	// earlier call is never taken for this one.
-	waiter    string
-	inQueue   bool       // an attempt has queued it
-	since     time.Time  // when the attempt that queued it was sent
-	unsure    bool       // an attempt may have run without its reply arriving
-	abandoned bool       // an attempt was given up on; its late reply cleans up
-	hb        *keepalive // the queued call's heartbeat, while registered
+	waiter string
+	place
 }
 
 // newCall numbers a new call of s for n permits. s.turn must be held.
 func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
-	return &acquireCall{s: s, n: n, mode: mode, waiter: s.nextWaiter()}
+	return &acquireCall{s: s, n: n, mode: mode, waiter: s.nextWaiter(), place: place{wd: s.c.wd}}
 }
 
 // nextWaiter mints the id of a new call of s. s.turn must be held.
@@ -301,7 +288,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, ErrLockLost
 	}
 	again := "0"
-	if a.inQueue {
+	if a.queued {
 		again = "1"
 	}
 	s.seq++
@@ -318,12 +305,12 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		s.withdraw(context.Background(), n, waiter)
 	})
 	if abandoned {
-		a.abandoned = true
+		a.failed(err, true)
 		return false, 0, err
 	}
 	s.end()
 	if err != nil {
-		a.unsure = a.unsure || mayHaveRun(err)
+		a.failed(err, false)
 		return false, 0, redisError(err)
 	}
 	switch res[0] {
@@ -338,7 +325,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, fmt.Errorf("redisync: call %s was withdrawn", a.waiter)
 	}
 	if a.mode == "queue" {
-		a.inQueue, a.since = true, sent
+		a.joined(sent)
 	}
 	return false, s.sleepFor(res[1]), nil
 }
@@ -355,8 +342,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		if lease >= s.lease() { // a shorter grant lease did not shorten it
 			s.c.wd.rearm(h.ka, since)
 		}
-		a.inQueue, a.unsure = false, false
-		a.stopHeartbeat()
+		a.left()
 		return true, 0, nil
 	}
 	s.mu.Unlock()
@@ -365,8 +351,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		hold: true, renew: s.cfg.lease == 0}
 	err := s.holds.take(h, e, since, lease)
 	if err == nil {
-		a.inQueue, a.unsure = false, false
-		a.stopHeartbeat()
+		a.left()
 		return true, 0, nil
 	}
 	a.giveBack(ctx)
@@ -383,36 +368,20 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 // by the message grant ("waiter:permits"). Their grant lease was set after
 // the last time Redis confirmed the call was queued.
 func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
-	i := strings.LastIndexByte(grant, ':')
-	n, err := strconv.ParseInt(grant[i+1:], 10, 64)
-	if err != nil || grant[:i] != a.waiter || n != a.n || a.s.cfg.replicas > 0 {
+	n, ours := parseGrant(grant, a.waiter)
+	if !ours || n != a.n || a.s.cfg.replicas > 0 {
 		// Not a grant of this call, or one to confirm with the
 		// replicas: the attempt will tell, and take it if it is ours.
 		return false, nil
 	}
-	since := a.since
-	if a.hb != nil {
-		since = later(since, a.s.c.wd.confirmed(a.hb))
-	}
-	ok, _, err := a.granted(ctx, n, since, a.s.grantLease())
+	ok, _, err := a.granted(ctx, n, a.confirmed(), a.s.grantLease())
 	return ok, err
 }
 
-// sleeping keeps a queued call alive while it sleeps: the watchdog
-// heartbeats it and nudges w when it finds the call dequeued (granted, or
-// dropped), or nobody holding permits while it is queued (a lost message,
-// or a dead waiter at the head).
+// sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(w *waiter) {
-	if !a.inQueue || (a.hb != nil && a.s.c.wd.registered(a.hb)) {
-		return
-	}
-	a.stopHeartbeat() // dropped by the watchdog: the attempt queued the call again
 	s := a.s
-	hb := &keepalive{kind: "wait", owner: a.waiter, keys: []string{s.keys[3], s.keys[4], s.keys[0]},
-		ttl: s.cfg.heartbeat, renew: true, gone: w.nudge, free: w.nudge}
-	if s.c.wd.add(hb, a.since, s.cfg.heartbeat) {
-		a.hb = hb
-	}
+	a.keepAlive(a.waiter, []string{s.keys[3], s.keys[4], s.keys[0]}, s.cfg.heartbeat, w)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for
@@ -424,10 +393,10 @@ func (a *acquireCall) changed() <-chan struct{} { return nil }
 // withdraws it and gives back what was granted to it meanwhile. An
 // abandoned attempt's late reply does that instead.
 func (a *acquireCall) finish(ctx context.Context, err error) {
-	if err != nil && !a.abandoned && (a.inQueue || a.unsure) {
+	if a.mustWithdraw(err) {
 		a.giveBack(ctx)
 	}
-	a.stopHeartbeat()
+	a.stop()
 }
 
 // giveBack withdraws the call: it leaves the queue, gives back the permits
@@ -444,16 +413,7 @@ func (a *acquireCall) giveBack(ctx context.Context) {
 		s.withdraw(ctx, a.n, waiter)
 		return nil, nil
 	})
-	a.inQueue, a.unsure = false, false
-	a.stopHeartbeat()
-}
-
-// stopHeartbeat stops the queued call's heartbeat, if any.
-func (a *acquireCall) stopHeartbeat() {
-	if a.hb != nil {
-		a.s.c.wd.remove(a.hb)
-		a.hb = nil
-	}
+	a.left()
 }
 
 // address returns the call's waiter id: its address in grant messages.

@@ -2,6 +2,8 @@ package redisync
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -97,4 +99,88 @@ func (c *Client) block(ctx context.Context, channel string, recheck time.Duratio
 			}
 		}
 	}
+}
+
+// place is what a waiting call knows of its place in a fair queue: whether
+// an attempt queued it, when Redis last confirmed it was still queued (a
+// hand-off to it came later: the hold's deadline counts from then), and
+// the heartbeat that keeps it there while the call sleeps.
+type place struct {
+	wd        *watchdog
+	queued    bool       // an attempt queued the call
+	since     time.Time  // when the last call that found it queued was sent
+	unsure    bool       // an attempt may have run without its reply arriving
+	abandoned bool       // an attempt was given up on; its late reply cleans up
+	hb        *keepalive // the heartbeat, while registered
+}
+
+// joined records an attempt, sent at sent, that queued the call.
+func (p *place) joined(sent time.Time) { p.queued, p.since = true, sent }
+
+// failed records an attempt that failed with err (abandoned: given up on).
+func (p *place) failed(err error, abandoned bool) {
+	p.abandoned = p.abandoned || abandoned
+	p.unsure = p.unsure || (!abandoned && mayHaveRun(err))
+}
+
+// mustWithdraw reports whether a call that ends with err must withdraw:
+// it failed after sending something that may have queued it or granted it
+// something, and no abandoned attempt's late reply does it instead.
+func (p *place) mustWithdraw(err error) bool {
+	return err != nil && !p.abandoned && (p.queued || p.unsure)
+}
+
+// confirmed returns when the last call that found the call queued was
+// sent: the attempt that queued it, or a later heartbeat.
+func (p *place) confirmed() time.Time {
+	if p.hb != nil {
+		return later(p.since, p.wd.confirmed(p.hb))
+	}
+	return p.since
+}
+
+// keepAlive registers the heartbeat of a queued call (owner: its address;
+// keys: its queue, its waiters' records, and what it waits for), unless it
+// runs already. The watchdog nudges w when it finds the call dequeued
+// (granted, or dropped), or what it waits for free with nobody to announce
+// it.
+func (p *place) keepAlive(owner string, keys []string, ttl time.Duration, w *waiter) {
+	if !p.queued || (p.hb != nil && p.wd.registered(p.hb)) {
+		return
+	}
+	p.stop() // dropped by the watchdog: the attempt queued the call again
+	hb := &keepalive{kind: "wait", owner: owner, keys: keys, ttl: ttl, renew: true, gone: w.nudge, free: w.nudge}
+	if p.wd.add(hb, p.since, ttl) {
+		p.hb = hb
+	}
+}
+
+// left records that the call is no longer queued: it took what it waited
+// for, or withdrew.
+func (p *place) left() {
+	p.queued, p.unsure = false, false
+	p.stop()
+}
+
+// stop stops the heartbeat, if any.
+func (p *place) stop() {
+	if p.hb != nil {
+		p.wd.remove(p.hb)
+		p.hb = nil
+	}
+}
+
+// parseGrant splits a grant message "address:value" and reports whether
+// it is addressed to address.
+func parseGrant(grant, address string) (int64, bool) {
+	i := strings.LastIndexByte(grant, ':')
+	v, err := strconv.ParseInt(grant[i+1:], 10, 64)
+	return v, err == nil && i >= 0 && grant[:i] == address
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
