@@ -156,3 +156,63 @@ func admin(t *testing.T, addr string) *redis.Client {
 	t.Helper()
 	return redistest.NewClient(t, addr)
 }
+
+// TestFairHandoffSurvivesSubscriberKill kills the fair waiters' pub/sub
+// connection (CLIENT KILL TYPE pubsub) and releases the lock at once: the
+// release script hands the lock to the queue's head and publishes the
+// grant to nobody. The head must take its hold without that message, well
+// before the recheck interval (10 s) or the hand-off lease (3 s) would let
+// anyone look again: the re-subscription after the reconnect wakes every
+// waiter, and the head's attempt finds its ticket holding the lock. The
+// others follow in queue order, and nobody else holds meanwhile.
+func TestFairHandoffSurvivesSubscriberKill(t *testing.T) {
+	srv := redistest.Spawn(t)
+	admin := redistest.NewClient(t, srv.Addr)
+	name := redistest.Name(t)
+	holder := newClient(t, srv.Addr).NewMutex(name, redisync.Fair())
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, srv.Addr, redisync.Fair(), redisync.WithRecheck(10*time.Second))
+	const n = 4
+	order := make(chan int, n)
+	done := make(chan result, n)
+	for i := range n {
+		m := c.NewMutex(name)
+		go func() {
+			err := m.Lock(ctx)
+			at := time.Now()
+			if err == nil {
+				order <- i
+				err = m.Unlock(ctx)
+			}
+			done <- result{err, at}
+		}()
+		// Queue them one by one, so that their order is known.
+		eventually(t, 5*time.Second, "the waiter to queue", func() bool {
+			return admin.ZCard(ctx, lockKey(name)+":queue").Val() == int64(i+1)
+		})
+	}
+	eventually(t, 5*time.Second, "the waiters' subscription", func() bool { return subscribers(t, admin, name) == 1 })
+	if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var last time.Duration
+	for range n {
+		r := await(t, done, 15*time.Second, "a waiter")
+		last = max(last, r.at.Sub(released))
+	}
+	t.Logf("release to the last of %d waiters holding the lock: %v", n, last.Round(time.Millisecond))
+	if last > 2*time.Second {
+		t.Errorf("the last waiter held the lock %v after the release, want <= 2s (the hand-off was lost with its message)", last)
+	}
+	for want := range n {
+		if got := <-order; got != want {
+			t.Fatalf("waiter %d held the lock in place %d, want queue order", got, want)
+		}
+	}
+}
