@@ -42,6 +42,12 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // waiting cleanupWait after ctx ends. An abandoned call goes on: when it returns, late
 // (if not nil) gets its reply, to undo whatever it did. Close waits for it.
 func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
+	return c.callFor(ctx, do, late, true)
+}
+
+// callFor is call; grace says whether the caller waits a little longer for
+// a reply about to arrive once ctx has ended.
+func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error), grace bool) (res []int64, abandoned bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
@@ -80,9 +86,12 @@ func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, er
 		return r.res, false, r.err
 	case <-ctx.Done():
 		why = ctx.Err()
+		if !grace {
+			break
+		}
 		// A reply may be about to arrive: one that does within
-		// cleanupWait saves an undo.
-		t := time.NewTimer(cleanupWait)
+		// cleanupWait of ctx's end saves an undo.
+		t := time.NewTimer(time.Until(graceEnd(ctx)))
 		select {
 		case r := <-ch:
 			t.Stop()
@@ -106,12 +115,23 @@ func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, er
 }
 
 // cleanup runs do, a clean-up call to Redis, detached from ctx's
-// cancellation, and waits for it for at most cleanupWait: then it goes on
-// in the background (Close waits for it).
+// cancellation, and waits for it until graceEnd(ctx): then it goes on in
+// the background (Close waits for it).
 func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64, error)) {
-	wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupWait)
+	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), graceEnd(ctx))
 	defer cancel()
-	_, _, _ = c.call(wait, do, nil)
+	_, _, _ = c.callFor(wait, do, nil, false)
+}
+
+// graceEnd returns how long a call whose ctx has ended (or is about to)
+// may still wait for Redis: cleanupWait after ctx's deadline, if it had one
+// and it has passed, else cleanupWait from now. A call waits for a reply
+// about to arrive and then for its clean-up within that one budget.
+func graceEnd(ctx context.Context) time.Time {
+	if dl, ok := ctx.Deadline(); ok && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return dl.Add(cleanupWait)
+	}
+	return time.Now().Add(cleanupWait)
 }
 
 // releasing returns the context a release waits with: ctx, or, when ctx

@@ -288,7 +288,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 			[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone},
 			[]any{l.ticket, m.lease().Milliseconds(), l.mode,
 				m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
-				m.channel, m.c.publish}, granted)
+				m.channel, m.c.publish, flag(l.queued)}, granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:
@@ -301,6 +301,13 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		return l.take(ctx, res[1], sent, m.lease())
 	case res[0] == -2:
 		return false, 0, fmt.Errorf("redisync: ticket %s was withdrawn", l.ticket)
+	case res[0] == -3:
+		// The ticket left the queue (handed the lock, lost since; or
+		// dropped as dead): go on under a new one, so that a grant to
+		// the old one still on its way is not taken for a new grant.
+		l.left()
+		l.ticket = m.c.ticket()
+		return false, 0, nil
 	}
 	if l.mode == "queue" {
 		l.joined(sent)

@@ -287,15 +287,11 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		s.end()
 		return false, 0, ErrLockLost
 	}
-	again := "0"
-	if a.queued {
-		again = "1"
-	}
 	s.seq++
 	sent, n, waiter := time.Now(), a.n, a.waiter
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6]}, []any{
-			s.owner, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, again,
+			s.owner, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, flag(a.queued),
 			s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
 			s.channel, s.c.publish}, granted)
 	}, func([]int64, error) {
@@ -323,6 +319,13 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, fmt.Errorf("%w: size %d, stored size %d", ErrSizeMismatch, s.size, res[1])
 	case -3:
 		return false, 0, fmt.Errorf("redisync: call %s was withdrawn", a.waiter)
+	case -4:
+		// The call left the queue (granted, and lost since; or dropped
+		// as dead): go on as a new call, so that a grant to the old one
+		// still on its way is not taken for a new grant.
+		a.left()
+		a.waiter = s.nextWaiter()
+		return false, 0, nil
 	}
 	if a.mode == "queue" {
 		a.joined(sent)

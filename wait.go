@@ -73,6 +73,8 @@ func (c *Client) block(ctx context.Context, channel string, recheck time.Duratio
 			backoff = min(max(2*backoff, 50*time.Millisecond), maxBackoff)
 			sleep = backoff
 			c.relocate()
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err() // ctx ended first; the attempt's error is of no matter
 		case err != nil || done:
 			return err
 		default:
@@ -176,6 +178,14 @@ func parseGrant(grant, address string) (int64, bool) {
 	i := strings.LastIndexByte(grant, ':')
 	v, err := strconv.ParseInt(grant[i+1:], 10, 64)
 	return v, err == nil && i >= 0 && grant[:i] == address
+}
+
+// flag is a boolean as a script argument: "1" or "0".
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 func later(a, b time.Time) time.Time {

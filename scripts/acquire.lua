@@ -15,11 +15,18 @@
 -- ARGV[4] heartbeat ttl in ms (mode "queue")
 -- ARGV[5] hand-off lease in ms (mode "queue")
 -- ARGV[6] channel, ARGV[7] publish command (PUBLISH or SPUBLISH)
+-- ARGV[8] "1" when an earlier attempt of this call queued the ticket (mode
+--         "queue"). A ticket that left the queue (handed the lock, whose
+--         hold has gone since; or dropped as dead) is never queued again:
+--         a grant message to it may still be on its way, and must not be
+--         taken for a grant after a later attempt. The call goes on under a
+--         new ticket.
 --
 -- Reply: {1, token}   held by the ticket; token of the hold
 --        {0, pttl}    held by another owner; pttl is the lock's PTTL
 --                     (-1: no TTL; -2: none, the lock was handed to another)
 --        {-2, 0}      the ticket was withdrawn: nothing done
+--        {-3, 0}      the ticket left the queue (ARGV[8]); it is withdrawn now
 local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
@@ -42,6 +49,10 @@ end
 
 local queued = redis.call('ZSCORE', queue, ticket)
 redis.call('HLEN', waiters) -- a key of the wrong type fails here, before any write
+if not queued and ARGV[8] == '1' then
+  mark_withdrawn(gone, ticket)
+  return {-3, 0}
+end
 if pttl == -2 then
   local head, ht = hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], ticket)
   if head == nil then

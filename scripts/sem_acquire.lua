@@ -13,7 +13,11 @@
 -- ARGV[7] mode: "queue" joins the queue when not granted; "try" never does
 -- ARGV[8] waiter id ("holder#call") of this Acquire or TryAcquire call
 -- ARGV[9] "1" when this Acquire has queued before: finding its permits
---         granted (and itself dequeued) means another call granted them
+--         granted (and itself dequeued) means another call granted them;
+--         finding itself dequeued without them (granted, and lost since; or
+--         dropped as dead) ends the waiter id: a grant message to it may
+--         still be on its way and must not be taken for a later grant. The
+--         call goes on under a new waiter id.
 -- ARGV[10] heartbeat ttl in ms, ARGV[11] lease of a grant to a waiter in ms
 -- ARGV[12] channel, ARGV[13] publish command (PUBLISH or SPUBLISH)
 --
@@ -26,6 +30,7 @@
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
 --        {-2, size}  the stored size differs from ARGV[3]
 --        {-3, 0}     the call was withdrawn: nothing done
+--        {-4, 0}     the call left the queue (ARGV[9]); it is withdrawn now
 local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[4], waiters = KEYS[5]}
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
@@ -66,6 +71,10 @@ if ARGV[9] == '1' and not queued and mine >= held + n then
   -- grant lease: the caller counts on a full lease from now.
   sem_lease(k, holder, now, lease)
   return {1, 0}
+end
+if ARGV[9] == '1' and not queued then
+  mark_withdrawn(KEYS[6], waiter)
+  return {-4, 0}
 end
 if queued then
   -- Alive: refresh the deadline so that serving does not drop us.
