@@ -234,8 +234,9 @@ func (h *lsHistory) check() *lsReport {
 }
 
 // checkTokens: every hold has a token of its own, and in token order the
-// holds were taken in time order (a hold can only be granted after the
-// one before it ended; a holder that was paused is the exception).
+// holds were taken in time order: a hold is granted only after the one
+// before it ended, and a Lock call refuses a grant whose lease may have
+// run out before it took it (even if its process was paused meanwhile).
 func (h *lsHistory) checkTokens(r *lsReport) {
 	byToken := append([]*lsHold(nil), h.holds...)
 	sort.Slice(byToken, func(i, j int) bool { return byToken[i].token < byToken[j].token })
@@ -244,12 +245,23 @@ func (h *lsHistory) checkTokens(r *lsReport) {
 		switch {
 		case a.token == b.token:
 			r.violation("two holds with token %d: %s and %s", a.token, h.describe(a), h.describe(b))
-		case !b.acq.After(a.acq) && !h.stoppedDuring(a.worker, a.acq.Add(-h.lease), a.acq) &&
-			!h.stoppedDuring(b.worker, b.acq.Add(-h.lease), b.acq):
-			r.violation("token %d was taken at %s, after token %d at %s: tokens do not follow the order of the holds (%s)",
-				a.token, h.at(a.acq), b.token, h.at(b.acq), h.faultsAround(a.acq))
+		case !b.acq.After(a.acq):
+			r.violation("%s was taken at %s, after %s at %s: tokens do not follow the order of the holds%s (%s)",
+				a, h.at(a.acq), b, h.at(b.acq), h.resumed(a), h.faultsAround(a.acq))
 		}
 	}
+}
+
+// resumed says, when x was taken just after its process resumed from a
+// pause, that its Lock call returned a grant made before or during it.
+func (h *lsHistory) resumed(x *lsHold) string {
+	for _, f := range h.faults {
+		if f.kind == "pause" && f.worker == x.worker && !x.acq.Before(f.end) && x.acq.Sub(f.end) < h.lease {
+			return fmt.Sprintf("; its Lock returned %s after its process was resumed from a pause of %s: a grant made while it was paused",
+				ms(x.acq.Sub(f.end)), ms(f.end.Sub(f.start)))
+		}
+	}
+	return ""
 }
 
 // checkOverlaps: no two holds believed at once, unless the earlier holder
@@ -277,8 +289,12 @@ func (h *lsHistory) checkOverlaps(r *lsReport) {
 				}
 				continue
 			}
-			r.violation("%s and %s believed at once for %s from %s; %s",
-				h.describe(a), h.describe(b), ms(minTime(aEnd, b.end(h.end)).Sub(b.acq)), h.at(b.acq), h.faultsAround(b.acq))
+			older := ""
+			if b.token < a.token {
+				older = fmt.Sprintf(" (the later hold has the lower token%s)", h.resumed(b))
+			}
+			r.violation("%s and %s believed at once for %s from %s%s; %s",
+				h.describe(a), h.describe(b), ms(minTime(aEnd, b.end(h.end)).Sub(b.acq)), h.at(b.acq), older, h.faultsAround(b.acq))
 		}
 		if len(during) > 0 {
 			h.checkStale(r, a, p, during)
@@ -644,7 +660,12 @@ func TestLockSetCheckerRejectsViolations(t *testing.T) {
 		"unfenced update lost without a pause": {func(h *lsHistory) {
 			h.faults = []lsFault{{kind: "pause", worker: 0, start: at(20), end: at(30)}}
 		}, "plain counter: 1 updates lost"},
-		"same token":                  {func(h *lsHistory) { h.holds[1].token = 1 }, "two holds with token 1"},
+		"same token": {func(h *lsHistory) { h.holds[1].token = 1 }, "two holds with token 1"},
+		"stale grant after a pause": {func(h *lsHistory) {
+			// w0's other goroutine comes back from the pause with a
+			// token older than w1's.
+			h.holds = append(h.holds, &lsHold{worker: 0, g: 1, n: 2, token: 0, acq: at(1601), unlock: at(1610)})
+		}, "a grant made while it was paused"},
 		"late Lost after a partition": {func(h *lsHistory) { h.faults[0].kind = "partition" }, "later than the bound"},
 		"late Lock":                   {func(h *lsHistory) { h.calls[1].ret = h.calls[1].deadline.Add(time.Second) }, "after its deadline ("},
 		"Lock error after the deadline": {func(h *lsHistory) {
