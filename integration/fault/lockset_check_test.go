@@ -467,7 +467,7 @@ func (h *lsHistory) checkLockCalls(r *lsReport) {
 			r.violation("w%d/g%d: Lock called at %s returned %s after its deadline (%s); %s",
 				c.worker, c.g, h.at(c.call), ms(over), cmpOr(c.err, "took the lock"), h.faultsAround(c.ret))
 		}
-		if c.err != "" && !strings.Contains(c.err, context.DeadlineExceeded.Error()) {
+		if c.err != "" && !strings.Contains(c.err, context.DeadlineExceeded.Error()) && !strings.Contains(c.err, context.Canceled.Error()) {
 			r.violation("w%d/g%d: Lock called at %s returned %s after its deadline with %q, not its ctx's error; %s",
 				c.worker, c.g, h.at(c.call), ms(over), c.err, h.faultsAround(c.ret))
 		}
