@@ -13,10 +13,10 @@ import (
 
 // The lock-set workload's history and its checker. The workload
 // (lockset_test.go) runs worker processes that take one lock and, under
-// it, read-modify-write a fenced and an unfenced counter, while a nemesis
-// kills, pauses and partitions them and restarts Redis. Everything is
-// timed by one clock: the processes share a machine, and Redis logs each
-// applied write with its own clock, the same one.
+// it, read-modify-write a fenced counter and two unfenced ones (plain and
+// bounded), while a nemesis kills, pauses and partitions them and restarts
+// Redis. Everything is timed by one clock: the processes share a machine,
+// and Redis logs each applied write with its own clock, the same one.
 
 // lsHold is one hold of the lock: one goroutine of one worker process,
 // from the return of Lock to the moment it stopped believing it held the
@@ -66,11 +66,11 @@ func (h *lsHold) endReason(runEnd time.Time) string {
 // lsOp is one read or write of a counter under a hold.
 type lsOp struct {
 	hold   *lsHold
-	kind   string // fr, fw (fenced read, write), ur, uw (unfenced)
+	kind   string // fr, fw (fenced read, write), ur, uw (plain), br, bw (bounded)
 	op     string // op id: worker.hold.step
 	t0, t1 time.Time
 	result string // ok, rejected, error or skipped
-	value  int64  // read (fr, ur), or the value the write was computed from
+	value  int64  // read (reads), or the value the write was computed from
 	msg    string
 }
 
