@@ -1,9 +1,11 @@
 // Package fence is the fenced resource of the fault-tolerance tests: a
 // register in Redis that accepts a write only when its fencing token is at
 // least the highest token it has seen (Kleppmann's "storage that checks
-// tokens"), and a log of critical-section entries and exits for the mutex
-// history checker. Both the tests and the holder helper binary use it, so
-// that a write from a paused or crashed process is judged by the same rule.
+// tokens"), a log of critical-section entries and exits for the mutex
+// history checker, and the read-modify-write counters of the lock-set
+// workload (Counter), fenced and unfenced. Both the tests and the holder
+// helper binary use it, so that a write from a paused or crashed process is
+// judged by the same rule.
 package fence
 
 import (

@@ -25,6 +25,9 @@
 // fenced register, reads the counter, pauses, and writes it back plus one,
 // then appends "-token". It prints "done <n>" or
 // "error <msg>".
+//
+// work is a worker of the lock-set workload (see work.go): it prints
+// "ready" and runs at once.
 package main
 
 import (
@@ -58,6 +61,12 @@ var (
 	counter    = flag.String("counter", "", "contend: counter key")
 	history    = flag.String("history", "", "contend: history list key")
 	semSize    = flag.Int64("sem", 0, "serve: the size of semaphore -name, for acquire and release")
+	dataAddr   = flag.String("data", "", "work: address of the Redis that holds the counters")
+	counters   = flag.String("counters", "", "work: key prefix of the fenced and unfenced counters")
+	workerID   = flag.Int("worker", 0, "work: worker number, the first part of every op id")
+	seed       = flag.Uint64("seed", 1, "work: seed of the worker's random choices")
+	lockWait   = flag.Duration("lockwait", 2*time.Second, "work: deadline of each Lock call")
+	longHold   = flag.Duration("longhold", 3*time.Second, "work: how long a long hold lasts, unless lost")
 )
 
 var outMu sync.Mutex
@@ -70,7 +79,7 @@ func emit(format string, args ...any) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: holder serve|contend flags")
+		fmt.Fprintln(os.Stderr, "usage: holder serve|contend|work flags")
 		os.Exit(2)
 	}
 	mode := os.Args[1]
@@ -85,6 +94,8 @@ func main() {
 		err = serve(c, rdb)
 	case "contend":
 		err = contend(c, rdb)
+	case "work":
+		err = work(c)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
