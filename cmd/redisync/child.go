@@ -113,7 +113,7 @@ func (j *job) execute() int {
 
 // acquirePhase connects and waits for the hold, until a signal or --wait
 // ends the wait. It returns the hold, or nil and the exit code.
-func (j *job) acquirePhase(sigs <-chan os.Signal) (*redis.Client, *hold, int) {
+func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold, int) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	stop := make(chan struct{})

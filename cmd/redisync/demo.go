@@ -52,7 +52,7 @@ Examples:
 
 // demoEnv is what the parts of a demo share.
 type demoEnv struct {
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	prefix  string
 	name    string
 	clients []*redisync.Client
@@ -126,7 +126,7 @@ func runDemo(args []string) int {
 
 	where := "embedded Redis"
 	t := resolveTarget(*redisURL)
-	var rdb *redis.Client
+	var rdb redis.UniversalClient
 	if t.spec == "" {
 		var mr *miniredis.Miniredis
 		if mr, err = miniredis.Run(); err != nil {

@@ -45,9 +45,13 @@ Examples:
   # hold for at most 5 minutes, whatever happens to this process
   redisync lock --lease 5m migrate -- ./migrate.sh
 
-  # pass the fencing token on to the resource
-  redisync lock --redis rediss://:secret@redis.example.com:6380 job -- \
+  # pass the fencing token on to the resource; TLS, password from the environment
+  REDISYNC_PASSWORD=... redisync lock --redis rediss://redis.example.com:6380 job -- \
       sh -c 'curl -H "Fencing-Token: $REDISYNC_TOKEN" https://example.com/write'
+
+  # on a Redis Cluster (any node, or several), or a primary watched by Sentinels
+  redisync lock --redis 10.0.0.1:7000,10.0.0.2:7000 report -- ./report.sh
+  redisync lock --redis redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster report -- ./report.sh
 `
 
 // holdFlags are the flags shared by lock and sem.

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Exit codes. A command run by lock or sem passes its own exit code
@@ -36,11 +39,6 @@ Usage:
 
 const usageTail = `
 Run "redisync COMMAND --help" for a command's flags and examples.
-
-Redis is found, in order, from --redis, $REDIS_URL, $REDIS_ADDR, else
-127.0.0.1:6379 (demo: an embedded in-process Redis). URLs are
-redis://[user:password@]host:port[/db] or rediss://... for TLS; a bare
-host:port is accepted too.
 
 Exit codes:
   0        success (lock, sem: CMD exited 0)
@@ -69,6 +67,7 @@ func usage() string {
 	for _, c := range all {
 		fmt.Fprintf(&b, "  redisync %-6s %-*s  %s\n", c.name, width, c.synopsis, c.summary)
 	}
+	b.WriteString("\n" + redisHelp)
 	b.WriteString(usageTail)
 	return b.String()
 }
@@ -100,8 +99,17 @@ func lookup(name string) *command {
 }
 
 func main() {
+	// go-redis logs dial failures and Sentinel events on stderr, ahead of
+	// redisync's own message; every error that matters reaches redisync
+	// as an error, and is reported once.
+	redis.SetLogger(quietLogger{})
 	os.Exit(run(os.Args[1:]))
 }
+
+// quietLogger drops go-redis's log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // run dispatches to a subcommand and returns the exit code.
 func run(args []string) int {

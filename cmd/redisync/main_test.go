@@ -281,8 +281,9 @@ func TestUnreachable(t *testing.T) {
 	srv := redistest.Spawn(t)
 	srv.Kill(t) // a port where nothing listens
 	code, p := runCode(t, srv.Addr, "lock", uniqueName(t), "--", "true")
-	if code != exitUnavailable || !strings.Contains(p.stderr.String(), "cannot reach Redis at "+srv.Addr) {
-		t.Errorf("exit %d, stderr %q; want %d", code, p.stderr.String(), exitUnavailable)
+	if code != exitUnavailable || !strings.HasPrefix(p.stderr.String(), "redisync: cannot reach Redis at "+srv.Addr) ||
+		strings.Count(p.stderr.String(), "\n") != 1 {
+		t.Errorf("exit %d, stderr %q; want %d and redisync's message alone", code, p.stderr.String(), exitUnavailable)
 	}
 	code, p = runCode(t, "", "status", "--redis", "redis://"+srv.Addr, uniqueName(t))
 	if code != exitUnavailable {
