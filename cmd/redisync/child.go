@@ -168,10 +168,8 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold,
 
 // runPhase runs the command under h and returns redisync's exit code.
 func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
-	cmd := exec.Command(j.argv[0], j.argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), h.env...)
-	if err := cmd.Start(); err != nil {
+	c, err := startChild(j.argv, append(os.Environ(), h.env...))
+	if err != nil {
 		j.release(h)
 		code := exitCannotRun
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
@@ -180,7 +178,7 @@ func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
 		return errorf(code, "cannot run %s: %v", j.argv[0], err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- c.wait() }()
 
 	lost := h.lost
 	wasLost := false
@@ -194,25 +192,25 @@ func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
 	for {
 		select {
 		case err := <-done:
-			return j.finish(h, cmd, err, wasLost)
+			return j.finish(h, c.cmd, err, wasLost)
 		case sig := <-sigs:
 			if sentByTerminal(sig) {
 				continue // the command, in our process group, got it too
 			}
 			if j.verbose {
-				fmt.Fprintf(os.Stderr, "redisync: passing %s on to pid %d\n", signalName(sig), cmd.Process.Pid)
+				fmt.Fprintf(os.Stderr, "redisync: passing %s on to pid %d\n", signalName(sig), c.pid)
 			}
-			_ = cmd.Process.Signal(sig)
+			_ = c.signal(sig)
 		case <-lost:
 			lost, wasLost = nil, true
-			fmt.Fprintf(os.Stderr, "redisync: %s %s LOST while the command ran (lease ran out, key removed, or Redis unreachable); sending SIGTERM to pid %d\n", h.desc, h.was(), cmd.Process.Pid)
-			_ = cmd.Process.Signal(syscall.SIGTERM)
+			fmt.Fprintf(os.Stderr, "redisync: %s %s LOST while the command ran (lease ran out, key removed, or Redis unreachable); sending SIGTERM to pid %d\n", h.desc, h.was(), c.pid)
+			_ = c.signal(syscall.SIGTERM)
 			kill = time.NewTimer(j.grace)
 			killC = kill.C
 		case <-killC:
 			killC = nil
-			fmt.Fprintf(os.Stderr, "redisync: pid %d still running %v after SIGTERM (--grace); sending SIGKILL\n", cmd.Process.Pid, j.grace)
-			_ = cmd.Process.Kill()
+			fmt.Fprintf(os.Stderr, "redisync: pid %d still running %v after SIGTERM (--grace); sending SIGKILL\n", c.pid, j.grace)
+			_ = c.signal(syscall.SIGKILL)
 		}
 	}
 }

@@ -31,6 +31,13 @@ passed on to CMD (a Ctrl-C typed in the terminal already reaches CMD and is
 not sent twice). A signal while waiting cancels the wait and leaves nothing
 queued; redisync then exits with 128+N.
 
+On Linux, CMD runs under a small supervisor (redisync itself): if redisync
+dies, even by SIGKILL or the OOM killer, CMD and every process it started
+are killed with SIGKILL at once, so nothing runs on without the lock (the
+lock itself is freed when its lease runs out). A SIGKILL after --grace
+kills them all too. Elsewhere, CMD and its children outlive a killed
+redisync.
+
 Exit codes: CMD's own; 64 usage; 69 Redis unreachable; 70 Redis error;
 75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
 found; 128+N signal N.

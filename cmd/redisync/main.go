@@ -119,6 +119,8 @@ func run(args []string) int {
 	}
 	name, rest := args[0], args[1:]
 	switch name {
+	case guardCommand:
+		return runGuard(rest)
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 {
 			if c := lookup(rest[0]); c != nil {

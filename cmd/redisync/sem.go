@@ -30,7 +30,8 @@ exits with 76.
 CMD gets redisync's stdin, stdout and stderr, and in its environment
 REDISYNC_NAME and REDISYNC_PERMITS. Signals are passed on to CMD as by
 "redisync lock"; a signal while waiting cancels the wait and leaves nothing
-queued.
+queued. On Linux, CMD and everything it started die with redisync, as
+with "redisync lock".
 
 Exit codes: CMD's own; 64 usage, or NAME is stored with another --limit;
 69 Redis unreachable; 70 Redis error; 75 --wait ran out; 76 permits lost
