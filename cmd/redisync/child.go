@@ -59,6 +59,7 @@ func signalName(sig os.Signal) string {
 
 // hold is what the command runs under: a held lock, or held permits.
 type hold struct {
+	line    string                      // printed when there is no command: key and token or permits
 	desc    string                      // for messages: `lock "jobs" (token 7)`
 	plural  bool                        // desc is plural: "permits ... were lost"
 	env     []string                    // added to the command's environment
@@ -94,6 +95,8 @@ type job struct {
 	// acquire creates a redisync Client on rdb and blocks until the
 	// hold is acquired or ctx ends. It closes what it created on error.
 	acquire func(ctx context.Context, rdb redis.UniversalClient) (*hold, error)
+	// holders describes who holds, for --verbose: "" when free.
+	holders func(ctx context.Context, rdb redis.UniversalClient) string
 }
 
 // execute runs j and returns redisync's exit code.
@@ -108,7 +111,29 @@ func (j *job) execute() int {
 	}
 	defer func() { _ = rdb.Close() }()
 	defer h.close()
+	if len(j.argv) == 0 {
+		return j.holdPhase(h, sigs)
+	}
 	return j.runPhase(h, sigs)
+}
+
+// holdPhase prints h.line and holds h until a signal (then releases it
+// and returns 0) or its loss (76).
+func (j *job) holdPhase(h *hold, sigs <-chan os.Signal) int {
+	fmt.Fprintln(os.Stdout, h.line)
+	select {
+	case sig := <-sigs:
+		if err := j.release(h); err != nil {
+			return errorf(exitLost, "%s: %v", h.desc, trimPrefix(err))
+		}
+		if j.verbose {
+			fmt.Fprintf(os.Stderr, "redisync: released %s on %s\n", h.desc, signalName(sig))
+		}
+		return exitOK
+	case <-h.lost:
+		_ = j.release(h)
+		return errorf(exitLost, "%s %s LOST (lease ran out, key removed, or Redis unreachable)", h.desc, h.was())
+	}
 }
 
 // acquirePhase connects and waits for the hold, until a signal or --wait
@@ -139,6 +164,11 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold,
 		wctx, wcancel = context.WithTimeout(ctx, j.wait)
 	}
 	defer wcancel()
+	if j.verbose && j.holders != nil {
+		if who := j.holders(wctx, rdb); who != "" {
+			fmt.Fprintf(os.Stderr, "redisync: %s is %s; waiting\n", j.what, who)
+		}
+	}
 	start := time.Now()
 	h, err := j.acquire(wctx, rdb)
 	stopWatch()
@@ -160,6 +190,8 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold,
 	switch {
 	case sigErr:
 		return nil, nil, errorf(se.code(), "%v while waiting for %s; left nothing queued", se, j.what)
+	case errors.Is(err, errBusy):
+		return nil, nil, errorf(exitBusy, "%s is taken (--no-wait)", j.what)
 	case errors.Is(err, context.DeadlineExceeded) && errors.Is(wctx.Err(), context.DeadlineExceeded):
 		return nil, nil, errorf(exitTimeout, "timed out after %v (--wait) waiting for %s", j.wait, j.what)
 	}

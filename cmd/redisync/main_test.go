@@ -259,7 +259,7 @@ func TestExitCodes(t *testing.T) {
 		{"exit 3", []string{"lock", name, "--", "sh", "-c", "exit 3"}, 3, ""},
 		{"killed by SIGTERM", []string{"lock", name, "--", "sh", "-c", "kill -TERM $$"}, 128 + 15, ""},
 		{"not found", []string{"lock", name, "--", "/nonexistent/redisync-test-cmd"}, exitNotFound, "cannot run"},
-		{"no --", []string{"lock", name}, exitUsage, "missing -- CMD"},
+		{"no -- before CMD", []string{"lock", name, "true"}, exitUsage, "missing -- before the command"},
 		{"nothing after --", []string{"lock", name, "--"}, exitUsage, "missing command"},
 		{"no name", []string{"lock", "--", "true"}, exitUsage, "missing NAME"},
 		{"bad flag", []string{"lock", "--wiat", "1s", name, "--", "true"}, exitUsage, "wiat"},
