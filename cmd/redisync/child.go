@@ -59,6 +59,7 @@ func signalName(sig os.Signal) string {
 
 // hold is what the command runs under: a held lock, or held permits.
 type hold struct {
+	line    string                      // printed when there is no command: key and token or permits
 	desc    string                      // for messages: `lock "jobs" (token 7)`
 	plural  bool                        // desc is plural: "permits ... were lost"
 	env     []string                    // added to the command's environment
@@ -94,6 +95,8 @@ type job struct {
 	// acquire creates a redisync Client on rdb and blocks until the
 	// hold is acquired or ctx ends. It closes what it created on error.
 	acquire func(ctx context.Context, rdb redis.UniversalClient) (*hold, error)
+	// holders describes who holds, for --verbose: "" when free.
+	holders func(ctx context.Context, rdb redis.UniversalClient) string
 }
 
 // execute runs j and returns redisync's exit code.
@@ -108,12 +111,34 @@ func (j *job) execute() int {
 	}
 	defer func() { _ = rdb.Close() }()
 	defer h.close()
+	if len(j.argv) == 0 {
+		return j.holdPhase(h, sigs)
+	}
 	return j.runPhase(h, sigs)
+}
+
+// holdPhase prints h.line and holds h until a signal (then releases it
+// and returns 0) or its loss (76).
+func (j *job) holdPhase(h *hold, sigs <-chan os.Signal) int {
+	fmt.Fprintln(os.Stdout, h.line)
+	select {
+	case sig := <-sigs:
+		if err := j.release(h); err != nil {
+			return errorf(exitLost, "%s: %v", h.desc, trimPrefix(err))
+		}
+		if j.verbose {
+			fmt.Fprintf(os.Stderr, "redisync: released %s on %s\n", h.desc, signalName(sig))
+		}
+		return exitOK
+	case <-h.lost:
+		_ = j.release(h)
+		return errorf(exitLost, "%s %s LOST (lease ran out, key removed, or Redis unreachable)", h.desc, h.was())
+	}
 }
 
 // acquirePhase connects and waits for the hold, until a signal or --wait
 // ends the wait. It returns the hold, or nil and the exit code.
-func (j *job) acquirePhase(sigs <-chan os.Signal) (*redis.Client, *hold, int) {
+func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold, int) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	stop := make(chan struct{})
@@ -139,6 +164,11 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (*redis.Client, *hold, int) {
 		wctx, wcancel = context.WithTimeout(ctx, j.wait)
 	}
 	defer wcancel()
+	if j.verbose && j.holders != nil {
+		if who := j.holders(wctx, rdb); who != "" {
+			fmt.Fprintf(os.Stderr, "redisync: %s is %s; waiting\n", j.what, who)
+		}
+	}
 	start := time.Now()
 	h, err := j.acquire(wctx, rdb)
 	stopWatch()
@@ -160,6 +190,8 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (*redis.Client, *hold, int) {
 	switch {
 	case sigErr:
 		return nil, nil, errorf(se.code(), "%v while waiting for %s; left nothing queued", se, j.what)
+	case errors.Is(err, errBusy):
+		return nil, nil, errorf(exitBusy, "%s is taken (--no-wait)", j.what)
 	case errors.Is(err, context.DeadlineExceeded) && errors.Is(wctx.Err(), context.DeadlineExceeded):
 		return nil, nil, errorf(exitTimeout, "timed out after %v (--wait) waiting for %s", j.wait, j.what)
 	}
@@ -168,10 +200,8 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (*redis.Client, *hold, int) {
 
 // runPhase runs the command under h and returns redisync's exit code.
 func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
-	cmd := exec.Command(j.argv[0], j.argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), h.env...)
-	if err := cmd.Start(); err != nil {
+	c, err := startChild(j.argv, append(os.Environ(), h.env...))
+	if err != nil {
 		j.release(h)
 		code := exitCannotRun
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
@@ -180,7 +210,7 @@ func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
 		return errorf(code, "cannot run %s: %v", j.argv[0], err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- c.wait() }()
 
 	lost := h.lost
 	wasLost := false
@@ -194,25 +224,25 @@ func (j *job) runPhase(h *hold, sigs <-chan os.Signal) int {
 	for {
 		select {
 		case err := <-done:
-			return j.finish(h, cmd, err, wasLost)
+			return j.finish(h, c.cmd, err, wasLost)
 		case sig := <-sigs:
 			if sentByTerminal(sig) {
 				continue // the command, in our process group, got it too
 			}
 			if j.verbose {
-				fmt.Fprintf(os.Stderr, "redisync: passing %s on to pid %d\n", signalName(sig), cmd.Process.Pid)
+				fmt.Fprintf(os.Stderr, "redisync: passing %s on to pid %d\n", signalName(sig), c.pid)
 			}
-			_ = cmd.Process.Signal(sig)
+			_ = c.signal(sig)
 		case <-lost:
 			lost, wasLost = nil, true
-			fmt.Fprintf(os.Stderr, "redisync: %s %s LOST while the command ran (lease ran out, key removed, or Redis unreachable); sending SIGTERM to pid %d\n", h.desc, h.was(), cmd.Process.Pid)
-			_ = cmd.Process.Signal(syscall.SIGTERM)
+			fmt.Fprintf(os.Stderr, "redisync: %s %s LOST while the command ran (lease ran out, key removed, or Redis unreachable); sending SIGTERM to pid %d\n", h.desc, h.was(), c.pid)
+			_ = c.signal(syscall.SIGTERM)
 			kill = time.NewTimer(j.grace)
 			killC = kill.C
 		case <-killC:
 			killC = nil
-			fmt.Fprintf(os.Stderr, "redisync: pid %d still running %v after SIGTERM (--grace); sending SIGKILL\n", cmd.Process.Pid, j.grace)
-			_ = cmd.Process.Kill()
+			fmt.Fprintf(os.Stderr, "redisync: pid %d still running %v after SIGTERM (--grace); sending SIGKILL\n", c.pid, j.grace)
+			_ = c.signal(syscall.SIGKILL)
 		}
 	}
 }

@@ -52,7 +52,7 @@ Examples:
 
 // demoEnv is what the parts of a demo share.
 type demoEnv struct {
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	prefix  string
 	name    string
 	clients []*redisync.Client
@@ -89,10 +89,10 @@ type check struct {
 func runDemo(args []string) int {
 	fs := newFlags("demo")
 	redisURL := redisFlag(fs)
-	duration := fs.Duration("duration", 5*time.Second, "how `long` to run before the summary")
+	duration := durationFlag(fs, "duration", 5*time.Second, "how long to run before the summary (a `duration`, e.g. 20s)")
 	clients := fs.Int("clients", 4, "`number` of redisync Clients (simulated processes)")
 	workers := fs.Int("workers", 2, "`number` of goroutines per client and primitive, each with its own Mutex or Semaphore")
-	hold := fs.Duration("hold", 30*time.Millisecond, "longest simulated hold; each hold takes a random time up to it")
+	hold := durationFlag(fs, "hold", 30*time.Millisecond, "longest simulated hold (a `duration`); each hold takes a random time up to it")
 	name := fs.String("name", "demo", "`name` of the lock and of the semaphore")
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	plain := fs.Bool("plain", false, "print progress lines, even on a terminal")
@@ -126,7 +126,7 @@ func runDemo(args []string) int {
 
 	where := "embedded Redis"
 	t := resolveTarget(*redisURL)
-	var rdb *redis.Client
+	var rdb redis.UniversalClient
 	if t.spec == "" {
 		var mr *miniredis.Miniredis
 		if mr, err = miniredis.Run(); err != nil {

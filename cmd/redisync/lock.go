@@ -14,9 +14,18 @@ import (
 )
 
 const lockHelp = `Usage: redisync lock [flags] NAME -- CMD [ARGS...]
+       redisync lock [flags] NAME
 
 Wait for the lock NAME, run CMD while holding it, release it when CMD ends,
 and exit with CMD's exit code.
+
+Without CMD, hold the lock until a signal (SIGINT, SIGTERM, SIGHUP,
+SIGQUIT), then release it and exit 0 (76 if it was lost meanwhile). Once
+held, one line goes to stdout: the lock's Redis key and the fencing token,
+separated by a space ("redisync:lock:{NAME} 7").
+
+With -n/--no-wait, make one attempt: if the lock is taken, exit 73 at once
+without running CMD (as flock -n). --wait 0, the default, waits forever.
 
 While CMD runs, the lock's lease is renewed by a watchdog (or, with --lease,
 fixed: the lock is held for at most that long). If the lock is lost anyway
@@ -31,8 +40,15 @@ passed on to CMD (a Ctrl-C typed in the terminal already reaches CMD and is
 not sent twice). A signal while waiting cancels the wait and leaves nothing
 queued; redisync then exits with 128+N.
 
-Exit codes: CMD's own; 64 usage; 69 Redis unreachable; 70 Redis error;
-75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
+On Linux, CMD runs under a small supervisor (redisync itself): if redisync
+dies, even by SIGKILL or the OOM killer, CMD and every process it started
+are killed with SIGKILL at once, so nothing runs on without the lock (the
+lock itself is freed when its lease runs out). A SIGKILL after --grace
+kills them all too. Elsewhere, CMD and its children outlive a killed
+redisync.
+
+Exit codes: CMD's own (no CMD: 0); 64 usage; 69 Redis unreachable; 70 Redis
+error; 73 taken (--no-wait); 75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
 found; 128+N signal N.
 
 Examples:
@@ -42,12 +58,26 @@ Examples:
   # first come, first served; give up after 30 seconds (exit 75)
   redisync lock --fair --wait 30s deploy -- make deploy
 
+  # skip this run if another one holds the lock (exit 73)
+  redisync lock -n cron-job -- ./job.sh || [ $? -eq 73 ]
+
+  # hold the lock across several shell commands
+  redisync lock deploy > /tmp/deploy.lock & holder=$!
+  until [ -s /tmp/deploy.lock ]; do sleep 0.1; done
+  read key token < /tmp/deploy.lock
+  ./step1.sh "$token"; ./step2.sh "$token"
+  kill $holder; wait $holder
+
   # hold for at most 5 minutes, whatever happens to this process
   redisync lock --lease 5m migrate -- ./migrate.sh
 
-  # pass the fencing token on to the resource
-  redisync lock --redis rediss://:secret@redis.example.com:6380 job -- \
+  # pass the fencing token on to the resource; TLS, password from the environment
+  REDISYNC_PASSWORD=... redisync lock --redis rediss://redis.example.com:6380 job -- \
       sh -c 'curl -H "Fencing-Token: $REDISYNC_TOKEN" https://example.com/write'
+
+  # on a Redis Cluster (any node, or several), or a primary watched by Sentinels
+  redisync lock --redis 10.0.0.1:7000,10.0.0.2:7000 report -- ./report.sh
+  redisync lock --redis redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster report -- ./report.sh
 `
 
 // holdFlags are the flags shared by lock and sem.
@@ -55,20 +85,28 @@ type holdFlags struct {
 	redis, prefix       *string
 	wait, lease, grace  *time.Duration
 	watchdog, heartbeat *time.Duration
-	verbose             *bool
+	verbose, noWait     *bool
 }
 
 func addHoldFlags(fs *flag.FlagSet) holdFlags {
 	return holdFlags{
 		redis:     redisFlag(fs),
 		prefix:    fs.String("prefix", "redisync", "key `prefix` of the Redis keys"),
-		wait:      fs.Duration("wait", 0, "give up (exit 75) after waiting this `long`; 0 waits forever"),
-		lease:     fs.Duration("lease", 0, "fixed lease: hold for at most this `long`, no renewal; 0 renews with a watchdog"),
-		watchdog:  fs.Duration("watchdog-lease", 30*time.Second, "lease kept alive by the watchdog, renewed every third of it;\nif redisync dies, others get in after at most this `long`"),
-		heartbeat: fs.Duration("heartbeat", 3*time.Second, "how `long` a waiter stays queued without a heartbeat (sent every third of it)"),
-		grace:     fs.Duration("grace", 10*time.Second, "after a loss, how `long` CMD has between SIGTERM and SIGKILL"),
-		verbose:   fs.Bool("verbose", false, "report acquiring and releasing on stderr"),
+		wait:      durationFlag(fs, "wait", 0, "give up (exit 75) after waiting this `duration` (e.g. 30s, 5m); 0 or unset waits forever"),
+		lease:     durationFlag(fs, "lease", 0, "fixed lease: hold for at most this `duration`, no renewal; 0 or unset renews with a watchdog"),
+		watchdog:  durationFlag(fs, "watchdog-lease", 30*time.Second, "lease kept alive by the watchdog, renewed every third of it;\nif redisync dies, others get in after at most this `duration`"),
+		heartbeat: durationFlag(fs, "heartbeat", 3*time.Second, "how long a waiter stays queued without a heartbeat (sent every third of it), a `duration`"),
+		grace:     durationFlag(fs, "grace", 10*time.Second, "after a loss, how long CMD has between SIGTERM and SIGKILL, a `duration`"),
+		verbose:   fs.Bool("verbose", false, "report who holds while waiting, acquiring and releasing on stderr"),
+		noWait:    noWaitFlags(fs),
 	}
+}
+
+// noWaitFlags adds -n and --no-wait, the same flag.
+func noWaitFlags(fs *flag.FlagSet) *bool {
+	b := fs.Bool("no-wait", false, "try once, never wait: exit 73 at once if it is taken (as flock -n)")
+	fs.BoolVar(b, "n", false, "short for --no-wait")
+	return b
 }
 
 // check validates the flags and returns the library options they give.
@@ -83,6 +121,8 @@ func (f holdFlags) check() ([]redisync.Option, error) {
 		return nil, fmt.Errorf("--lease %v is negative", *f.lease)
 	case *f.grace < 0:
 		return nil, fmt.Errorf("--grace %v is negative", *f.grace)
+	case *f.noWait && *f.wait > 0:
+		return nil, errors.New("--no-wait and --wait: give one")
 	}
 	opts := []redisync.Option{
 		redisync.WithKeyPrefix(*f.prefix),
@@ -95,7 +135,8 @@ func (f holdFlags) check() ([]redisync.Option, error) {
 	return opts, nil
 }
 
-// commandLine checks that p has exactly one NAME and a command after "--".
+// commandLine checks that p has exactly one NAME, and a command after
+// "--" if there is one. No "--": no command (hold until a signal).
 func commandLine(p parsed) (string, []string, error) {
 	switch {
 	case len(p.pos) == 0:
@@ -105,7 +146,7 @@ func commandLine(p parsed) (string, []string, error) {
 	case len(p.pos) > 1:
 		return "", nil, fmt.Errorf("unexpected argument %q before --", p.pos[1])
 	case !p.dashdash:
-		return "", nil, errors.New("missing -- CMD [ARGS...] after NAME")
+		return p.pos[0], nil, checkName(p.pos[0])
 	case len(p.cmd) == 0 || p.cmd[0] == "":
 		return "", nil, errors.New("missing command after --")
 	}
@@ -134,6 +175,7 @@ func runLock(args []string) int {
 	if *fair {
 		opts = append(opts, redisync.Fair())
 	}
+	prefix, try := *hf.prefix, *hf.noWait
 	j := &job{
 		what:    fmt.Sprintf("lock %q", name),
 		target:  resolveTarget(*hf.redis),
@@ -142,22 +184,44 @@ func runLock(args []string) int {
 		verbose: *hf.verbose,
 		argv:    argv,
 		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
-			return acquireLock(ctx, rdb, name, opts)
+			return acquireLock(ctx, rdb, prefix, name, try, opts)
+		},
+		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
+			st, err := readStatus(ctx, rdb, prefix, name)
+			if err != nil || st.Lock.Holder == nil {
+				return ""
+			}
+			h := st.Lock.Holder
+			return fmt.Sprintf("held by %s (token %d, lease %s)", h.Owner, h.Token, leaseText(h.LeaseMS))
 		},
 	}
 	return j.execute()
 }
 
-// acquireLock blocks until the lock name is held.
-func acquireLock(ctx context.Context, rdb redis.UniversalClient, name string, opts []redisync.Option) (*hold, error) {
+// errBusy is returned by an acquire with --no-wait when it is taken.
+var errBusy = errors.New("taken")
+
+// acquireLock blocks until the lock name is held; with try, it makes one
+// attempt and fails with errBusy.
+func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name string, try bool, opts []redisync.Option) (*hold, error) {
 	c := redisync.New(rdb, opts...)
 	m := c.NewMutex(name)
-	if err := m.Lock(ctx); err != nil {
+	var err error
+	if try {
+		var ok bool
+		if ok, err = m.TryLock(ctx); err == nil && !ok {
+			err = errBusy
+		}
+	} else {
+		err = m.Lock(ctx)
+	}
+	if err != nil {
 		_ = c.Close()
 		return nil, err
 	}
 	token := m.Token()
 	return &hold{
+		line:    fmt.Sprintf("%s %d", newLockKeys(prefix, name).lock, token),
 		desc:    fmt.Sprintf("lock %q (token %d)", name, token),
 		env:     []string{"REDISYNC_TOKEN=" + strconv.FormatInt(token, 10), "REDISYNC_NAME=" + name},
 		lost:    m.Lost(),

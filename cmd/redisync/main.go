@@ -6,21 +6,32 @@
 package main
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"regexp"
+	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Exit codes. A command run by lock or sem passes its own exit code
 // through, and 128+N when it was killed by signal N.
 const (
 	exitOK          = 0
+	exitFree        = 1   // status: neither the lock nor any permit is held
 	exitUsage       = 64  // bad flags or arguments, bad Redis URL (EX_USAGE)
 	exitUnavailable = 69  // Redis unreachable or refused the connection (EX_UNAVAILABLE)
+	exitBusy        = 73  // --no-wait: the lock or permits are taken
 	exitSoftware    = 70  // Redis error, a key of the wrong type, a failed demo check (EX_SOFTWARE)
 	exitTimeout     = 75  // --wait ran out before the lock or permits were acquired (EX_TEMPFAIL)
 	exitLost        = 76  // the lock or permits were lost while the command ran
@@ -37,17 +48,14 @@ Usage:
 const usageTail = `
 Run "redisync COMMAND --help" for a command's flags and examples.
 
-Redis is found, in order, from --redis, $REDIS_URL, $REDIS_ADDR, else
-127.0.0.1:6379 (demo: an embedded in-process Redis). URLs are
-redis://[user:password@]host:port[/db] or rediss://... for TLS; a bare
-host:port is accepted too.
-
 Exit codes:
-  0        success (lock, sem: CMD exited 0)
+  0        success (lock, sem: CMD exited 0; status: held)
+  1        status: free (neither the lock nor any permit is held)
   1-125    lock, sem: CMD's own exit code
   64       usage error: bad flag or argument, missing CMD after --, bad Redis URL
   69       Redis unreachable, or it refused the connection (auth, TLS)
   70       Redis error (e.g. a key of the wrong type); demo: a check failed
+  73       -n/--no-wait: the lock or permits are taken
   75       --wait ran out before the lock or permits were acquired
   76       the lock or permits were lost while CMD ran; CMD was terminated
   126      CMD could not be started
@@ -61,14 +69,16 @@ func usage() string {
 	var b strings.Builder
 	b.WriteString(usageHead)
 	help := &command{name: "help", synopsis: "[COMMAND]", summary: "show this text, or a command's help"}
-	all := append(slices.Clone(commands), help)
-	width := 0
+	ver := &command{name: "version", summary: "show redisync's version (also --version)"}
+	all := append(slices.Clone(commands), help, ver)
+	nameWidth, width := 0, 0
 	for _, c := range all {
-		width = max(width, len(c.synopsis))
+		nameWidth, width = max(nameWidth, len(c.name)), max(width, len(c.synopsis))
 	}
 	for _, c := range all {
-		fmt.Fprintf(&b, "  redisync %-6s %-*s  %s\n", c.name, width, c.synopsis, c.summary)
+		fmt.Fprintf(&b, "  redisync %-*s %-*s  %s\n", nameWidth, c.name, width, c.synopsis, c.summary)
 	}
+	b.WriteString("\n" + redisHelp)
 	b.WriteString(usageTail)
 	return b.String()
 }
@@ -84,8 +94,8 @@ type command struct {
 
 // commands are the subcommands in the order the usage lists them.
 var commands = []*command{
-	{"lock", "[flags] NAME -- CMD [ARGS...]", "run CMD while holding lock NAME", runLock, lockHelp},
-	{"sem", "--limit N [flags] NAME -- CMD [ARGS...]", "run CMD while holding permits of semaphore NAME", runSem, semHelp},
+	{"lock", "[flags] NAME [-- CMD [ARGS...]]", "run CMD while holding lock NAME (no CMD: hold until a signal)", runLock, lockHelp},
+	{"sem", "--limit N [flags] NAME [-- CMD...]", "run CMD while holding permits of semaphore NAME", runSem, semHelp},
 	{"status", "[flags] NAME", "show who holds lock or semaphore NAME and who waits, in order", runStatus, statusHelp},
 	{"demo", "[flags]", "watch simulated clients contend (embedded Redis)", runDemo, demoHelp},
 }
@@ -100,8 +110,17 @@ func lookup(name string) *command {
 }
 
 func main() {
+	// go-redis logs dial failures and Sentinel events on stderr, ahead of
+	// redisync's own message; every error that matters reaches redisync
+	// as an error, and is reported once.
+	redis.SetLogger(quietLogger{})
 	os.Exit(run(os.Args[1:]))
 }
+
+// quietLogger drops go-redis's log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // run dispatches to a subcommand and returns the exit code.
 func run(args []string) int {
@@ -111,6 +130,8 @@ func run(args []string) int {
 	}
 	name, rest := args[0], args[1:]
 	switch name {
+	case guardCommand:
+		return runGuard(rest)
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 {
 			if c := lookup(rest[0]); c != nil {
@@ -121,6 +142,9 @@ func run(args []string) int {
 		}
 		fmt.Fprint(os.Stdout, usage())
 		return exitOK
+	case "version", "-version", "--version":
+		fmt.Fprintln(os.Stdout, version())
+		return exitOK
 	}
 	c := lookup(name)
 	if c == nil {
@@ -128,6 +152,21 @@ func run(args []string) int {
 		return exitUsage
 	}
 	return c.run(rest)
+}
+
+// version returns "redisync VERSION GOVERSION": the module version it
+// was built from ("(devel)" from a work tree, with the VCS revision).
+func version() string {
+	v := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v = cmp.Or(bi.Main.Version, v)
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && v == "(devel)" {
+				v += " " + s.Value
+			}
+		}
+	}
+	return "redisync " + v + " " + runtime.Version()
 }
 
 // newFlags returns an empty flag set for a subcommand. Errors are
@@ -164,7 +203,7 @@ func parseArgs(fs *flag.FlagSet, help string, args []string) (parsed, error) {
 				printHelp(fs, help)
 				return p, errHelp
 			}
-			return p, err
+			return p, flagError(fs, err)
 		}
 		if fs.NArg() == 0 {
 			return p, nil
@@ -172,6 +211,60 @@ func parseArgs(fs *flag.FlagSet, help string, args []string) (parsed, error) {
 		p.pos = append(p.pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+}
+
+// badValue matches the flag package's message for a bad flag value.
+var badValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for flag -(\S+): (.*)$`)
+
+// flagError rewrites the flag package's message for a bad value as
+// "--wait 5: missing unit, e.g. 5s".
+func flagError(fs *flag.FlagSet, err error) error {
+	m := badValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	why := m[3]
+	if why == "parse error" {
+		why = "not a number"
+		if b, ok := fs.Lookup(m[2]).Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			why = "want true or false"
+		}
+	}
+	return fmt.Errorf("--%s %s: %s", m[2], m[1], why)
+}
+
+// durationValue is a flag.Value for a duration whose errors say what is
+// wrong.
+type durationValue struct{ d *time.Duration }
+
+func (v durationValue) String() string {
+	if v.d == nil || *v.d == 0 {
+		return "" // no "(default 0s)" in the help
+	}
+	return v.d.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err == nil:
+		*v.d = d
+		return nil
+	case s == "":
+		return errors.New("empty duration, e.g. 30s")
+	}
+	if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		return fmt.Errorf("missing unit, e.g. %ss", s)
+	}
+	return errors.New("not a duration, e.g. 500ms, 30s, 5m or 1h30m")
+}
+
+// durationFlag adds a duration flag to fs. Its usage should name the
+// value `duration`, in backquotes, for the help.
+func durationFlag(fs *flag.FlagSet, name string, value time.Duration, usage string) *time.Duration {
+	d := value
+	fs.Var(durationValue{&d}, name, usage)
+	return &d
 }
 
 // printHelp prints a subcommand's help text followed by its flags.

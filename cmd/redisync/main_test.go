@@ -259,7 +259,7 @@ func TestExitCodes(t *testing.T) {
 		{"exit 3", []string{"lock", name, "--", "sh", "-c", "exit 3"}, 3, ""},
 		{"killed by SIGTERM", []string{"lock", name, "--", "sh", "-c", "kill -TERM $$"}, 128 + 15, ""},
 		{"not found", []string{"lock", name, "--", "/nonexistent/redisync-test-cmd"}, exitNotFound, "cannot run"},
-		{"no --", []string{"lock", name}, exitUsage, "missing -- CMD"},
+		{"no -- before CMD", []string{"lock", name, "true"}, exitUsage, "missing -- before the command"},
 		{"nothing after --", []string{"lock", name, "--"}, exitUsage, "missing command"},
 		{"no name", []string{"lock", "--", "true"}, exitUsage, "missing NAME"},
 		{"bad flag", []string{"lock", "--wiat", "1s", name, "--", "true"}, exitUsage, "wiat"},
@@ -281,8 +281,9 @@ func TestUnreachable(t *testing.T) {
 	srv := redistest.Spawn(t)
 	srv.Kill(t) // a port where nothing listens
 	code, p := runCode(t, srv.Addr, "lock", uniqueName(t), "--", "true")
-	if code != exitUnavailable || !strings.Contains(p.stderr.String(), "cannot reach Redis at "+srv.Addr) {
-		t.Errorf("exit %d, stderr %q; want %d", code, p.stderr.String(), exitUnavailable)
+	if code != exitUnavailable || !strings.HasPrefix(p.stderr.String(), "redisync: cannot reach Redis at "+srv.Addr) ||
+		strings.Count(p.stderr.String(), "\n") != 1 {
+		t.Errorf("exit %d, stderr %q; want %d and redisync's message alone", code, p.stderr.String(), exitUnavailable)
 	}
 	code, p = runCode(t, "", "status", "--redis", "redis://"+srv.Addr, uniqueName(t))
 	if code != exitUnavailable {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -14,6 +15,7 @@ import (
 )
 
 const semHelp = `Usage: redisync sem --limit N [--permits n] [flags] NAME -- CMD [ARGS...]
+       redisync sem --limit N [--permits n] [flags] NAME
 
 Wait for n (default 1) of the N permits of the semaphore NAME, run CMD
 while holding them, release them when CMD ends, and exit with CMD's exit
@@ -27,14 +29,21 @@ if redisync dies they are freed when the lease runs out. If the permits are
 lost anyway, CMD gets SIGTERM, then SIGKILL after --grace, and redisync
 exits with 76.
 
+Without CMD, hold the permits until a signal, then release them and exit 0;
+once held, one line goes to stdout: the semaphore's Redis key and the
+number of permits held. With -n/--no-wait, make one attempt and exit 73 at
+once if the permits are not free (or others queue for them).
+
 CMD gets redisync's stdin, stdout and stderr, and in its environment
 REDISYNC_NAME and REDISYNC_PERMITS. Signals are passed on to CMD as by
 "redisync lock"; a signal while waiting cancels the wait and leaves nothing
-queued.
+queued. On Linux, CMD and everything it started die with redisync, as
+with "redisync lock".
 
-Exit codes: CMD's own; 64 usage, or NAME is stored with another --limit;
-69 Redis unreachable; 70 Redis error; 75 --wait ran out; 76 permits lost
-while CMD ran; 126/127 CMD cannot run / not found; 128+N signal N.
+Exit codes: CMD's own (no CMD: 0); 64 usage, or NAME is stored with another
+--limit; 69 Redis unreachable; 70 Redis error; 73 not free (--no-wait);
+75 --wait ran out; 76 permits lost while CMD ran; 126/127 CMD cannot run /
+not found; 128+N signal N.
 
 Examples:
   # at most 4 encoding jobs at once across the fleet
@@ -74,7 +83,7 @@ func runSem(args []string) int {
 	if err != nil {
 		return usageError("sem", err)
 	}
-	size, n := *limit, *permits
+	size, n, prefix, try := *limit, *permits, *hf.prefix, *hf.noWait
 	j := &job{
 		what:    fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
 		target:  resolveTarget(*hf.redis),
@@ -83,21 +92,44 @@ func runSem(args []string) int {
 		verbose: *hf.verbose,
 		argv:    argv,
 		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
-			return acquireSem(ctx, rdb, name, size, n, opts)
+			return acquireSem(ctx, rdb, prefix, name, size, n, try, opts)
+		},
+		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
+			st, err := readStatus(ctx, rdb, prefix, name)
+			if err != nil || st.Semaphore == nil || len(st.Semaphore.Holders) == 0 {
+				return ""
+			}
+			s := st.Semaphore
+			var who []string
+			for _, h := range s.Holders {
+				who = append(who, fmt.Sprintf("%s (%d)", h.Owner, h.Permits))
+			}
+			return fmt.Sprintf("%d of %d permits available, held by %s", s.Available, s.Size, strings.Join(who, ", "))
 		},
 	}
 	return j.execute()
 }
 
-// acquireSem blocks until n permits of the semaphore name are held.
-func acquireSem(ctx context.Context, rdb redis.UniversalClient, name string, size, n int64, opts []redisync.Option) (*hold, error) {
+// acquireSem blocks until n permits of the semaphore name are held; with
+// try, it makes one attempt and fails with errBusy.
+func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name string, size, n int64, try bool, opts []redisync.Option) (*hold, error) {
 	c := redisync.New(rdb, opts...)
 	s := c.NewSemaphore(name, size)
-	if err := s.Acquire(ctx, n); err != nil {
+	var err error
+	if try {
+		var ok bool
+		if ok, err = s.TryAcquire(ctx, n); err == nil && !ok {
+			err = errBusy
+		}
+	} else {
+		err = s.Acquire(ctx, n)
+	}
+	if err != nil {
 		_ = c.Close()
 		return nil, err
 	}
 	return &hold{
+		line:   fmt.Sprintf("%s %d", newSemKeys(prefix, name).holders, n),
 		desc:   fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
 		plural: true,
 		env:    []string{"REDISYNC_NAME=" + name, "REDISYNC_PERMITS=" + strconv.FormatInt(n, 10)},

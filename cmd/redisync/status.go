@@ -24,6 +24,13 @@ waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
 its size, the permits available, the holders with their permits and
 leases, and its queue in order. Only reads Redis, in one transaction.
 
+Only what exists is shown: a lock never taken is shown only if there is
+no semaphore NAME either. Plain (not --fair) waiters of a lock leave no
+trace in Redis, so only fair waiters are listed.
+
+Exit codes: 0 the lock NAME or a permit of the semaphore NAME is held;
+1 neither is held (free); 64 usage; 69 Redis unreachable; 70 Redis error.
+
 Times come from the Redis server's clock. An owner id is the holding
 process's client id followed by a number; a semaphore waiter is an owner
 id followed by "#" and the number of its Acquire.
@@ -32,6 +39,7 @@ Examples:
   redisync status backup
   redisync status --redis redis://10.0.0.5:6379/2 deploy
   redisync status --json deploy | jq -r '.lock.holder.owner // "free"'
+  if redisync status backup >/dev/null; then echo "a backup runs"; fi
   redisync status --json gpus | jq '.semaphore.available'
 
 JSON (--json): {"name", "prefix", "server_time_ms",
@@ -133,10 +141,29 @@ func runStatus(args []string) int {
 		if err := enc.Encode(st); err != nil {
 			return errorf(exitSoftware, "%v", err)
 		}
-		return exitOK
+	} else {
+		st.print(os.Stdout)
 	}
-	st.print(os.Stdout)
+	if !st.held() {
+		return exitFree
+	}
 	return exitOK
+}
+
+// held reports whether the lock or any permit of the semaphore is held
+// (by a holder whose lease has not ended).
+func (st *Status) held() bool {
+	if st.Lock.Held {
+		return true
+	}
+	if s := st.Semaphore; s != nil {
+		for _, h := range s.Holders {
+			if h.LeaseMS > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // readStatus reads the lock name and the semaphore of that name in one
@@ -242,9 +269,14 @@ func firstKey(m map[string]string) string {
 	return keys[0]
 }
 
-// print writes st for people.
+// print writes st for people: the lock, unless it has no key and the
+// semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
 	l := st.Lock
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && st.Semaphore != nil {
+		printSemaphore(out, st)
+		return
+	}
 	fmt.Fprintf(out, "lock %q (prefix %q)\n", st.Name, st.Prefix)
 	if h := l.Holder; h != nil {
 		field(out, "holder", h.Owner)
@@ -267,7 +299,9 @@ func (st *Status) print(out io.Writer) {
 		}
 		table(out, rows)
 	}
-	printSemaphore(out, st)
+	if st.Semaphore != nil {
+		printSemaphore(out, st)
+	}
 }
 
 // field writes one "name  value" line of a status.

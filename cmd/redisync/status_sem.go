@@ -139,10 +139,6 @@ func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) 
 // printSemaphore writes the semaphore part of st for people.
 func printSemaphore(out io.Writer, st *Status) {
 	s := st.Semaphore
-	if s == nil {
-		fmt.Fprintf(out, "semaphore %q: none\n", st.Name)
-		return
-	}
 	fmt.Fprintf(out, "semaphore %q\n", st.Name)
 	field(out, "permits", fmt.Sprintf("%d available of %d", s.Available, s.Size))
 	if len(s.Holders) == 0 {

@@ -22,7 +22,7 @@ func TestStatus(t *testing.T) {
 	// A free lock.
 	code, p := runCode(t, addr, "status", "--json", name)
 	var st Status
-	if code != 0 {
+	if code != exitFree {
 		t.Fatalf("exit %d, stderr %q", code, p.stderr.String())
 	}
 	if err := json.Unmarshal([]byte(p.stdout.String()), &st); err != nil || st.Lock.Held || st.Lock.Holder != nil || len(st.Lock.Queue) != 0 || st.Name != name {
