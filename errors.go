@@ -62,13 +62,33 @@ var (
 
 // redisError adds ErrWrongType to an error from Redis when Redis or a
 // script reported a key of the wrong type (a script's own error carries
-// the word after a position prefix, hence Contains).
+// the word after a position prefix, hence Index).
 func redisError(err error) error {
-	if strings.Contains(err.Error(), "WRONGTYPE") {
-		return errors.Join(ErrWrongType, err)
+	msg := err.Error()
+	i := strings.Index(msg, "WRONGTYPE")
+	if i < 0 {
+		return err
 	}
-	return err
+	// Keep what the script or Redis said, on one line, without what Redis
+	// appends to a script's error (its SHA, a Lua stack traceback).
+	detail := msg[i+len("WRONGTYPE"):]
+	for _, cut := range []string{" script:", " stack traceback", "\n"} {
+		if j := strings.Index(detail, cut); j >= 0 {
+			detail = detail[:j]
+		}
+	}
+	detail = strings.TrimPrefix(strings.TrimSpace(detail), "redisync: ")
+	return &wrongType{detail: strings.TrimSuffix(detail, "."), err: err}
 }
+
+// wrongType is ErrWrongType with what Redis said about it, on one line.
+type wrongType struct {
+	detail string
+	err    error // from Redis
+}
+
+func (e *wrongType) Error() string   { return ErrWrongType.Error() + ": " + e.detail }
+func (e *wrongType) Unwrap() []error { return []error{ErrWrongType, e.err} }
 
 // opError says which operation on which primitive failed.
 type opError struct {

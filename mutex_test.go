@@ -313,3 +313,29 @@ func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestErrorsAreOneCleanLine(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	check := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrWrongType) {
+			t.Fatalf("%s: %v, want ErrWrongType", what, err)
+		}
+		msg := err.Error()
+		if strings.ContainsAny(msg, "\r\n") || strings.Contains(msg, "script") || strings.Contains(msg, "traceback") || !strings.Contains(msg, `"wt"`) {
+			t.Fatalf("%s: %q is not one clean line naming the lock", what, msg)
+		}
+	}
+	mr.Lpush("redisync:lock:{wt}", "x")
+	check("lock hash of the wrong type", c.NewMutex("wt").Lock(ctx))
+	mr.Del("redisync:lock:{wt}")
+	if err := mr.Set("redisync:lock:{wt}:token", "1.5"); err != nil {
+		t.Fatal(err)
+	}
+	err := c.NewMutex("wt").Lock(ctx)
+	check("token counter of 1.5", err)
+	if !strings.Contains(err.Error(), "redisync:lock:{wt}:token does not hold a counter") {
+		t.Fatalf("%q does not say which key holds what", err)
+	}
+}

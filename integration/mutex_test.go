@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -264,9 +265,15 @@ func TestMutexWrongTypeOnRealRedis(t *testing.T) {
 			rdb.Set(ctx, key, "not a number", 0)
 		}
 		m := c.NewMutex(name)
-		if err := m.Lock(ctx); !errors.Is(err, redisync.ErrWrongType) {
+		err := m.Lock(ctx)
+		if !errors.Is(err, redisync.ErrWrongType) {
 			t.Fatalf("%s: Lock: %v, want ErrWrongType", kind, err)
 		}
+		// One clean line naming the lock: no Lua stack, no script SHA.
+		if msg := err.Error(); strings.ContainsAny(msg, "\r\n") || strings.Contains(msg, "script") || !strings.Contains(msg, name) {
+			t.Fatalf("%s: Lock's error %q is not one clean line naming the lock", kind, msg)
+		}
+		t.Logf("%s: %v", kind, err)
 		if kind == "token" && rdb.Exists(ctx, lockKey(name)).Val() != 0 {
 			t.Fatalf("%s: the lock was written", kind)
 		}
