@@ -3,7 +3,9 @@ package redisync
 import (
 	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -61,16 +63,33 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	return c
 }
 
-// Close stops the subscriber and the watchdog and waits for them to exit,
-// and for the calls to Redis still running in the background (the
-// clean-up of calls whose context ended). Waiting calls return ErrClosed;
-// later calls fail with ErrClosed. Holds are not released: their leases
-// are no longer renewed, so Redis frees them when they run out, and their
-// Lost channels are closed. Close is idempotent and always returns nil.
+// closeTimeout bounds the releases that Close sends.
+const closeTimeout = 2 * time.Second
+
+// Close stops the subscriber and the watchdog and waits for them to exit.
+// Waiting calls return ErrClosed; later calls fail with ErrClosed. Every
+// hold is lost (its Lost channel is closed) and then released in Redis, as
+// etcd's Session.Close revokes its lease, so that other processes need not
+// wait for the leases to run out; the releases are sent all at once and
+// waited for at most 2 s (a hold not released by then runs out with its
+// lease). Close then waits for the calls to Redis still running in the
+// background (the clean-up of calls whose context ended). It is idempotent
+// and always returns nil.
 func (c *Client) Close() error {
 	c.close()
 	c.sub.wait()
-	c.wd.wait()
+	held := c.wd.wait()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, release := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			release(ctx)
+		}()
+	}
+	wg.Wait()
 	c.calls.close()
 	return nil
 }

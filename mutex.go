@@ -324,7 +324,8 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1}
 	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.base},
-		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0}
+		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
+		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
 	err := m.take(h, e, since, lease)
 	if err == nil {
 		l.left()

@@ -339,3 +339,39 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 		t.Fatalf("%q does not say which key holds what", err)
 	}
 }
+
+func TestCloseReleasesHolds(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := New(rdb)
+	m := c.NewMutex("held")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := c.NewSemaphore("sem", 3)
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	lost, semLost := m.Lost(), s.Lost()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for what, ch := range map[string]<-chan struct{}{"the lock's": lost, "the permits'": semLost} {
+		select {
+		case <-ch:
+		default:
+			t.Fatalf("%s Lost is still open after Close", what)
+		}
+	}
+	if mr.Exists("redisync:lock:{held}") {
+		t.Fatal("Close left the lock held in Redis until its lease runs out")
+	}
+	if v := mr.HGet("redisync:sem:{sem}", s.owner); v != "" {
+		t.Fatalf("Close left the holder's permits %q in Redis", v)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Unlock after Close: %v, want ErrClosed", err)
+	}
+	if err := c.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+}

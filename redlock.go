@@ -77,10 +77,10 @@ func NewRedlock(rdbs []redis.UniversalClient, opts ...Option) *Redlock {
 	return r
 }
 
-// Close closes the Redlock's Clients (see Client.Close: holds are not
-// released, and their Lost channels close) and waits for calls to nodes
-// still running, including those a lock gave up waiting for, to return. It
-// is idempotent and always returns nil.
+// Close closes the Redlock's Clients (see Client.Close: every hold is
+// lost, its Lost channel closed, and released on its node), and waits for
+// calls to nodes still running, including those a lock gave up waiting for,
+// to return. It is idempotent and always returns nil.
 func (r *Redlock) Close() error {
 	r.mu.Lock()
 	r.closed = true

@@ -351,7 +351,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	s.mu.Unlock()
 	h := &hold{id: s.owner, n: n}
 	e := &keepalive{kind: "sem", owner: s.owner, keys: s.keys[:2], ttl: s.lease(),
-		hold: true, renew: s.cfg.lease == 0}
+		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	err := s.holds.take(h, e, since, lease)
 	if err == nil {
 		a.left()
@@ -441,6 +441,21 @@ func (s *Semaphore) release(ctx context.Context, seq, n, held int64, mode, waite
 		return 0, redisError(err)
 	}
 	return res, nil
+}
+
+// releaseAll gives back every permit of h in Redis, for Close.
+func (s *Semaphore) releaseAll(ctx context.Context, h *hold) {
+	if s.lockOp(ctx) != nil {
+		return
+	}
+	defer s.end()
+	s.mu.Lock()
+	n := h.n
+	s.mu.Unlock()
+	if n > 0 {
+		s.seq++
+		_, _ = s.release(ctx, s.seq, n, n, "release", "")
+	}
 }
 
 // drop forgets n of the permits of h.

@@ -40,7 +40,8 @@ type watchdog struct {
 	started bool
 	stopped bool
 	entries map[*keepalive]struct{}
-	next    time.Time // when run will look next
+	held    []func(context.Context) // the releases of the holds registered when it stopped
+	next    time.Time               // when run will look next
 }
 
 // keepalive is one entry of the watchdog: a hold (of a lock, or of a
@@ -53,12 +54,13 @@ type keepalive struct {
 	hold  bool          // lost when its deadline passes unrenewed
 	renew bool          // false for a hold with a fixed lease
 
-	due       time.Time // next renewal
-	deadline  time.Time // when it runs out in Redis at the earliest; a hold is lost then unless renewed
-	confirmed time.Time // waiter: when the last call that found it queued was sent
-	busy      bool      // a renewal of it is in flight
-	gone      func()    // called once, without locks, when dropped by the watchdog
-	free      func()    // waiter: called, without locks, when its lock is found free
+	due       time.Time             // next renewal
+	deadline  time.Time             // when it runs out in Redis at the earliest; a hold is lost then unless renewed
+	confirmed time.Time             // waiter: when the last call that found it queued was sent
+	busy      bool                  // a renewal of it is in flight
+	gone      func()                // called once, without locks, when dropped by the watchdog
+	free      func()                // waiter: called, without locks, when its lock is found free
+	release   func(context.Context) // hold: releases it in Redis, when the Client is closed
 }
 
 func newWatchdog(rdb redis.UniversalClient, ctx context.Context) *watchdog {
@@ -357,7 +359,7 @@ func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, er
 }
 
 // stop reports every hold still registered as lost, after the Client was
-// closed, and makes later adds fail.
+// closed, keeps their releases for Close, and makes later adds fail.
 func (w *watchdog) stop() {
 	var gone []func()
 	w.mu.Lock()
@@ -365,6 +367,9 @@ func (w *watchdog) stop() {
 	for e := range w.entries {
 		if e.hold {
 			gone = append(gone, e.gone)
+			if e.release != nil {
+				w.held = append(w.held, e.release)
+			}
 		}
 	}
 	clear(w.entries)
@@ -374,11 +379,17 @@ func (w *watchdog) stop() {
 	}
 }
 
-// wait waits for run to exit after the Client was closed.
-func (w *watchdog) wait() {
+// wait waits for run to exit after the Client was closed, and returns the
+// releases of the holds it dropped.
+func (w *watchdog) wait() []func(context.Context) {
 	w.wg.Wait()
 	// run never started, or exited before the last add: drop what is left.
 	w.stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	held := w.held
+	w.held = nil
+	return held
 }
 
 func minTime(a, b time.Time) time.Time {
