@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -123,15 +124,35 @@ func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64,
 	_, _, _ = c.callFor(wait, do, nil, false)
 }
 
-// graceEnd returns how long a call whose ctx has ended (or is about to)
-// may still wait for Redis: cleanupWait after ctx's deadline, if it had one
-// and it has passed, else cleanupWait from now. A call waits for a reply
-// about to arrive and then for its clean-up within that one budget.
+// graceEnd returns until when a call whose ctx has ended (or is about to)
+// may still wait for Redis: cleanupWait after ctx ended (its deadline, or
+// when it was seen cancelled, if it was marked), else cleanupWait from now.
+// A call waits for a reply about to arrive and then for its clean-up within
+// that one budget.
 func graceEnd(ctx context.Context) time.Time {
 	if dl, ok := ctx.Deadline(); ok && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return dl.Add(cleanupWait)
 	}
+	if m, ok := ctx.Value(endKey{}).(*atomic.Int64); ok {
+		if at := m.Load(); at != 0 {
+			return time.Unix(0, at).Add(cleanupWait)
+		}
+	}
 	return time.Now().Add(cleanupWait)
+}
+
+// endKey is the context key of the time a marked context ended.
+type endKey struct{}
+
+// marked returns ctx, carrying the time it ends (for graceEnd) once it
+// does, and a function that stops watching it.
+func marked(ctx context.Context) (context.Context, func() bool) {
+	if ctx.Done() == nil {
+		return ctx, func() bool { return true }
+	}
+	at := new(atomic.Int64)
+	stop := context.AfterFunc(ctx, func() { at.CompareAndSwap(0, time.Now().UnixNano()) })
+	return context.WithValue(ctx, endKey{}, at), stop
 }
 
 // releasing returns the context a release waits with: ctx, or, when ctx

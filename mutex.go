@@ -102,6 +102,8 @@ func (m *Mutex) Lock(ctx context.Context) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("lock", err)
 	}
+	ctx, stop := marked(ctx)
+	defer stop()
 	for {
 		if ok, err := m.reenter(); ok || err != nil {
 			return m.wrapIf("lock", err)
@@ -126,6 +128,8 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
 	}
+	ctx, stop := marked(ctx)
+	defer stop()
 	mode := "barge"
 	if m.cfg.fair {
 		mode = "try"
@@ -359,7 +363,7 @@ func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
 // sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(w *waiter) {
 	m := l.m
-	l.keepAlive(l.ticket, []string{m.keys.queue, m.keys.waiters, m.keys.base}, m.cfg.heartbeat, w)
+	l.keepAlive("wait", l.ticket, []string{m.keys.queue, m.keys.waiters, m.keys.base}, m.cfg.heartbeat, w)
 }
 
 // changed is closed when another call of the same value takes a hold.

@@ -45,7 +45,6 @@ type Semaphore struct {
 	name    string
 	size    int64
 	cfg     config
-	owner   string   // holder id
 	keys    []string // holders, expiry, size, queue, waiters, released, withdrawn
 	channel string
 	err     error // invalid name, size or option
@@ -79,7 +78,6 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 		name:  name,
 		size:  size,
 		cfg:   cfg,
-		owner: c.ticket(),
 		turn:  make(chan struct{}, 1),
 		op:    make(chan struct{}, 1),
 		err:   cmp.Or(checkName(name), bad, cfg.err),
@@ -116,6 +114,8 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 	if err := s.usable(ctx, n); err != nil {
 		return s.wrap("acquire", err)
 	}
+	ctx, stop := marked(ctx)
+	defer stop()
 	if err := s.take(ctx, s.turn); err != nil {
 		return s.wrap("acquire", err)
 	}
@@ -135,6 +135,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 	if err := s.usable(ctx, n); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
+	ctx, stop := marked(ctx)
+	defer stop()
 	select {
 	case s.turn <- struct{}{}:
 		defer func() { <-s.turn }()
@@ -186,10 +188,20 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	case h.isLost:
 		s.dropLocked(h, n)
 		s.mu.Unlock()
-		s.end()
 		if s.c.usable() != nil {
-			return s.wrap("release", ErrClosed) // lost with the Client
+			s.end()
+			return s.wrap("release", ErrClosed) // lost with the Client (Close released it)
 		}
+		// Nothing left to protect; give the permits back if Redis
+		// still counts them, so that they are free sooner. (They are
+		// never added to again: a new holding has a new id.)
+		s.seq++
+		seq := s.seq
+		s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+			defer s.end()
+			_, err := s.release(ctx, h.id, seq, n, 0, "release", "")
+			return nil, err
+		})
 		return s.wrap("release", ErrLockLost)
 	case n == held:
 		s.forgetLocked(h) // before the release: no renewal may outlive it
@@ -200,25 +212,29 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	seq := s.seq
 	sent := time.Now()
 	res, abandoned, err := s.c.settle(wait, func(ctx context.Context) (int64, error) {
-		return s.release(ctx, seq, n, held, "release", "")
+		return s.release(ctx, h.id, seq, n, held, "release", "")
 	}, s.end)
-	if !abandoned {
-		s.end()
-	}
+	// The value's count changes before its turn to talk to Redis passes
+	// on: the next call must send what Redis now counts.
 	switch {
 	case err != nil:
 		if n < held {
 			s.drop(h, n)
 		}
-		return s.wrap("release", notConfirmed(err))
+		err = notConfirmed(err)
 	case res < 0:
 		s.lose(h)
 		s.drop(h, n)
-		return s.wrap("release", ErrLockLost)
-	}
-	if n < held {
+		err = ErrLockLost
+	case n < held:
 		s.drop(h, n)
 		s.c.wd.rearm(h.ka, sent)
+	}
+	if !abandoned {
+		s.end()
+	}
+	if err != nil {
+		return s.wrap("release", err)
 	}
 	return nil
 }
@@ -252,6 +268,12 @@ type acquireCall struct {
 	s    *Semaphore
 	n    int64
 	mode string // of sem_acquire.lua: "queue" or "try"
+	// holder is the id under which Redis records the permits of the
+	// holding the call adds to: the value's current holding's, or, when
+	// the value holds nothing, a new one (a holding that was lost, and
+	// whose permits may linger in Redis until their lease runs out, is
+	// never added to).
+	holder string
 	// waiter is the call's id in the queue and on the channel:
 	// "holder#number", one per call, so that a message granting an
 	// earlier call is never taken for this one.
@@ -261,13 +283,36 @@ type acquireCall struct {
 
 // newCall numbers a new call of s for n permits. s.turn must be held.
 func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
-	return &acquireCall{s: s, n: n, mode: mode, waiter: s.nextWaiter(), place: place{wd: s.c.wd}}
+	holder := s.holdID()
+	if holder == "" {
+		holder = s.c.ticket()
+	}
+	return &acquireCall{s: s, n: n, mode: mode, holder: holder, waiter: s.nextWaiter(holder), place: place{wd: s.c.wd}}
 }
 
-// nextWaiter mints the id of a new call of s. s.turn must be held.
-func (s *Semaphore) nextWaiter() string {
+// nextWaiter mints the id of a new call of s for holder. s.turn must be
+// held.
+func (s *Semaphore) nextWaiter(holder string) string {
 	s.calls++
-	return s.owner + "#" + strconv.FormatInt(s.calls, 10)
+	return holder + "#" + strconv.FormatInt(s.calls, 10)
+}
+
+// holdID returns the id of s's holding, or "".
+func (s *Semaphore) holdID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return ""
+	}
+	return s.cur.id
+}
+
+// heldBy returns the permits s knows holder to hold. s.mu must be held.
+func (s *Semaphore) heldBy(holder string) int64 {
+	if s.cur == nil || s.cur.id != holder {
+		return 0
+	}
+	return s.cur.n
 }
 
 // attempt runs the acquire script once. It reports whether s holds n more
@@ -278,27 +323,25 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, err
 	}
 	s.mu.Lock()
-	h, held, lost := s.cur, int64(0), false
-	if h != nil {
-		held, lost = h.n, h.isLost
-	}
+	h, held := s.cur, s.heldBy(a.holder)
+	lost := h != nil && h.isLost
 	s.mu.Unlock()
 	if lost {
 		s.end()
 		return false, 0, ErrLockLost
 	}
 	s.seq++
-	sent, n, waiter := time.Now(), a.n, a.waiter
+	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6]}, []any{
-			s.owner, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, flag(a.queued),
+			a.holder, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, flag(a.queued),
 			s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
 			s.channel, s.c.publish}, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
 		// the call, then let s's next call talk to Redis.
 		defer s.end()
-		s.withdraw(context.Background(), n, waiter)
+		s.withdraw(context.Background(), holder, n, waiter)
 	})
 	if abandoned {
 		a.failed(err, true)
@@ -324,7 +367,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		// as dead): go on as a new call, so that a grant to the old one
 		// still on its way is not taken for a new grant.
 		a.left()
-		a.waiter = s.nextWaiter()
+		a.waiter = s.nextWaiter(a.holder)
 		return false, 0, nil
 	}
 	if a.mode == "queue" {
@@ -340,6 +383,13 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	s := a.s
 	s.mu.Lock()
 	if h := s.cur; h != nil {
+		if h.id != a.holder || h.isLost {
+			// The holding these permits were added to was lost (or
+			// replaced) meanwhile: give them back.
+			s.mu.Unlock()
+			a.giveBack(ctx)
+			return false, 0, ErrLockLost
+		}
 		h.n += n
 		s.mu.Unlock()
 		if lease >= s.lease() { // a shorter grant lease did not shorten it
@@ -349,8 +399,8 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		return true, 0, nil
 	}
 	s.mu.Unlock()
-	h := &hold{id: s.owner, n: n}
-	e := &keepalive{kind: "sem", owner: s.owner, keys: s.keys[:2], ttl: s.lease(),
+	h := &hold{id: a.holder, n: n}
+	e := &keepalive{kind: "sem", owner: a.holder, keys: s.keys[:2], ttl: s.lease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	err := s.holds.take(h, e, since, lease)
 	if err == nil {
@@ -361,7 +411,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	if errors.Is(err, errExpired) {
 		// Attempt again at once, as a new call: the withdrawal of this
 		// one refuses its id from now on.
-		a.waiter = s.nextWaiter()
+		a.waiter = s.nextWaiter(a.holder)
 		return false, 0, nil
 	}
 	return false, 0, err
@@ -384,7 +434,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(w *waiter) {
 	s := a.s
-	a.keepAlive(a.waiter, []string{s.keys[3], s.keys[4], s.keys[0]}, s.cfg.heartbeat, w)
+	a.keepAlive("swait", a.waiter, []string{s.keys[3], s.keys[4], s.keys[0]}, s.cfg.heartbeat, w)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for
@@ -407,13 +457,13 @@ func (a *acquireCall) finish(ctx context.Context, err error) {
 // copy of one of its calls still on its way takes nothing). It waits for
 // it at most cleanupWait.
 func (a *acquireCall) giveBack(ctx context.Context) {
-	s, waiter := a.s, a.waiter
+	s, holder, n, waiter := a.s, a.holder, a.n, a.waiter
 	s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
 		if err := s.lockOp(ctx); err != nil {
 			return nil, err
 		}
 		defer s.end()
-		s.withdraw(ctx, a.n, waiter)
+		s.withdraw(ctx, holder, n, waiter)
 		return nil, nil
 	})
 	a.left()
@@ -422,20 +472,24 @@ func (a *acquireCall) giveBack(ctx context.Context) {
 // address returns the call's waiter id: its address in grant messages.
 func (a *acquireCall) address() string { return a.waiter }
 
-// withdraw withdraws the waiter, a call for n permits, giving back what
-// was granted to it but not taken by s. s.op must be held.
-func (s *Semaphore) withdraw(ctx context.Context, n int64, waiter string) {
+// withdraw withdraws the waiter, a call for n permits of holder, giving
+// back what was granted to it but not taken by s. s.op must be held.
+func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter string) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
+	s.mu.Lock()
+	held := s.heldBy(holder)
+	s.mu.Unlock()
 	s.seq++
-	_, _ = s.release(ctx, s.seq, n, s.Held(), "withdraw", waiter)
+	_, _ = s.release(ctx, holder, s.seq, n, held, "withdraw", waiter)
 }
 
-// release runs the release script as call number seq. s.op must be held.
-func (s *Semaphore) release(ctx context.Context, seq, n, held int64, mode, waiter string) (int64, error) {
+// release runs the release script for holder as call number seq. s.op
+// must be held.
+func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	res, err := semReleaseScript.Run(ctx, s.c.rdb,
 		[]string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5], s.keys[6]},
-		s.owner, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
+		holder, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
 		tombstoneTTL.Milliseconds(), s.channel, s.c.publish).Int64()
 	if err != nil {
 		return 0, redisError(err)
@@ -454,7 +508,7 @@ func (s *Semaphore) releaseAll(ctx context.Context, h *hold) {
 	s.mu.Unlock()
 	if n > 0 {
 		s.seq++
-		_, _ = s.release(ctx, s.seq, n, n, "release", "")
+		_, _ = s.release(ctx, h.id, s.seq, n, n, "release", "")
 	}
 }
 

@@ -17,7 +17,7 @@ const semKey = "redisync:sem:{s}"
 
 // permitsOf returns the permits a holder has in Redis.
 func permitsOf(mr *miniredis.Miniredis, s *Semaphore) string {
-	v := mr.HGet(semKey, s.owner)
+	v := mr.HGet(semKey, s.holdID())
 	p, _, _ := strings.Cut(v, ":")
 	return p
 }
@@ -42,7 +42,7 @@ func asleep(c *Client) int {
 	defer c.wd.mu.Unlock()
 	n := 0
 	for e := range c.wd.entries {
-		if e.kind == "wait" {
+		if e.kind == "wait" || e.kind == "swait" {
 			n++
 		}
 	}
@@ -378,7 +378,7 @@ func TestSemaphoreRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	if err := result(t, done); err != nil {
 		t.Fatal(err)
 	}
-	if got, _, _ := strings.Cut(mr.HGet(semKey, other.owner), ":"); got != "2" || permitsOf(mr, s) != "3" {
+	if got, _, _ := strings.Cut(mr.HGet(semKey, other.holdID()), ":"); got != "2" || permitsOf(mr, s) != "3" {
 		t.Fatalf("after a replayed release: waiter has %q, holder %q; want 2 and 3", got, permitsOf(mr, s))
 	}
 }
@@ -629,7 +629,7 @@ func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 	if done, _, err := a.attempt(ctx); !done || err != nil {
 		t.Fatalf("attempt after the grant: %v, %v, want done", done, err)
 	}
-	exp, err := mr.ZScore(semKey+":expiry", w.owner)
+	exp, err := mr.ZScore(semKey+":expiry", w.holdID())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
 -- renew.lua: the watchdog's batch: extend held leases and refresh fair
 -- waiters' heartbeats, for many locks in one call.
 --
--- ARGV holds one triple per entry: kind ("hold", "sem" or "wait"), owner id,
+-- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for a fair
+-- lock's waiter or "swait" for a semaphore's), owner id,
 -- ms (the lease of a hold, the heartbeat ttl of a waiter). KEYS holds the
 -- entries' keys in the same order: one key for a hold (its lock hash), two
 -- for a semaphore holder (its holders hash and expiry zset), three for a
@@ -17,8 +18,9 @@
 --
 -- Reply: one integer per entry: 1 renewed, 0 gone (a lost hold, or a waiter
 -- no longer queued: handed the lock or its permits, or dropped as dead), 2 a
--- waiter renewed whose lock or semaphore nobody holds: nobody will publish
--- (a hand-off to a waiter that died ran out), so it must look again itself.
+-- waiter renewed that must look again itself, since nobody will publish:
+-- its lock or semaphore is held by nobody (a hand-off to a waiter that died
+-- ran out), or a dead waiter heads its queue.
 local out = {}
 local k = 1
 local now = nil
@@ -60,6 +62,19 @@ for i = 1, #ARGV, 3 do
       ok = 1
       if redis.call('EXISTS', lock) == 0 then
         ok = 2
+      elseif kind == 'swait' and redis.pcall('TYPE', queue)['ok'] == 'zset' then
+        -- A dead waiter at the head (its heartbeat deadline passed) is
+        -- dropped only by a script that serves the queue: a semaphore's
+        -- waiter behind it whose request fits would sleep on until a
+        -- lease ends. Tell it to look again; its attempt serves the queue.
+        -- (A fair lock's release drops dead waiters as it hands over.)
+        local head = redis.call('ZRANGE', queue, 0, 0)[1]
+        if head and head ~= owner then
+          local d = tonumber(string.match(redis.pcall('HGET', waiters, head) or '', '^(%d+):'))
+          if not d or d < now then
+            ok = 2
+          end
+        end
       end
     end
   end
