@@ -1,0 +1,112 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// Tests of the second adversarial review. Each fails on the code it was
+// written against (main at 5432a87) and says how.
+
+// semScript tells the semaphore's script calls apart by their keys.
+func semScript(args []string, name string) string {
+	switch {
+	case args == nil:
+		return ""
+	case argContains(args, semKey(name)+":size"):
+		return "acquire"
+	case argContains(args, semKey(name)+":released"):
+		return "release"
+	case argContains(args, semKey(name)) && argContains(args, "sem"):
+		return "renew"
+	}
+	return ""
+}
+
+// R2-1: a Semaphore value whose permits were lost locally (their deadline
+// passed unrenewed) while Redis still holds them forgets them on Release
+// without telling Redis (ErrLockLost, nothing sent). Its next Acquire then
+// adds the new permits to the holder's record in Redis (holder ids are per
+// value, not per call): the lingering permits are merged into the new hold
+// and renewed by the watchdog for as long as the value holds anything. The
+// documented "Redis frees them within one lease" never happens: the
+// semaphore has one permit fewer for everyone, indefinitely.
+func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	addr := redistest.Addr(t)
+	rdb := redistest.NewClient(t, addr)
+	name := redistest.Name(t)
+
+	var delayAcquire, delayRenew atomic.Bool
+	hook := hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		switch semScript(scriptArgs(cmd), name) {
+		case "acquire":
+			if delayAcquire.Load() {
+				// The request is slow on its way: Redis sets the lease
+				// 200 ms after the call was sent.
+				time.Sleep(200 * time.Millisecond)
+			}
+		case "renew":
+			if delayRenew.Load() {
+				time.Sleep(1500 * time.Millisecond) // abandoned at the deadline
+			}
+		}
+		return next(ctx, cmd)
+	})
+	ra := redistest.NewClient(t, addr)
+	ra.AddHook(hook)
+	a := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	t.Cleanup(func() { _ = a.Close() })
+	sa := a.NewSemaphore(name, 2)
+
+	delayAcquire.Store(true)
+	delayRenew.Store(true)
+	if err := sa.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	delayAcquire.Store(false)
+	select {
+	case <-sa.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the permit was not lost")
+	}
+	delayRenew.Store(false)
+	err := sa.Release(ctx, 1)
+	t.Logf("Release after the loss: %v", err)
+	if !errors.Is(err, redisync.ErrLockLost) {
+		t.Fatalf("Release of lost permits: %v", err)
+	}
+	t.Logf("in Redis right after the Release: %v", rdb.HGetAll(ctx, semKey(name)).Val())
+
+	// The value acquires one permit again, while Redis still counts the
+	// lost one (its lease in Redis ends ~200 ms after the local deadline).
+	if err := sa.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the new Acquire: Held()=%d, in Redis %v", sa.Held(), rdb.HGetAll(ctx, semKey(name)).Val())
+
+	// Wait for three leases: the lost permit should be long gone.
+	time.Sleep(3 * lease)
+	rec := rdb.HGetAll(ctx, semKey(name)).Val()
+	t.Logf("three leases later: Held()=%d, Lost closed=%v, in Redis %v", sa.Held(), isClosed(sa.Lost()), rec)
+
+	b := newClient(t, addr).NewSemaphore(name, 2)
+	ok, err := b.TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		_ = b.Release(ctx, 1)
+	}
+	if !ok {
+		t.Errorf("size 2, one permit held (by a value that knows of 1), yet another value cannot take the second one three leases after the loss: Redis %v", rec)
+	}
+	_ = sa.Release(ctx, 1)
+}
