@@ -110,3 +110,80 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 	}
 	_ = sa.Release(ctx, 1)
 }
+
+// R2-2: "every blocking call returns within 25 ms of the end of its
+// context". The reply grace and the clean-up wait share one budget only
+// when the ctx ended by its deadline (graceEnd counts from the deadline);
+// a ctx that is cancelled gets cleanupWait from now twice: once for the
+// reply of the attempt in flight, and again for the withdrawal of the
+// place that reply gave it. A Lock cancelled during an attempt whose reply
+// comes 20 ms later returns ~45 ms after the cancellation. (The deadline
+// subtest, the same scenario ended by a deadline, passes.)
+func TestReview2CancelledLockReturnsLate(t *testing.T) {
+	for _, byDeadline := range []bool{true, false} {
+		tcName := "cancel"
+		if byDeadline {
+			tcName = "deadline"
+		}
+		t.Run(tcName, func(t *testing.T) {
+			addr := redistest.Addr(t)
+			name := redistest.Name(t)
+			var slow atomic.Bool
+			hook := hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+				args := scriptArgs(cmd)
+				if !slow.Load() || !argContains(args, lockKey(name)) {
+					return next(ctx, cmd)
+				}
+				switch {
+				case hasArg(args, "withdraw"):
+					time.Sleep(200 * time.Millisecond)
+				case hasArg(args, "queue"):
+					err := next(ctx, cmd)
+					time.Sleep(20 * time.Millisecond) // the reply is on its way
+					return err
+				}
+				return next(ctx, cmd)
+			})
+			ra := redistest.NewClient(t, addr)
+			ra.AddHook(hook)
+			a := redisync.New(ra, redisync.Fair())
+			t.Cleanup(func() { _ = a.Close() })
+			b := newClient(t, addr, redisync.Fair()).NewMutex(name)
+			if err := b.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer unlockQuietly(b)
+			m := a.NewMutex(name)
+			if ok, err := m.TryLock(ctx); ok || err != nil { // loads the scripts
+				t.Fatal(ok, err)
+			}
+			slow.Store(true)
+			defer slow.Store(false)
+
+			var lctx context.Context
+			var cancel context.CancelFunc
+			var ended atomic.Int64 // unix ns
+			if byDeadline {
+				lctx, cancel = context.WithTimeout(ctx, 2*time.Millisecond)
+				dl, _ := lctx.Deadline()
+				ended.Store(dl.UnixNano())
+			} else {
+				lctx, cancel = context.WithCancel(ctx)
+				time.AfterFunc(2*time.Millisecond, func() {
+					ended.Store(time.Now().UnixNano())
+					cancel()
+				})
+			}
+			defer cancel()
+			err := m.Lock(lctx)
+			late := time.Since(time.Unix(0, ended.Load()))
+			t.Logf("Lock: %v, returned %v after its ctx ended", err, late)
+			if err == nil {
+				t.Fatal("Lock took a held lock")
+			}
+			if late > 35*time.Millisecond {
+				t.Errorf("Lock returned %v after its ctx ended (the contract: within 25 ms)", late)
+			}
+		})
+	}
+}
