@@ -187,3 +187,42 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 		})
 	}
 }
+
+// R2-3: Release gives back s's turn to talk to Redis (op) before it drops
+// the permits it released from its count. A call of the same value that
+// takes the turn in between (another Release, an Acquire's attempt) sends
+// the stale count as "held", finds fewer permits in Redis, and is told the
+// permits were lost: a spurious ErrLockLost, and Lost closes on permits
+// that are held and renewed.
+func TestReview2ConcurrentPartialReleasesSpuriousLoss(t *testing.T) {
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	c := newClient(t, addr)
+	s := c.NewSemaphore(name, 1000)
+	deadline := time.Now().Add(10 * time.Second)
+	for round := 0; time.Now().Before(deadline); round++ {
+		if err := s.Acquire(ctx, 64); err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 64)
+		for g := 0; g < 4; g++ {
+			go func() {
+				for i := 0; i < 16; i++ {
+					if err := s.Release(ctx, 1); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for g := 0; g < 4; g++ {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: a partial Release of held permits failed: %v (Lost closed: %v, Held %d)", round, err, isClosed(s.Lost()), s.Held())
+			}
+		}
+		if s.Held() != 0 {
+			t.Fatalf("Held %d after releasing everything", s.Held())
+		}
+	}
+}
