@@ -226,3 +226,50 @@ func TestReview2ConcurrentPartialReleasesSpuriousLoss(t *testing.T) {
 		}
 	}
 }
+
+// R2-4: an Acquire on a value that holds permits adds the new permits to
+// the value's hold without checking that it is still held: when the hold
+// is lost while the attempt is in flight (its deadline passed unrenewed),
+// Acquire returns nil (not ErrLockLost) and Held counts the new permits in
+// a hold whose Lost channel is already closed and which nothing renews.
+func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	var delayReply, delayRenew atomic.Bool
+	hook := hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		switch semScript(scriptArgs(cmd), name) {
+		case "acquire":
+			err := next(ctx, cmd)
+			if delayReply.Load() {
+				time.Sleep(500 * time.Millisecond) // the reply is slow
+			}
+			return err
+		case "renew":
+			if delayRenew.Load() {
+				time.Sleep(1500 * time.Millisecond)
+			}
+		}
+		return next(ctx, cmd)
+	})
+	ra := redistest.NewClient(t, addr)
+	ra.AddHook(hook)
+	a := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	t.Cleanup(func() { _ = a.Close() })
+	s := a.NewSemaphore(name, 3)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	delayRenew.Store(true) // the next renewals do not come back in time
+	time.Sleep(lease / 3)
+	delayReply.Store(true)
+	err := s.Acquire(ctx, 1) // in flight when the first permit's deadline passes
+	delayReply.Store(false)
+	delayRenew.Store(false)
+	lost := isClosed(s.Lost())
+	t.Logf("Acquire: %v; Lost closed: %v; Held: %d", err, lost, s.Held())
+	if err == nil && lost {
+		t.Errorf("Acquire returned nil, yet the value's hold (now counting the new permit) was lost before it returned")
+	}
+	_ = s.Release(ctx, s.Held())
+}
