@@ -273,3 +273,50 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 	}
 	_ = s.Release(ctx, s.Held())
 }
+
+// R2-5: a semaphore waiter stuck behind a dead head waiter is not woken
+// when the head's heartbeat lapses: nothing looks at the queue until some
+// script runs (a release, an attempt). The fair Mutex has the heartbeat's
+// "free" nudge for this; the semaphore's is only sent when nobody holds a
+// permit at all. So free permits sit idle while a live waiter sleeps to the
+// earliest lease end or the recheck interval: here W, wanting 1 of the 2
+// free permits behind a dead waiter for 3, waits ~the 6 s lease instead of
+// about a heartbeat (1 s).
+func TestReview2SemaphoreWaiterBehindDeadHeadSleeps(t *testing.T) {
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	opts := []redisync.Option{redisync.WithWatchdogLease(6 * time.Second),
+		redisync.WithHeartbeat(time.Second), redisync.WithRecheck(30 * time.Second)}
+	h := newClient(t, addr, opts...).NewSemaphore(name, 3)
+	if err := h.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(ctx, 1)
+
+	px := redistest.NewProxy(t, addr)
+	d := proxiedClient(t, px, nil, opts...).NewSemaphore(name, 3)
+	dctx, dcancel := context.WithCancel(ctx)
+	ddone := make(chan error, 1)
+	go func() { ddone <- d.Acquire(dctx, 3) }()
+	eventually(t, 5*time.Second, "the head waiter to queue", func() bool {
+		return redistest.Client(t).ZCard(ctx, semKey(name)+":queue").Val() == 1
+	})
+	px.SetBlackhole(true) // its process is gone, as far as Redis can tell
+	defer func() {
+		px.SetBlackhole(false)
+		dcancel()
+		<-ddone
+	}()
+
+	w := newClient(t, addr, opts...).NewSemaphore(name, 3)
+	start := time.Now()
+	if err := w.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	_ = w.Release(ctx, 1)
+	t.Logf("W got a free permit %v after it queued behind the dead waiter (heartbeat 1 s)", took)
+	if took > 2500*time.Millisecond {
+		t.Errorf("W slept %v with 2 permits free behind a waiter dead for a heartbeat", took)
+	}
+}
