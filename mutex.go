@@ -93,8 +93,10 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 // queue, no subscription (clean-up still under way then goes on in the
 // background; Close waits for it).
 //
-// Lock returns ErrLockLost when m's current hold has been lost (Unlock it
-// first), ErrClosed after Close, and the errors of Redis. An error reaching
+// When m's hold was lost, Lock drops it (its Lost channel stays closed, and
+// the Unlocks it was owed are not owed any more) and takes the lock anew,
+// under a new fencing token. Lock returns ErrClosed after Close, and the
+// errors of Redis. An error reaching
 // Redis on the first attempt is returned at once; once Lock is waiting, it
 // outlives Redis being unreachable or failing over, looking again with a
 // growing pause until ctx ends. It is safe for concurrent use.
@@ -105,8 +107,8 @@ func (m *Mutex) Lock(ctx context.Context) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	for {
-		if ok, err := m.reenter(); ok || err != nil {
-			return m.wrapIf("lock", err)
+		if m.reenter(ctx) {
+			return nil
 		}
 		mode := "barge"
 		if m.cfg.fair {
@@ -122,8 +124,9 @@ func (m *Mutex) Lock(ctx context.Context) error {
 }
 
 // TryLock makes one attempt to take the lock and never waits: it reports
-// whether m holds the lock now (re-entering if it already did). A fair
-// Mutex does not take the lock ahead of queued waiters.
+// whether m holds the lock now (re-entering if it already did; taking it
+// anew if m's hold was lost, as Lock does). A fair Mutex does not take the
+// lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
@@ -135,8 +138,8 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 		mode = "try"
 	}
 	for {
-		if ok, err := m.reenter(); ok || err != nil {
-			return ok, m.wrapIf("trylock", err)
+		if m.reenter(ctx) {
+			return true, nil
 		}
 		ok, _, err := m.tryOnce(ctx, mode)
 		if !errors.Is(err, errHeld) {
@@ -240,18 +243,28 @@ func (m *Mutex) Lost() <-chan struct{} { return m.lostChan() }
 // Name returns the name of the lock.
 func (m *Mutex) Name() string { return m.name }
 
-// reenter adds a level to m's hold, if m has one.
-func (m *Mutex) reenter() (bool, error) {
+// reenter adds a level to m's hold, if m has one. A hold that was lost is
+// dropped instead (its Lost channel stays closed), and released in Redis
+// if it is still there, so that the caller takes the lock anew.
+func (m *Mutex) reenter(ctx context.Context) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	h := m.cur
 	switch {
-	case m.cur == nil:
-		return false, nil
-	case m.cur.isLost:
-		return false, ErrLockLost
+	case h == nil:
+		m.mu.Unlock()
+		return false
+	case h.isLost:
+		m.forgetLocked(h)
+		m.mu.Unlock()
+		m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+			_, err := m.release(ctx, h.id, 0, "release")
+			return nil, err
+		})
+		return false
 	}
-	m.cur.n++
-	return true, nil
+	h.n++
+	m.mu.Unlock()
+	return true
 }
 
 // holdID returns the Redis field of m's hold, or "".

@@ -184,14 +184,61 @@ func TestMutexLostWhenKeyRemoved(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed after the key was removed")
 	}
-	if err := m.Lock(ctx); !errors.Is(err, ErrLockLost) {
-		t.Fatalf("re-entering a lost hold: %v, want ErrLockLost", err)
-	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Unlock after loss: %v, want ErrLockLost", err)
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("second Unlock after loss: %v, want ErrNotHeld", err)
+	}
+}
+
+// A value whose hold was lost takes the lock anew on its next Lock, with
+// no Unlock in between (issue 19: a loop that only checks Lock's error is
+// not stuck), and the loss stays visible on the old Lost channel.
+func TestMutexLockAfterLossTakesANewHold(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	m := c.NewMutex("again")
+	for _, try := range []func() error{
+		func() error { return m.Lock(ctx) },
+		func() error {
+			ok, err := m.TryLock(ctx)
+			if err == nil && !ok {
+				err = errors.New("TryLock did not take the free lock")
+			}
+			return err
+		},
+	} {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Lock(ctx); err != nil { // a second level, lost with the hold
+			t.Fatal(err)
+		}
+		lost, token := m.Lost(), m.Token()
+		mr.Del("redisync:lock:{again}")
+		select {
+		case <-lost:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Lost not closed after the key was removed")
+		}
+		if err := try(); err != nil {
+			t.Fatalf("Lock after the loss, without an Unlock: %v, want a new hold", err)
+		}
+		if m.Token() <= token || m.Lost() == lost {
+			t.Fatalf("the new hold has token %d (the lost one %d) and the same Lost channel: %v", m.Token(), token, m.Lost() == lost)
+		}
+		select {
+		case <-lost:
+		default:
+			t.Fatal("the lost hold's Lost channel was reopened")
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock of the new hold: %v", err)
+		}
+		if mr.Exists("redisync:lock:{again}") {
+			t.Fatal("the new hold's single Unlock did not release it")
+		}
 	}
 }
 
