@@ -43,15 +43,16 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // waiting cleanupWait after ctx ends. An abandoned call goes on: when it returns, late
 // (if not nil) gets its reply, to undo whatever it did. Close waits for it.
 func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
-	return c.callFor(ctx, do, late, true)
-}
-
-// callFor is call; grace says whether the caller waits a little longer for
-// a reply about to arrive once ctx has ended.
-func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error), grace bool) (res []int64, abandoned bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
+	return c.callFor(ctx, do, late, true)
+}
+
+// callFor is call, except that it runs do even when ctx has ended already
+// (and then does not wait for it); grace says whether the caller waits a
+// little longer for a reply about to arrive once ctx has ended.
+func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error), grace bool) (res []int64, abandoned bool, err error) {
 	if !c.calls.start() {
 		// Closed: a clean-up still runs, in the caller's goroutine.
 		dctx, cancel := detached(ctx)
@@ -117,7 +118,8 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 
 // cleanup runs do, a clean-up call to Redis, detached from ctx's
 // cancellation, and waits for it until graceEnd(ctx): then it goes on in
-// the background (Close waits for it).
+// the background (Close waits for it). do always runs, even when that
+// budget is spent already: a clean-up is due whatever ctx says.
 func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64, error)) {
 	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), graceEnd(ctx))
 	defer cancel()

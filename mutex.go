@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -316,12 +315,11 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		return false, 0, redisError(err)
 	case res[0] == 1:
 		return l.take(ctx, res[1], sent, m.lease())
-	case res[0] == -2:
-		return false, 0, fmt.Errorf("redisync: ticket %s was withdrawn", l.ticket)
-	case res[0] == -3:
+	case res[0] == -2 || res[0] == -3:
 		// The ticket left the queue (handed the lock, lost since; or
-		// dropped as dead): go on under a new one, so that a grant to
-		// the old one still on its way is not taken for a new grant.
+		// dropped as dead), or was withdrawn (by a retry of the attempt
+		// that found so): go on under a new one, so that a grant to the
+		// old one still on its way is not taken for a new grant.
 		l.left()
 		l.ticket = m.c.ticket()
 		return false, 0, nil

@@ -188,13 +188,10 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	case h.isLost:
 		s.dropLocked(h, n)
 		s.mu.Unlock()
-		if s.c.usable() != nil {
-			s.end()
-			return s.wrap("release", ErrClosed) // lost with the Client (Close released it)
-		}
 		// Nothing left to protect; give the permits back if Redis
-		// still counts them, so that they are free sooner. (They are
-		// never added to again: a new holding has a new id.)
+		// still counts them (Close racing this call does not see them
+		// any more), so that they are free sooner. They are never added
+		// to again: a new holding has a new id.
 		s.seq++
 		seq := s.seq
 		s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
@@ -202,6 +199,9 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 			_, err := s.release(ctx, h.id, seq, n, 0, "release", "")
 			return nil, err
 		})
+		if s.c.usable() != nil {
+			return s.wrap("release", ErrClosed) // lost with the Client
+		}
 		return s.wrap("release", ErrLockLost)
 	case n == held:
 		s.forgetLocked(h) // before the release: no renewal may outlive it
@@ -217,10 +217,12 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	// The value's count changes before its turn to talk to Redis passes
 	// on: the next call must send what Redis now counts.
 	switch {
+	case err != nil && n < held:
+		// The holding goes on, renewed as a whole: permits whose release
+		// failed stay counted in Redis until it ends.
+		s.drop(h, n)
+		err = fmt.Errorf("%w (the release is not confirmed: Redis may count the permits until the holding ends)", err)
 	case err != nil:
-		if n < held {
-			s.drop(h, n)
-		}
 		err = notConfirmed(err)
 	case res < 0:
 		s.lose(h)
@@ -360,12 +362,11 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, ErrLockLost
 	case -2:
 		return false, 0, fmt.Errorf("%w: size %d, stored size %d", ErrSizeMismatch, s.size, res[1])
-	case -3:
-		return false, 0, fmt.Errorf("redisync: call %s was withdrawn", a.waiter)
-	case -4:
+	case -3, -4:
 		// The call left the queue (granted, and lost since; or dropped
-		// as dead): go on as a new call, so that a grant to the old one
-		// still on its way is not taken for a new grant.
+		// as dead), or its id was withdrawn (by a retry of the attempt
+		// that found so): go on as a new call, so that a grant to the old
+		// one still on its way is not taken for a new grant.
 		a.left()
 		a.waiter = s.nextWaiter(a.holder)
 		return false, 0, nil
