@@ -40,8 +40,9 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // stalled connection would hold its caller for the client's read timeout.
 // So do runs in a goroutine of its own, with a context detached from
 // ctx's cancellation (bounded by cleanupTimeout), and the caller stops
-// waiting cleanupWait after ctx ends. An abandoned call goes on: when it returns, late
-// (if not nil) gets its reply, to undo whatever it did. Close waits for it.
+// waiting cleanupWait after ctx ends. An abandoned call goes on: when it
+// returns, late (if not nil) gets its reply, to undo whatever it did.
+// Close waits for it.
 func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
