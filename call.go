@@ -170,9 +170,9 @@ func releasing(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // settle runs release, an idempotent release script call, as persist does
 // (again while Redis cannot serve it for now), waiting for it with ctx; an
-// abandoned one goes on, and late (if not nil) is called when it returns.
-// It returns the script's reply.
-func (c *Client) settle(ctx context.Context, release func(context.Context) (int64, error), late func()) (int64, bool, error) {
+// abandoned one goes on, and late (if not nil) gets its outcome when it
+// returns. It returns the script's reply.
+func (c *Client) settle(ctx context.Context, release func(context.Context) (int64, error), late func(int64, error)) (int64, bool, error) {
 	res, abandoned, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		var res int64
 		err := c.persist(ctx, func() (err error) {
@@ -180,9 +180,13 @@ func (c *Client) settle(ctx context.Context, release func(context.Context) (int6
 			return err
 		})
 		return []int64{res}, err
-	}, func([]int64, error) {
+	}, func(res []int64, err error) {
 		if late != nil {
-			late()
+			if err != nil {
+				late(0, redisError(err))
+				return
+			}
+			late(res[0], nil)
 		}
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ type hold struct {
 	n      int64         // levels (a Mutex) or permits (a Semaphore) held
 	lost   chan struct{} // closed when the hold is lost
 	isLost bool
+	freed  bool       // a confirmed release ended it (a Semaphore's holding)
 	ka     *keepalive // its watchdog entry
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,6 +82,44 @@ func (h *replayAround) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		h.between()
 		return next(ctx, cmd)
+	}
+}
+
+// Review 3, finding 2: sem_acquire.lua is not idempotent for an Acquire's
+// first attempt (ARGV[9] = "0") that queued the call when a release grants
+// the queued call before go-redis's retry of the attempt arrives: the
+// retry finds the call neither queued nor recorded (the grant kept the
+// holder record's old call number), so it grants (or queues) it again.
+// Redis then counts 2n permits for the holding, the value n; the watchdog
+// renews the extra n for as long as the holding lasts.
+func TestReview3RetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdbW := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdbX := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdbW.Close(); _ = rdbX.Close() })
+	hook := &replayAround{}
+	rdbW.AddHook(hook)
+	cw, cx := newClient(t, rdbW), newClient(t, rdbX)
+	x, w := cx.NewSemaphore("s", 3), cw.NewSemaphore("s", 3)
+	if err := x.Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	// w's first attempt queues it; X releases 2 (granting w's call 1)
+	// before the retry of that attempt arrives.
+	hook.between = func() {
+		if err := x.Release(ctx, 2); err != nil {
+			t.Error(err)
+		}
+	}
+	hook.sha = semAcquireScript.Hash()
+	if err := w.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if w.Held() != 1 {
+		t.Fatalf("w holds %d", w.Held())
+	}
+	if got := permitsOf(mr, w); got != "1" {
+		t.Fatalf("Redis counts %s permits for w's holding, w holds 1", got)
 	}
 }
 
@@ -170,4 +210,275 @@ func permitsOf2(mr *miniredis.Miniredis) string {
 	v := mr.HGet(semKey, ks[0])
 	p, _, _ := strings.Cut(v, ":")
 	return p
+}
+
+// replyError is an error reply from Redis (as an OOM or a script error).
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// failOnce fails the next EVALSHA of a script with an error reply, without
+// running it.
+type failOnce struct{ sha atomic.Value }
+
+func (h *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if sha, _ := h.sha.Load().(string); sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == sha {
+			h.sha.Store("")
+			err := replyError("OOM command not allowed when used memory > 'maxmemory'.")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Review 3, finding 5: a partial Release that failed forgot the n
+// permits locally, while they stayed in the holding's record, renewed with
+// the rest for as long as the holding lasted. Now a release that Redis
+// refused changes nothing (s still holds them all), and one that may have
+// run or not ends the holding: nothing counts permits that s cannot.
+func TestReview3FailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
+	t.Run("refused", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		hook := &failOnce{}
+		rdb.AddHook(hook)
+		c := newClient(t, rdb)
+		s := c.NewSemaphore("s", 3)
+		if err := s.Acquire(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		hook.sha.Store(semReleaseScript.Hash())
+		if err := s.Release(ctx, 1); err == nil {
+			t.Fatal("the release did not fail")
+		}
+		if s.Held() != 3 || permitsOf(mr, s) != "3" {
+			t.Fatalf("after a refused Release(1): s holds %d, Redis counts %s; want 3 and 3", s.Held(), permitsOf(mr, s))
+		}
+		if err := s.Release(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		if permitsOf(mr, s) != "" {
+			t.Fatalf("Redis counts %s permits after the release of all", permitsOf(mr, s))
+		}
+	})
+	t.Run("unknown", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		hook := &runThenFail{}
+		rdb.AddHook(hook)
+		const lease = 300 * time.Millisecond
+		c := newClient(t, rdb, WithWatchdogLease(lease))
+		s := c.NewSemaphore("s", 3)
+		if err := s.Acquire(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		hook.sha.Store(semReleaseScript.Hash())
+		hook.run.Store(false) // it did not run: Redis counts 3, and nobody can tell
+		if err := s.Release(ctx, 1); err == nil {
+			t.Fatal("the release did not fail")
+		}
+		select {
+		case <-s.Lost():
+		default:
+			t.Fatal("the holding goes on after a release of unknown outcome")
+		}
+		// Unrenewed, the holding runs out in Redis within its lease.
+		other := c.NewSemaphore("s", 3)
+		eventually(t, 5*time.Second, "the permits to run out", func() bool {
+			ok, err := other.TryAcquire(ctx, 3)
+			return err == nil && ok
+		})
+	})
+}
+
+// runThenFail makes the next EVALSHA of a script fail with an error that
+// is not a reply, after running it (run) or not.
+type runThenFail struct {
+	sha atomic.Value
+	run atomic.Bool
+}
+
+func (h *runThenFail) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *runThenFail) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *runThenFail) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if sha, _ := h.sha.Load().(string); sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == sha {
+			h.sha.Store("")
+			if h.run.Load() {
+				_ = next(ctx, cmd)
+			}
+			err := errors.New("redis: reply cut short")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Review 3, finding 6: an Acquire's holder id is fixed when the call
+// starts (newCall). When the value's holding ends while the call waits (a
+// full Release that failed: its permits stay counted in Redis until their
+// lease ends), the call's grant is added to that old record and the value
+// makes it its new holding, under the old id: the watchdog renews the old
+// permits along with the new ones, for good.
+func TestReview3QueuedAcquireRevivesReleasedHoldingsPermits(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdbX := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close(); _ = rdbX.Close() })
+	hook := &failOnce{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond), WithRecheck(time.Hour))
+	cx := newClient(t, rdbX)
+	s, x := c.NewSemaphore("s", 2), cx.NewSemaphore("s", 2)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	old := s.holdID()
+	if err := x.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, s, 1)
+	eventually(t, 5*time.Second, "the Acquire to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	hook.sha.Store(semReleaseScript.Hash())
+	if err := s.Release(ctx, 1); err == nil {
+		t.Fatal("the release did not fail")
+	}
+	if err := x.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if s.Held() != 1 {
+		t.Fatalf("held %d", s.Held())
+	}
+	if s.holdID() == old {
+		t.Fatalf("the new holding has the id %s of the one whose release failed", old)
+	}
+	// The failed release's permit runs out unrenewed: the permit that s
+	// does not hold is free again within a lease.
+	other := cx.NewSemaphore("s", 2)
+	eventually(t, 5*time.Second, "the failed release's permit to run out", func() bool {
+		ok, err := other.TryAcquire(ctx, 1)
+		return err == nil && ok
+	})
+	if got := permitsOf(mr, s); got != "1" {
+		t.Fatalf("Redis counts %s permits for a holding of 1", got)
+	}
+}
+
+// A holding that ends with a confirmed release while an Acquire of the
+// same value is queued onto it: the grant to that Acquire makes a holding
+// anew under its id, in its place in the queue. Every call of the old
+// holding counts as applied to the new one: a stale copy of a partial
+// release of the old holding, delivered late, takes nothing from it.
+func TestSemaphoreHoldingEndsWhileAcquireQueued(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &beforeNext{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	s, x, y := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	id := s.holdID()
+	done := acquireAsync(ctx, s, 2)
+	eventually(t, 5*time.Second, "s's Acquire to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	behind := acquireAsync(ctx, y, 1)
+	eventually(t, 5*time.Second, "y's Acquire to queue behind it", func() bool { return queueLen(t, mr) == 2 && asleep(c) == 2 })
+	if err := s.Release(ctx, 1); err != nil { // partial: the holding goes on
+		t.Fatal(err)
+	}
+	if err := s.lockOp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	partial := s.seq
+	s.end()
+	// Between the grant and the attempt that takes it, a stale copy of
+	// the partial release arrives.
+	stale := func() (int64, error) { return s.release(ctx, id, partial, 1, 2, "release", "") }
+	hook.set(semAcquireScript.Hash(), func() {
+		if _, err := stale(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := s.Release(ctx, 1); err != nil { // the last: s's Acquire is granted
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if s.Held() != 2 || s.holdID() != id || permitsOf(mr, s) != "2" {
+		t.Fatalf("s holds %d under %s, Redis counts %s; want 2 under %s, 2", s.Held(), s.holdID(), permitsOf(mr, s), id)
+	}
+	if queueLen(t, mr) != 1 {
+		t.Fatal("y's place in the queue is gone")
+	}
+	// And another, later.
+	if err := s.lockOp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := stale()
+	s.end()
+	if err != nil || permitsOf(mr, s) != "2" {
+		t.Fatalf("a stale copy of the partial release: %v, %v; Redis counts %s permits for s's holding of 2", res, err, permitsOf(mr, s))
+	}
+	if err := x.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, behind); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// beforeNext runs fn before the next EVALSHA of a script.
+type beforeNext struct {
+	mu  sync.Mutex
+	sha string
+	fn  func()
+}
+
+func (h *beforeNext) set(sha string, fn func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sha, h.fn = sha, fn
+}
+
+func (h *beforeNext) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *beforeNext) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *beforeNext) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		h.mu.Lock()
+		var fn func()
+		if h.sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == h.sha {
+			fn, h.sha = h.fn, ""
+		}
+		h.mu.Unlock()
+		if fn != nil {
+			fn()
+		}
+		return next(ctx, cmd)
+	}
 }

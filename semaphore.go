@@ -54,6 +54,12 @@ type Semaphore struct {
 
 	seq   int64 // number of the last script call; guarded by op
 	calls int64 // number of the last Acquire; guarded by turn
+	// queuedAs is the waiter id that the last attempt of an Acquire sent,
+	// which may be queued; guarded by op. A release that ends the holding
+	// the call adds to tells Redis, so that a grant to the call that
+	// revives the holding's id counts every call of the old holding as
+	// applied (a stale copy of one of them changes nothing).
+	queuedAs string
 
 	holds // n: the permits held
 }
@@ -163,7 +169,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 // again while the reply is lost (it is idempotent). When s gives back its
 // last permits, it forgets them before the release is sent: they are no
 // longer renewed, so when the release fails, or ctx ends before it is
-// confirmed, Redis frees them within one lease; the error says so.
+// confirmed, Redis frees them within one lease; the error says so. When a
+// release of some of s's permits fails, s still holds them all if Redis
+// refused it; if it may have run, s gives up its holding (Lost is closed)
+// rather than renew permits it cannot count. When ctx ends before such a
+// release is confirmed, Release returns and its outcome is applied when it
+// comes.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := cmp.Or(s.err, s.check(n), s.c.valid()); err != nil {
 		return s.wrap("release", err)
@@ -209,34 +220,53 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	s.mu.Unlock()
 
 	s.seq++
-	seq := s.seq
+	seq, waiter := s.seq, s.queuedAs
 	sent := time.Now()
 	res, abandoned, err := s.c.settle(wait, func(ctx context.Context) (int64, error) {
-		return s.release(ctx, h.id, seq, n, held, "release", "")
-	}, s.end)
+		return s.release(ctx, h.id, seq, n, held, "release", waiter)
+	}, func(res int64, err error) {
+		_ = s.settled(h, n, held, sent, res, err)
+		s.end()
+	})
+	if abandoned {
+		return s.wrap("release", fmt.Errorf("%w (the release is not confirmed yet and goes on in the background)", err))
+	}
 	// The value's count changes before its turn to talk to Redis passes
 	// on: the next call must send what Redis now counts.
-	switch {
-	case err != nil && n < held:
-		// The holding goes on, renewed as a whole: permits whose release
-		// failed stay counted in Redis until it ends.
-		s.drop(h, n)
-		err = fmt.Errorf("%w (the release is not confirmed: Redis may count the permits until the holding ends)", err)
-	case err != nil:
-		err = notConfirmed(err)
-	case res < 0:
-		s.lose(h)
-		s.drop(h, n)
-		err = ErrLockLost
-	case n < held:
-		s.drop(h, n)
-		s.c.wd.rearm(h.ka, sent)
-	}
-	if !abandoned {
-		s.end()
-	}
+	err = s.settled(h, n, held, sent, res, err)
+	s.end()
 	if err != nil {
 		return s.wrap("release", err)
+	}
+	return nil
+}
+
+// settled applies the outcome of a release of n of the permits of h, of
+// which s held held, sent at sent, and returns what Release reports.
+func (s *Semaphore) settled(h *hold, n, held int64, sent time.Time, res int64, err error) error {
+	switch {
+	case err == nil && res < 0:
+		s.lose(h)
+		s.drop(h, n)
+		return ErrLockLost
+	case err == nil && n < held:
+		s.drop(h, n)
+		s.c.wd.rearm(h.ka, sent)
+	case err == nil:
+		s.mu.Lock()
+		h.freed = true
+		s.mu.Unlock()
+	case n == held:
+		return notConfirmed(err)
+	case isReply(err):
+		// Redis refused the script: it did not run.
+		return fmt.Errorf("%w (nothing was released: s still holds the permits)", err)
+	default:
+		// It may have run or not: Redis counts n permits more than s, or
+		// not. Renewing them with the rest would keep them for good.
+		s.lose(h)
+		s.drop(h, n)
+		return fmt.Errorf("%w (the release is not confirmed: the holding is given up, Lost is closed, and its permits run out in Redis within their lease)", err)
 	}
 	return nil
 }
@@ -271,11 +301,14 @@ type acquireCall struct {
 	n    int64
 	mode string // of sem_acquire.lua: "queue" or "try"
 	// holder is the id under which Redis records the permits of the
-	// holding the call adds to: the value's current holding's, or, when
-	// the value holds nothing, a new one (a holding that was lost, and
-	// whose permits may linger in Redis until their lease runs out, is
-	// never added to).
+	// holding the call adds to: onto's, the value's holding when the
+	// call started, or, when the value held nothing, a new one. When onto
+	// ends before the call is granted, the grant makes a new holding under
+	// onto's id only if onto's release was confirmed; otherwise Redis may
+	// count some of onto's permits under it still, and the call gives the
+	// grant back and goes on under a new id.
 	holder string
+	onto   *hold
 	// waiter is the call's id in the queue and on the channel:
 	// "holder#number", one per call, so that a message granting an
 	// earlier call is never taken for this one.
@@ -285,11 +318,14 @@ type acquireCall struct {
 
 // newCall numbers a new call of s for n permits. s.turn must be held.
 func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
-	holder := s.holdID()
-	if holder == "" {
-		holder = s.c.ticket()
+	a := &acquireCall{s: s, n: n, mode: mode, onto: s.current(), place: place{wd: s.c.wd}}
+	if a.onto != nil {
+		a.holder = a.onto.id // immutable
+	} else {
+		a.holder = s.c.ticket()
 	}
-	return &acquireCall{s: s, n: n, mode: mode, holder: holder, waiter: s.nextWaiter(holder), place: place{wd: s.c.wd}}
+	a.waiter = s.nextWaiter(a.holder)
+	return a
 }
 
 // nextWaiter mints the id of a new call of s for holder. s.turn must be
@@ -333,6 +369,9 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, ErrLockLost
 	}
 	s.seq++
+	if a.mode == "queue" {
+		s.queuedAs = a.waiter
+	}
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6]}, []any{
@@ -384,9 +423,9 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	s := a.s
 	s.mu.Lock()
 	if h := s.cur; h != nil {
-		if h.id != a.holder || h.isLost {
-			// The holding these permits were added to was lost (or
-			// replaced) meanwhile: give them back.
+		if h != a.onto || h.isLost {
+			// The holding these permits were added to was lost
+			// meanwhile: give them back.
 			s.mu.Unlock()
 			a.giveBack(ctx)
 			return false, 0, ErrLockLost
@@ -398,6 +437,17 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		}
 		a.left()
 		return true, 0, nil
+	}
+	if a.onto != nil && !a.onto.freed {
+		// The holding the call added to ended, and Redis may count
+		// some of its permits still, with these, under its id: give
+		// these back and go on as a new call under a new id, leaving
+		// those to run out unrenewed.
+		s.mu.Unlock()
+		a.giveBack(ctx)
+		a.onto, a.holder = nil, s.c.ticket()
+		a.waiter = s.nextWaiter(a.holder)
+		return false, 0, nil
 	}
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n}
@@ -423,9 +473,12 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 // the last time Redis confirmed the call was queued.
 func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 	n, ours := parseGrant(grant, a.waiter)
-	if !ours || n != a.n || a.s.cfg.replicas > 0 {
-		// Not a grant of this call, or one to confirm with the
-		// replicas: the attempt will tell, and take it if it is ours.
+	if !ours || n != a.n || a.s.cfg.replicas > 0 || (a.onto != nil && a.s.current() != a.onto) {
+		// Not a grant of this call, one to confirm with the replicas,
+		// or one to the holding of the value that ended meanwhile
+		// (whether its release was confirmed is known once the value's
+		// turn to talk to Redis is free): the attempt will tell, and take
+		// it if it is ours.
 		return false, nil
 	}
 	ok, _, err := a.granted(ctx, n, a.confirmed(), a.s.grantLease())

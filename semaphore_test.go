@@ -553,7 +553,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 	if _, err := mr.ZAdd(semKey+":queue", 1, "ghost#1"); err != nil {
 		t.Fatal(err)
 	}
-	mr.HSet(semKey+":waiters", "ghost#1", strconv.FormatInt(past, 10)+":3000:2")
+	mr.HSet(semKey+":waiters", "ghost#1", strconv.FormatInt(past, 10)+":3000:2:1")
 	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
 		t.Fatalf("TryAcquire behind a dead waiter: %v, %v, want true", ok, err)
 	}
@@ -565,7 +565,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 	if _, err := mr.ZAdd(semKey+":queue", 2, "alive#1"); err != nil {
 		t.Fatal(err)
 	}
-	mr.HSet(semKey+":waiters", "alive#1", strconv.FormatInt(future, 10)+":3000:2")
+	mr.HSet(semKey+":waiters", "alive#1", strconv.FormatInt(future, 10)+":3000:2:1")
 	if err := s.Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

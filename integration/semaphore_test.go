@@ -169,7 +169,8 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 	var queuedAt time.Time // observed after the big request queued
 	eventually(t, 5*time.Second, "the waiter for 3 to queue", func() bool {
 		for _, v := range rdb.HVals(ctx, waiters).Val() {
-			if strings.HasSuffix(v, ":3") {
+			// "deadline:lease:permits:call"
+			if f := strings.Split(v, ":"); len(f) == 4 && f[2] == "3" {
 				queuedAt = time.Now()
 				return true
 			}

@@ -8,7 +8,9 @@
 -- ARGV[3] size of the semaphore as the caller knows it
 -- ARGV[4] held: the permits the caller believes it holds
 -- ARGV[5] seq: the caller's call number (>= 1, increasing); a retry of a
---         call that was applied finds it in the holder record
+--         call that was applied (by this script, or by a release that
+--         granted the waiter it queued) finds it in the holder record, and
+--         a stale copy finds a higher one there
 -- ARGV[6] lease in ms
 -- ARGV[7] mode: "queue" joins the queue when not granted; "try" never does
 -- ARGV[8] waiter id ("holder#call") of this Acquire or TryAcquire call
@@ -29,7 +31,8 @@
 --                    earliest lease ends (-1: no holder)
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
 --        {-2, size}  the stored size differs from ARGV[3]
---        {-3, 0}     the call was withdrawn: nothing done
+--        {-3, 0}     the call was withdrawn, or this is a stale copy of an
+--                    earlier call: nothing done
 --        {-4, 0}     the call left the queue (ARGV[9]); it is withdrawn now
 local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[4], waiters = KEYS[5]}
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -61,7 +64,13 @@ local now = now_ms()
 sem_reclaim(k, now)
 mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 if mine > 0 and mseq == seq then
-  return {1, 0} -- a retry: this call was applied
+  -- A retry: this call was applied, perhaps by a release that granted its
+  -- waiter with the short grant lease; the caller counts on a full lease.
+  sem_lease(k, holder, now, lease)
+  return {1, 0}
+end
+if mine > 0 and mseq > seq then
+  return {-3, 0} -- a stale copy: a later call of the holder was applied
 end
 if held > 0 and mine < held then
   return {-1, 0}
@@ -69,6 +78,7 @@ end
 if ARGV[9] == '1' and not queued and mine >= held + n then
   -- Granted by another call (its message may be on the way) with the short
   -- grant lease: the caller counts on a full lease from now.
+  sem_put(k, holder, mine, seq)
   sem_lease(k, holder, now, lease)
   return {1, 0}
 end
@@ -78,7 +88,7 @@ if ARGV[9] == '1' and not queued then
 end
 if queued then
   -- Alive: refresh the deadline so that serving does not drop us.
-  redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n)
+  redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
 end
 
 local used, served = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
@@ -97,7 +107,7 @@ if mode == 'queue' then
     local last = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')[2]
     redis.call('ZADD', k.queue, (tonumber(last) or 0) + 1, waiter)
   end
-  redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n)
+  redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
   keep_alive(k.queue, 2 * ttl)
   keep_alive(k.waiters, 2 * ttl)
 end

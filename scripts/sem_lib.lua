@@ -2,15 +2,18 @@
 -- lib.lua and this file to each semaphore script.
 --
 -- A semaphore's state lives in keys under the hash tag {name}:
---   holders: hash holder id -> "permits:seq", where seq is the number of the
---            holder's last call applied (it makes a retried call a no-op)
+--   holders: hash holder id -> "permits:seq", where seq is the highest call
+--            number of the holder's value applied to it: a call numbered
+--            seq again is a retry (of a call that was applied), one numbered
+--            lower a stale copy; neither changes anything
 --   expiry:  zset holder id -> end of the holder's lease, ms of server time
 --   size:    string, the size every Client must agree on (no TTL)
 --   queue:   zset waiter id -> arrival number; a waiter id is
 --            "holder id#call number", one per blocked Acquire
---   waiters: hash waiter id -> "deadline:lease:permits": heartbeat deadline
---            (ms of server time), the lease its permits get when granted,
---            and how many it wants
+--   waiters: hash waiter id -> "deadline:lease:permits:seq": heartbeat
+--            deadline (ms of server time), the lease its permits get when
+--            granted, how many it wants, and the number of the call that
+--            queued it (or last found it queued): a grant applies that call
 -- Holders whose lease has ended are removed by every script call before it
 -- does anything else.
 
@@ -97,7 +100,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
     if not head then
       break
     end
-    local d, l, w = string.match(redis.call('HGET', k.waiters, head) or '', '^(%d+):(%d+):(%d+)$')
+    local d, l, w, q = string.match(redis.call('HGET', k.waiters, head) or '', '^(%d+):(%d+):(%d+):(%d+)$')
     local deadline, lease, want = tonumber(d), tonumber(l), tonumber(w)
     if want and deadline >= now and used + want > size then
       break
@@ -110,6 +113,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
       if head == self then
         lease, s, served = selflease, seq, true
       else
+        s = math.max(s, tonumber(q))
         msg[#msg + 1] = head .. ':' .. want
       end
       sem_put(k, holder, permits + want, s)

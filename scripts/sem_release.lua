@@ -11,10 +11,16 @@
 --         ("withdraw")
 -- ARGV[3] held: the permits the caller believes it holds (not counting a
 --         grant to its waiter that it has not taken)
--- ARGV[4] seq: the caller's call number (>= 1, increasing)
+-- ARGV[4] seq: the caller's call number (>= 1, increasing): a call
+--         numbered no higher than the holder record's (see sem_lib.lua) was
+--         applied already, or is a stale copy; it changes nothing
 -- ARGV[5] mode: "release"; or "withdraw" with ARGV[6] the waiter id of a
 --         call that gives up: it leaves the queue, and the id is refused from
 --         now on (a copy of one of its calls still on its way takes nothing)
+-- ARGV[6] release: the waiter id of the holder's Acquire under way that
+--         may be queued, or "": a release that empties the holder record
+--         gives that waiter its call number, so that a grant to it, which
+--         makes the record anew, counts every call of the old one applied
 -- ARGV[7] lease in ms, re-armed while the holder keeps permits
 -- ARGV[8] size, ARGV[9] memory of a full release in ms
 -- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
@@ -51,12 +57,12 @@ if mode == 'withdraw' then
   local was = redis.call('ZREM', k.queue, ARGV[6])
   redis.call('HDEL', k.waiters, ARGV[6])
   result = 0
-  if was == 0 and mine >= held + n then
-    sem_put(k, holder, mine - n, mseq)
+  if was == 0 and mine >= held + n and mseq < seq then
+    sem_put(k, holder, mine - n, seq)
     result = 1
   end
 else
-  if applied or (mine > 0 and mseq == seq) then
+  if applied or (mine > 0 and mseq >= seq) then
     return 1
   end
   if mine < held or mine < n then
@@ -64,6 +70,10 @@ else
   end
   sem_put(k, holder, mine - n, seq)
   if mine == n then
+    local rec = ARGV[6] ~= '' and string.match(redis.call('HGET', k.waiters, ARGV[6]) or '', '^(%d+:%d+:%d+:)%d+$')
+    if rec then
+      redis.call('HSET', k.waiters, ARGV[6], rec .. seq)
+    end
     local ms = tonumber(ARGV[9])
     redis.call('ZADD', released, now + ms, holder .. ':' .. seq)
     keep_alive(released, ms)
