@@ -246,9 +246,11 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 //
 // Lock returns an error wrapping ErrQuorum as soon as a round finds fewer
 // than a quorum of nodes answering: a lock that cannot be taken is not
-// waited for. It returns ErrLockLost when m's current hold has been lost
-// (Unlock it first), ErrClosed after Close, and ctx.Err() wrapped when ctx
-// ends first; it leaves nothing behind then.
+// waited for. When m's hold was lost, Lock drops it (its Lost channel
+// stays closed, and the Unlocks it was owed are not owed any more),
+// releases its node holds left and takes the lock anew. It returns
+// ErrClosed after Close, and ctx.Err() wrapped when ctx ends first; it
+// leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) (err error) {
 	var ws []*waiter    // one per node, registered on the lock's channel
 	var woken []*waiter // took a wake-up that no round has used yet
@@ -292,7 +294,8 @@ func (m *RedMutex) Lock(ctx context.Context) (err error) {
 }
 
 // TryLock makes one round and never waits: it reports whether m holds the
-// lock now (re-entering if it already did). When fewer than a quorum of
+// lock now (re-entering if it already did; taking it anew if m's hold was
+// lost, as Lock does). When fewer than a quorum of
 // nodes answered, it returns false and an error wrapping ErrQuorum.
 func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
 	acquired, _, _, err := m.round(ctx)
@@ -412,15 +415,24 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 	}
 	defer m.end()
 	m.mu.Lock()
-	if m.count > 0 {
-		defer m.mu.Unlock()
-		if m.isLost {
-			return false, 0, false, ErrLockLost
-		}
+	if m.count > 0 && !m.isLost {
 		m.count++
+		m.mu.Unlock()
 		return true, 0, false, nil
 	}
+	var stale []int
+	if m.count > 0 {
+		// The hold was lost: drop it (its Lost channel stays closed)
+		// and take the lock anew once its node holds left are released.
+		for i, in := range m.member {
+			if in {
+				stale = append(stale, i)
+			}
+		}
+		m.forget()
+	}
 	m.mu.Unlock()
+	m.releaseAll(ctx, stale)
 
 	start := time.Now()
 	use := m.idle()

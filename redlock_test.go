@@ -274,8 +274,33 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed after a quorum of node holds was lost")
 	}
-	if err := m.Lock(ctx); !errors.Is(err, ErrLockLost) {
-		t.Fatalf("Lock on a lost hold: %v, want ErrLockLost", err)
+	// A Lock takes the lock anew, without a ritual Unlock (issue 19,
+	// point 7); the old Lost channel stays closed.
+	lost, token := m.Lost(), m.Token()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatalf("Lock after the hold was lost: %v", err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("the lost hold's Lost channel reopened")
+	}
+	if m.Lost() == lost || m.Token() <= token {
+		t.Fatalf("the new hold has the old Lost channel or token %d (old %d)", m.Token(), token)
+	}
+	m.mu.Lock()
+	count := m.count
+	m.mu.Unlock()
+	if count != 1 {
+		t.Fatalf("the new hold has %d levels, want 1", count)
+	}
+	// Lost again: Unlock says so, and releases what is left.
+	mrs[0].Del(key)
+	mrs[1].Del(key)
+	select {
+	case <-m.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed after a quorum of node holds was lost")
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Unlock of a lost hold: %v, want ErrLockLost", err)

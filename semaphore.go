@@ -111,8 +111,11 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 //
 // Acquire returns ErrInvalidPermits when n is not in [1, Size()],
 // ErrSizeMismatch when Redis has another size for the name, ErrLockLost
-// when s's permits have been lost (Release them first), ErrClosed after
-// Close, and the errors of Redis. An error reaching Redis on the first
+// when s's permits have been lost (Release them first: unlike a Mutex's
+// lost hold, they are not dropped by the next Acquire, since the
+// goroutines that share s may still owe Releases of them, which would
+// then give back permits of the new holding), ErrClosed after Close, and
+// the errors of Redis. An error reaching Redis on the first
 // attempt is returned at once; once Acquire is waiting, it outlives Redis
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends.
