@@ -41,13 +41,13 @@
 // its scripts touch one Redis Cluster slot:
 //
 //	redisync:lock:{name}           hash: hold id (the ticket of the call that took it) -> count, with the lease as TTL
-//	redisync:lock:{name}:token     counter of fencing tokens (no TTL)
+//	redisync:lock:{name}:token     the last fencing token (kept an hour after the last hold)
 //	redisync:lock:{name}:queue     fair waiters in arrival order (zset)
 //	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
 //	redisync:lock:{name}:withdrawn tickets withdrawn with an unknown outcome (zset, 2 min)
 //	redisync:lock:{name}:ch        the channel releases publish on
 //
 // A semaphore's keys are "redisync:sem:{name}..." in the same way. The
-// prefix "redisync" is set with WithKeyPrefix. docs/design.md describes
-// every key and script.
+// prefix "redisync" is set with WithKeyPrefix. Every key has a TTL: nothing
+// is left in Redis for good. docs/design.md describes every key and script.
 package redisync

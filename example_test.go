@@ -33,7 +33,7 @@ func ExampleMutex() {
 	if err := m.Lock(ctx); err != nil {    // blocks until held or ctx ends
 		log.Fatal(err)
 	}
-	fmt.Println("held with fencing token", m.Token())
+	fmt.Println("held with a fencing token:", m.Token() > 0)
 
 	select {
 	case <-m.Lost():
@@ -45,7 +45,7 @@ func ExampleMutex() {
 		log.Fatal(err)
 	}
 	// Output:
-	// held with fencing token 1
+	// held with a fencing token: true
 	// still held
 }
 
@@ -83,6 +83,6 @@ func ExampleFair() {
 		log.Fatal(err)
 	}
 	defer m.Unlock(ctx)
-	fmt.Println("deploying with token", m.Token())
-	// Output: deploying with token 1
+	fmt.Println("deploying, fenced:", m.Token() > 0)
+	// Output: deploying, fenced: true
 }

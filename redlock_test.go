@@ -191,16 +191,17 @@ func TestRedlockTokenIsRaisedOnEveryNode(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	tokenKey := "redisync:lock:{t}:token"
-	if err := mrs[1].Set(tokenKey, "100"); err != nil {
+	const high = 9_000_000_000_000_000 // far above any clock-derived token
+	if err := mrs[1].Set(tokenKey, strconv.FormatInt(high, 10)); err != nil {
 		t.Fatal(err)
 	}
 	r := newRedlock(t, rdbs)
 	m := r.NewMutex("t")
 	lockOnAll(t, m)
-	// 101 unless a round that left a node out came first (lockOnAll).
+	// high+1 unless a round that left a node out came first (lockOnAll).
 	want := m.Token()
-	if want < 101 {
-		t.Fatalf("token %d, want at least 101 (the largest node token)", want)
+	if want <= high {
+		t.Fatalf("token %d, want more than %d (the largest node token)", want, int64(high))
 	}
 	for i, mr := range mrs {
 		v, _ := mr.Get(tokenKey)

@@ -454,7 +454,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	}
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n}
-	e := &keepalive{kind: "sem", owner: a.holder, keys: s.keys[:2], ttl: s.lease(),
+	e := &keepalive{kind: "sem", owner: a.holder, keys: s.keys[:3], ttl: s.lease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	err := s.holds.take(h, e, since, lease)
 	if err == nil {

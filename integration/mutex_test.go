@@ -48,8 +48,8 @@ func TestMutexReentrantOnRealRedis(t *testing.T) {
 	if ok, err := b.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("b could not take the lock after a's last Unlock: %v, %v", ok, err)
 	}
-	if b.Token() != token+1 {
-		t.Fatalf("b's token %d, want %d", b.Token(), token+1)
+	if b.Token() <= token {
+		t.Fatalf("b's token %d, want more than a's %d", b.Token(), token)
 	}
 	if err := b.Unlock(ctx); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,7 @@
 -- acquire.lua: take a lock for one Lock or TryLock call, or queue the call.
 --
 -- KEYS[1] lock hash (hold id -> hold count), with the lease as its TTL
--- KEYS[2] fencing token counter (no TTL)
+-- KEYS[2] fencing token counter (see lib.lua, mint)
 -- KEYS[3] queue: zset of fair waiters (ticket -> arrival number)
 -- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff")
 -- KEYS[5] withdrawn tickets (see lib.lua, mark_withdrawn)

@@ -68,11 +68,29 @@ local function hold_count(lock, id)
   return n
 end
 
+-- state_memory_ms is how long redisync's record of an idle lock or
+-- semaphore (a lock's fencing token counter, a semaphore's size) outlives
+-- its last use: nothing redisync writes stays in Redis for good.
+local state_memory_ms = 3600000
+
+-- mint returns a new fencing token of the lock whose counter is the key
+-- token: the server clock in microseconds, or the last token issued plus
+-- one when that is larger. The counter remembers the last token for
+-- state_memory_ms, so tokens strictly increase while it is stored, and
+-- after it expired unless the server clock stepped back by more than the
+-- time since the last token (at least state_memory_ms).
+local function mint(token)
+  local c = redis.call('TIME')
+  local t = math.max(tonumber(c[1]) * 1000000 + tonumber(c[2]), check_counter(token) + 1)
+  redis.call('SET', token, string.format('%d', t), 'PX', state_memory_ms)
+  return t
+end
+
 -- grant makes owner the holder of the free lock for lease ms and returns
 -- its new fencing token. The token is minted first: a token key of the
 -- wrong type fails the script before the lock is written.
 local function grant(lock, token, owner, lease)
-  local t = redis.call('INCR', token)
+  local t = mint(token)
   redis.call('HSET', lock, owner, 1)
   redis.call('PEXPIRE', lock, lease)
   return t
@@ -99,7 +117,7 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
       if deadline and deadline >= now then
         local t = grant(lock, token, head, handoff)
         if head ~= self then
-          redis.call(publish, channel, head .. ':' .. t)
+          redis.call(publish, channel, head .. ':' .. string.format('%d', t))
         end
         return head, t
       end

@@ -1,7 +1,7 @@
 -- redlock_raise.lua: carry a Redlock's fencing token to one of its nodes.
 --
 -- KEYS[1] lock hash (owner -> hold count)
--- KEYS[2] fencing token counter (no TTL)
+-- KEYS[2] fencing token counter (see lib.lua, mint)
 -- ARGV[1] owner id of the node's hold
 -- ARGV[2] the Redlock token: the largest token the quorum's nodes minted
 --
@@ -18,6 +18,6 @@ if redis.call('HEXISTS', lock, ARGV[1]) == 0 then
 end
 local t = check_counter(token)
 if t < tonumber(ARGV[2]) then
-  redis.call('SET', token, ARGV[2])
+  redis.call('SET', token, ARGV[2], 'PX', state_memory_ms)
 end
 return 1

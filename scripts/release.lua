@@ -44,7 +44,7 @@ if mode == 'withdraw' then
   mark_withdrawn(gone, id)
 end
 if count == 0 then
-  if mytoken > 0 and redis.call('GET', tomb) == tostring(mytoken) then
+  if mytoken > 0 and redis.call('GET', tomb) == ARGV[2] then
     return 1
   end
   return 0
@@ -52,7 +52,7 @@ end
 
 redis.call('DEL', lock)
 if mytoken > 0 then
-  redis.call('SET', tomb, mytoken, 'PX', tonumber(ARGV[3]))
+  redis.call('SET', tomb, ARGV[2], 'PX', tonumber(ARGV[3]))
 end
 if queued == 0 or not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil) then
   redis.call(ARGV[5], ARGV[4], '')

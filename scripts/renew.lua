@@ -4,8 +4,9 @@
 -- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for a fair
 -- lock's waiter or "swait" for a semaphore's), owner id,
 -- ms (the lease of a hold, the heartbeat ttl of a waiter). KEYS holds the
--- entries' keys in the same order: one key for a hold (its lock hash), two
--- for a semaphore holder (its holders hash and expiry zset), three for a
+-- entries' keys in the same order: one key for a hold (its lock hash),
+-- three for a semaphore holder (its holders hash, expiry zset and size,
+-- which live as long as it holds), three for a
 -- waiter (its queue, its waiters hash, and the lock hash or the
 -- semaphore's holders hash).
 --
@@ -35,8 +36,8 @@ for i = 1, #ARGV, 3 do
       ok = 1
     end
   elseif kind == 'sem' then
-    local holders, expiry = KEYS[k], KEYS[k + 1]
-    k = k + 2
+    local holders, expiry, size = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
     now = now or now_ms()
     local rec = redis.pcall('HGET', holders, owner)
     local e = redis.pcall('ZSCORE', expiry, owner)
@@ -46,6 +47,9 @@ for i = 1, #ARGV, 3 do
       end
       keep_alive(holders, ms)
       keep_alive(expiry, ms)
+      if redis.pcall('TYPE', size)['ok'] == 'string' then
+        keep_alive(size, ms)
+      end
       ok = 1
     end
   else

@@ -59,6 +59,9 @@ if stored then
 else
   redis.call('SET', KEYS[3], size)
 end
+-- The size lives while the semaphore is in use (renewals keep it too) and
+-- for an hour after its last Acquire.
+keep_alive(KEYS[3], math.max(state_memory_ms, lease))
 
 local now = now_ms()
 sem_reclaim(k, now)

@@ -7,7 +7,9 @@
 --            seq again is a retry (of a call that was applied), one numbered
 --            lower a stale copy; neither changes anything
 --   expiry:  zset holder id -> end of the holder's lease, ms of server time
---   size:    string, the size every Client must agree on (no TTL)
+--   size:    string, the size every Client must agree on; it lives while
+--            the semaphore is in use, and state_memory_ms after the last
+--            Acquire (see lib.lua)
 --   queue:   zset waiter id -> arrival number; a waiter id is
 --            "holder id#call number", one per blocked Acquire
 --   waiters: hash waiter id -> "deadline:lease:permits:seq": heartbeat

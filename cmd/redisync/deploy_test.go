@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -30,17 +31,20 @@ func TestCluster(t *testing.T) {
 			names = append(names, name)
 		}
 	}
+	last := map[string]int64{} // the token of each name's last run
 	for _, spec := range []string{nodes[0], "redis://" + nodes[1], strings.Join(nodes, ",")} {
 		for _, name := range names {
 			code, p := runCode(t, "", "lock", "--redis", spec, name, "--", "sh", "-c", `echo "$REDISYNC_TOKEN"`)
-			if code != 0 || p.stderr.String() != "" {
-				t.Errorf("--redis %s lock %s: exit %d, stderr %q", spec, name, code, p.stderr.String())
+			tk, err := strconv.ParseInt(strings.TrimSpace(p.stdout.String()), 10, 64)
+			if code != 0 || p.stderr.String() != "" || err != nil || tk <= last[name] {
+				t.Errorf("--redis %s lock %s: exit %d, token %q after %d, stderr %q", spec, name, code, p.stdout.String(), last[name], p.stderr.String())
 			}
+			last[name] = tk
 		}
 	}
 	for _, name := range names {
-		if tk := crdb.Get(ctx, newLockKeys("redisync", name).token).Val(); tk != "3" {
-			t.Errorf("%s: token %q, want 3 (one per run)", name, tk)
+		if tk, _ := crdb.Get(ctx, newLockKeys("redisync", name).token).Int64(); tk != last[name] {
+			t.Errorf("%s: token counter %d, want the last run's %d", name, tk, last[name])
 		}
 	}
 
@@ -89,14 +93,15 @@ func TestSentinel(t *testing.T) {
 	spec := "redis+sentinel://" + strings.Join(sentinels, ",") + "/mymaster"
 	name := uniqueName(t)
 	code, p := runCode(t, "", "lock", "--redis", spec, name, "--", "sh", "-c", `echo "$REDISYNC_TOKEN"`)
-	if code != 0 || strings.TrimSpace(p.stdout.String()) != "1" || p.stderr.String() != "" {
-		t.Errorf("lock: exit %d, stdout %q, stderr %q; want 0, token 1 and nothing on stderr", code, p.stdout.String(), p.stderr.String())
+	token := strings.TrimSpace(p.stdout.String())
+	if code != 0 || token == "" || p.stderr.String() != "" {
+		t.Errorf("lock: exit %d, stdout %q, stderr %q; want 0, a token and nothing on stderr", code, p.stdout.String(), p.stderr.String())
 	}
-	if tk := redistest.NewClient(t, primary.Addr).Get(ctx, newLockKeys("redisync", name).token).Val(); tk != "1" {
-		t.Errorf("token on the primary %q, want 1", tk)
+	if tk := redistest.NewClient(t, primary.Addr).Get(ctx, newLockKeys("redisync", name).token).Val(); tk != token {
+		t.Errorf("token on the primary %q, want %q", tk, token)
 	}
 	code, p = runCode(t, "", "status", "--json", "--redis", spec, name)
-	if !strings.Contains(p.stdout.String(), `"last_token": 1`) || p.stderr.String() != "" {
+	if !strings.Contains(p.stdout.String(), `"last_token": `+token) || p.stderr.String() != "" {
 		t.Errorf("status: exit %d, stdout %q, stderr %q", code, p.stdout.String(), p.stderr.String())
 	}
 	code, p = runCode(t, "", "status", "--redis", strings.Replace(spec, "mymaster", "nosuchmaster", 1), name)

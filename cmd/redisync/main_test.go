@@ -390,7 +390,8 @@ func TestTokenInEnvironment(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
 	code, p := runCode(t, addr, "lock", name, "--", "sh", "-c", `echo "$REDISYNC_NAME $REDISYNC_TOKEN"`)
-	if code != 0 || strings.TrimSpace(p.stdout.String()) != name+" 1" {
-		t.Errorf("exit %d, stdout %q; want %q", code, p.stdout.String(), name+" 1")
+	token := redistest.NewClient(t, addr).Get(context.Background(), newLockKeys("redisync", name).token).Val()
+	if want := name + " " + token; code != 0 || token == "" || strings.TrimSpace(p.stdout.String()) != want {
+		t.Errorf("exit %d, stdout %q; want %q", code, p.stdout.String(), want)
 	}
 }

@@ -82,8 +82,9 @@ func TestHoldWithoutCommand(t *testing.T) {
 	key := newLockKeys("redisync", name).lock
 	p := start(t, addr, "lock", name)
 	waitFor(t, "the lock to be held", func() bool { return strings.Contains(p.stdout.String(), "\n") || p.exited() })
-	if out := p.stdout.String(); out != key+" 1\n" {
-		t.Fatalf("stdout %q, want %q; stderr %q", out, key+" 1\n", p.stderr.String())
+	token := redistest.NewClient(t, addr).Get(context.Background(), newLockKeys("redisync", name).token).Val()
+	if out := p.stdout.String(); token == "" || out != key+" "+token+"\n" {
+		t.Fatalf("stdout %q, want %q; stderr %q", out, key+" "+token+"\n", p.stderr.String())
 	}
 	if code, _ := runCode(t, addr, "lock", "-n", name, "--", "true"); code != exitBusy {
 		t.Errorf("another lock -n: exit %d, want %d", code, exitBusy)

@@ -5,18 +5,20 @@
 // {NAME}:
 //
 //	P:sem:{NAME}           hash    holder id -> "permits:seq", seq being
-//	                               the number of its last call applied
+//	                               the highest call number applied to it
 //	P:sem:{NAME}:expiry    zset    holder id -> end of its lease, ms by the
 //	                               Redis server clock (TIME); a holder whose
 //	                               lease has ended is reclaimed by the next
 //	                               script call
-//	P:sem:{NAME}:size      string  the semaphore's size (no TTL)
+//	P:sem:{NAME}:size      string  the semaphore's size (while in use, and
+//	                               an hour after the last Acquire)
 //	P:sem:{NAME}:queue     zset    waiter id -> arrival number (FIFO); a
 //	                               waiter id is "holder id#call number"
-//	P:sem:{NAME}:waiters   hash    waiter id -> "deadline:grantLease:n":
+//	P:sem:{NAME}:waiters   hash    waiter id -> "deadline:grantLease:n:seq":
 //	                               heartbeat deadline (ms, server clock),
 //	                               lease in ms of permits granted to it,
-//	                               permits wanted
+//	                               permits wanted, call number (not read
+//	                               here)
 //	P:sem:{NAME}:released  zset    recent full releases, for retries (not
 //	                               read here)
 //	P:sem:{NAME}:ch        channel grant messages
@@ -121,7 +123,7 @@ func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) 
 			if j := strings.LastIndexByte(w.Waiter, '#'); j >= 0 {
 				w.Owner = w.Waiter[:j]
 			}
-			if f := strings.Split(waiters.Val()[w.Waiter], ":"); len(f) == 3 {
+			if f := strings.Split(waiters.Val()[w.Waiter], ":"); len(f) == 4 {
 				deadline, err1 := strconv.ParseInt(f[0], 10, 64)
 				grant, err2 := strconv.ParseInt(f[1], 10, 64)
 				permits, err3 := strconv.ParseInt(f[2], 10, 64)

@@ -3,6 +3,7 @@ package fault
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,12 +21,12 @@ func semScript(args []string, name string) string {
 	switch {
 	case args == nil:
 		return ""
+	case argContains(args, semKey(name)) && slices.Contains(args, "sem"): // an entry's kind
+		return "renew"
 	case argContains(args, semKey(name)+":size"):
 		return "acquire"
 	case argContains(args, semKey(name)+":released"):
 		return "release"
-	case argContains(args, semKey(name)) && argContains(args, "sem"):
-		return "renew"
 	}
 	return ""
 }

@@ -630,14 +630,13 @@ func (s *storm) violations(vs []history.Violation) {
 }
 
 // checkLockKeys waits for the lock's keys to go from rdb's Redis and
-// checks that nothing of the name is left without a TTL but the token
-// counter.
+// checks that nothing of the name is left without a TTL.
 func (s *storm) checkLockKeys(rdb *redis.Client) {
 	s.t.Helper()
 	base := lockKey(s.name)
 	s.gone(rdb, "the lock", base)
 	s.gone(rdb, "the queue and waiters", base+":queue", base+":waiters")
-	s.noPersistent(rdb, base+":token")
+	s.noPersistent(rdb)
 }
 
 // checkSemKeys does for a semaphore what checkLockKeys does for a lock.
@@ -646,7 +645,7 @@ func (s *storm) checkSemKeys(rdb *redis.Client) {
 	base := "redisync:sem:{" + s.name + "}"
 	s.gone(rdb, "the holders", base, base+":expiry")
 	s.gone(rdb, "the queue and waiters", base+":queue", base+":waiters")
-	s.noPersistent(rdb, base+":size")
+	s.noPersistent(rdb)
 }
 
 // gone waits up to 3 s for keys to disappear.
@@ -675,15 +674,12 @@ func (s *storm) gone(rdb *redis.Client, what string, keys ...string) {
 	}
 }
 
-// noPersistent fails for any key of the name without a TTL but allowed.
-func (s *storm) noPersistent(rdb *redis.Client, allowed ...string) {
+// noPersistent fails for any key of the name without a TTL.
+func (s *storm) noPersistent(rdb *redis.Client) {
 	s.t.Helper()
 	iter := rdb.Scan(ctx, 0, "redisync:*{"+s.name+"}*", 100).Iterator()
 	for iter.Next(ctx) {
 		k := iter.Val()
-		if slices.Contains(allowed, k) {
-			continue
-		}
 		if ttl := rdb.PTTL(ctx, k).Val(); ttl == -1 {
 			s.fail("left in Redis", "%s has no TTL", k)
 		}
