@@ -45,10 +45,16 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // Close waits for it.
 func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, false, err
+		return nil, false, notSent{err}
 	}
 	return c.callFor(ctx, do, late, true)
 }
+
+// notSent is the error of a call that was not sent: ctx had ended before.
+type notSent struct{ err error }
+
+func (e notSent) Error() string { return e.err.Error() }
+func (e notSent) Unwrap() error { return e.err }
 
 // callFor is call, except that it runs do even when ctx has ended already
 // (and then does not wait for it); grace says whether the caller waits a
@@ -296,16 +302,9 @@ func transient(err error) bool {
 }
 
 // mayHaveRun reports whether a command that failed with err may have run
-// in Redis all the same: its reply was lost, rather than Redis answering
-// with an error or the connection failing before anything was sent.
+// in Redis all the same. Only one that was never sent did not: an error
+// reply, or a failure to connect, may come from go-redis's retry of a
+// command whose first copy ran and whose reply was lost.
 func mayHaveRun(err error) bool {
-	var op *net.OpError
-	return !isReply(err) && !(errors.As(err, &op) && op.Op == "dial")
-}
-
-// isReply reports whether err is an error reply from Redis (the command
-// ran and failed) rather than a failure to get a reply.
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+	return !errors.As(err, new(notSent))
 }

@@ -173,11 +173,10 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 // last permits, it forgets them before the release is sent: they are no
 // longer renewed, so when the release fails, or ctx ends before it is
 // confirmed, Redis frees them within one lease; the error says so. When a
-// release of some of s's permits fails, s still holds them all if Redis
-// refused it; if it may have run, s gives up its holding (Lost is closed)
-// rather than renew permits it cannot count. When ctx ends before such a
-// release is confirmed, Release returns and its outcome is applied when it
-// comes.
+// release of some of s's permits fails, s cannot tell whether Redis
+// applied it, so it gives up its holding (Lost is closed) rather than
+// renew permits it cannot count. When ctx ends before such a release is
+// confirmed, Release returns and its outcome is applied when it comes.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := cmp.Or(s.err, s.check(n), s.c.valid()); err != nil {
 		return s.wrap("release", err)
@@ -261,12 +260,11 @@ func (s *Semaphore) settled(h *hold, n, held int64, sent time.Time, res int64, e
 		s.mu.Unlock()
 	case n == held:
 		return notConfirmed(err)
-	case isReply(err):
-		// Redis refused the script: it did not run.
-		return fmt.Errorf("%w (nothing was released: s still holds the permits)", err)
 	default:
-		// It may have run or not: Redis counts n permits more than s, or
-		// not. Renewing them with the rest would keep them for good.
+		// It may have run or not (even an error reply may answer
+		// go-redis's retry of a copy that ran): Redis counts n permits
+		// more than s, or not. Renewing them with the rest would keep
+		// them for good.
 		s.lose(h)
 		s.drop(h, n)
 		return fmt.Errorf("%w (the release is not confirmed: the holding is given up, Lost is closed, and its permits run out in Redis within their lease)", err)
@@ -360,6 +358,12 @@ func (s *Semaphore) heldBy(holder string) int64 {
 // permits now and, when not, how long to sleep at most.
 func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	s := a.s
+	if a.onto != nil && !a.queued && s.current() != a.onto {
+		// The holding the call adds to ended before the call queued:
+		// Redis refuses a first call under its id (a late copy of
+		// one must take nothing). Go on as a call of a new holding.
+		a.anew(ctx)
+	}
 	if err := s.take(ctx, s.op); err != nil {
 		return false, 0, err
 	}
@@ -406,10 +410,14 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		return false, 0, fmt.Errorf("%w: size %d, stored size %d", ErrSizeMismatch, s.size, res[1])
 	case -3, -4:
 		// The call left the queue (granted, and lost since; or dropped
-		// as dead), or its id was withdrawn (by a retry of the attempt
-		// that found so): go on as a new call, so that a grant to the old
-		// one still on its way is not taken for a new grant.
+		// as dead), its id was withdrawn (by a retry of the attempt that
+		// found so), or the holding it adds to ended meanwhile: go on as
+		// a new call, so that a grant to the old one still on its way is
+		// not taken for a new grant.
 		a.left()
+		if a.onto != nil && s.current() != a.onto {
+			a.onto, a.holder = nil, s.c.ticket()
+		}
 		a.waiter = s.nextWaiter(a.holder)
 		return false, 0, nil
 	}
@@ -444,12 +452,11 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	if a.onto != nil && !a.onto.freed {
 		// The holding the call added to ended, and Redis may count
 		// some of its permits still, with these, under its id: give
-		// these back and go on as a new call under a new id, leaving
+		// these back and go on as a call of a new holding, leaving
 		// those to run out unrenewed.
 		s.mu.Unlock()
 		a.giveBack(ctx)
-		a.onto, a.holder = nil, s.c.ticket()
-		a.waiter = s.nextWaiter(a.holder)
+		a.anew(ctx)
 		return false, 0, nil
 	}
 	s.mu.Unlock()
@@ -524,6 +531,17 @@ func (a *acquireCall) giveBack(ctx context.Context) {
 		return nil, nil
 	})
 	a.left()
+}
+
+// anew makes the call one of a new holding, under a new id: it withdraws
+// its waiter id first, giving back what was granted to it, if an attempt
+// may have queued it.
+func (a *acquireCall) anew(ctx context.Context) {
+	if a.queued || a.unsure {
+		a.giveBack(ctx)
+	}
+	a.onto, a.holder = nil, a.s.c.ticket()
+	a.waiter = a.s.nextWaiter(a.holder)
 }
 
 // address returns the call's waiter id: its address in grant messages.

@@ -32,7 +32,8 @@
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
 --        {-2, size}  the stored size differs from ARGV[3]
 --        {-3, 0}     the call was withdrawn, or this is a stale copy of an
---                    earlier call: nothing done
+--                    earlier call (or of the first call of a holding that
+--                    a release ended): nothing done
 --        {-4, 0}     the call left the queue (ARGV[9]); it is withdrawn now
 local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[4], waiters = KEYS[5]}
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -42,6 +43,12 @@ local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 -- fails the script here, having changed nothing.
 local stored = redis.call('GET', KEYS[3])
 if is_withdrawn(KEYS[6], waiter) then
+  return {-3, 0}
+end
+if held == 0 and ARGV[9] ~= '1' and is_withdrawn(KEYS[6], holder) then
+  -- A late copy of the first call of a holding that ended since (its
+  -- release retired the id): a live call never starts a holding under an
+  -- id that ended.
   return {-3, 0}
 end
 redis.call('ZSCORE', k.expiry, holder)
@@ -99,6 +106,7 @@ if served then
   return {1, 0}
 end
 queued = redis.call('ZSCORE', k.queue, waiter)
+mine = sem_parse(redis.call('HGET', k.holders, holder)) -- serving may have added to it
 if not queued and used + n <= size and redis.call('ZCARD', k.queue) == 0 then
   sem_put(k, holder, mine + n, seq)
   sem_lease(k, holder, now, lease)

@@ -43,9 +43,7 @@ redis.call('ZSCORE', k.queue, holder)
 redis.call('HGET', k.waiters, holder)
 local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
 sem_used(k) -- every holder record is checked
-if mode == 'withdraw' then
-  redis.call('ZCARD', KEYS[6])
-end
+redis.call('ZCARD', KEYS[6])
 
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
@@ -74,6 +72,7 @@ else
     if rec then
       redis.call('HSET', k.waiters, ARGV[6], rec .. seq)
     end
+    mark_withdrawn(KEYS[6], holder) -- the id is retired (see sem_acquire.lua)
     local ms = tonumber(ARGV[9])
     redis.call('ZADD', released, now + ms, holder .. ':' .. seq)
     keep_alive(released, ms)
