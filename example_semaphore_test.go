@@ -55,3 +55,32 @@ func ExampleSemaphore() {
 	// jobs at once, at most: 2
 	// true
 }
+
+// TryAcquire takes permits only if it can at once: a job that must not
+// wait skips its turn instead.
+func ExampleSemaphore_TryAcquire() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+	client := redisync.New(rdb)
+	defer client.Close()
+
+	a := client.NewSemaphore("build-slots", 3)
+	b := client.NewSemaphore("build-slots", 3) // another holder
+	if err := a.Acquire(ctx, 2); err != nil {
+		panic(err)
+	}
+	// TryAcquire never waits, and never queues: it also fails while
+	// anyone is queued, so that it does not overtake a waiter.
+	ok, err := b.TryAcquire(ctx, 2)
+	fmt.Println("b takes 2 of the 1 free:", ok, err)
+	ok, err = b.TryAcquire(ctx, 1)
+	fmt.Println("b takes 1:", ok, err)
+	fmt.Println("held by a and b:", a.Held(), b.Held())
+	_ = b.Release(ctx, 1)
+	_ = a.Release(ctx, 2)
+	// Output:
+	// b takes 2 of the 1 free: false <nil>
+	// b takes 1: true <nil>
+	// held by a and b: 2 1
+}

@@ -1,0 +1,74 @@
+package redisync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/redisync/redisync"
+)
+
+// whatToDo tells redisync's errors apart with errors.Is, as a caller
+// would: every error the package returns wraps one of its sentinels, a
+// context error or an error from Redis.
+func whatToDo(err error) string {
+	switch {
+	case err == nil:
+		return "go on"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return "gave up waiting: nothing is held, try again later"
+	case errors.Is(err, redisync.ErrLockLost):
+		return "the hold was lost: stop, another owner may have it"
+	case errors.Is(err, redisync.ErrClosed):
+		return "the Client is closed: shutting down"
+	case errors.Is(err, redisync.ErrNotHeld),
+		errors.Is(err, redisync.ErrTooManyReleased),
+		errors.Is(err, redisync.ErrInvalidName),
+		errors.Is(err, redisync.ErrInvalidOption),
+		errors.Is(err, redisync.ErrInvalidPermits):
+		return "a bug in the caller: nothing was sent to Redis"
+	case errors.Is(err, redisync.ErrWrongType), errors.Is(err, redisync.ErrSizeMismatch):
+		return "Redis holds other data under this name: nothing was written"
+	case errors.Is(err, redisync.ErrNotReplicated), errors.Is(err, redisync.ErrQuorum):
+		return "too few replicas or nodes agreed: Lock holds nothing, try again later"
+	default:
+		return "an error from Redis (network, permissions, ...): try again later"
+	}
+}
+
+// Each call below fails in a different way; errors.Is tells which.
+func Example_errors() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+	client := redisync.New(rdb)
+	other := redisync.New(rdb)
+	defer other.Close()
+
+	held := other.NewMutex("report")
+	if err := held.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	fmt.Println("Lock, held elsewhere:", whatToDo(client.NewMutex("report").Lock(short)))
+
+	fmt.Println("Unlock, not held:", whatToDo(client.NewMutex("report").Unlock(ctx)))
+	fmt.Println("empty name:", whatToDo(client.NewMutex("").Lock(ctx)))
+	fmt.Println("lease of 0:", whatToDo(client.NewMutex("report", redisync.WithLease(0)).Lock(ctx)))
+
+	rdb.Set(ctx, "redisync:lock:{config}", "not a lock", 0)
+	fmt.Println("key of another type:", whatToDo(client.NewMutex("config").Lock(ctx)))
+
+	client.Close()
+	fmt.Println("after Close:", whatToDo(client.NewMutex("report").Lock(ctx)))
+	// Output:
+	// Lock, held elsewhere: gave up waiting: nothing is held, try again later
+	// Unlock, not held: a bug in the caller: nothing was sent to Redis
+	// empty name: a bug in the caller: nothing was sent to Redis
+	// lease of 0: a bug in the caller: nothing was sent to Redis
+	// key of another type: Redis holds other data under this name: nothing was written
+	// after Close: the Client is closed: shutting down
+}

@@ -1,0 +1,590 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// The ACL rules of docs/acl.md, which TestACLDocumented checks against the
+// page. aclBase is what the library needs on one Redis (standalone, a
+// primary with replicas, or each Redlock node); the others are added to it.
+const (
+	aclBase = "resetkeys resetchannels -@all ~redisync:* &redisync:*" +
+		" +evalsha +eval" +
+		" +ping +subscribe +unsubscribe +publish" +
+		" +get +set +incr +del +exists +type +pexpire +pttl +time" +
+		" +hget +hset +hdel +hexists +hlen +hvals" +
+		" +zadd +zrem +zscore +zcard +zrange +zrangebyscore +zremrangebyscore +zpopmin"
+	// aclReplicas is for WithReplicas.
+	aclReplicas = "+wait"
+	// aclCluster is for a *redis.ClusterClient.
+	aclCluster = "+spublish +ssubscribe +sunsubscribe +cluster|slots +command +asking"
+	// aclCLI is for the redisync command: status reads in a transaction,
+	// and INFO tells a Redis Cluster node given as one address.
+	aclCLI = "+multi +exec +hgetall +info"
+	// aclIdentity is for go-redis's CLIENT SETINFO on Redis 7.2 and later.
+	aclIdentity = "+client|setinfo"
+)
+
+// aclPassword is the password of the users the tests create.
+const aclPassword = "acl-test-password"
+
+// aclServer is a redis-server of a test's own, and an admin client of it
+// (the default user, allowed everything).
+type aclServer struct {
+	addr  string
+	admin *redis.Client
+}
+
+// spawnACL starts a redis-server of the test's own: its script cache is
+// empty (so the first script call is an EVAL), and its users and ACL LOG
+// are the test's alone.
+func spawnACL(t *testing.T) aclServer {
+	t.Helper()
+	srv := redistest.Spawn(t)
+	return aclServer{srv.Addr, redistest.NewClient(t, srv.Addr)}
+}
+
+// setUser creates (or replaces) user with exactly the given rules and
+// the password aclPassword, and empties the ACL LOG. On Redis 7.2 and
+// later it adds aclIdentity, as docs/acl.md says.
+func (s aclServer) setUser(t *testing.T, user string, rules ...string) {
+	t.Helper()
+	args := []string{"reset", "on", ">" + aclPassword}
+	for _, r := range rules {
+		args = append(args, strings.Fields(r)...)
+	}
+	if s.atLeast(t, 7, 2) {
+		args = append(args, aclIdentity)
+	}
+	if err := s.admin.ACLSetUser(ctx, user, args...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER %s %s: %v", user, strings.Join(args, " "), err)
+	}
+	if err := s.admin.ACLLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// atLeast reports whether the server's version is major.minor or later.
+func (s aclServer) atLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	info, err := s.admin.Info(ctx, "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`redis_version:(\d+)\.(\d+)`).FindStringSubmatch(info)
+	if m == nil {
+		t.Fatalf("no redis_version in INFO server")
+	}
+	ma, _ := strconv.Atoi(m[1])
+	mi, _ := strconv.Atoi(m[2])
+	return ma > major || ma == major && mi >= minor
+}
+
+// client returns a go-redis client that logs in as user, closed when the
+// test ends.
+func (s aclServer) client(t *testing.T, user string) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, Username: user, Password: aclPassword})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// denials returns what the ACL LOG recorded since the last reset, one
+// "reason object (context)" per entry.
+func (s aclServer) denials(t *testing.T) []string {
+	t.Helper()
+	return denialsOf(t, s.admin)
+}
+
+func denialsOf(t *testing.T, admin *redis.Client) []string {
+	t.Helper()
+	entries, err := admin.ACLLog(ctx, 100).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, fmt.Sprintf("%s %s (%s)", e.Reason, e.Object, e.Context))
+	}
+	return out
+}
+
+// noDenials fails the test if the ACL LOG recorded anything: a command
+// refused inside a script called with redis.pcall, or one whose error
+// go-redis or redisync does not report, shows up there only.
+func (s aclServer) noDenials(t *testing.T) {
+	t.Helper()
+	if d := s.denials(t); len(d) > 0 {
+		t.Errorf("the ACL refused: %q", d)
+	}
+}
+
+// aclClients returns n redisync Clients, each on a go-redis client of its
+// own logged in as user, closed when the test ends.
+func (s aclServer) aclClients(t *testing.T, user string, n int, opts ...redisync.Option) []*redisync.Client {
+	t.Helper()
+	cs := make([]*redisync.Client, n)
+	for i := range cs {
+		c := redisync.New(s.client(t, user), opts...)
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	return cs
+}
+
+// TestACLUserCanUseEveryPrimitive runs every primitive, with contention so
+// that waiters subscribe and releases publish and hand over, as a user
+// restricted to the documented ACL, and checks that the ACL refused
+// nothing (not even what the library would not report).
+func TestACLUserCanUseEveryPrimitive(t *testing.T) {
+	s := spawnACL(t)
+	s.setUser(t, "redisync", aclBase)
+	cnt := cmdCounter{s.admin}
+
+	t.Run("Mutex", func(t *testing.T) {
+		cs := s.aclClients(t, "redisync", 2)
+		res := contend(t, mutexes(cs, redistest.Name(t), 4), 2*time.Millisecond, rounds(10))
+		increasing(t, res.tokens)
+		res = contend(t, mutexes(cs, redistest.Name(t), 4, redisync.Fair()), 2*time.Millisecond, rounds(10))
+		increasing(t, res.tokens)
+		st := cnt.stats(t)
+		for _, cmd := range []string{"eval", "evalsha", "subscribe", "publish", "zpopmin"} {
+			if st[cmd] == 0 {
+				t.Errorf("Redis ran no %s: the path that sends it was not exercised", strings.ToUpper(cmd))
+			}
+		}
+		s.noDenials(t)
+	})
+
+	t.Run("Subscriber", func(t *testing.T) {
+		// The subscriber PINGs a connection silent for 3 s, and
+		// UNSUBSCRIBEs a channel 2 s after its last waiter left.
+		cs := s.aclClients(t, "redisync", 2)
+		name := redistest.Name(t)
+		holder, waiter := cs[0].NewMutex(name), cs[1].NewMutex(name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before := cnt.stats(t)
+		got := make(chan error, 1)
+		go func() { got <- waiter.Lock(ctx) }()
+		eventually(t, 10*time.Second, "the subscriber to PING", func() bool { return cnt.stats(t)["ping"] > before["ping"] })
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter did not get the lock within 10 s of its release")
+		}
+		if err := waiter.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the subscriber to UNSUBSCRIBE", func() bool {
+			return cnt.stats(t)["unsubscribe"] > before["unsubscribe"]
+		})
+		s.noDenials(t)
+	})
+
+	t.Run("TryLock", func(t *testing.T) {
+		cs := s.aclClients(t, "redisync", 2)
+		for _, opts := range [][]redisync.Option{nil, {redisync.Fair()}} {
+			name := redistest.Name(t)
+			a, b := cs[0].NewMutex(name, opts...), cs[1].NewMutex(name, opts...)
+			if ok, err := a.TryLock(ctx); !ok || err != nil {
+				t.Fatalf("TryLock of a free lock: %v, %v", ok, err)
+			}
+			if ok, err := b.TryLock(ctx); ok || err != nil {
+				t.Fatalf("TryLock of a held lock: %v, %v; want false, nil", ok, err)
+			}
+			if err := a.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := b.TryLock(ctx); !ok || err != nil {
+				t.Fatalf("TryLock after Unlock: %v, %v", ok, err)
+			}
+			if err := b.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.noDenials(t)
+	})
+
+	t.Run("Watchdog", func(t *testing.T) {
+		// Leases and heartbeats of 300 ms, renewed every 100 ms: held
+		// and waited on for 3 leases, everything must have been renewed
+		// (a fair waiter's and a semaphore waiter's heartbeats too).
+		const lease = 300 * time.Millisecond
+		cs := s.aclClients(t, "redisync", 2, redisync.WithWatchdogLease(lease), redisync.WithHeartbeat(lease))
+		name := redistest.Name(t)
+		holder, waiter := cs[0].NewMutex(name, redisync.Fair()), cs[1].NewMutex(name, redisync.Fair())
+		sem, semWaiter := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := sem.Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 2)
+		go func() { got <- waiter.Lock(ctx) }()
+		go func() { got <- semWaiter.Acquire(ctx, 1) }()
+		select {
+		case <-holder.Lost():
+			t.Fatal("the mutex's hold was lost: the watchdog could not renew it")
+		case <-sem.Lost():
+			t.Fatal("the semaphore's permit was lost: the watchdog could not renew it")
+		case err := <-got:
+			t.Fatalf("a waiter returned while the lock and the permit were held: %v", err)
+		case <-time.After(3 * lease):
+		}
+		// The waiters are still queued, not dropped as dead.
+		lockQueue := "redisync:lock:{" + name + "}:queue"
+		semQueue, _ := semKeys(name)
+		for _, q := range []string{lockQueue, semQueue} {
+			if n := s.admin.ZCard(ctx, q).Val(); n != 1 {
+				t.Errorf("%s has %d waiters, want 1", q, n)
+			}
+		}
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := sem.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("a waiter did not get the lock or the permit within 10 s of its release")
+			}
+		}
+		if err := waiter.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := semWaiter.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		s.noDenials(t)
+	})
+
+	t.Run("Semaphore", func(t *testing.T) {
+		cs := s.aclClients(t, "redisync", 3)
+		name := redistest.Name(t)
+		a, b, c := cs[0].NewSemaphore(name, 2), cs[1].NewSemaphore(name, 2), cs[2].NewSemaphore(name, 2)
+		if err := a.Acquire(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() { got <- b.Acquire(ctx, 1) }()
+		queue, _ := semKeys(name)
+		eventually(t, 10*time.Second, "b to queue", func() bool { return s.admin.ZCard(ctx, queue).Val() == 1 })
+		if ok, err := c.TryAcquire(ctx, 1); ok || err != nil {
+			t.Fatalf("TryAcquire with no permit free: %v, %v; want false, nil", ok, err)
+		}
+		if err := a.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the queued Acquire did not get the permit released for it within 10 s")
+		}
+		for _, r := range []struct {
+			s *redisync.Semaphore
+			n int64
+		}{{a, 1}, {b, 1}} {
+			if err := r.s.Release(ctx, r.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.noDenials(t)
+	})
+
+	t.Run("Redlock", func(t *testing.T) {
+		nodes := []aclServer{s, spawnACL(t), spawnACL(t)}
+		for _, n := range nodes[1:] {
+			n.setUser(t, "redisync", aclBase)
+		}
+		rls := make([]*redisync.Redlock, 2)
+		for i := range rls {
+			var rdbs []redis.UniversalClient
+			for _, n := range nodes {
+				rdbs = append(rdbs, n.client(t, "redisync"))
+			}
+			rls[i] = redisync.NewRedlock(rdbs)
+			rl := rls[i]
+			t.Cleanup(func() { _ = rl.Close() })
+		}
+		name := redistest.Name(t)
+		ls := []locker{rls[0].NewMutex(name), rls[1].NewMutex(name), rls[0].NewMutex(name), rls[1].NewMutex(name)}
+		increasing(t, contend(t, ls, 2*time.Millisecond, rounds(5)).tokens)
+		for _, n := range nodes {
+			n.noDenials(t)
+		}
+	})
+
+	t.Run("WithReplicas", func(t *testing.T) {
+		// No replica: WAIT runs and answers 0, hence ErrNotReplicated.
+		s.setUser(t, "redisync-wait", aclBase, aclReplicas)
+		c := s.aclClients(t, "redisync-wait", 1, redisync.WithReplicas(1, 20*time.Millisecond))[0]
+		err := c.NewMutex(redistest.Name(t)).Lock(ctx)
+		if !errors.Is(err, redisync.ErrNotReplicated) {
+			t.Fatalf("Lock with WithReplicas and no replica: %v; want ErrNotReplicated", err)
+		}
+		s.noDenials(t)
+	})
+}
+
+// TestACLWithoutARuleFails is the negative control: the same ACL with one
+// rule less makes redisync fail (or, where the library does not report it,
+// makes the ACL LOG record what TestACLUserCanUseEveryPrimitive checks).
+func TestACLWithoutARuleFails(t *testing.T) {
+	s := spawnACL(t)
+	for _, tc := range []struct {
+		drop, add string // rule dropped from aclBase, and one added
+		denied    string // what the ACL LOG records
+		lockFails bool   // whether an uncontended Lock fails
+	}{
+		{drop: "+incr", denied: "command incr (lua)", lockFails: true},
+		{drop: "+eval", denied: "command eval (toplevel)", lockFails: true},
+		{drop: "~redisync:*", add: "~other:*", denied: "key redisync:lock:{", lockFails: true},
+		// Waiters fall back to looking every 250 ms: the lock still works,
+		// and only the ACL LOG tells.
+		{drop: "+subscribe", denied: "command subscribe (toplevel)"},
+	} {
+		t.Run("without "+tc.drop, func(t *testing.T) {
+			rules := strings.Fields(aclBase)
+			i := slices.Index(rules, tc.drop)
+			if i < 0 {
+				t.Fatalf("%s is not in the ACL", tc.drop)
+			}
+			rules = slices.Delete(rules, i, i+1)
+			if tc.add != "" {
+				rules = append(rules, tc.add)
+			}
+			s.setUser(t, "partial", strings.Join(rules, " "))
+			if err := s.admin.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			cs := s.aclClients(t, "partial", 2)
+			name := redistest.Name(t)
+			m := cs[0].NewMutex(name)
+			err := m.Lock(ctx)
+			if tc.lockFails {
+				if err == nil {
+					t.Fatal("Lock succeeded")
+				}
+				if held := s.admin.Exists(ctx, "redisync:lock:{"+name+"}").Val(); held != 0 {
+					t.Error("a failed Lock left the lock held")
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				waited := make(chan error, 1)
+				w := cs[1].NewMutex(name)
+				go func() { waited <- w.Lock(ctx) }()
+				eventually(t, 10*time.Second, "the waiter to try to subscribe", func() bool { return len(s.denials(t)) > 0 })
+				if err := m.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-waited:
+					if err != nil {
+						t.Fatal(err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the waiter did not get the lock within 10 s of its release")
+				}
+				if err := w.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := s.denials(t)
+			if !strings.Contains(strings.Join(d, "\n"), tc.denied) {
+				t.Errorf("ACL LOG %q, want an entry %q", d, tc.denied)
+			}
+			t.Logf("Lock: %v; ACL LOG: %q", err, d)
+		})
+	}
+}
+
+// TestACLCLI runs the redisync command as a user restricted to the
+// library's ACL and the command's additions: a fair lock queued behind a
+// holder, and status.
+func TestACLCLI(t *testing.T) {
+	s := spawnACL(t)
+	s.setUser(t, "redisync", aclBase, aclCLI)
+	bin := buildCLI(t)
+	url := "redis://redisync@" + s.addr
+	run := func(args ...string) *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "REDIS_URL="+url, "REDIS_ADDR=", "REDISYNC_PASSWORD="+aclPassword, "REDIS_PASSWORD=")
+		return cmd
+	}
+	name := redistest.Name(t)
+
+	out, err := run("lock", name, "--", "sh", "-c", `echo "token $REDISYNC_TOKEN"`).CombinedOutput()
+	if err != nil || string(out) != "token 1\n" {
+		t.Fatalf("lock: %v, output %q; want token 1 and nothing else", err, out)
+	}
+
+	// Held by the library, as the same user: a fair lock from the command
+	// queues behind it, status shows both, and the release hands it over.
+	c := s.aclClients(t, "redisync", 1)[0]
+	m := c.NewMutex(name, redisync.Fair())
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	waiter := run("lock", "--fair", name, "--", "sh", "-c", `echo "token $REDISYNC_TOKEN"`)
+	waiter.Stdout, waiter.Stderr = &stdout, &stderr
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = waiter.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = waiter.Process.Kill()
+			<-exited
+		}
+	})
+	queue := "redisync:lock:{" + name + "}:queue"
+	eventually(t, 10*time.Second, "the command to queue", func() bool { return s.admin.ZCard(ctx, queue).Val() == 1 })
+
+	out, err = run("status", name).Output()
+	if err != nil || !regexp.MustCompile(`fencing token +2\n`).Match(out) {
+		t.Errorf("status while held: %v, output %q; want exit 0 and the holder's token 2", err, out)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		if waitErr != nil || stdout.String() != "token 3\n" || stderr.String() != "" {
+			t.Errorf("queued lock: %v, stdout %q, stderr %q; want token 3", waitErr, stdout.String(), stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued command did not get the lock within 10 s of its release")
+	}
+
+	cmd := run("status", name)
+	err = cmd.Run()
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 {
+		t.Errorf("status of a free lock: %v; want exit 1", err)
+	}
+	s.noDenials(t)
+}
+
+// buildCLI builds the redisync command into a directory of the test's own
+// and returns its path.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "redisync")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join("..", "cmd", "redisync")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/redisync: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestACLCluster runs a fair Mutex and a Semaphore on a Redis Cluster as a
+// user restricted to the library's ACL and the cluster's additions, on
+// every node.
+func TestACLCluster(t *testing.T) {
+	cl := redistest.SpawnCluster(t, 3, 0)
+	var admins []*redis.Client
+	for _, addr := range cl.Addrs() {
+		admin := redistest.NewClient(t, addr)
+		s := aclServer{addr, admin}
+		s.setUser(t, "redisync", aclBase, aclCluster)
+		admins = append(admins, admin)
+	}
+	var cs []*redisync.Client
+	for range 2 {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), Username: "redisync", Password: aclPassword})
+		t.Cleanup(func() { _ = rdb.Close() })
+		c := redisync.New(rdb)
+		t.Cleanup(func() { _ = c.Close() })
+		cs = append(cs, c)
+	}
+	for i := range 3 {
+		name := fmt.Sprintf("%s-%d", redistest.Name(t), i) // likely on different primaries
+		increasing(t, contend(t, mutexes(cs, name, 4, redisync.Fair()), 2*time.Millisecond, rounds(5)).tokens)
+	}
+	name := redistest.Name(t)
+	a, b := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)
+	if err := a.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- b.Acquire(ctx, 1) }()
+	crdb := cl.NewClient(t)
+	queue, _ := semKeys(name)
+	eventually(t, 10*time.Second, "b to queue", func() bool { return crdb.ZCard(ctx, queue).Val() == 1 })
+	if err := a.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued Acquire did not get the permit within 10 s of its release")
+	}
+	if err := b.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, admin := range admins {
+		if d := denialsOf(t, admin); len(d) > 0 {
+			t.Errorf("the ACL of %s refused: %q", admin.Options().Addr, d)
+		}
+	}
+}
+
+// TestACLDocumented checks that docs/acl.md shows the rules the tests
+// above use, as they are.
+func TestACLDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "docs", "acl.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As one line, without shell line continuations, quotes, and the
+	// escapes of '|' in tables.
+	doc := strings.NewReplacer("\\\n", " ", "'", "", "\\|", "|").Replace(string(b))
+	doc = strings.Join(strings.Fields(doc), " ")
+	for _, rules := range []string{aclBase, aclReplicas, aclCluster, aclCLI, aclIdentity} {
+		if !strings.Contains(doc, rules) {
+			t.Errorf("docs/acl.md does not show %q", rules)
+		}
+	}
+}
