@@ -82,8 +82,13 @@ func drift(lease time.Duration) time.Duration {
 
 // set schedules e after a call sent at sent set its lease (or heartbeat)
 // to ttl. w.mu must be held, or e not registered yet.
+//
+// The deadline never moves earlier: no script shortens a hold's lease (a
+// renewal after Mutex.Extend leaves the longer lease be), so every call
+// that set it gives a lower bound of when Redis lets it run out, whatever
+// order such calls ran in.
 func (e *keepalive) set(sent time.Time, ttl time.Duration) {
-	e.deadline = sent.Add(ttl - drift(ttl))
+	e.deadline = maxTime(e.deadline, sent.Add(ttl-drift(ttl)))
 	e.confirmed = sent
 	if e.renew {
 		e.due = sent.Add(ttl / 3)
@@ -390,6 +395,13 @@ func (w *watchdog) wait() []func(context.Context) {
 	held := w.held
 	w.held = nil
 	return held
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func minTime(a, b time.Time) time.Time {
