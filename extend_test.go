@@ -1,8 +1,12 @@
 package redisync
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // entry returns the watchdog entry of m's hold and a copy of its schedule,
@@ -57,4 +61,183 @@ func TestWatchdogRenewalNeverShortensALease(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Extend under a fixed lease sets the lease in Redis and moves the local
+// deadline, counted from the call's sending; it never shortens a lease.
+func TestMutexExtendFixedLease(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("ext", WithLease(time.Second))
+	key := "redisync:lock:{ext}"
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The reply comes 200 ms after Redis ran the call: the deadline
+	// counts from the sending all the same.
+	rdb.AddHook(slowReply{sha: extendScript.Hash(), d: 200 * time.Millisecond})
+	before := time.Now()
+	if err := m.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if took := time.Since(before); took < 200*time.Millisecond {
+		t.Fatalf("Extend took %v, the reply was not held up", took)
+	}
+	if ttl := mr.TTL(key); ttl != 5*time.Second {
+		t.Fatalf("the lease in Redis is %v after Extend(5s)", ttl)
+	}
+	_, deadline, _ := entry(t, m)
+	want := before.Add(5*time.Second - drift(5*time.Second))
+	if deadline.Before(want) || deadline.After(want.Add(100*time.Millisecond)) {
+		t.Fatalf("the local deadline is %v after the call was sent, want sent + 5s - drift (%v)",
+			deadline.Sub(before), 5*time.Second-drift(5*time.Second))
+	}
+
+	// A shorter lease changes nothing, in Redis or locally.
+	if err := m.Extend(ctx, time.Second); err != nil {
+		t.Fatalf("Extend with a shorter lease: %v", err)
+	}
+	if ttl := mr.TTL(key); ttl != 5*time.Second {
+		t.Fatalf("Extend(1s) cut the lease to %v", ttl)
+	}
+	if _, d, _ := entry(t, m); !d.Equal(deadline) {
+		t.Fatalf("Extend(1s) moved the local deadline by %v", d.Sub(deadline))
+	}
+
+	// Re-entering does not re-arm the extended lease, nor cut it.
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := mr.TTL(key); ttl != 5*time.Second {
+		t.Fatalf("re-entering changed the lease to %v", ttl)
+	}
+	for range 2 {
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mr.Exists(key) {
+		t.Fatal("the extended hold was not released")
+	}
+}
+
+// Under the watchdog, Extend gives a one-off longer lease: the renewals go
+// on and neither cut it in Redis nor move the local deadline back.
+func TestMutexExtendUnderWatchdog(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(60*time.Millisecond))
+	m := c.NewMutex("extwd")
+	key := "redisync:lock:{extwd}"
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	if err := m.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_, deadline, _ := entry(t, m)
+	if min := sent.Add(time.Minute - drift(time.Minute)); deadline.Before(min) {
+		t.Fatalf("the local deadline is %v short of sent + 1m - drift", min.Sub(deadline))
+	}
+	renewed(t, m, time.Now())
+	if ttl := mr.TTL(key); ttl != time.Minute {
+		t.Fatalf("the lease in Redis is %v after renewals, want the extended 1m", ttl)
+	}
+	if _, d, _ := entry(t, m); d.Before(deadline) {
+		t.Fatalf("a renewal moved the local deadline %v earlier", deadline.Sub(d))
+	}
+	select {
+	case <-m.Lost():
+		t.Fatal("Lost closed")
+	default:
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMutexExtendErrors(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(time.Minute))
+	m := c.NewMutex("exterr")
+	key := "redisync:lock:{exterr}"
+
+	// Nothing reaches Redis for a bad lease or when nothing is held.
+	for _, lease := range []time.Duration{0, -time.Second, 500 * time.Microsecond, MaxLease + time.Millisecond} {
+		if err := m.Extend(ctx, lease); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("Extend(%v): %v, want ErrInvalidOption", lease, err)
+		}
+	}
+	if err := m.Extend(ctx, time.Second); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("Extend with nothing held: %v, want ErrNotHeld", err)
+	}
+	if n := cnt.n.Load(); n != 0 {
+		t.Fatalf("%d commands reached Redis, want 0", n)
+	}
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Extend(ctx, 0); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("Extend(0) while held: %v, want ErrInvalidOption", err)
+	}
+	if ttl := mr.TTL(key); ttl != time.Minute {
+		t.Fatalf("a refused Extend changed the lease to %v", ttl)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := m.Extend(cancelled, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Errorf("Extend with a cancelled ctx: %v, want context.Canceled", err)
+	}
+
+	// The hold removed, and the lock taken by another owner: Extend
+	// reports the loss, closes Lost, and leaves the new owner's lease be.
+	lost := m.Lost()
+	mr.Del(key)
+	other := c.NewMutex("exterr", WithLease(time.Second))
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("another owner's TryLock: %v, %v", ok, err)
+	}
+	if err := m.Extend(ctx, time.Hour); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Extend of a hold gone from Redis: %v, want ErrLockLost", err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Extend found the hold gone and Lost is still open")
+	}
+	if ttl := mr.TTL(key); ttl != time.Second {
+		t.Fatalf("Extend of a lost hold changed the new owner's lease to %v", ttl)
+	}
+	if err := m.Extend(ctx, time.Hour); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Extend of a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock: %v, want ErrLockLost", err)
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowReply is a go-redis hook that holds up the reply of every EVALSHA of
+// one script by d, after Redis ran it: a slow network on the way back.
+type slowReply struct {
+	sha string
+	d   time.Duration
+}
+
+func (h slowReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); cmd.Name() == "evalsha" && len(args) > 1 && args[1] == h.sha {
+			time.Sleep(h.d) // latency on the way back, not a wait for an event
+		}
+		return err
+	}
+}
+
+func (h slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -18,6 +18,8 @@ var (
 	luaRelease string
 	//go:embed scripts/renew.lua
 	luaRenew string
+	//go:embed scripts/extend.lua
+	luaExtend string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -28,6 +30,7 @@ var (
 	acquireScript = redis.NewScript(luaLib + luaAcquire)
 	releaseScript = redis.NewScript(luaLib + luaRelease)
 	renewScript   = redis.NewScript(luaLib + luaRenew)
+	extendScript  = redis.NewScript(luaLib + luaExtend)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

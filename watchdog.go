@@ -127,6 +127,24 @@ func (w *watchdog) rearm(e *keepalive, sent time.Time) {
 	}
 }
 
+// extend moves e's deadline after a call sent at sent made its lease last
+// at least lease (the deadline never moves earlier). It reports false, and
+// changes nothing, when e is no longer registered: removed, or dropped as
+// lost.
+func (w *watchdog) extend(e *keepalive, sent time.Time, lease time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.entries[e]; !ok {
+		return false
+	}
+	e.deadline = maxTime(e.deadline, sent.Add(lease-drift(lease)))
+	if !e.renew {
+		e.due = e.deadline
+	}
+	w.pokeIfBefore(e)
+	return true
+}
+
 // pokeIfBefore wakes run when e is due before run would look. w.mu must be
 // held.
 func (w *watchdog) pokeIfBefore(e *keepalive) {
