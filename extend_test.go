@@ -241,3 +241,59 @@ func (h slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+func TestMutexTTL(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("ttl", WithLease(2*time.Second))
+	key := "redisync:lock:{ttl}"
+	if d, err := m.TTL(ctx); d != 0 || !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("TTL with nothing held: %v, %v, want 0, ErrNotHeld", d, err)
+	}
+	if n := cnt.n.Load(); n != 0 {
+		t.Fatalf("TTL with nothing held sent %d commands, want 0", n)
+	}
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.TTL(ctx); d != 2*time.Second || err != nil {
+		t.Fatalf("TTL: %v, %v, want 2s", d, err)
+	}
+	mr.FastForward(500 * time.Millisecond)
+	if d, err := m.TTL(ctx); d != 1500*time.Millisecond || err != nil {
+		t.Fatalf("TTL 500ms later: %v, %v, want 1.5s", d, err)
+	}
+	if err := m.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.TTL(ctx); d != 5*time.Second || err != nil {
+		t.Fatalf("TTL after Extend(5s): %v, %v, want 5s", d, err)
+	}
+
+	// Another owner's hold is not m's: TTL reports the loss and closes
+	// Lost; later calls say so without asking Redis.
+	lost := m.Lost()
+	mr.Del(key)
+	other := c.NewMutex("ttl", WithLease(time.Second))
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("another owner's TryLock: %v, %v", ok, err)
+	}
+	if d, err := m.TTL(ctx); d != 0 || !errors.Is(err, ErrLockLost) {
+		t.Fatalf("TTL of a hold gone from Redis: %v, %v, want 0, ErrLockLost", d, err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("TTL found the hold gone and Lost is still open")
+	}
+	sent := cnt.n.Load()
+	if d, err := m.TTL(ctx); d != 0 || !errors.Is(err, ErrLockLost) || cnt.n.Load() != sent {
+		t.Fatalf("TTL of a lost hold: %v, %v, %d commands; want 0, ErrLockLost, none", d, err, cnt.n.Load()-sent)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock: %v, want ErrLockLost", err)
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -61,6 +62,41 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 		return m.wrap("extend", m.gone(h))
 	}
 	return nil
+}
+
+// TTL returns what is left of m's hold's lease in Redis (its PTTL, asked
+// by m's hold id), by the server's clock when it ran the call: when TTL
+// returns, up to a round trip less is left. To stop work in time, watch
+// Lost, whose local deadline allows for that and for clock drift. Under
+// the watchdog the lease left is between about two thirds of the watchdog
+// lease and all of it, unless Extend set more.
+//
+// TTL returns 0 and an error wrapping ErrNotHeld when m holds nothing,
+// without a call to Redis; ErrLockLost when the hold was lost, or Redis no
+// longer has it (Lost is closed then); ctx's error when ctx ends first
+// (within 25 ms); ErrClosed after Close; and the errors of Redis. It is
+// safe for concurrent use.
+func (m *Mutex) TTL(ctx context.Context) (time.Duration, error) {
+	if err := m.usable(ctx); err != nil {
+		return 0, m.wrap("ttl", err)
+	}
+	h, err := m.held()
+	if err != nil {
+		return 0, m.wrap("ttl", err)
+	}
+	res, _, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return ttlScript.Run(ctx, m.c.rdb, []string{m.keys.base}, h.id).Int64Slice()
+	}, nil)
+	switch {
+	case err != nil:
+		return 0, m.wrap("ttl", redisError(err))
+	case len(res) == 0 || res[0] == -2:
+		m.lose(h)
+		return 0, m.wrap("ttl", ErrLockLost)
+	case res[0] < 0:
+		return 0, m.wrap("ttl", errors.New("the lock's key has no TTL: a command outside redisync removed it"))
+	}
+	return time.Duration(res[0]) * time.Millisecond, nil
 }
 
 // held returns m's hold, or why there is none to act on: ErrNotHeld, or

@@ -20,6 +20,8 @@ var (
 	luaRenew string
 	//go:embed scripts/extend.lua
 	luaExtend string
+	//go:embed scripts/ttl.lua
+	luaTTL string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -31,6 +33,7 @@ var (
 	releaseScript = redis.NewScript(luaLib + luaRelease)
 	renewScript   = redis.NewScript(luaLib + luaRenew)
 	extendScript  = redis.NewScript(luaLib + luaExtend)
+	ttlScript     = redis.NewScript(luaLib + luaTTL)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)
