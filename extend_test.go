@@ -297,3 +297,118 @@ func TestMutexTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A holder that hangs while alive (it never unlocks; its process goes on
+// renewing) is renewed no longer than WithMaxHold: it loses the hold by the
+// cap plus one lease, Lost tells it, and Redis lets the lock go within a
+// lease of the last renewal.
+func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
+	c := newClient(t, rdb, WithWatchdogLease(lease), WithMaxHold(limit))
+	m := c.NewMutex("hung")
+	key := "redisync:lock:{hung}"
+	start := time.Now()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The holder hangs: it waits for nothing but Lost.
+	select {
+	case <-m.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a hold past its max hold time is still renewed after 5s")
+	}
+	took := time.Since(start)
+	if took < limit || took > limit+lease+time.Second {
+		t.Fatalf("Lost closed %v after Lock, want within [%v, %v + %v]", took, limit, limit, lease)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock of the capped hold: %v, want ErrLockLost", err)
+	}
+
+	// The cap is per hold: the next one is renewed again, until its own.
+	other := c.NewMutex("hung", WithMaxHold(0))
+	if err := other.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, _, _ := entry(t, other); !e.until.IsZero() {
+		t.Fatal("WithMaxHold(0) on the Mutex left the Client's cap on")
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Redis lets the lock go a lease after the last renewal: here, with
+	// no one renewing, when miniredis's clock moves on by the lease.
+	hung := c.NewMutex("hung2")
+	if err := hung.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hung.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second capped hold is still renewed after 5s")
+	}
+	mr.FastForward(lease)
+	if mr.Exists("redisync:lock:{hung2}") {
+		t.Fatal("the capped hold was renewed after Lost closed")
+	}
+	if mr.Exists(key) {
+		t.Fatal("the first hold's key is left")
+	}
+	if err := hung.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock: %v, want ErrLockLost", err)
+	}
+}
+
+// Extend is the holder's own call: the cap does not undo it.
+func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(60*time.Millisecond), WithMaxHold(30*time.Millisecond))
+	m := c.NewMutex("capext")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	if err := m.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the watchdog to stop renewing", func() bool {
+		e, _, _ := entry(t, m)
+		m.c.wd.mu.Lock()
+		defer m.c.wd.mu.Unlock()
+		return !e.renew
+	})
+	if _, d, _ := entry(t, m); d.Before(sent.Add(time.Minute - drift(time.Minute))) {
+		t.Fatalf("the capped hold's deadline is %v short of the extended lease", sent.Add(time.Minute).Sub(d))
+	}
+	if ttl := mr.TTL("redisync:lock:{capext}"); ttl != time.Minute {
+		t.Fatalf("the lease in Redis is %v, want the extended 1m", ttl)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A RedMutex's node holds are Mutex holds: the cap ends the RedMutex's.
+func TestRedlockMaxHold(t *testing.T) {
+	_, rdbs, _ := newMiniNodes(t, 3)
+	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
+	r := newRedlock(t, rdbs, WithWatchdogLease(lease), WithMaxHold(limit))
+	m := r.NewMutex("hung")
+	start := time.Now()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a RedMutex past its max hold time is still renewed after 5s")
+	}
+	if took := time.Since(start); took < limit || took > limit+lease+time.Second {
+		t.Fatalf("Lost closed %v after Lock, want within [%v, %v + %v]", took, limit, limit, lease)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock: %v, want ErrLockLost", err)
+	}
+}

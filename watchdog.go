@@ -52,7 +52,8 @@ type keepalive struct {
 	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
 	hold  bool          // lost when its deadline passes unrenewed
-	renew bool          // false for a hold with a fixed lease
+	renew bool          // false for a hold with a fixed lease, or past until
+	until time.Time     // hold: no renewal is sent from then on (WithMaxHold); zero: no cap
 
 	due       time.Time             // next renewal
 	deadline  time.Time             // when it runs out in Redis at the earliest; a hold is lost then unless renewed
@@ -214,6 +215,10 @@ func (w *watchdog) collect(now time.Time) []renewal {
 		case e.hold && !now.Before(e.deadline):
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
+		case e.renew && !e.until.IsZero() && !now.Before(e.until):
+			// Renewed for as long as it may be: from now on it is
+			// a hold with a fixed lease, lost at its deadline.
+			e.renew, e.due = false, e.deadline
 		case e.renew && !e.busy && !now.Before(e.due.Add(-e.ttl/18)):
 			// A hold's renewal is of use until its lease runs out; a
 			// waiter's heartbeat for as long as Redis keeps its record
