@@ -412,3 +412,31 @@ func TestRedlockMaxHold(t *testing.T) {
 		t.Fatalf("Unlock: %v, want ErrLockLost", err)
 	}
 }
+
+// A late copy of the acquire that took a hold (a stalled connection that
+// delivers it after go-redis's retry was answered) must not cut a lease
+// that Extend has made longer since: the local deadline counts on it.
+func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("late", WithLease(time.Second))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	k := m.keys
+	res, err := acquireScript.Run(ctx, rdb, []string{k.base, k.token, k.queue, k.waiters, k.gone},
+		m.holdID(), time.Second.Milliseconds(), "barge", m.cfg.heartbeat.Milliseconds(),
+		m.handoffLease().Milliseconds(), m.channel, "PUBLISH", "0").Int64Slice()
+	if err != nil || res[0] != 1 {
+		t.Fatalf("the late copy: %v, %v; want it to find its ticket holding", res, err)
+	}
+	if ttl := mr.TTL(k.base); ttl != time.Minute {
+		t.Fatalf("a late copy of the acquire cut the extended lease to %v", ttl)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
