@@ -28,6 +28,11 @@
 // hold is lost: Mutex.Lost is closed before Redis can give the lock to
 // anyone else, and Unlock reports ErrLockLost.
 //
+// Mutex.Extend makes a hold last at least a given lease from now (never
+// shortening it), Mutex.TTL reads what is left of it in Redis, and
+// WithMaxHold caps how long the watchdog renews a hold, so that a holder
+// that hangs while alive loses the lock.
+//
 // # Fencing tokens
 //
 // Every new hold of a lock gets a token strictly larger than every earlier

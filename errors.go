@@ -27,7 +27,7 @@ var (
 	ErrInvalidName = errors.New("redisync: invalid name")
 	// ErrInvalidOption is returned when an option is out of its range (a
 	// lease that is not positive or longer than MaxLease, a key prefix
-	// with braces, ...).
+	// with braces, ...), and for such a lease given to Mutex.Extend.
 	ErrInvalidOption = errors.New("redisync: invalid option")
 	// ErrNotReplicated is returned, with WithReplicas, when fewer replicas
 	// than asked acknowledged an acquisition in time. The acquisition was

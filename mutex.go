@@ -341,6 +341,9 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.base},
 		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
 		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
+	if m.cfg.maxHold > 0 {
+		e.until = since.Add(m.cfg.maxHold)
+	}
 	err := m.take(h, e, since, lease)
 	if err == nil {
 		l.left()

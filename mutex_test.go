@@ -31,6 +31,7 @@ func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"tiny watchdog lease", c.NewMutex("a", WithWatchdogLease(2*time.Millisecond)), ctx, ErrInvalidOption},
 		{"zero heartbeat", c.NewMutex("a", WithHeartbeat(0)), ctx, ErrInvalidOption},
 		{"zero recheck", c.NewMutex("a", WithRecheck(0)), ctx, ErrInvalidOption},
+		{"negative max hold", c.NewMutex("a", WithMaxHold(-time.Second)), ctx, ErrInvalidOption},
 		{"prefix with brace", c.NewMutex("a", WithKeyPrefix("p{")), ctx, ErrInvalidOption},
 		{"empty prefix", c.NewMutex("a", WithKeyPrefix("")), ctx, ErrInvalidOption},
 		{"zero replicas", c.NewMutex("a", WithReplicas(0, time.Second)), ctx, ErrInvalidOption},

@@ -26,6 +26,7 @@ type config struct {
 	prefix         string
 	lease          time.Duration // fixed lease; 0: watchdog
 	watchdog       time.Duration // lease kept alive by the watchdog
+	maxHold        time.Duration // how long the watchdog renews a hold; 0: no cap
 	heartbeat      time.Duration // fair waiters' liveness deadline and hand-off lease
 	recheck        time.Duration // longest sleep without a message
 	fair           bool
@@ -97,6 +98,30 @@ func WithWatchdogLease(d time.Duration) Option {
 		if cfg.checkDuration("watchdog lease", d) && cfg.checkDuration("watchdog lease/3", d/3) {
 			cfg.watchdog = d
 		}
+	}
+}
+
+// WithMaxHold caps how long the watchdog renews a hold: once d has passed
+// since the hold was taken, no renewal is sent. A holder that hangs but
+// stays alive (a stuck goroutine, a deadlock, a call that never returns)
+// then loses the lock by d plus one watchdog lease at the latest: Lost
+// closes by the hold's local deadline, before Redis can let anyone else
+// in, and Unlock reports ErrLockLost. Holders that finish in time are not
+// affected. Extend is not capped: it is the holder's own call, made when
+// it is evidently alive. d must not be negative; 0 means no cap.
+//
+// A Mutex uses it, and so does a RedMutex (its node holds are renewed no
+// longer); a Semaphore does not. A hold with a fixed lease (WithLease) is
+// never renewed anyway.
+//
+// The default is no cap.
+func WithMaxHold(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < 0 {
+			cfg.invalid("max hold %v is negative", d)
+			return
+		}
+		cfg.maxHold = d
 	}
 }
 

@@ -18,6 +18,10 @@ var (
 	luaRelease string
 	//go:embed scripts/renew.lua
 	luaRenew string
+	//go:embed scripts/extend.lua
+	luaExtend string
+	//go:embed scripts/ttl.lua
+	luaTTL string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -28,6 +32,8 @@ var (
 	acquireScript = redis.NewScript(luaLib + luaAcquire)
 	releaseScript = redis.NewScript(luaLib + luaRelease)
 	renewScript   = redis.NewScript(luaLib + luaRenew)
+	extendScript  = redis.NewScript(luaLib + luaExtend)
+	ttlScript     = redis.NewScript(luaLib + luaTTL)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

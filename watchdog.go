@@ -52,7 +52,8 @@ type keepalive struct {
 	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
 	hold  bool          // lost when its deadline passes unrenewed
-	renew bool          // false for a hold with a fixed lease
+	renew bool          // false for a hold with a fixed lease, or past until
+	until time.Time     // hold: no renewal is sent from then on (WithMaxHold); zero: no cap
 
 	due       time.Time             // next renewal
 	deadline  time.Time             // when it runs out in Redis at the earliest; a hold is lost then unless renewed
@@ -82,8 +83,13 @@ func drift(lease time.Duration) time.Duration {
 
 // set schedules e after a call sent at sent set its lease (or heartbeat)
 // to ttl. w.mu must be held, or e not registered yet.
+//
+// The deadline never moves earlier: no script shortens a hold's lease (a
+// renewal after Mutex.Extend leaves the longer lease be), so every call
+// that set it gives a lower bound of when Redis lets it run out, whatever
+// order such calls ran in.
 func (e *keepalive) set(sent time.Time, ttl time.Duration) {
-	e.deadline = sent.Add(ttl - drift(ttl))
+	e.deadline = maxTime(e.deadline, sent.Add(ttl-drift(ttl)))
 	e.confirmed = sent
 	if e.renew {
 		e.due = sent.Add(ttl / 3)
@@ -120,6 +126,24 @@ func (w *watchdog) rearm(e *keepalive, sent time.Time) {
 		e.set(sent, e.ttl)
 		w.pokeIfBefore(e)
 	}
+}
+
+// extend moves e's deadline after a call sent at sent made its lease last
+// at least lease (the deadline never moves earlier). It reports false, and
+// changes nothing, when e is no longer registered: removed, or dropped as
+// lost.
+func (w *watchdog) extend(e *keepalive, sent time.Time, lease time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.entries[e]; !ok {
+		return false
+	}
+	e.deadline = maxTime(e.deadline, sent.Add(lease-drift(lease)))
+	if !e.renew {
+		e.due = e.deadline
+	}
+	w.pokeIfBefore(e)
+	return true
 }
 
 // pokeIfBefore wakes run when e is due before run would look. w.mu must be
@@ -191,6 +215,10 @@ func (w *watchdog) collect(now time.Time) []renewal {
 		case e.hold && !now.Before(e.deadline):
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
+		case e.renew && !e.until.IsZero() && !now.Before(e.until):
+			// Renewed for as long as it may be: from now on it is
+			// a hold with a fixed lease, lost at its deadline.
+			e.renew, e.due = false, e.deadline
 		case e.renew && !e.busy && !now.Before(e.due.Add(-e.ttl/18)):
 			// A hold's renewal is of use until its lease runs out; a
 			// waiter's heartbeat for as long as Redis keeps its record
@@ -390,6 +418,13 @@ func (w *watchdog) wait() []func(context.Context) {
 	held := w.held
 	w.held = nil
 	return held
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func minTime(a, b time.Time) time.Time {

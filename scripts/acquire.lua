@@ -32,7 +32,9 @@ local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local t = check_counter(token)
 if hold_count(lock, ticket) > 0 then
-  redis.call('PEXPIRE', lock, lease)
+  -- Never shorten it: a late copy of this call must not cut a lease that
+  -- Mutex.Extend has made longer since.
+  keep_alive(lock, lease)
   return {1, t}
 end
 if is_withdrawn(gone, ticket) then

@@ -10,7 +10,8 @@
 -- waiter (its queue, its waiters hash, and the lock hash or the
 -- semaphore's holders hash).
 --
--- A hold is extended only while its owner still holds the lock; a semaphore
+-- A hold is extended only while its owner still holds the lock, and never
+-- shortened (a longer lease set by Mutex.Extend stays); a semaphore
 -- holder only while it holds permits whose lease has not ended (an ended one
 -- is left for the semaphore's next script to reclaim); a waiter's deadline
 -- is moved only while it is still queued (the rest of its record, such as
@@ -32,7 +33,7 @@ for i = 1, #ARGV, 3 do
     local lock = KEYS[k]
     k = k + 1
     if redis.pcall('HEXISTS', lock, owner) == 1 then
-      redis.call('PEXPIRE', lock, ms)
+      keep_alive(lock, ms)
       ok = 1
     end
   elseif kind == 'sem' then
