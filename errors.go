@@ -60,26 +60,42 @@ var (
 	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
 )
 
-// redisError adds ErrWrongType to an error from Redis when Redis or a
-// script reported a key of the wrong type (a script's own error carries
-// the word after a position prefix, hence Index).
+// redisError makes an error from Redis read as one clean line: without
+// what Redis appends to a script's error (its SHA and line, a Lua stack
+// traceback). It adds ErrWrongType when Redis or a script reported a key
+// of the wrong type (a script's own error carries the word after a
+// position prefix, hence Index).
 func redisError(err error) error {
-	msg := err.Error()
+	msg := oneLine(err.Error())
 	i := strings.Index(msg, "WRONGTYPE")
 	if i < 0 {
-		return err
-	}
-	// Keep what the script or Redis said, on one line, without what Redis
-	// appends to a script's error (its SHA, a Lua stack traceback).
-	detail := msg[i+len("WRONGTYPE"):]
-	for _, cut := range []string{" script:", " stack traceback", "\n"} {
-		if j := strings.Index(detail, cut); j >= 0 {
-			detail = detail[:j]
+		if msg == err.Error() {
+			return err
 		}
+		return &cleaned{msg: msg, err: err}
 	}
-	detail = strings.TrimPrefix(strings.TrimSpace(detail), "redisync: ")
+	detail := strings.TrimPrefix(strings.TrimSpace(msg[i+len("WRONGTYPE"):]), "redisync: ")
 	return &wrongType{detail: strings.TrimSuffix(detail, "."), err: err}
 }
+
+// oneLine cuts what Redis appends to a script's error from msg.
+func oneLine(msg string) string {
+	for _, cut := range []string{" script:", " stack traceback", "\n"} {
+		if j := strings.Index(msg, cut); j >= 0 {
+			msg = msg[:j]
+		}
+	}
+	return strings.TrimSpace(msg)
+}
+
+// cleaned is an error from Redis, on one line.
+type cleaned struct {
+	msg string
+	err error // from Redis
+}
+
+func (e *cleaned) Error() string { return e.msg }
+func (e *cleaned) Unwrap() error { return e.err }
 
 // wrongType is ErrWrongType with what Redis said about it, on one line.
 type wrongType struct {

@@ -3,6 +3,9 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"strconv"
 	"strings"
 	"testing"
@@ -386,6 +389,21 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 	check("token counter of 1.5", err)
 	if !strings.Contains(err.Error(), "redisync:lock:{wt}:token does not hold a counter") {
 		t.Fatalf("%q does not say which key holds what", err)
+	}
+
+	// Any other error of a script, as Redis 7 words it: one line, without
+	// the script's SHA and line, and still a redis.Error.
+	mr2 := miniredis.RunT(t)
+	rdb2 := redis.NewClient(&redis.Options{Addr: mr2.Addr()})
+	t.Cleanup(func() { _ = rdb2.Close() })
+	hook := &failOnce{msg: "NOPERM this user has no permissions to run the 'time' command script: 6c81b5e1a0f0, on @user_script:75."}
+	rdb2.AddHook(hook)
+	hook.sha.Store(acquireScript.Hash())
+	err = newClient(t, rdb2).NewMutex("wt").Lock(ctx)
+	var re redis.Error
+	if msg := fmt.Sprint(err); !errors.As(err, &re) || strings.Contains(msg, "script") || strings.Contains(msg, "user_script") ||
+		!strings.HasSuffix(msg, `"wt": NOPERM this user has no permissions to run the 'time' command`) {
+		t.Fatalf("%q is not one clean line naming the lock (or not a redis.Error)", msg)
 	}
 }
 

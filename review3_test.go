@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -220,7 +221,10 @@ func (replyError) RedisError()     {}
 
 // failOnce fails the next EVALSHA of a script with an error reply, without
 // running it.
-type failOnce struct{ sha atomic.Value }
+type failOnce struct {
+	sha atomic.Value
+	msg string // the error reply; an OOM when empty
+}
 
 func (h *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -231,7 +235,7 @@ func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		args := cmd.Args()
 		if sha, _ := h.sha.Load().(string); sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == sha {
 			h.sha.Store("")
-			err := replyError("OOM command not allowed when used memory > 'maxmemory'.")
+			err := replyError(cmp.Or(h.msg, "OOM command not allowed when used memory > 'maxmemory'."))
 			cmd.SetErr(err)
 			return err
 		}

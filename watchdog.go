@@ -410,6 +410,11 @@ func (w *watchdog) stop() {
 // wait waits for run to exit after the Client was closed, and returns the
 // releases of the holds it dropped.
 func (w *watchdog) wait() []func(context.Context) {
+	// From now on no add starts run: an Add racing Wait on a WaitGroup
+	// whose count is zero is a race.
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
 	w.wg.Wait()
 	// run never started, or exited before the last add: drop what is left.
 	w.stop()
