@@ -440,3 +440,33 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A Semaphore's holding is renewed no longer than WithMaxHold, counted
+// from when the value went from no permits to some, whatever Acquires
+// follow: Lost closes by the cap plus a lease, and the permits come free.
+func TestSemaphoreMaxHold(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
+	c := newClient(t, rdb, WithWatchdogLease(lease), WithMaxHold(limit))
+	s := c.NewSemaphore("hung", 2)
+	start := time.Now()
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Acquire(ctx, 1); err != nil { // adds to the holding
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a holding past its max hold time is still renewed after 5s")
+	}
+	if took := time.Since(start); took < limit || took > limit+lease+time.Second {
+		t.Fatalf("Lost closed %v after the first Acquire, want within [%v, %v + %v]", took, limit, limit, lease)
+	}
+	other := c.NewSemaphore("hung", 2, WithMaxHold(0))
+	eventually(t, 5*time.Second, "the capped permits to come free", func() bool {
+		ok, err := other.TryAcquire(ctx, 2)
+		return err == nil && ok
+	})
+}

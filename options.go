@@ -110,9 +110,10 @@ func WithWatchdogLease(d time.Duration) Option {
 // affected. Extend is not capped: it is the holder's own call, made when
 // it is evidently alive. d must not be negative; 0 means no cap.
 //
-// A Mutex uses it, and so does a RedMutex (its node holds are renewed no
-// longer); a Semaphore does not. A hold with a fixed lease (WithLease) is
-// never renewed anyway.
+// A Mutex uses it, a RedMutex too (its node holds are renewed no longer),
+// and a Semaphore for its holding (counted from when the value went from
+// no permits to some). A hold with a fixed lease (WithLease) is never
+// renewed anyway.
 //
 // The default is no cap.
 func WithMaxHold(d time.Duration) Option {

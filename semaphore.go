@@ -30,7 +30,9 @@ import (
 // While permits are held their lease is renewed by the Client's watchdog
 // (unless WithLease fixed it), and Lost tells when they are lost.
 //
-// The options work as for a Mutex: WithLease gives permits a fixed lease
+// The options work as for a Mutex (WithMaxHold caps how long a holding is
+// renewed, from when the value went from no permits to some, however many
+// Acquires and Releases follow): WithLease gives permits a fixed lease
 // (re-armed by every Acquire and partial Release of the holder) and
 // WithWatchdogLease sets the renewed one; WithHeartbeat sets how long a
 // queued waiter stays queued without a heartbeat, and the lease of permits
@@ -463,6 +465,9 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	h := &hold{id: a.holder, n: n}
 	e := &keepalive{kind: "sem", owner: a.holder, keys: s.keys[:3], ttl: s.lease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
+	if s.cfg.maxHold > 0 {
+		e.until = since.Add(s.cfg.maxHold)
+	}
 	err := s.holds.take(h, e, since, lease)
 	if err == nil {
 		a.left()
