@@ -321,3 +321,16 @@ func freePort() (int, error) {
 func Name(tb testing.TB) string {
 	return strings.ReplaceAll(tb.Name(), "/", "-") + "-" + uuid.NewString()[:8]
 }
+
+// Eventually fails the test unless cond becomes true within d, looking
+// every millisecond; what names the condition in the failure.
+func Eventually(tb testing.TB, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
