@@ -6,10 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redistest"
 )
 
 // newMini starts an embedded Redis and returns a go-redis client to it
@@ -104,13 +104,4 @@ func (c *counter) take(cmd redis.Cmder) bool {
 }
 
 // eventually fails the test unless cond becomes true within d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+var eventually = redistest.Eventually

@@ -37,16 +37,7 @@ func admin(t *testing.T) *redis.Client {
 }
 
 // eventually fails the test unless cond becomes true within d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+var eventually = redistest.Eventually
 
 // cmdCounter counts the commands one Redis server executes, from INFO
 // commandstats (scripts' inner calls included).

@@ -1,17 +1,19 @@
 // Package integration tests redisync against a real redis-server: expiry,
 // scripts' atomicity under load, pub/sub and reconnects. See
-// internal/redistest for how the server is found or started.
+// internal/redistest for how the server is found or started; without
+// redis-server on PATH these tests fall back to Docker (internal/container).
 package integration
 
 import (
 	"testing"
 
+	"github.com/redisync/redisync/integration/internal/container"
 	"github.com/redisync/redisync/internal/redistest"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(redistest.Main(m),
+	goleak.VerifyTestMain(redistest.Main(m, container.Redis),
 		// After a dial fails, go-redis retries in a goroutine of its
 		// pool that sleeps 1 s between tries and outlives Close by up to
 		// that second: the cluster failover test makes dials fail.

@@ -140,15 +140,7 @@ func runCode(t *testing.T, addr string, args ...string) (int, *proc) {
 // waitFor waits until cond holds, failing the test after 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	redistest.Eventually(t, 10*time.Second, what, cond)
 }
 
 var nameSeq atomic.Int64

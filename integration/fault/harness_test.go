@@ -34,16 +34,7 @@ func newClient(t *testing.T, addr string, opts ...redisync.Option) *redisync.Cli
 }
 
 // eventually fails the test unless cond becomes true within d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond) // poll interval of the condition
-	}
-}
+var eventually = redistest.Eventually
 
 // subscribers returns how many connections are subscribed to a lock's
 // channel: one per Client with a confirmed waiter.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/redisync/redisync/integration/internal/container"
 	"github.com/redisync/redisync/internal/redistest"
 	"go.uber.org/goleak"
 )
@@ -18,7 +19,7 @@ import (
 // holderBin is the path of the holder helper binary, built once by TestMain.
 var holderBin string
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(withHolder{redistest.Main(m)}) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(withHolder{redistest.Main(m, container.Redis)}) }
 
 // withHolder builds the holder helper before the tests run.
 type withHolder struct{ inner interface{ Run() int } }

@@ -4,8 +4,10 @@
 //  1. REDIS_ADDR, when it is set;
 //  2. otherwise a redis-server binary on PATH, spawned on a free loopback
 //     port once per test package (and stopped by Main);
-//  3. otherwise a redis:7 container through testcontainers-go, when a
-//     Docker engine answers;
+//  3. otherwise a Redis started by a fallback given to Main: the
+//     integration module's tests pass a redis:7 container through
+//     testcontainers-go, used when a Docker engine answers (it is there,
+//     not here, so that Docker's client stays out of the root module);
 //  4. otherwise the test is skipped with a message saying so, or fails when
 //     REDISYNC_REQUIRE_REDIS=1 (as in CI).
 //
@@ -14,7 +16,6 @@
 package redistest
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -29,8 +30,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 )
 
 // RequireEnv is the variable that turns a missing Redis from a skip into a
@@ -38,16 +37,25 @@ import (
 const RequireEnv = "REDISYNC_REQUIRE_REDIS"
 
 var shared struct {
-	once    sync.Once
-	addr    string
-	why     string // why there is no Redis, when addr is ""
-	server  *Server
-	cleanup func()
+	once      sync.Once
+	fallbacks []Starter
+	addr      string
+	why       string // why there is no Redis, when addr is ""
+	server    *Server
+	cleanup   func()
 }
 
+// Starter starts a Redis of its own and returns its address and a function
+// that stops it.
+type Starter func() (addr string, stop func(), err error)
+
 // Main runs the package's tests, then stops the Redis it started. Use it
-// as goleak.VerifyTestMain(redistest.Main(m)).
-func Main(m *testing.M) interface{ Run() int } { return mainRunner{m} }
+// as goleak.VerifyTestMain(redistest.Main(m)). The fallbacks are tried in
+// order when there is neither REDIS_ADDR nor redis-server on PATH.
+func Main(m *testing.M, fallbacks ...Starter) interface{ Run() int } {
+	shared.fallbacks = fallbacks
+	return mainRunner{m}
+}
 
 type mainRunner struct{ m *testing.M }
 
@@ -110,38 +118,16 @@ func find() (addr, why string) {
 		shared.server = s
 		return s.Addr, ""
 	}
-	a, cleanup, err := container()
-	if err != nil {
-		return "", "REDIS_ADDR unset, no redis-server on PATH, no Docker engine: " + err.Error()
-	}
-	shared.cleanup = cleanup
-	return a, ""
-}
-
-// container starts redis:7 with testcontainers-go.
-func container() (addr string, cleanup func(), err error) {
-	defer func() {
-		if r := recover(); r != nil { // testcontainers panics without an engine
-			err = fmt.Errorf("testcontainers: %v", r)
+	why = "REDIS_ADDR unset, no redis-server on PATH"
+	for _, f := range shared.fallbacks {
+		a, stop, err := f()
+		if err == nil {
+			shared.cleanup = stop
+			return a, ""
 		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := testcontainers.Run(ctx, "redis:7",
-		testcontainers.WithExposedPorts("6379/tcp"),
-		testcontainers.WithWaitStrategy(wait.ForListeningPort("6379/tcp")))
-	if err != nil {
-		if c != nil {
-			_ = testcontainers.TerminateContainer(c)
-		}
-		return "", nil, err
+		why += ", " + err.Error()
 	}
-	addr, err = c.PortEndpoint(ctx, "6379/tcp", "")
-	if err != nil {
-		_ = testcontainers.TerminateContainer(c)
-		return "", nil, err
-	}
-	return addr, func() { _ = testcontainers.TerminateContainer(c) }, nil
+	return "", why
 }
 
 // Server is a redis-server process of a test's own, on a loopback port.
@@ -334,4 +320,17 @@ func freePort() (int, error) {
 // the test's name and a random suffix.
 func Name(tb testing.TB) string {
 	return strings.ReplaceAll(tb.Name(), "/", "-") + "-" + uuid.NewString()[:8]
+}
+
+// Eventually fails the test unless cond becomes true within d, looking
+// every millisecond; what names the condition in the failure.
+func Eventually(tb testing.TB, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
