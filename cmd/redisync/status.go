@@ -26,7 +26,8 @@ leases, and its queue in order. Only reads Redis, in one transaction.
 
 Only what exists is shown: a lock never taken is shown only if there is
 no semaphore NAME either. Plain (not --fair) waiters of a lock leave no
-trace in Redis, so only fair waiters are listed.
+record in Redis: each process with waiters of the lock (plain or fair)
+is subscribed to its channel, and status counts those processes.
 
 Exit codes: 0 the lock NAME or a permit of the semaphore NAME is held;
 1 neither is held (free); 64 usage; 69 Redis unreachable; 70 Redis error.
@@ -45,7 +46,8 @@ Examples:
 JSON (--json): {"name", "prefix", "server_time_ms",
   "lock": {"held", "holder": {"owner", "count", "lease_ms", "token"} | null,
            "last_token", "queue": [{"position", "owner", "arrival",
-           "heartbeat_ms", "handoff_lease_ms", "alive"}]},
+           "heartbeat_ms", "handoff_lease_ms", "alive"}],
+           "waiting_processes"},
   "semaphore": {"size", "available", "holders": [{"owner", "permits",
                 "lease_ms"}], "queue": [{"position", "waiter", "owner",
                 "arrival", "permits", "heartbeat_ms", "grant_lease_ms",
@@ -72,6 +74,9 @@ type LockStatus struct {
 	Holder    *Holder  `json:"holder"`
 	LastToken int64    `json:"last_token"`
 	Queue     []Waiter `json:"queue"`
+	// WaitingProcesses counts the processes subscribed to the lock's
+	// channel: those with waiters, plain or fair.
+	WaitingProcesses int64 `json:"waiting_processes"`
 }
 
 // Holder is the owner of a lock.
@@ -93,11 +98,11 @@ type Waiter struct {
 }
 
 // lockKeys are the keys of the lock name under prefix, as in mutex.go.
-type lockKeys struct{ lock, token, queue, waiters string }
+type lockKeys struct{ lock, token, queue, waiters, channel string }
 
 func newLockKeys(prefix, name string) lockKeys {
 	base := prefix + ":lock:{" + name + "}"
-	return lockKeys{base, base + ":token", base + ":queue", base + ":waiters"}
+	return lockKeys{base, base + ":token", base + ":queue", base + ":waiters", base + ":ch"}
 }
 
 func runStatus(args []string) int {
@@ -179,8 +184,10 @@ func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*S
 		queue   *redis.ZSliceCmd
 		waiters *redis.MapStringStringCmd
 		now     *redis.TimeCmd
+		subs    []*redis.MapStringIntCmd
 		sem     func(nowMS int64) (*SemStatus, error)
 	)
+	_, cluster := rdb.(*redis.ClusterClient)
 	cmds, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		owners = p.HGetAll(ctx, k.lock)
 		pttl = p.PTTL(ctx, k.lock)
@@ -188,6 +195,10 @@ func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*S
 		queue = p.ZRangeWithScores(ctx, k.queue, 0, -1)
 		waiters = p.HGetAll(ctx, k.waiters)
 		now = p.Time(ctx)
+		subs = append(subs, p.PubSubNumSub(ctx, k.channel))
+		if cluster { // waiters subscribe with SSUBSCRIBE there, by default
+			subs = append(subs, p.PubSubShardNumSub(ctx, k.channel))
+		}
 		sem = readSemaphore(ctx, p, prefix, name)
 		return nil
 	})
@@ -215,6 +226,9 @@ func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*S
 			Token:   st.Lock.LastToken, // every new hold mints the next token
 		}
 		st.Lock.Holder.Count, _ = strconv.ParseInt(owners.Val()[st.Lock.Holder.Owner], 10, 64)
+	}
+	for _, c := range subs {
+		st.Lock.WaitingProcesses += c.Val()[k.channel]
 	}
 	st.Lock.Queue = []Waiter{}
 	for i, z := range queue.Val() {
@@ -273,7 +287,7 @@ func firstKey(m map[string]string) string {
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
 	l := st.Lock
-	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && st.Semaphore != nil {
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.WaitingProcesses == 0 && st.Semaphore != nil {
 		printSemaphore(out, st)
 		return
 	}
@@ -289,6 +303,7 @@ func (st *Status) print(out io.Writer) {
 			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
 		}
 	}
+	field(out, "waiting", fmt.Sprintf("%d process(es) with waiters, plain or fair", l.WaitingProcesses))
 	if len(l.Queue) == 0 {
 		field(out, "queue", "empty")
 	} else {

@@ -44,6 +44,11 @@ func TestStatus(t *testing.T) {
 	if err != nil || len(queue) != 2 {
 		t.Fatalf("queue %q, %v", queue, err)
 	}
+	// And a plain one, which leaves no record: its process is subscribed.
+	waiters = append(waiters, start(t, addr, "lock", name, "--", "true"))
+	waitFor(t, "the plain waiter to subscribe", func() bool {
+		return rdb.PubSubNumSub(ctx, keys.channel).Val()[keys.channel] == 3
+	})
 
 	code, p = runCode(t, addr, "status", "--json", name)
 	if code != 0 {
@@ -57,8 +62,8 @@ func TestStatus(t *testing.T) {
 	if !st.Lock.Held || h == nil || h.Owner != holder[0] || h.Count != 1 || h.Token != m.Token() || h.LeaseMS <= 0 || h.LeaseMS > 30000 {
 		t.Errorf("holder %+v, want owner %s count 1 token %d and a lease", h, holder[0], m.Token())
 	}
-	if len(st.Lock.Queue) != 2 {
-		t.Fatalf("queue %+v, want 2 waiters", st.Lock.Queue)
+	if len(st.Lock.Queue) != 2 || st.Lock.WaitingProcesses != 3 {
+		t.Fatalf("queue %+v and %d waiting processes, want 2 fair waiters and 3 processes", st.Lock.Queue, st.Lock.WaitingProcesses)
 	}
 	for i, w := range st.Lock.Queue {
 		if w.Position != i+1 || w.Owner != queue[i] || !w.Alive || w.HeartbeatMS <= 0 || w.HeartbeatMS > 3000 {
@@ -68,7 +73,7 @@ func TestStatus(t *testing.T) {
 
 	code, p = runCode(t, addr, "status", name)
 	out := p.stdout.String()
-	if code != 0 || !strings.Contains(out, holder[0]) || !strings.Contains(out, "2 waiting") ||
+	if code != 0 || !strings.Contains(out, holder[0]) || !strings.Contains(out, "2 waiting") || !strings.Contains(out, "3 process(es) with waiters") ||
 		strings.Index(out, queue[0]) > strings.Index(out, queue[1]) || !regexp.MustCompile(`fencing token +`+strconv.FormatInt(m.Token(), 10)+"\n").MatchString(out) {
 		t.Errorf("exit %d, table:\n%s", code, out)
 	}
