@@ -34,7 +34,7 @@ const (
 	aclCluster = "+spublish +ssubscribe +sunsubscribe +cluster|slots +command +asking"
 	// aclCLI is for the redisync command: status reads in a transaction,
 	// and INFO tells a Redis Cluster node given as one address.
-	aclCLI = "+multi +exec +hgetall +info"
+	aclCLI = "+multi +exec +hgetall +info +pubsub|numsub +pubsub|shardnumsub"
 	// aclIdentity is for go-redis's CLIENT SETINFO on Redis 7.2 and later.
 	aclIdentity = "+client|setinfo"
 )
