@@ -1,0 +1,107 @@
+package redisync
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// lostReplyAt makes the skip+1-th EVALSHA of a script (after arming) run
+// in Redis and then fail with io.EOF: its reply was lost and go-redis's
+// own retries did not get through (a network error, which a waiting call
+// takes for Redis being away for a while, and attempts again).
+type lostReplyAt struct {
+	mu   sync.Mutex
+	sha  string
+	skip int
+	hit  chan struct{}
+}
+
+func (h *lostReplyAt) arm(s *redis.Script, skip int) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sha, h.skip, h.hit = s.Hash(), skip, make(chan struct{})
+	return h.hit
+}
+
+func (h *lostReplyAt) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lostReplyAt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lostReplyAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		h.mu.Lock()
+		fire := false
+		if h.sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == h.sha {
+			if h.skip == 0 {
+				fire, h.sha = true, ""
+			} else {
+				h.skip--
+			}
+		}
+		hit := h.hit
+		h.mu.Unlock()
+		if !fire {
+			return next(ctx, cmd)
+		}
+		_ = next(ctx, cmd) // it runs; the reply is lost
+		cmd.SetErr(io.EOF)
+		close(hit)
+		return io.EOF
+	}
+}
+
+// Review 5, finding 1: a waiting Acquire that is not queued (its waiter id
+// was dropped and it goes on under a new one: the -3/-4 path, or a grant
+// given back) attempts without ARGV[9]. When such an attempt is granted
+// directly and its reply is lost (a network error: transient), block
+// attempts again as the same call with a higher call number; Redis finds
+// the holder's record with a lower number, takes it for an older call of
+// the holding, and grants n more on top. Redis counts 2 under the holding,
+// s believes 1, and the watchdog renews both (a permit nobody can count
+// is kept from other holders for as long as the holding lasts).
+func TestReview5RetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &lostReplyAt{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	x, s := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+	if err := x.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, s, 1)
+	eventually(t, 5*time.Second, "s's Acquire to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	// x's lease ran out (its process died); s's waiter was dropped as
+	// dead (its heartbeats stalled). The heartbeat finds it dequeued and
+	// nudges it: that attempt (ARGV[9] = 1) finds it neither queued nor
+	// granted (-4) and s goes on under a new waiter id, not queued. The
+	// attempt after it is granted directly, and its reply is lost.
+	hit := hook.arm(semAcquireScript, 1)
+	if _, err := mr.ZAdd(semKey+":expiry", 1, x.holdID()); err != nil {
+		t.Fatal(err)
+	}
+	waiter := mustHKeys(t, mr, semKey+":waiters")[0]
+	if _, err := mr.ZRem(semKey+":queue", waiter); err != nil {
+		t.Fatal(err)
+	}
+	mr.HDel(semKey+":waiters", waiter)
+	select {
+	case <-hit:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the attempt after -4 was not sent")
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if got := permitsOf(mr, s); got != itoa(s.Held()) && !isClosed(s.Lost()) {
+		t.Fatalf("s holds %d with Lost open; Redis counts %s under its holding, renewed by the watchdog", s.Held(), got)
+	}
+}
