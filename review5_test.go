@@ -105,3 +105,45 @@ func TestReview5RetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 		t.Fatalf("s holds %d with Lost open; Redis counts %s under its holding, renewed by the watchdog", s.Held(), got)
 	}
 }
+
+// Review 5, finding 2: a semaphore's size is to live "while it is in use
+// and an hour after its last Acquire", but a partial Release re-arms the
+// holder's lease (sem_rearm) without the size key's TTL, and with a fixed
+// lease nothing renews it. A holder that acquires with WithLease and gives
+// back part of its permits late in the lease holds the rest past the size
+// key's expiry; the size is then gone while the semaphore is in use, and a
+// Semaphore opened with another size is accepted (ErrSizeMismatch is not
+// reported) and grants beyond the size the holder was granted under.
+func TestReview5PartialReleaseOutlivesSizeKey(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := newClient(t, rdb, WithLease(59*time.Minute))
+	t0 := time.Now()
+	mr.SetTime(t0)
+	s := c.NewSemaphore("s", 2)
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	// 58 minutes on (server clock and TTLs), s gives back 1 of its 2: its
+	// lease starts anew for 59 minutes.
+	mr.SetTime(t0.Add(58 * time.Minute))
+	mr.FastForward(58 * time.Minute)
+	if err := s.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// 3 minutes later s still holds 1 permit in Redis (lease until 117 min).
+	mr.SetTime(t0.Add(61 * time.Minute))
+	mr.FastForward(3 * time.Minute)
+	if got := permitsOf(mr, s); got != "1" || s.Held() != 1 {
+		t.Fatalf("s holds %d, Redis %q; want 1 and 1", s.Held(), got)
+	}
+	if !mr.Exists(semKey + ":size") {
+		t.Errorf("the size key expired while s holds a permit whose lease ends in 56 minutes")
+	}
+	other := c.NewSemaphore("s", 3)
+	ok, err := other.TryAcquire(ctx, 2)
+	if err == nil {
+		t.Fatalf("a Semaphore of size 3 was accepted while a holder of the size-2 semaphore holds (TryAcquire(2): %v): %d + %d permits of 2 held", ok, s.Held(), other.Held())
+	}
+}
