@@ -147,3 +147,39 @@ func TestReview5PartialReleaseOutlivesSizeKey(t *testing.T) {
 		t.Fatalf("a Semaphore of size 3 was accepted while a holder of the size-2 semaphore holds (TryAcquire(2): %v): %d + %d permits of 2 held", ok, s.Held(), other.Held())
 	}
 }
+
+// Review 5, finding 3: a late copy of a Lock's acquire (held up on a
+// stalled connection while go-redis's retry of it went through) that
+// arrives after the hold was released takes the lock again under the
+// released ticket: release.lua's mode "release" does not retire the
+// ticket, as the semaphore's full release now does. Nobody holds that
+// hold, nobody renews or releases it, and the lock stays taken for a whole
+// lease (30 s by default) after Unlock: an acquire applied twice.
+func TestReview5LateAcquireCopyAfterUnlockTakesTheLock(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &capture{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb)
+	m, other := c.NewMutex("l"), c.NewMutex("l")
+	hook.arm(acquireScript)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	late := hook.copyOf(t)
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Do(ctx, late...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := other.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		pttl := mr.TTL("redisync:lock:{l}")
+		t.Fatalf("the lock is taken after its only holder unlocked: a late copy of the released call's acquire holds it (TTL %v), for nobody", pttl)
+	}
+}
