@@ -301,7 +301,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquireScript,
-			[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone},
+			[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone, m.keys.tomb(l.ticket)},
 			[]any{l.ticket, m.lease().Milliseconds(), l.mode,
 				m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
 				m.channel, m.c.publish, flag(l.queued)}, granted)

@@ -383,8 +383,8 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	}
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6]}, []any{
-			a.holder, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, flag(a.queued),
+		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6], s.keys[5]}, []any{
+			a.holder, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, flag(a.queued || a.unsure),
 			s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
 			s.channel, s.c.publish}, granted)
 	}, func([]int64, error) {
@@ -568,7 +568,7 @@ func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter
 // must be held.
 func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	res, err := semReleaseScript.Run(ctx, s.c.rdb,
-		[]string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5], s.keys[6]},
+		[]string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5], s.keys[6], s.keys[2]},
 		holder, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
 		tombstoneTTL.Milliseconds(), s.channel, s.c.publish).Int64()
 	if err != nil {

@@ -5,6 +5,8 @@
 -- KEYS[3] queue: zset of fair waiters (ticket -> arrival number)
 -- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff")
 -- KEYS[5] withdrawn tickets (see lib.lua, mark_withdrawn)
+-- KEYS[6] the ticket's release tombstone (see release.lua): a ticket whose
+--         hold was released takes nothing again (a late copy of its call)
 -- ARGV[1] ticket: the call's own id, unique per call; the hold it takes is
 --         stored under it. A call that finds its ticket holding the lock was
 --         handed it (or is a retry of a call that took it) and adopts it.
@@ -25,7 +27,8 @@
 -- Reply: {1, token}   held by the ticket; token of the hold
 --        {0, pttl}    held by another owner; pttl is the lock's PTTL
 --                     (-1: no TTL; -2: none, the lock was handed to another)
---        {-2, 0}      the ticket was withdrawn: nothing done
+--        {-2, 0}      the ticket was withdrawn, or its hold released: nothing
+--                     done
 --        {-3, 0}      the ticket left the queue (ARGV[8]); it is withdrawn now
 local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -37,7 +40,7 @@ if hold_count(lock, ticket) > 0 then
   keep_alive(lock, lease)
   return {1, t}
 end
-if is_withdrawn(gone, ticket) then
+if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[6]) == 1 then
   return {-2, 0}
 end
 

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
 -- KEYS[5] waiters (see sem_lib.lua), KEYS[6] withdrawn calls (see lib.lua,
--- mark_withdrawn)
+-- mark_withdrawn), KEYS[7] released (see sem_release.lua)
 -- ARGV[1] holder id
 -- ARGV[2] n: permits wanted
 -- ARGV[3] size of the semaphore as the caller knows it
@@ -14,7 +14,8 @@
 -- ARGV[6] lease in ms
 -- ARGV[7] mode: "queue" joins the queue when not granted; "try" never does
 -- ARGV[8] waiter id ("holder#call") of this Acquire or TryAcquire call
--- ARGV[9] "1" when this Acquire has queued before: finding its permits
+-- ARGV[9] "1" when an earlier attempt of this Acquire queued it, or may
+--         have (its reply was lost): finding its permits
 --         granted (and itself dequeued) means another call granted them;
 --         finding itself dequeued without them (granted, and lost since; or
 --         dropped as dead) ends the waiter id: a grant message to it may
@@ -35,7 +36,7 @@
 --                    earlier call (or of the first call of a holding that
 --                    a release ended): nothing done
 --        {-4, 0}     the call left the queue (ARGV[9]); it is withdrawn now
-local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[4], waiters = KEYS[5]}
+local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[3], queue = KEYS[4], waiters = KEYS[5]}
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 
@@ -45,10 +46,10 @@ local stored = redis.call('GET', KEYS[3])
 if is_withdrawn(KEYS[6], waiter) then
   return {-3, 0}
 end
-if held == 0 and ARGV[9] ~= '1' and is_withdrawn(KEYS[6], holder) then
-  -- A late copy of the first call of a holding that ended since (its
-  -- release retired the id): a live call never starts a holding under an
-  -- id that ended.
+if held == 0 and ARGV[9] ~= '1' and redis.call('ZSCORE', KEYS[7], holder) then
+  -- A late copy of the first call of a holding that a release ended since
+  -- (it retired the id): a live call never starts a holding under an id
+  -- that ended.
   return {-3, 0}
 end
 redis.call('ZSCORE', k.expiry, holder)

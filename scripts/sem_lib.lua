@@ -48,7 +48,8 @@ local function sem_put(k, holder, permits, seq)
 end
 
 -- sem_lease makes a holder's lease end no earlier than now + ms, and the
--- keys live at least as long, so that no holder outlives its record.
+-- keys live at least as long (the size too), so that no holder outlives
+-- its record.
 local function sem_lease(k, holder, now, ms)
   local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
   if not e or e < now + ms then
@@ -56,6 +57,7 @@ local function sem_lease(k, holder, now, ms)
   end
   keep_alive(k.holders, ms)
   keep_alive(k.expiry, ms)
+  keep_alive(k.size, ms)
 end
 
 -- sem_rearm makes a holder's lease end at now + ms exactly (a holder that
@@ -65,6 +67,7 @@ local function sem_rearm(k, holder, now, ms)
   redis.call('ZADD', k.expiry, now + ms, holder)
   keep_alive(k.holders, ms)
   keep_alive(k.expiry, ms)
+  keep_alive(k.size, ms)
 end
 
 -- sem_reclaim removes the holders whose lease ended by now.

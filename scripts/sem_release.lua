@@ -4,8 +4,9 @@
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] queue, KEYS[4] waiters
 -- (see sem_lib.lua), KEYS[5] released: zset "holder:seq" -> ms of server
 --         time until which a release that emptied the holder is remembered,
---         so that a retry of it knows it was applied,
--- KEYS[6] withdrawn calls (see lib.lua, mark_withdrawn)
+--         so that a retry of it knows it was applied; and "holder" -> the
+--         same, which retires the holder id (see sem_acquire.lua)
+-- KEYS[6] withdrawn calls (see lib.lua, mark_withdrawn), KEYS[7] size
 -- ARGV[1] holder id
 -- ARGV[2] n: permits to give back ("release"), or wanted by the waiter
 --         ("withdraw")
@@ -32,7 +33,7 @@
 --          waiter had been granted and its permits were given back
 --        0 withdraw: the waiter had not been granted
 --        -1 release: the holder holds fewer permits than held or n (lost)
-local k = {holders = KEYS[1], expiry = KEYS[2], queue = KEYS[3], waiters = KEYS[4]}
+local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[7], queue = KEYS[3], waiters = KEYS[4]}
 local released = KEYS[5]
 local holder, n, held, seq, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local size = tonumber(ARGV[8])
@@ -72,9 +73,8 @@ else
     if rec then
       redis.call('HSET', k.waiters, ARGV[6], rec .. seq)
     end
-    mark_withdrawn(KEYS[6], holder) -- the id is retired (see sem_acquire.lua)
     local ms = tonumber(ARGV[9])
-    redis.call('ZADD', released, now + ms, holder .. ':' .. seq)
+    redis.call('ZADD', released, now + ms, holder .. ':' .. seq, now + ms, holder)
     keep_alive(released, ms)
   else
     sem_rearm(k, holder, now, tonumber(ARGV[7]))
