@@ -299,12 +299,13 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		return false, 0, errHeld
 	}
 	sent := time.Now()
+	// The arguments are read here, not in the call's goroutine, which an
+	// abandoned call leaves running while the call's fields change.
+	keys := []string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone, m.keys.tomb(l.ticket)}
+	args := []any{l.ticket, m.lease().Milliseconds(), l.mode, m.cfg.heartbeat.Milliseconds(),
+		m.handoffLease().Milliseconds(), m.channel, m.c.publish, flag(l.queued)}
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, acquireScript,
-			[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone, m.keys.tomb(l.ticket)},
-			[]any{l.ticket, m.lease().Milliseconds(), l.mode,
-				m.cfg.heartbeat.Milliseconds(), m.handoffLease().Milliseconds(),
-				m.channel, m.c.publish, flag(l.queued)}, granted)
+		return m.c.runAcked(ctx, m.cfg, acquireScript, keys, args, granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:

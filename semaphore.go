@@ -381,12 +381,13 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	if a.mode == "queue" {
 		s.queuedAs = a.waiter
 	}
+	// The arguments are read here, not in the call's goroutine (see
+	// lockCall.attempt).
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
+	args := []any{holder, n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, waiter, flag(a.queued || a.unsure),
+		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(), s.channel, s.c.publish}
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6], s.keys[5]}, []any{
-			a.holder, a.n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, a.waiter, flag(a.queued || a.unsure),
-			s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(),
-			s.channel, s.c.publish}, granted)
+		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6], s.keys[5]}, args, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
 		// the call, then let s's next call talk to Redis.
