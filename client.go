@@ -113,8 +113,8 @@ func (c *Client) usable() error {
 	return nil
 }
 
-// ticket mints an id unique to this Client value: an owner (a Semaphore
-// value) or a call (a Lock call's ticket).
-func (c *Client) ticket() string {
-	return c.id + "-" + strconv.FormatUint(c.seq.Add(1), 10)
+// ticket mints an id unique to this Client value, that starts with label
+// (see WithLabel): a semaphore holding's or a Lock call's ticket.
+func (c *Client) ticket(label string) string {
+	return label + "/" + c.id + "-" + strconv.FormatUint(c.seq.Add(1), 10)
 }

@@ -31,7 +31,9 @@
 // Mutex.Extend makes a hold last at least a given lease from now (never
 // shortening it), Mutex.TTL reads what is left of it in Redis, and
 // WithMaxHold caps how long the watchdog renews a hold, so that a holder
-// that hangs while alive loses the lock.
+// that hangs while alive loses the lock. WithLabel names the holder for
+// people: every hold id starts with it ("host/pid" by default), and
+// "redisync status" shows it.
 //
 // # Fencing tokens
 //

@@ -289,7 +289,7 @@ type lockCall struct {
 
 // newCall starts a call of m in the given mode under a new ticket.
 func (m *Mutex) newCall(mode string) *lockCall {
-	return &lockCall{m: m, ticket: m.c.ticket(), mode: mode, place: place{wd: m.c.wd}}
+	return &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: mode, place: place{wd: m.c.wd}}
 }
 
 // attempt runs the acquire script once.
@@ -322,7 +322,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		// that found so): go on under a new one, so that a grant to the
 		// old one still on its way is not taken for a new grant.
 		l.left()
-		l.ticket = m.c.ticket()
+		l.ticket = m.c.ticket(m.cfg.label)
 		return false, 0, nil
 	}
 	if l.mode == "queue" {
@@ -355,7 +355,7 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 		// Attempt again at once, under a new ticket: the withdrawal of
 		// this one may still be on its way, and must not meet a hold
 		// taken anew under it.
-		l.ticket = m.c.ticket()
+		l.ticket = m.c.ticket(m.cfg.label)
 		return false, 0, nil
 	}
 	return false, 0, err

@@ -325,7 +325,7 @@ func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
 	if a.onto != nil {
 		a.holder = a.onto.id // immutable
 	} else {
-		a.holder = s.c.ticket()
+		a.holder = s.c.ticket(s.cfg.label)
 	}
 	a.waiter = s.nextWaiter(a.holder)
 	return a
@@ -419,7 +419,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		// not taken for a new grant.
 		a.left()
 		if a.onto != nil && s.current() != a.onto {
-			a.onto, a.holder = nil, s.c.ticket()
+			a.onto, a.holder = nil, s.c.ticket(s.cfg.label)
 		}
 		a.waiter = s.nextWaiter(a.holder)
 		return false, 0, nil
@@ -546,7 +546,7 @@ func (a *acquireCall) anew(ctx context.Context) {
 	if a.queued || a.unsure {
 		a.giveBack(ctx)
 	}
-	a.onto, a.holder = nil, a.s.c.ticket()
+	a.onto, a.holder = nil, a.s.c.ticket(a.s.cfg.label)
 	a.waiter = a.s.nextWaiter(a.holder)
 }
 

@@ -32,9 +32,10 @@ is subscribed to its channel, and status counts those processes.
 Exit codes: 0 the lock NAME or a permit of the semaphore NAME is held;
 1 neither is held (free); 64 usage; 69 Redis unreachable; 70 Redis error.
 
-Times come from the Redis server's clock. An owner id is the holding
-process's client id followed by a number; a semaphore waiter is an owner
-id followed by "#" and the number of its Acquire.
+Times come from the Redis server's clock. An owner id is the holder's
+label (by default "host/pid"; see redisync.WithLabel), "/", its client id
+and a number; a semaphore waiter is an owner id followed by "#" and the
+number of its Acquire.
 
 Examples:
   redisync status backup
@@ -44,14 +45,15 @@ Examples:
   redisync status --json gpus | jq '.semaphore.available'
 
 JSON (--json): {"name", "prefix", "server_time_ms",
-  "lock": {"held", "holder": {"owner", "count", "lease_ms", "token"} | null,
-           "last_token", "queue": [{"position", "owner", "arrival",
+  "lock": {"held", "holder": {"owner", "label", "count", "lease_ms",
+           "token"} | null, "last_token", "queue": [{"position", "owner",
+           "label", "arrival",
            "heartbeat_ms", "handoff_lease_ms", "alive"}],
            "waiting_processes"},
-  "semaphore": {"size", "available", "holders": [{"owner", "permits",
-                "lease_ms"}], "queue": [{"position", "waiter", "owner",
-                "arrival", "permits", "heartbeat_ms", "grant_lease_ms",
-                "alive"}]} | null}
+  "semaphore": {"size", "available", "holders": [{"owner", "label",
+                "permits", "lease_ms"}], "queue": [{"position", "waiter",
+                "owner", "label", "arrival", "permits", "heartbeat_ms",
+                "grant_lease_ms", "alive"}]} | null}
 lease_ms is -1 for a lock key without expiry; a semaphore holder's lease_ms
 of 0 or less means its lease ended and the next call reclaims its permits.
 heartbeat_ms is the time left before a waiter that stops sending
@@ -82,6 +84,7 @@ type LockStatus struct {
 // Holder is the owner of a lock.
 type Holder struct {
 	Owner   string `json:"owner"`
+	Label   string `json:"label"` // who holds, for people (see redisync.WithLabel)
 	Count   int64  `json:"count"`
 	LeaseMS int64  `json:"lease_ms"`
 	Token   int64  `json:"token"`
@@ -91,6 +94,7 @@ type Holder struct {
 type Waiter struct {
 	Position       int    `json:"position"`
 	Owner          string `json:"owner"`
+	Label          string `json:"label"`
 	Arrival        int64  `json:"arrival"`
 	HeartbeatMS    int64  `json:"heartbeat_ms"`
 	HandoffLeaseMS int64  `json:"handoff_lease_ms"`
@@ -222,6 +226,7 @@ func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*S
 		st.Lock.Held = true
 		st.Lock.Holder = &Holder{
 			Owner:   firstKey(owners.Val()),
+			Label:   labelOf(firstKey(owners.Val())),
 			LeaseMS: ttlMS(pttl.Val()),
 			Token:   st.Lock.LastToken, // every new hold mints the next token
 		}
@@ -233,6 +238,7 @@ func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*S
 	st.Lock.Queue = []Waiter{}
 	for i, z := range queue.Val() {
 		w := Waiter{Position: i + 1, Owner: fmt.Sprint(z.Member), Arrival: int64(z.Score)}
+		w.Label = labelOf(w.Owner)
 		if deadline, handoff, ok := parseWaiter(waiters.Val()[w.Owner]); ok {
 			w.HeartbeatMS = deadline - st.ServerTimeMS
 			w.HandoffLeaseMS = handoff
@@ -273,6 +279,16 @@ func ttlMS(d time.Duration) int64 {
 	return d.Milliseconds()
 }
 
+// labelOf returns the label that starts an owner id ("label/client-n"),
+// or "" for an id without one.
+func labelOf(owner string) string {
+	i := strings.LastIndexByte(owner, '/')
+	if i < 0 {
+		return ""
+	}
+	return owner[:i]
+}
+
 // firstKey returns the smallest key of m (a lock hash has one).
 func firstKey(m map[string]string) string {
 	keys := make([]string, 0, len(m))
@@ -294,6 +310,7 @@ func (st *Status) print(out io.Writer) {
 	fmt.Fprintf(out, "lock %q (prefix %q)\n", st.Name, st.Prefix)
 	if h := l.Holder; h != nil {
 		field(out, "holder", h.Owner)
+		field(out, "label", h.Label)
 		field(out, "hold count", strconv.FormatInt(h.Count, 10))
 		field(out, "lease", leaseText(h.LeaseMS))
 		field(out, "fencing token", strconv.FormatInt(h.Token, 10))

@@ -49,6 +49,7 @@ type SemStatus struct {
 // SemHolder is a holder of permits.
 type SemHolder struct {
 	Owner   string `json:"owner"`
+	Label   string `json:"label"`
 	Permits int64  `json:"permits"`
 	LeaseMS int64  `json:"lease_ms"` // <= 0: ended, reclaimed by the next call
 }
@@ -59,6 +60,7 @@ type SemWaiter struct {
 	Position     int    `json:"position"`
 	Waiter       string `json:"waiter"` // "owner#call"
 	Owner        string `json:"owner"`
+	Label        string `json:"label"`
 	Arrival      int64  `json:"arrival"`
 	Permits      int64  `json:"permits"`
 	HeartbeatMS  int64  `json:"heartbeat_ms"`
@@ -104,7 +106,7 @@ func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) 
 		}
 		used := int64(0)
 		for owner, v := range holders.Val() {
-			h := SemHolder{Owner: owner}
+			h := SemHolder{Owner: owner, Label: labelOf(owner)}
 			permits, _, _ := strings.Cut(v, ":") // "permits:seq"
 			h.Permits, _ = strconv.ParseInt(permits, 10, 64)
 			if e, ok := end[owner]; ok {
@@ -123,6 +125,7 @@ func readSemaphore(ctx context.Context, p redis.Pipeliner, prefix, name string) 
 			if j := strings.LastIndexByte(w.Waiter, '#'); j >= 0 {
 				w.Owner = w.Waiter[:j]
 			}
+			w.Label = labelOf(w.Owner)
 			if f := strings.Split(waiters.Val()[w.Waiter], ":"); len(f) == 4 {
 				deadline, err1 := strconv.ParseInt(f[0], 10, 64)
 				grant, err2 := strconv.ParseInt(f[1], 10, 64)

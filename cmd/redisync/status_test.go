@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -62,6 +63,16 @@ func TestStatus(t *testing.T) {
 	if !st.Lock.Held || h == nil || h.Owner != holder[0] || h.Count != 1 || h.Token != m.Token() || h.LeaseMS <= 0 || h.LeaseMS > 30000 {
 		t.Errorf("holder %+v, want owner %s count 1 token %d and a lease", h, holder[0], m.Token())
 	}
+	// Labels say which process holds and waits: host/pid by default.
+	host, _ := os.Hostname()
+	if want := host + "/" + strconv.Itoa(os.Getpid()); h == nil || h.Label != want {
+		t.Errorf("holder %+v, want the label %q", h, want)
+	}
+	for _, w := range st.Lock.Queue {
+		if !strings.HasPrefix(w.Label, host+"/") || w.Label == h.Label {
+			t.Errorf("waiter %+v: want the label of its own process on %s", w, host)
+		}
+	}
 	if len(st.Lock.Queue) != 2 || st.Lock.WaitingProcesses != 3 {
 		t.Fatalf("queue %+v and %d waiting processes, want 2 fair waiters and 3 processes", st.Lock.Queue, st.Lock.WaitingProcesses)
 	}
@@ -73,7 +84,7 @@ func TestStatus(t *testing.T) {
 
 	code, p = runCode(t, addr, "status", name)
 	out := p.stdout.String()
-	if code != 0 || !strings.Contains(out, holder[0]) || !strings.Contains(out, "2 waiting") || !strings.Contains(out, "3 process(es) with waiters") ||
+	if code != 0 || !strings.Contains(out, holder[0]) || !regexp.MustCompile(`label +`+regexp.QuoteMeta(h.Label)+"\n").MatchString(out) || !strings.Contains(out, "2 waiting") || !strings.Contains(out, "3 process(es) with waiters") ||
 		strings.Index(out, queue[0]) > strings.Index(out, queue[1]) || !regexp.MustCompile(`fencing token +`+strconv.FormatInt(m.Token(), 10)+"\n").MatchString(out) {
 		t.Errorf("exit %d, table:\n%s", code, out)
 	}
