@@ -46,13 +46,13 @@ func ExampleSemaphore() {
 		})
 	}
 	wg.Wait()
-	fmt.Println("jobs at once, at most:", most.Load())
+	fmt.Println("never more than 2 jobs at once:", most.Load() <= 2)
 
 	// A Semaphore with another size for the same name is refused.
 	err = client.NewSemaphore("gpu", 3).Acquire(ctx, 1)
 	fmt.Println(errors.Is(err, redisync.ErrSizeMismatch))
 	// Output:
-	// jobs at once, at most: 2
+	// never more than 2 jobs at once: true
 	// true
 }
 

@@ -28,6 +28,8 @@ var (
 	luaSemAcquire string
 	//go:embed scripts/sem_release.lua
 	luaSemRelease string
+	//go:embed scripts/sem_resize.lua
+	luaSemResize string
 
 	acquireScript = redis.NewScript(luaLib + luaAcquire)
 	releaseScript = redis.NewScript(luaLib + luaRelease)
@@ -37,4 +39,5 @@ var (
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)
+	semResizeScript  = redis.NewScript(luaLib + luaSemLib + luaSemResize)
 )

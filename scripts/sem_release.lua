@@ -23,7 +23,8 @@
 --         gives that waiter its call number, so that a grant to it, which
 --         makes the record anew, counts every call of the old one applied
 -- ARGV[7] lease in ms, re-armed while the holder keeps permits
--- ARGV[8] size, ARGV[9] memory of a full release in ms
+-- ARGV[8] size as the caller knows it (the stored one rules), ARGV[9]
+--         memory of a full release in ms
 -- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
 --
 -- Freed permits go to the queue's head waiters, as many as they cover
@@ -36,7 +37,13 @@
 local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[7], queue = KEYS[3], waiters = KEYS[4]}
 local released = KEYS[5]
 local holder, n, held, seq, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+-- The stored size rules (it may have been resized since the caller read
+-- it); the caller's is for a semaphore whose size key has expired.
 local size = tonumber(ARGV[8])
+local stored = redis.call('GET', k.size)
+if stored then
+  size = integer(stored) or wrong(k.size, 'a size')
+end
 
 -- Every key is read before anything is written (see sem_acquire.lua).
 redis.call('ZSCORE', k.expiry, holder)

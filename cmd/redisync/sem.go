@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,6 +17,7 @@ import (
 
 const semHelp = `Usage: redisync sem --limit N [--permits n] [flags] NAME -- CMD [ARGS...]
        redisync sem --limit N [--permits n] [flags] NAME
+       redisync sem --limit N --resize M [flags] NAME
 
 Wait for n (default 1) of the N permits of the semaphore NAME, run CMD
 while holding them, release them when CMD ends, and exit with CMD's exit
@@ -33,6 +35,12 @@ Without CMD, hold the permits until a signal, then release them and exit 0;
 once held, one line goes to stdout: the semaphore's Redis key and the
 number of permits held. With -n/--no-wait, make one attempt and exit 73 at
 once if the permits are not free (or others queue for them).
+
+With --resize M, change the size of NAME from N (--limit) to M, and exit:
+0 when done, 64 when NAME is stored with another size than N (nothing
+changes). Holders keep their permits; nobody gets one until the permits in
+use leave room under M, and waiters that fit under a larger M are served at
+once. Users started with --limit N then fail (64): start them with M.
 
 CMD gets redisync's stdin, stdout and stderr, and in its environment
 REDISYNC_NAME and REDISYNC_PERMITS. Signals are passed on to CMD as by
@@ -54,12 +62,16 @@ Examples:
 
   # who holds permits, who waits
   redisync status gpus
+
+  # the fleet got 4 more GPUs
+  redisync sem --limit 8 --resize 12 gpus
 `
 
 func runSem(args []string) int {
 	fs := newFlags("sem")
 	limit := fs.Int64("limit", 0, "size of the semaphore: `N` permits in all (required; the same for every user of NAME)")
 	permits := fs.Int64("permits", 1, "`number` of permits to hold while CMD runs, in [1, --limit]")
+	resize := fs.Int64("resize", 0, "change the size of NAME from --limit to `M`, and exit")
 	hf := addHoldFlags(fs)
 	p, err := parseArgs(fs, semHelp, args)
 	if errors.Is(err, errHelp) {
@@ -75,6 +87,8 @@ func runSem(args []string) int {
 		err = errors.New("missing --limit N (N >= 1): the number of permits of the semaphore")
 	case *permits < 1 || *permits > *limit:
 		err = fmt.Errorf("--permits %d must be in [1, --limit %d]", *permits, *limit)
+	case *resize < 0 || (*resize > 0 && argv != nil):
+		err = errors.New("--resize M takes a size M >= 1 and no command")
 	}
 	if err != nil {
 		return usageError("sem", err)
@@ -82,6 +96,9 @@ func runSem(args []string) int {
 	opts, err := hf.check()
 	if err != nil {
 		return usageError("sem", err)
+	}
+	if *resize > 0 {
+		return resizeSem(resolveTarget(*hf.redis), name, *limit, *resize, opts)
 	}
 	size, n, prefix, try := *limit, *permits, *hf.prefix, *hf.noWait
 	j := &job{
@@ -108,6 +125,24 @@ func runSem(args []string) int {
 		},
 	}
 	return j.execute()
+}
+
+// resizeSem changes the size of the semaphore name from size to to.
+func resizeSem(t target, name string, size, to int64, opts []redisync.Option) int {
+	ctx := context.Background()
+	rdb, err := connect(ctx, t)
+	if err != nil {
+		return connectExit(err)
+	}
+	c := redisync.New(rdb, opts...)
+	defer func() { _ = c.Close(); _ = rdb.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.ResizeSemaphore(ctx, name, size, to); err != nil {
+		return errorf(errorCode(err), "%s", trimPrefix(err))
+	}
+	fmt.Printf("semaphore %q: %d permits (was %d)\n", name, to, size)
+	return exitOK
 }
 
 // acquireSem blocks until n permits of the semaphore name are held; with

@@ -105,3 +105,29 @@ func semStatus(t *testing.T, addr, name string) Status {
 	}
 	return st
 }
+
+// Issue 19, point 3: sem --resize changes a semaphore's size in place, if
+// it is the size given with --limit.
+func TestSemResize(t *testing.T) {
+	addr := redistest.Addr(t)
+	rdb := redistest.Client(t)
+	name := uniqueName(t)
+	key := newSemKeys("redisync", name).size
+	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
+		t.Fatalf("sem: exit %d, stderr %q", code, p.stderr.String())
+	}
+	code, p := runCode(t, addr, "sem", "--limit", "2", "--resize", "3", name)
+	if code != 0 || !strings.Contains(p.stdout.String(), "3 permits (was 2)") || rdb.Get(t.Context(), key).Val() != "3" {
+		t.Fatalf("resize 2 -> 3: exit %d, stdout %q, stderr %q, stored %q", code, p.stdout.String(), p.stderr.String(), rdb.Get(t.Context(), key).Val())
+	}
+	code, p = runCode(t, addr, "sem", "--limit", "2", "--resize", "4", name)
+	if code != exitUsage || !strings.Contains(p.stderr.String(), "stored size 3") || rdb.Get(t.Context(), key).Val() != "3" {
+		t.Fatalf("resize from a size that is not stored: exit %d, stderr %q; want %d and nothing changed", code, p.stderr.String(), exitUsage)
+	}
+	if code, _ := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != exitUsage {
+		t.Errorf("sem with the old --limit: exit %d, want %d", code, exitUsage)
+	}
+	if code, p := runCode(t, addr, "sem", "--limit", "3", "--permits", "3", name, "--", "true"); code != 0 {
+		t.Errorf("sem with the new --limit: exit %d, stderr %q", code, p.stderr.String())
+	}
+}
