@@ -394,7 +394,9 @@ func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 func TestRedlockMaxHold(t *testing.T) {
 	_, rdbs, _ := newMiniNodes(t, 3)
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
-	r := newRedlock(t, rdbs, WithWatchdogLease(lease), WithMaxHold(limit))
+	// The default node timeout, a tenth of the lease, is shorter than a
+	// first script load on the embedded Redis under -race.
+	r := newRedlock(t, rdbs, WithWatchdogLease(lease), WithMaxHold(limit), WithNodeTimeout(100*time.Millisecond))
 	m := r.NewMutex("hung")
 	start := time.Now()
 	if err := m.Lock(ctx); err != nil {
