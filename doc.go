@@ -29,7 +29,9 @@
 // anyone else, and Unlock reports ErrLockLost.
 //
 // Mutex.Extend makes a hold last at least a given lease from now (never
-// shortening it), Mutex.TTL reads what is left of it in Redis, and
+// shortening it), Mutex.TTL reads what is left of it in Redis,
+// Mutex.Handoff and Mutex.Accept hand a hold to another process (a new
+// fencing token, and never two holders at once), and
 // WithMaxHold caps how long the watchdog renews a hold, so that a holder
 // that hangs while alive loses the lock. WithLabel names the holder for
 // people: every hold id starts with it ("host/pid" by default), and

@@ -11,6 +11,9 @@ import (
 var (
 	// ErrNotHeld is returned by Unlock when the Mutex does not hold the lock.
 	ErrNotHeld = errors.New("redisync: not held")
+	// ErrHeld is returned by Mutex.Accept when the Mutex holds the lock
+	// already: a value holds one hold at a time.
+	ErrHeld = errors.New("redisync: held already")
 	// ErrLockLost is returned when a hold has been lost: its lease ran out
 	// or its key was removed behind the holder's back. Another owner may
 	// have taken the lock since. A Semaphore returns it when its holder's

@@ -22,6 +22,8 @@ var (
 	luaExtend string
 	//go:embed scripts/ttl.lua
 	luaTTL string
+	//go:embed scripts/handoff.lua
+	luaHandoff string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -36,6 +38,7 @@ var (
 	renewScript   = redis.NewScript(luaLib + luaRenew)
 	extendScript  = redis.NewScript(luaLib + luaExtend)
 	ttlScript     = redis.NewScript(luaLib + luaTTL)
+	handoffScript = redis.NewScript(luaLib + luaHandoff)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

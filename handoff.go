@@ -1,0 +1,107 @@
+package redisync
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Handoff gives m's hold to another process, which takes it with Accept:
+// it returns the handle to pass to that process. The lock is never held by
+// two at once: m gives the hold up first (its Lost channel closes, and m
+// holds nothing, whatever its levels), then Redis keeps the hold under the
+// handle for one lease (WithLease, or the watchdog lease), for Accept to
+// take with a new fencing token. If nobody accepts it in time, it runs out
+// as a lost hold does, and the lock is free.
+//
+// Handoff returns ErrNotHeld when m holds nothing and ErrLockLost when its
+// hold had been lost. When the hand-off cannot be confirmed (Redis
+// unreachable), m has given the hold up all the same: the error says so,
+// and the hold runs out within its lease. It is sent even when ctx has
+// ended already, as a release is.
+func (m *Mutex) Handoff(ctx context.Context) (string, error) {
+	if err := cmp.Or(m.err, m.c.usable()); err != nil {
+		return "", m.wrap("handoff", err)
+	}
+	m.mu.Lock()
+	h := m.cur
+	if h == nil {
+		m.mu.Unlock()
+		return "", m.wrap("handoff", ErrNotHeld)
+	}
+	lost := h.isLost
+	m.loseLocked(h) // the holder stops believing before anyone else can
+	m.forgetLocked(h)
+	m.mu.Unlock()
+	if lost {
+		return "", m.wrap("handoff", ErrLockLost)
+	}
+
+	handle := m.c.ticket(m.cfg.label)
+	wait, cancel := releasing(ctx)
+	defer cancel()
+	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
+		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.base, m.keys.token},
+			"give", h.id, handle, m.lease().Milliseconds()).Int64Slice()
+		if err != nil {
+			return 0, err
+		}
+		return res[0], nil
+	}, nil)
+	switch {
+	case err != nil:
+		return "", m.wrap("handoff", fmt.Errorf("%w (the hand-off is not confirmed: the hold is given up, and runs out within its lease)", err))
+	case res == 0:
+		return "", m.wrap("handoff", ErrLockLost)
+	}
+	return handle, nil
+}
+
+// Accept takes the hold that another process gave up with Handoff, under
+// handle, with a new fencing token and a lease of m's own, renewed as a
+// Lock's is. It returns ErrNotHeld when no hold waits under handle (it ran
+// out, was taken already, or never was), ErrHeld, before any call to
+// Redis, when m holds the lock already, and the errors of Redis. Like
+// Lock, it returns within 25 ms of ctx's end and leaves nothing behind.
+func (m *Mutex) Accept(ctx context.Context, handle string) error {
+	if err := m.usable(ctx); err != nil {
+		return m.wrap("accept", err)
+	}
+	if handle == "" {
+		return m.wrap("accept", fmt.Errorf("%w: an empty handle", ErrNotHeld))
+	}
+	if m.current() != nil {
+		return m.wrap("accept", ErrHeld)
+	}
+	ctx, stop := marked(ctx)
+	defer stop()
+	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
+	keys := []string{m.keys.base, m.keys.token}
+	args := []any{"take", handle, l.ticket, m.lease().Milliseconds()}
+	sent := time.Now()
+	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return m.c.runAcked(ctx, m.cfg, handoffScript, keys, args, granted)
+	}, l.late(l.ticket))
+	switch {
+	case abandoned:
+		return m.wrap("accept", err)
+	case err != nil:
+		l.failed(err, false)
+		l.finish(ctx, err)
+		return m.wrap("accept", redisError(err))
+	case res[0] == 0:
+		return m.wrap("accept", ErrNotHeld)
+	}
+	ok, _, err := l.take(ctx, res[1], sent, m.lease())
+	switch {
+	case errors.Is(err, errHeld): // a Lock of m won the race; given back
+		return m.wrap("accept", ErrHeld)
+	case err != nil:
+		return m.wrap("accept", err)
+	case !ok: // its lease ran out before the reply came; given back
+		return m.wrap("accept", ErrLockLost)
+	}
+	return nil
+}
