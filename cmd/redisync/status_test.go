@@ -103,9 +103,11 @@ func TestStatus(t *testing.T) {
 func TestStatusWrongType(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
-	if err := redistest.Client(t).Set(context.Background(), newLockKeys("redisync", name).queue, "x", 0).Err(); err != nil {
+	rdb, queue := redistest.Client(t), newLockKeys("redisync", name).queue
+	if err := rdb.Set(context.Background(), queue, "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { rdb.Del(context.Background(), queue) })
 	code, p := runCode(t, addr, "status", name)
 	if code != exitSoftware || !strings.Contains(p.stderr.String(), "another type") {
 		t.Errorf("exit %d, stderr %q; want %d", code, p.stderr.String(), exitSoftware)

@@ -16,6 +16,7 @@
 package redistest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -62,12 +63,37 @@ type mainRunner struct{ m *testing.M }
 func (r mainRunner) Run() int {
 	code := r.m.Run()
 	if shared.server != nil {
+		if left := persistent(shared.addr); code == 0 && len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "redistest: keys left without a TTL after the tests: %s\n", strings.Join(left, ", "))
+			code = 1
+		}
 		shared.server.stop()
 	}
 	if shared.cleanup != nil {
 		shared.cleanup()
 	}
 	return code
+}
+
+// persistent lists the keys of the Redis at addr that have no TTL: after a
+// package's tests, on the Redis it spawned for them, there must be none
+// (redisync leaves nothing for good; a test that writes keys of its own
+// removes them).
+func persistent(addr string) []string {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer func() { _ = rdb.Close() }()
+	ctx := context.Background()
+	var left []string
+	iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if rdb.PTTL(ctx, iter.Val()).Val() == -1 {
+			left = append(left, iter.Val())
+		}
+	}
+	if err := iter.Err(); err != nil {
+		left = append(left, "(scan: "+err.Error()+")")
+	}
+	return left
 }
 
 // Addr returns the address of the package's Redis, or skips (fails under
