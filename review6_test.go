@@ -5,7 +5,9 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -111,6 +113,51 @@ func TestReview6AcceptTakesALiveHold(t *testing.T) {
 	err := b.Accept(ctx, a.holdID()) // not a handle: a's live hold
 	if err == nil && !isClosed(a.Lost()) {
 		t.Fatalf("Accept of the holder's own id took the lock (b's token %d) while a holds it with Lost open (token %d): two holders", b.Token(), a.Token())
+	}
+}
+
+// Review 6, finding 2: handoff.lua's "take" does not refuse a withdrawn
+// ticket, as acquire.lua does. An Accept whose take is held up on a
+// stalled connection fails (io.EOF), withdraws its ticket and returns; the
+// caller retries Accept with the handle. When the held-up copy arrives
+// first, it takes the handle under the withdrawn ticket: the lock is held
+// for nobody, nobody renews or releases it, the retry gets ErrNotHeld, and
+// the lock stays taken for a whole lease. The late copy of an Accept
+// applied where it should take nothing ("leaves nothing behind").
+func TestReview6LateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &dropAt{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb)
+	a, b := c.NewMutex("job"), c.NewMutex("job")
+	if err := handoffScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	handle, err := a.Handoff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook.arm(handoffScript)
+	if err := b.Accept(ctx, handle); err == nil {
+		t.Fatal("Accept succeeded though its take was held up")
+	}
+	late := hook.copyOf(t)
+	ticket := late[7].(string) // evalsha sha 2 lock token "take" handle ticket lease
+	eventually(t, 5*time.Second, "the failed Accept to withdraw its ticket", func() bool {
+		_, err := mr.ZScore("redisync:lock:{job}:withdrawn", ticket)
+		return err == nil
+	})
+	if err := rdb.Do(ctx, late...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Accept(ctx, handle); err != nil {
+		t.Fatalf("the retried Accept: %v; the lock is held by the withdrawn ticket %s (TTL %v), for nobody",
+			err, ticket, mr.TTL("redisync:lock:{job}"))
 	}
 }
 
