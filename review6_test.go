@@ -161,3 +161,46 @@ func TestReview6LateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 	}
 }
 
+// Review 6, finding 3: Handoff moves the giver's hold to the handle
+// without leaving the release tombstone of the giver's ticket, as Unlock
+// does since review 5. A late copy of the giver's Lock acquire (held up
+// on a stalled connection while go-redis's retry of it went through) that
+// arrives after the handed-off hold is done with takes the lock again
+// under the giver's ticket: nobody holds it, nobody renews or releases it,
+// and the lock stays taken for a whole lease (30 s by default).
+func TestReview6LateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &capture{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb)
+	a, b, other := c.NewMutex("l"), c.NewMutex("l"), c.NewMutex("l")
+	hook.arm(acquireScript)
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	late := hook.copyOf(t)
+	handle, err := a.Handoff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Accept(ctx, handle); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Do(ctx, late...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := other.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("the lock is taken after the hand-off's taker unlocked: a late copy of the giver's acquire holds it (TTL %v), for nobody",
+			mr.TTL("redisync:lock:{l}"))
+	}
+}
+
