@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"testing"
@@ -204,3 +205,35 @@ func TestReview6LateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
 	}
 }
 
+// Review 6, finding 4: sem_acquire.lua compares the sizes before it looks
+// for a retry of a call that was applied. An Acquire that adds to a
+// holding is granted, its reply is lost, and a resize lands before
+// go-redis's retry of the identical EVALSHA: the retry answers -2, Acquire
+// returns ErrSizeMismatch, and nothing gives the grant back (the call was
+// not queued, and the reply was not an error). Redis counts n permits more
+// under the holding than s does, and the watchdog renews them with the
+// rest for as long as the holding lasts: permits nobody can release.
+func TestReview6RetriedAcquireAcrossResizeKeepsPhantomPermits(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &betweenCopies{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	s := c.NewSemaphore("s", 3)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	hook.arm(semAcquireScript, func() {
+		if err := c.ResizeSemaphore(ctx, "s", 3, 4); err != nil {
+			t.Error(err)
+		}
+	})
+	err := s.Acquire(ctx, 1)
+	if !errors.Is(err, ErrSizeMismatch) {
+		t.Fatalf("Acquire across the resize: %v, want ErrSizeMismatch", err)
+	}
+	if got := permitsOf(mr, s); got != itoa(s.Held()) && !isClosed(s.Lost()) {
+		t.Fatalf("Acquire returned %v; s holds %d with Lost open, Redis counts %s under its holding, renewed by the watchdog", err, s.Held(), got)
+	}
+}
