@@ -5,8 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
+
+// handlePrefix starts every hand-off handle: no hold id starts with '{'
+// (see WithLabel), so Accept never takes a live hold.
+const handlePrefix = "{handoff}"
 
 // Handoff gives m's hold to another process, which takes it with Accept:
 // it returns the handle to pass to that process. The lock is never held by
@@ -39,12 +44,12 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 		return "", m.wrap("handoff", ErrLockLost)
 	}
 
-	handle := m.c.ticket(m.cfg.label)
+	handle := handlePrefix + m.c.ticket(m.cfg.label)
 	wait, cancel := releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.base, m.keys.token},
-			"give", h.id, handle, m.lease().Milliseconds()).Int64Slice()
+		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.base, m.keys.token, m.keys.tomb(h.id)},
+			"give", h.id, handle, m.lease().Milliseconds(), h.token, tombstoneTTL.Milliseconds()).Int64Slice()
 		if err != nil {
 			return 0, err
 		}
@@ -69,8 +74,8 @@ func (m *Mutex) Accept(ctx context.Context, handle string) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("accept", err)
 	}
-	if handle == "" {
-		return m.wrap("accept", fmt.Errorf("%w: an empty handle", ErrNotHeld))
+	if !strings.HasPrefix(handle, handlePrefix) {
+		return m.wrap("accept", fmt.Errorf("%w: %q is not a handle from Handoff", ErrNotHeld, handle))
 	}
 	if m.current() != nil {
 		return m.wrap("accept", ErrHeld)
@@ -78,7 +83,7 @@ func (m *Mutex) Accept(ctx context.Context, handle string) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
-	keys := []string{m.keys.base, m.keys.token}
+	keys := []string{m.keys.base, m.keys.token, m.keys.gone}
 	args := []any{"take", handle, l.ticket, m.lease().Milliseconds()}
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {

@@ -57,19 +57,9 @@ redis.call('HGET', k.waiters, waiter)
 local queued = redis.call('ZSCORE', k.queue, waiter)
 local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 sem_used(k) -- every holder record is checked
-if stored then
-  if not integer(stored) then
-    wrong(KEYS[3], 'a size')
-  end
-  if integer(stored) ~= size then
-    return {-2, tonumber(stored)}
-  end
-else
-  redis.call('SET', KEYS[3], size)
+if stored and not integer(stored) then
+  wrong(KEYS[3], 'a size')
 end
--- The size lives while the semaphore is in use (renewals keep it too) and
--- for an hour after its last Acquire.
-keep_alive(KEYS[3], math.max(state_memory_ms, lease))
 
 local now = now_ms()
 sem_reclaim(k, now)
@@ -97,6 +87,17 @@ if ARGV[9] == '1' and not queued then
   mark_withdrawn(KEYS[6], waiter)
   return {-4, 0}
 end
+-- Only now, so that a retry of a call applied before a resize is known as
+-- one (above): a new grant goes by the size every caller must agree on.
+if stored and integer(stored) ~= size then
+  return {-2, tonumber(stored)}
+end
+if not stored then
+  redis.call('SET', KEYS[3], size)
+end
+-- The size lives while the semaphore is in use (renewals keep it too) and
+-- for an hour after its last Acquire.
+keep_alive(KEYS[3], math.max(state_memory_ms, lease))
 if queued then
   -- Alive: refresh the deadline so that serving does not drop us.
   redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -87,7 +88,7 @@ func runSem(args []string) int {
 		err = errors.New("missing --limit N (N >= 1): the number of permits of the semaphore")
 	case *permits < 1 || *permits > *limit:
 		err = fmt.Errorf("--permits %d must be in [1, --limit %d]", *permits, *limit)
-	case *resize < 0 || (*resize > 0 && argv != nil):
+	case flagSet(fs, "resize") && (*resize < 1 || argv != nil):
 		err = errors.New("--resize M takes a size M >= 1 and no command")
 	}
 	if err != nil {
@@ -97,7 +98,7 @@ func runSem(args []string) int {
 	if err != nil {
 		return usageError("sem", err)
 	}
-	if *resize > 0 {
+	if flagSet(fs, "resize") {
 		return resizeSem(resolveTarget(*hf.redis), name, *limit, *resize, opts)
 	}
 	size, n, prefix, try := *limit, *permits, *hf.prefix, *hf.noWait
@@ -125,6 +126,13 @@ func runSem(args []string) int {
 		},
 	}
 	return j.execute()
+}
+
+// flagSet reports whether the flag name was given.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // resizeSem changes the size of the semaphore name from size to to.

@@ -26,8 +26,9 @@ leases, and its queue in order. Only reads Redis, in one transaction.
 
 Only what exists is shown: a lock never taken is shown only if there is
 no semaphore NAME either. Plain (not --fair) waiters of a lock leave no
-record in Redis: each process with waiters of the lock (plain or fair)
-is subscribed to its channel, and status counts those processes.
+record in Redis: each process with waiters of the lock (plain or fair) is
+subscribed to its channel, and status counts the subscribed processes (a
+process stays subscribed for 2 s after its last waiter left).
 
 Exit codes: 0 the lock NAME or a permit of the semaphore NAME is held;
 1 neither is held (free); 64 usage; 69 Redis unreachable; 70 Redis error.
@@ -49,7 +50,7 @@ JSON (--json): {"name", "prefix", "server_time_ms",
            "token"} | null, "last_token", "queue": [{"position", "owner",
            "label", "arrival",
            "heartbeat_ms", "handoff_lease_ms", "alive"}],
-           "waiting_processes"},
+           "subscribed_processes"},
   "semaphore": {"size", "available", "holders": [{"owner", "label",
                 "permits", "lease_ms"}], "queue": [{"position", "waiter",
                 "owner", "label", "arrival", "permits", "heartbeat_ms",
@@ -76,9 +77,10 @@ type LockStatus struct {
 	Holder    *Holder  `json:"holder"`
 	LastToken int64    `json:"last_token"`
 	Queue     []Waiter `json:"queue"`
-	// WaitingProcesses counts the processes subscribed to the lock's
-	// channel: those with waiters, plain or fair.
-	WaitingProcesses int64 `json:"waiting_processes"`
+	// SubscribedProcesses counts the processes subscribed to the lock's
+	// channel: those with waiters, plain or fair, and those whose last
+	// waiter left less than 2 s ago.
+	SubscribedProcesses int64 `json:"subscribed_processes"`
 }
 
 // Holder is the owner of a lock.
@@ -233,7 +235,7 @@ func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*S
 		st.Lock.Holder.Count, _ = strconv.ParseInt(owners.Val()[st.Lock.Holder.Owner], 10, 64)
 	}
 	for _, c := range subs {
-		st.Lock.WaitingProcesses += c.Val()[k.channel]
+		st.Lock.SubscribedProcesses += c.Val()[k.channel]
 	}
 	st.Lock.Queue = []Waiter{}
 	for i, z := range queue.Val() {
@@ -303,7 +305,7 @@ func firstKey(m map[string]string) string {
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
 	l := st.Lock
-	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.WaitingProcesses == 0 && st.Semaphore != nil {
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && st.Semaphore != nil {
 		printSemaphore(out, st)
 		return
 	}
@@ -320,7 +322,7 @@ func (st *Status) print(out io.Writer) {
 			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
 		}
 	}
-	field(out, "waiting", fmt.Sprintf("%d process(es) with waiters, plain or fair", l.WaitingProcesses))
+	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, plain or fair, or within 2 s of their last)", l.SubscribedProcesses))
 	if len(l.Queue) == 0 {
 		field(out, "queue", "empty")
 	} else {

@@ -73,8 +73,8 @@ func TestStatus(t *testing.T) {
 			t.Errorf("waiter %+v: want the label of its own process on %s", w, host)
 		}
 	}
-	if len(st.Lock.Queue) != 2 || st.Lock.WaitingProcesses != 3 {
-		t.Fatalf("queue %+v and %d waiting processes, want 2 fair waiters and 3 processes", st.Lock.Queue, st.Lock.WaitingProcesses)
+	if len(st.Lock.Queue) != 2 || st.Lock.SubscribedProcesses != 3 {
+		t.Fatalf("queue %+v and %d waiting processes, want 2 fair waiters and 3 processes", st.Lock.Queue, st.Lock.SubscribedProcesses)
 	}
 	for i, w := range st.Lock.Queue {
 		if w.Position != i+1 || w.Owner != queue[i] || !w.Alive || w.HeartbeatMS <= 0 || w.HeartbeatMS > 3000 {
@@ -84,7 +84,7 @@ func TestStatus(t *testing.T) {
 
 	code, p = runCode(t, addr, "status", name)
 	out := p.stdout.String()
-	if code != 0 || !strings.Contains(out, holder[0]) || !regexp.MustCompile(`label +`+regexp.QuoteMeta(h.Label)+"\n").MatchString(out) || !strings.Contains(out, "2 waiting") || !strings.Contains(out, "3 process(es) with waiters") ||
+	if code != 0 || !strings.Contains(out, holder[0]) || !regexp.MustCompile(`label +`+regexp.QuoteMeta(h.Label)+"\n").MatchString(out) || !strings.Contains(out, "2 waiting") || !strings.Contains(out, "3 process(es) (with waiters") ||
 		strings.Index(out, queue[0]) > strings.Index(out, queue[1]) || !regexp.MustCompile(`fencing token +`+strconv.FormatInt(m.Token(), 10)+"\n").MatchString(out) {
 		t.Errorf("exit %d, table:\n%s", code, out)
 	}
