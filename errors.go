@@ -11,6 +11,9 @@ import (
 var (
 	// ErrNotHeld is returned by Unlock when the Mutex does not hold the lock.
 	ErrNotHeld = errors.New("redisync: not held")
+	// ErrReleased is the cause (context.Cause) of a hold's context when
+	// the hold was released: see Mutex.HoldContext.
+	ErrReleased = errors.New("redisync: released")
 	// ErrHeld is returned by Mutex.Accept when the Mutex holds the lock
 	// already: a value holds one hold at a time.
 	ErrHeld = errors.New("redisync: held already")

@@ -86,3 +86,24 @@ func ExampleFair() {
 	fmt.Println("deploying, fenced:", m.Token() > 0)
 	// Output: deploying, fenced: true
 }
+
+// Do runs a function under the lock, with a context that ends the moment
+// the hold is lost, and unlocks afterwards.
+func ExampleMutex_Do() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+	client := redisync.New(rdb)
+	defer client.Close()
+
+	err := client.NewMutex("nightly-report").Do(ctx, func(ctx context.Context) error {
+		// Pass ctx to the work: it is cancelled, with context.Cause
+		// ErrLockLost, if the lock is lost.
+		fmt.Println("reporting under the lock")
+		return ctx.Err()
+	})
+	fmt.Println("done:", err)
+	// Output:
+	// reporting under the lock
+	// done: <nil>
+}

@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"time"
@@ -21,6 +22,8 @@ type hold struct {
 	token  int64         // fencing token (a Mutex's)
 	n      int64         // levels (a Mutex) or permits (a Semaphore) held
 	lost   chan struct{} // closed when the hold is lost
+	ended  chan struct{} // closed when the hold ends: lost or released
+	cause  error         // why it ended: ErrLockLost or ErrReleased
 	isLost bool
 	freed  bool       // a confirmed release ended it (a Semaphore's holding)
 	ka     *keepalive // its watchdog entry
@@ -64,7 +67,7 @@ func (s *holds) take(h *hold, e *keepalive, since time.Time, lease time.Duration
 	if s.cur != nil {
 		return errHeld
 	}
-	h.lost, h.ka = make(chan struct{}), e
+	h.lost, h.ended, h.ka = make(chan struct{}), make(chan struct{}), e
 	e.gone = func() { s.lose(h) }
 	if !s.c.wd.add(e, since, lease) {
 		return ErrClosed
@@ -104,6 +107,7 @@ func (s *holds) loseLocked(h *hold) {
 	}
 	h.isLost = true
 	close(h.lost)
+	end(h, ErrLockLost)
 	s.c.wd.remove(h.ka)
 	if s.onLost != nil {
 		s.onLost()
@@ -114,9 +118,58 @@ func (s *holds) loseLocked(h *hold) {
 // renewal may outlive the release. s.mu must be held.
 func (s *holds) forgetLocked(h *hold) {
 	s.c.wd.remove(h.ka)
+	end(h, ErrReleased)
 	if s.cur == h {
 		s.cur = nil
 	}
+}
+
+// end records that h ended for cause, unless it had ended already. The
+// value's mu must be held.
+func end(h *hold, cause error) {
+	if h.cause == nil {
+		h.cause = cause
+		close(h.ended)
+	}
+}
+
+// context returns a context that is cancelled when the value's current
+// hold ends, with cause ErrLockLost or ErrReleased, or when parent ends;
+// with cause ErrNotHeld at once when the value holds nothing. Its stop
+// function releases what it uses, as a CancelFunc does.
+func (s *holds) context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	s.mu.Lock()
+	h := s.cur
+	s.mu.Unlock()
+	if h == nil {
+		cancel(ErrNotHeld)
+		return ctx, func() {}
+	}
+	go func() {
+		select {
+		case <-h.ended:
+			s.mu.Lock()
+			cause := h.cause
+			s.mu.Unlock()
+			cancel(cause)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// do takes a hold with acquire, runs fn with the hold's context, and gives
+// the hold back with release, even when fn failed or the hold was lost. It
+// returns fn's error joined with release's.
+func (s *holds) do(ctx context.Context, acquire, release func(context.Context) error, fn func(context.Context) error) error {
+	if err := acquire(ctx); err != nil {
+		return err
+	}
+	hctx, cancel := s.context(ctx)
+	err := fn(hctx)
+	cancel()
+	return errors.Join(err, release(ctx))
 }
 
 // token returns the fencing token of the value's hold, or 0.

@@ -242,6 +242,25 @@ func (m *Mutex) Lost() <-chan struct{} { return m.lostChan() }
 // Name returns the name of the lock.
 func (m *Mutex) Name() string { return m.name }
 
+// HoldContext returns a context, derived from parent, that is cancelled
+// the moment m's current hold ends, so that work started under the lock
+// stops by itself: context.Cause then says why, ErrLockLost when the hold
+// was lost (Lost closed; a Handoff counts as one) and ErrReleased when the
+// last Unlock released it. When m holds nothing it is cancelled already,
+// with cause ErrNotHeld. Call the CancelFunc when the work is done, as for
+// context.WithCancel.
+func (m *Mutex) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return m.context(parent)
+}
+
+// Do locks m, runs fn with m's HoldContext, and unlocks m, even when fn
+// fails or the hold is lost: it returns fn's error joined with Unlock's
+// (ErrLockLost when the hold was lost meanwhile). When Lock fails, fn does
+// not run and Do returns Lock's error.
+func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	return m.do(ctx, m.Lock, m.Unlock, fn)
+}
+
 // reenter adds a level to m's hold, if m has one. A hold that was lost is
 // dropped instead (its Lost channel stays closed), and released in Redis
 // if it is still there, so that the caller takes the lock anew.

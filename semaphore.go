@@ -326,6 +326,25 @@ func (s *Semaphore) Lost() <-chan struct{} { return s.lostChan() }
 // Name returns the name of the semaphore.
 func (s *Semaphore) Name() string { return s.name }
 
+// HoldContext returns a context, derived from parent, that is cancelled
+// the moment s's current holding ends: context.Cause says ErrLockLost when
+// its permits were lost, ErrReleased when s gave back the last of them.
+// When s holds nothing it is cancelled already, with cause ErrNotHeld. Call
+// the CancelFunc when the work is done.
+func (s *Semaphore) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return s.context(parent)
+}
+
+// Do acquires n permits, runs fn with s's HoldContext, and releases the n
+// permits, even when fn fails or the permits are lost: it returns fn's
+// error joined with Release's. When Acquire fails, fn does not run and Do
+// returns Acquire's error.
+func (s *Semaphore) Do(ctx context.Context, n int64, fn func(ctx context.Context) error) error {
+	acquire := func(ctx context.Context) error { return s.Acquire(ctx, n) }
+	release := func(ctx context.Context) error { return s.Release(ctx, n) }
+	return s.do(ctx, acquire, release, fn)
+}
+
 // Size returns the number of permits of the semaphore.
 func (s *Semaphore) Size() int64 { return s.size }
 
