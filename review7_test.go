@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // HoldContext says the context is cancelled "the moment" the hold ends
@@ -31,5 +32,35 @@ func TestReview7HoldContextLiveAfterLostCloses(t *testing.T) {
 	}
 	if err := hctx.Err(); err == nil {
 		t.Fatalf("Lost is closed, but the hold's context is not done (cause %v): it is cancelled later, not by the time Lost closes", context.Cause(hctx))
+	}
+}
+
+// Do on a value shared by goroutines: fn's hold is lost, and another
+// goroutine's Lock of the value takes the lock anew (point 7: the Unlocks
+// owed to the lost hold are not owed any more). Do's Unlock then releases
+// the other goroutine's new hold: it runs unprotected, and its own Unlock
+// finds nothing.
+func TestReview7DoUnlocksAnotherGoroutinesNewHold(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(150*time.Millisecond))
+	m := c.NewMutex("job")
+	err := m.Do(ctx, func(hctx context.Context) error {
+		mr.Del("redisync:lock:{job}")
+		<-hctx.Done()
+		done := make(chan error)
+		go func() { done <- m.Lock(ctx) }() // another goroutine of the value
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		return context.Cause(hctx)
+	})
+	if !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Do: %v, want ErrLockLost", err)
+	}
+	if m.Token() == 0 || !mr.Exists("redisync:lock:{job}") {
+		t.Fatalf("after Do, the other goroutine's Lock (not unlocked yet) holds nothing: token %d, key exists %v", m.Token(), mr.Exists("redisync:lock:{job}"))
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatalf("the other goroutine's Unlock: %v", err)
 	}
 }
