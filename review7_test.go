@@ -64,3 +64,27 @@ func TestReview7DoUnlocksAnotherGoroutinesNewHold(t *testing.T) {
 		t.Fatalf("the other goroutine's Unlock: %v", err)
 	}
 }
+
+// Close loses every hold: its context's cause is ErrLockLost. An Unlock
+// that runs once the Client is closing, before the watchdog drops the
+// holds, forgets the hold as released instead: the cause is ErrReleased.
+func TestReview7UnlockDuringCloseEndsAsReleased(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := New(rdb)
+	m := c.NewMutex("job")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := m.HoldContext(ctx)
+	defer cancel()
+	c.close() // Close has begun: the Client is closed, the watchdog not stopped yet
+	if err := m.Unlock(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Unlock: %v, want ErrClosed", err)
+	}
+	_ = c.Close()
+	mr.Del("redisync:lock:{job}") // see TestReview7UnlockDuringCloseLeavesTheLock
+	<-hctx.Done()
+	if !errors.Is(context.Cause(hctx), ErrLockLost) {
+		t.Fatalf("closed: cause %v, want ErrLockLost (holds are lost with the Client)", context.Cause(hctx))
+	}
+}
