@@ -88,3 +88,23 @@ func TestReview7UnlockDuringCloseEndsAsReleased(t *testing.T) {
 		t.Fatalf("closed: cause %v, want ErrLockLost (holds are lost with the Client)", context.Cause(hctx))
 	}
 }
+
+// (Older than HEAD.) The same Unlock removes the hold from the watchdog
+// without sending its release, so Close does not release it either: the
+// lock stays in Redis for its lease, though Close promises every hold is
+// released.
+func TestReview7UnlockDuringCloseLeavesTheLock(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := New(rdb)
+	m := c.NewMutex("job")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	_ = m.Unlock(ctx)
+	_ = c.Close()
+	if mr.Exists("redisync:lock:{job}") {
+		mr.Del("redisync:lock:{job}")
+		t.Fatal("after Close, the lock is still in Redis: neither Unlock nor Close released it")
+	}
+}
