@@ -22,8 +22,10 @@ type hold struct {
 	token  int64         // fencing token (a Mutex's)
 	n      int64         // levels (a Mutex) or permits (a Semaphore) held
 	lost   chan struct{} // closed when the hold is lost
-	ended  chan struct{} // closed when the hold ends: lost or released
-	cause  error         // why it ended: ErrLockLost or ErrReleased
+	cause  error // why it ended: ErrLockLost or ErrReleased; nil while it lasts
+	// cancels are the hold's contexts (see holds.context), cancelled
+	// when it ends.
+	cancels map[*context.CancelCauseFunc]struct{}
 	isLost bool
 	freed  bool       // a confirmed release ended it (a Semaphore's holding)
 	ka     *keepalive // its watchdog entry
@@ -67,7 +69,7 @@ func (s *holds) take(h *hold, e *keepalive, since time.Time, lease time.Duration
 	if s.cur != nil {
 		return errHeld
 	}
-	h.lost, h.ended, h.ka = make(chan struct{}), make(chan struct{}), e
+	h.lost, h.ka = make(chan struct{}), e
 	e.gone = func() { s.lose(h) }
 	if !s.c.wd.add(e, since, lease) {
 		return ErrClosed
@@ -124,52 +126,74 @@ func (s *holds) forgetLocked(h *hold) {
 	}
 }
 
-// end records that h ended for cause, unless it had ended already. The
-// value's mu must be held.
+// end records that h ended for cause, unless it had ended already, and
+// cancels its contexts at once: by the time Lost is closed, or Unlock has
+// forgotten the hold, they are done. The value's mu must be held.
 func end(h *hold, cause error) {
-	if h.cause == nil {
-		h.cause = cause
-		close(h.ended)
+	if h.cause != nil {
+		return
 	}
+	h.cause = cause
+	for c := range h.cancels {
+		(*c)(cause)
+	}
+	h.cancels = nil
 }
 
 // context returns a context that is cancelled when the value's current
 // hold ends, with cause ErrLockLost or ErrReleased, or when parent ends;
-// with cause ErrNotHeld at once when the value holds nothing. Its stop
-// function releases what it uses, as a CancelFunc does.
+// with cause ErrNotHeld at once when the value holds nothing. Its
+// CancelFunc forgets it.
 func (s *holds) context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	h := s.cur
-	s.mu.Unlock()
-	if h == nil {
+	switch {
+	case h == nil:
 		cancel(ErrNotHeld)
 		return ctx, func() {}
+	case h.cause != nil:
+		cancel(h.cause)
+		return ctx, func() {}
 	}
-	go func() {
-		select {
-		case <-h.ended:
-			s.mu.Lock()
-			cause := h.cause
-			s.mu.Unlock()
-			cancel(cause)
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, func() { cancel(context.Canceled) }
+	if h.cancels == nil {
+		h.cancels = make(map[*context.CancelCauseFunc]struct{})
+	}
+	key := &cancel
+	h.cancels[key] = struct{}{}
+	return ctx, func() {
+		s.mu.Lock()
+		delete(h.cancels, key)
+		s.mu.Unlock()
+		cancel(context.Canceled)
+	}
 }
 
 // do takes a hold with acquire, runs fn with the hold's context, and gives
-// the hold back with release, even when fn failed or the hold was lost. It
-// returns fn's error joined with release's.
+// it back with release, even when fn failed or the hold was lost: it
+// returns fn's error joined with release's. When the value's hold is not
+// the one acquire took any more (it was lost, and another goroutine of the
+// value took the lock anew; or another goroutine released it), it is not
+// released: that is not this call's to give back; a loss is reported.
 func (s *holds) do(ctx context.Context, acquire, release func(context.Context) error, fn func(context.Context) error) error {
 	if err := acquire(ctx); err != nil {
 		return err
 	}
+	h := s.current()
 	hctx, cancel := s.context(ctx)
 	err := fn(hctx)
 	cancel()
-	return errors.Join(err, release(ctx))
+	s.mu.Lock()
+	ours, cause := s.cur == h, h.cause
+	s.mu.Unlock()
+	switch {
+	case ours:
+		return errors.Join(err, release(ctx))
+	case cause == ErrLockLost:
+		return errors.Join(err, ErrLockLost)
+	}
+	return err // released meanwhile by another goroutine of the value
 }
 
 // token returns the fencing token of the value's hold, or 0.

@@ -174,12 +174,21 @@ func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
 // the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := cmp.Or(m.err, m.c.usable()); err != nil {
-		if errors.Is(err, ErrClosed) {
-			m.mu.Lock()
-			if m.cur != nil {
-				m.forgetLocked(m.cur) // lost with the Client
-			}
-			m.mu.Unlock()
+		m.mu.Lock()
+		h := m.cur
+		if h != nil && errors.Is(err, ErrClosed) {
+			// Lost with the Client, which may have collected the
+			// holds to release already, or not: release it here too
+			// (a second release finds nothing).
+			m.loseLocked(h)
+			m.forgetLocked(h)
+		}
+		m.mu.Unlock()
+		if h != nil && errors.Is(err, ErrClosed) {
+			m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+				_, err := m.release(ctx, h.id, h.token, "release")
+				return nil, err
+			})
 		}
 		return m.wrap("unlock", err)
 	}
@@ -255,8 +264,9 @@ func (m *Mutex) HoldContext(parent context.Context) (context.Context, context.Ca
 
 // Do locks m, runs fn with m's HoldContext, and unlocks m, even when fn
 // fails or the hold is lost: it returns fn's error joined with Unlock's
-// (ErrLockLost when the hold was lost meanwhile). When Lock fails, fn does
-// not run and Do returns Lock's error.
+// (ErrLockLost when the hold was lost meanwhile). It never unlocks a hold
+// that another goroutine sharing m took after this one was lost. When Lock
+// fails, fn does not run and Do returns Lock's error.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return m.do(ctx, m.Lock, m.Unlock, fn)
 }
