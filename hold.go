@@ -18,17 +18,17 @@ var errExpired = errors.New("redisync: the hold's lease ran out before it was gr
 // hold is what a Mutex or Semaphore value knows of one hold: a lock, with
 // the levels the value re-entered it, or permits of a semaphore.
 type hold struct {
-	id     string        // the hold's field in Redis
-	token  int64         // fencing token (a Mutex's)
-	n      int64         // levels (a Mutex) or permits (a Semaphore) held
-	lost   chan struct{} // closed when the hold is lost
-	cause  error // why it ended: ErrLockLost or ErrReleased; nil while it lasts
+	id    string        // the hold's field in Redis
+	token int64         // fencing token (a Mutex's)
+	n     int64         // levels (a Mutex) or permits (a Semaphore) held
+	lost  chan struct{} // closed when the hold is lost
+	cause error         // why it ended: ErrLockLost or ErrReleased; nil while it lasts
 	// cancels are the hold's contexts (see holds.context), cancelled
 	// when it ends.
 	cancels map[*context.CancelCauseFunc]struct{}
-	isLost bool
-	freed  bool       // a confirmed release ended it (a Semaphore's holding)
-	ka     *keepalive // its watchdog entry
+	isLost  bool
+	freed   bool       // a confirmed release ended it (a Semaphore's holding)
+	ka      *keepalive // its watchdog entry
 }
 
 // holds is the hold lifecycle that Mutex and Semaphore share. A value has
