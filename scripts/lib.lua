@@ -44,8 +44,7 @@ end
 
 -- check_counter returns the fencing token counter's value (0 when absent)
 -- and fails the script, before it writes anything, when the key holds
--- something other than an integer (INCR would only fail later, after
--- other writes).
+-- something other than an integer.
 local function check_counter(token)
   local v = redis.call('GET', token)
   if not v then

@@ -357,7 +357,7 @@ func jain(xs []int64) float64 {
 	return sum * sum / (float64(len(xs)) * sq)
 }
 
-// labeler names owner ids ("<client uuid>-<n>") after the simulated
+// labeler names owner ids ("<label>/<client uuid>-<n>") after the simulated
 // clients and workers ("c2.w1"), once a worker has told which is its own.
 // It is safe for concurrent use.
 type labeler struct {
