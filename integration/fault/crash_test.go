@@ -70,7 +70,7 @@ func TestHolderSIGSTOPFencing(t *testing.T) {
 	a.send("write a-before-pause")
 	a.expect("write ok", 5*time.Second)
 
-	a.signal(syscall.SIGSTOP)
+	a.pause()
 	paused := time.Now()
 	b := newClient(t, addr).NewMutex(name)
 	r := await(t, lockAsync(b, ctx), lease+5*time.Second, "second holder")

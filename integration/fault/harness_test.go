@@ -2,7 +2,9 @@ package fault
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -199,6 +201,24 @@ func (p *proc) signal(sig syscall.Signal) {
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		p.t.Fatal(err)
 	}
+}
+
+// pause stops the helper with SIGSTOP and waits until the kernel has
+// stopped it (a signal is delivered asynchronously: the helper could
+// otherwise still act on what comes next).
+func (p *proc) pause() {
+	p.t.Helper()
+	p.signal(syscall.SIGSTOP)
+	stat := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	eventually(p.t, 5*time.Second, "the helper to be stopped", func() bool {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return true // not Linux: nothing to read, as before
+		}
+		// "pid (comm) state ...": the state follows the last ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return len(f) > 0 && (f[0] == "T" || f[0] == "t")
+	})
 }
 
 // kill ends the helper with SIGKILL and waits for it.

@@ -56,7 +56,7 @@ func TestFairStaleGrantAfterPause(t *testing.T) {
 		xDone := lockAsync(x, lctx)
 		eventually(t, 5*time.Second, "X queued", func() bool { return queueLen() == 2 })
 
-		w.signal(syscall.SIGSTOP)
+		w.pause()
 		if err := h.Unlock(ctx); err != nil { // hands the lock to the paused W
 			t.Fatal(err)
 		}
