@@ -181,6 +181,9 @@ func (s *holds) do(ctx context.Context, acquire, release func(context.Context) e
 		return err
 	}
 	h := s.current()
+	if h == nil { // another goroutine of the value released it at once
+		return ErrNotHeld
+	}
 	hctx, cancel := s.context(ctx)
 	err := fn(hctx)
 	cancel()
