@@ -41,6 +41,8 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 	m.forgetLocked(h)
 	m.mu.Unlock()
 	if lost {
+		// Nothing to hand off; free the lock sooner, as Unlock does.
+		m.releaseLost(ctx, h)
 		return "", m.wrap("handoff", ErrLockLost)
 	}
 

@@ -214,10 +214,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if lost {
 		// Nothing left to protect; remove the hold if it is still
 		// there, so that the lock is free sooner.
-		m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-			_, err := m.release(ctx, h.id, 0, "release")
-			return nil, err
-		})
+		m.releaseLost(ctx, h)
 		return m.wrap("unlock", ErrLockLost)
 	}
 	wait, cancel := releasing(ctx)
@@ -284,10 +281,7 @@ func (m *Mutex) reenter(ctx context.Context) bool {
 	case h.isLost:
 		m.forgetLocked(h)
 		m.mu.Unlock()
-		m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-			_, err := m.release(ctx, h.id, 0, "release")
-			return nil, err
-		})
+		m.releaseLost(ctx, h)
 		return false
 	}
 	h.n++
@@ -462,6 +456,16 @@ func (m *Mutex) release(ctx context.Context, id string, token int64, mode string
 		return 0, redisError(err)
 	}
 	return res, nil
+}
+
+// releaseLost removes h, a hold that was lost, from Redis if it is still
+// there, so that the lock is free sooner; in the background after
+// cleanupWait.
+func (m *Mutex) releaseLost(ctx context.Context, h *hold) {
+	m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		_, err := m.release(ctx, h.id, 0, "release")
+		return nil, err
+	})
 }
 
 // granted reports whether an acquire script's reply {status, value} says
