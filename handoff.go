@@ -50,7 +50,7 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 	wait, cancel := releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.base, m.keys.token, m.keys.tomb(h.id)},
+		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.Hash, m.keys.Token, m.keys.Tombstone(h.id)},
 			"give", h.id, handle, m.lease().Milliseconds(), h.token, tombstoneTTL.Milliseconds()).Int64Slice()
 		if err != nil {
 			return 0, err
@@ -85,7 +85,7 @@ func (m *Mutex) Accept(ctx context.Context, handle string) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
-	keys := []string{m.keys.base, m.keys.token, m.keys.gone}
+	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Withdrawn}
 	args := []any{"take", handle, l.ticket, m.lease().Milliseconds()}
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
