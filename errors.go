@@ -110,7 +110,12 @@ type wrongType struct {
 }
 
 func (e *wrongType) Error() string   { return ErrWrongType.Error() + ": " + e.detail }
-func (e *wrongType) Unwrap() []error { return []error{ErrWrongType, e.err} }
+func (e *wrongType) Unwrap() []error {
+	if e.err == nil {
+		return []error{ErrWrongType}
+	}
+	return []error{ErrWrongType, e.err}
+}
 
 // opError says which operation on which primitive failed.
 type opError struct {
@@ -122,6 +127,16 @@ func (e *opError) Error() string {
 	return "redisync: " + e.op + " " + quote(e.name) + ": " + strings.TrimPrefix(e.err.Error(), "redisync: ")
 }
 func (e *opError) Unwrap() error { return e.err }
+
+// wrapOp says that op on the primitive called name failed with err, unless
+// err says so already.
+func wrapOp(op, name string, err error) error {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &opError{op: op, name: name, err: err}
+}
 
 // quote shortens and quotes a name for an error message.
 func quote(name string) string {

@@ -49,7 +49,7 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 	ms := lease.Milliseconds() // Redis counts whole ms; so does the deadline
 	sent := time.Now()
 	res, _, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, extendScript, []string{m.keys.Hash}, []any{h.id, ms}, granted)
+		return m.c.runAcked(ctx, m.cfg, extendScript, []string{m.keys.Hash, m.keys.Token}, []any{h.id, ms}, granted)
 	}, nil)
 	switch {
 	case err != nil:

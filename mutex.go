@@ -344,7 +344,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration) (bool, time.Duration, error) {
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1}
-	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.Hash},
+	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.Hash, m.keys.Token},
 		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
 		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
 	if m.cfg.maxHold > 0 {
@@ -488,11 +488,7 @@ func (m *Mutex) sleepFor(pttl int64) time.Duration {
 
 // wrap adds the operation and the lock name to err.
 func (m *Mutex) wrap(op string, err error) error {
-	var oe *opError
-	if errors.As(err, &oe) {
-		return err
-	}
-	return &opError{op: op, name: m.name, err: err}
+	return wrapOp(op, m.name, err)
 }
 
 // wrapIf is wrap, and nil for a nil err.

@@ -720,9 +720,5 @@ func (s *Semaphore) sleepFor(next int64) time.Duration {
 
 // wrap adds the operation and the semaphore's name to err.
 func (s *Semaphore) wrap(op string, err error) error {
-	var oe *opError
-	if errors.As(err, &oe) {
-		return err
-	}
-	return &opError{op: op, name: s.name, err: err}
+	return wrapOp(op, s.name, err)
 }

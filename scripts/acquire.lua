@@ -2,7 +2,7 @@
 --
 -- KEYS[1] lock hash (hold id -> hold count), with the lease as its TTL
 -- KEYS[2] fencing token counter (see lib.lua, mint)
--- KEYS[3] queue: zset of fair waiters (ticket -> arrival number)
+-- KEYS[3] queue: zset of fair waiters (see lib.lua, join_queue)
 -- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff")
 -- KEYS[5] withdrawn tickets (see lib.lua, mark_withdrawn)
 -- KEYS[6] the ticket's release tombstone (see release.lua): a ticket whose
@@ -71,12 +71,11 @@ if pttl == -2 then
   queued = redis.call('ZSCORE', queue, ticket)
 end
 if mode == 'queue' then
-  local ttl = tonumber(ARGV[4])
+  local ttl, us = tonumber(ARGV[4]), now_us()
   if not queued then
-    local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', queue, (tonumber(last) or 0) + 1, ticket)
+    join_queue(queue, ticket, us)
   end
-  redis.call('HSET', waiters, ticket, (now_ms() + ttl) .. ':' .. ARGV[5])
+  redis.call('HSET', waiters, ticket, (math.floor(us / 1000) + ttl) .. ':' .. ARGV[5])
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end

@@ -10,10 +10,15 @@
 -- deadline is the server time in ms by which the waiter must heartbeat again
 -- and handoff is the lease in ms it is given when the lock is handed to it.
 
+-- now_us returns the server clock in microseconds.
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- now_ms returns the server clock in milliseconds.
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return math.floor(now_us() / 1000)
 end
 
 -- wrong fails the script with a WRONGTYPE error about key.
@@ -73,15 +78,18 @@ end
 local state_memory_ms = 3600000
 
 -- mint returns a new fencing token of the lock whose counter is the key
--- token: the server clock in microseconds, or the last token issued plus
--- one when that is larger. The counter remembers the last token for
--- state_memory_ms, so tokens strictly increase while it is stored, and
--- after it expired unless the server clock stepped back by more than the
--- time since the last token (at least state_memory_ms).
-local function mint(token)
+-- token, for a hold of lease ms: the server clock in microseconds, or the
+-- last token issued plus one when that is larger. The counter remembers
+-- the last token for state_memory_ms, or as long as the hold's lease when
+-- that is longer (renewals and extensions keep it as long as the lease):
+-- so the counter is the holder's token while the lock is held, tokens
+-- strictly increase while it is stored, and after it expired unless the
+-- server clock stepped back by more than the time since the last token (at
+-- least state_memory_ms).
+local function mint(token, lease)
   local c = redis.call('TIME')
   local t = math.max(tonumber(c[1]) * 1000000 + tonumber(c[2]), check_counter(token) + 1)
-  redis.call('SET', token, string.format('%d', t), 'PX', state_memory_ms)
+  redis.call('SET', token, string.format('%d', t), 'PX', math.max(state_memory_ms, lease))
   return t
 end
 
@@ -89,7 +97,7 @@ end
 -- its new fencing token. The token is minted first: a token key of the
 -- wrong type fails the script before the lock is written.
 local function grant(lock, token, owner, lease)
-  local t = mint(token)
+  local t = mint(token, lease)
   redis.call('HSET', lock, owner, 1)
   redis.call('PEXPIRE', lock, lease)
   return t
@@ -121,6 +129,18 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
         return head, t
       end
     end
+  end
+end
+
+-- join_queue appends id to a fair queue (a zset) unless it is queued
+-- already. Its score is the server time in microseconds when it joined
+-- (now_us), or the last member's plus one when that is larger: the order
+-- of the queue is the order of arrival even if the clock steps back, and
+-- the score tells how long a waiter has waited.
+local function join_queue(queue, id, us)
+  if not redis.call('ZSCORE', queue, id) then
+    local last = tonumber(redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]) or 0
+    redis.call('ZADD', queue, string.format('%d', math.max(us, last + 1)), id)
   end
 end
 

@@ -4,7 +4,8 @@
 -- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for a fair
 -- lock's waiter or "swait" for a semaphore's), owner id,
 -- ms (the lease of a hold, the heartbeat ttl of a waiter). KEYS holds the
--- entries' keys in the same order: one key for a hold (its lock hash),
+-- entries' keys in the same order: two for a hold (its lock hash and its
+-- fencing token counter, kept as long as the lease: see lib.lua, mint),
 -- three for a semaphore holder (its holders hash, expiry zset and size,
 -- which live as long as it holds), three for a
 -- waiter (its queue, its waiters hash, and the lock hash or the
@@ -31,9 +32,10 @@ for i = 1, #ARGV, 3 do
   local ok = 0
   if kind == 'hold' then
     local lock = KEYS[k]
-    k = k + 1
+    k = k + 2
     if redis.pcall('HEXISTS', lock, owner) == 1 then
       keep_alive(lock, ms)
+      keep_alive(KEYS[k - 1], ms)
       ok = 1
     end
   elseif kind == 'sem' then

@@ -117,8 +117,7 @@ end
 if mode == 'queue' then
   local ttl = tonumber(ARGV[10])
   if not queued then
-    local last = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', k.queue, (tonumber(last) or 0) + 1, waiter)
+    join_queue(k.queue, waiter, now_us())
   end
   redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
   keep_alive(k.queue, 2 * ttl)

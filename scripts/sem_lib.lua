@@ -10,7 +10,7 @@
 --   size:    string, the size every Client must agree on; it lives while
 --            the semaphore is in use, and state_memory_ms after the last
 --            Acquire (see lib.lua)
---   queue:   zset waiter id -> arrival number; a waiter id is
+--   queue:   zset waiter id -> when it joined (lib.lua, join_queue); a waiter id is
 --            "holder id#call number", one per blocked Acquire
 --   waiters: hash waiter id -> "deadline:lease:permits:seq": heartbeat
 --            deadline (ms of server time), the lease its permits get when

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // lockPart is the demo of the fair lock: every worker has its own Mutex
@@ -82,7 +83,7 @@ func (p *lockPart) work(ctx context.Context, env *demoEnv, m *redisync.Mutex, ci
 func (p *lockPart) learnOwner(env *demoEnv, ci, wi int) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	owners, err := env.rdb.HKeys(ctx, newLockKeys(env.prefix, env.name).lock).Result()
+	owners, err := env.rdb.HKeys(ctx, schema.LockKeys(env.prefix, env.name).Hash).Result()
 	if err != nil || len(owners) != 1 {
 		return ""
 	}

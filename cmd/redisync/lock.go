@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 const lockHelp = `Usage: redisync lock [flags] NAME -- CMD [ARGS...]
@@ -221,7 +221,7 @@ func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name st
 	}
 	token := m.Token()
 	return &hold{
-		line:    fmt.Sprintf("%s %d", newLockKeys(prefix, name).lock, token),
+		line:    fmt.Sprintf("%s %d", schema.LockKeys(prefix, name).Hash, token),
 		desc:    fmt.Sprintf("lock %q (token %d)", name, token),
 		env:     []string{"REDISYNC_TOKEN=" + strconv.FormatInt(token, 10), "REDISYNC_NAME=" + name},
 		lost:    m.Lost(),

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 func TestSemLimits(t *testing.T) {
@@ -112,7 +113,7 @@ func TestSemResize(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.Client(t)
 	name := uniqueName(t)
-	key := newSemKeys("redisync", name).size
+	key := schema.SemaphoreKeys("redisync", name).Size
 	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
 		t.Fatalf("sem: exit %d, stderr %q", code, p.stderr.String())
 	}

@@ -35,7 +35,9 @@ type Lock struct {
 	// Token is the last fencing token issued (a decimal integer), kept an
 	// hour after the last hold was taken.
 	Token string
-	// Queue is the fair queue: a zset of ticket -> arrival number.
+	// Queue is the fair queue: a zset of ticket -> the server time in µs
+	// when it joined, made larger than the last member's so that the
+	// order is the order of arrival (scripts/lib.lua, join_queue).
 	Queue string
 	// Waiters holds the fair waiters' records: a hash of ticket -> a
 	// LockWaiter record.
@@ -85,8 +87,8 @@ type Semaphore struct {
 	// Size is the semaphore's size (while in use, and an hour after the
 	// last Acquire).
 	Size string
-	// Queue is a zset of waiter id ("holder id#call number") -> arrival
-	// number.
+	// Queue is a zset of waiter id ("holder id#call number") -> the server
+	// time in µs when it joined, as a lock's queue.
 	Queue string
 	// Waiters holds the waiters' records: a hash of waiter id -> a
 	// SemWaiter record.
