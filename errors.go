@@ -109,7 +109,7 @@ type wrongType struct {
 	err    error // from Redis
 }
 
-func (e *wrongType) Error() string   { return ErrWrongType.Error() + ": " + e.detail }
+func (e *wrongType) Error() string { return ErrWrongType.Error() + ": " + e.detail }
 func (e *wrongType) Unwrap() []error {
 	if e.err == nil {
 		return []error{ErrWrongType}
