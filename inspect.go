@@ -160,10 +160,12 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Token + " does not hold a counter"})
 		}
 	}
-	if len(owners.Val()) > 1 {
+	fields := owners.Val()
+	delete(fields, schema.LayoutField)
+	if len(fields) > 1 {
 		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " holds more than one hold"})
 	}
-	for id, v := range owners.Val() {
+	for id, v := range fields {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 1 {
 			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a hold count for " + id})
@@ -216,7 +218,8 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: subs.Val()[k.Channel],
 		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}}
 	if v := size.Val(); v != "" {
-		if st.Size, err = strconv.ParseInt(v, 10, 64); err != nil {
+		var ok bool
+		if st.Size, _, ok = schema.ParseSemSize(v); !ok {
 			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Size + " does not hold a size"})
 		}
 	}

@@ -34,7 +34,8 @@ local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KE
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local t = check_counter(token)
-if hold_count(lock, ticket) > 0 then
+local count, layout = read_hold(lock, ticket)
+if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
   -- Mutex.Extend has made longer since.
   keep_alive(lock, lease)
@@ -45,6 +46,9 @@ if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[6]) == 1 then
 end
 
 local pttl = redis.call('PTTL', lock)
+if pttl ~= -2 and layout ~= LAYOUT then
+  other_layout(lock, layout)
+end
 if mode == 'barge' then
   if pttl ~= -2 then
     return {0, pttl}

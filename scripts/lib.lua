@@ -10,6 +10,22 @@
 -- deadline is the server time in ms by which the waiter must heartbeat again
 -- and handoff is the lease in ms it is given when the lock is handed to it.
 
+-- LAYOUT is the version of the stored layout that these scripts read and
+-- write (internal/schema.Layout). A lock's hash carries it in the field
+-- LAYOUT_FIELD (no hold id has braces), a semaphore's size record after
+-- the size ("size:layout"): the places every script reads before it acts.
+-- State without it was written before layouts were numbered (layout 1).
+-- A script that meets a held lock or a busy semaphore of another layout
+-- fails with a LAYOUT error rather than misread it: during a rolling
+-- deploy, mixed versions fail loudly instead of letting two holders in.
+local LAYOUT = '2'
+local LAYOUT_FIELD = '{layout}'
+
+-- other_layout fails the script: key was written in another layout.
+local function other_layout(key, found)
+  error('LAYOUT redisync: ' .. key .. ' was written in layout ' .. (found or '1') .. ', this redisync reads layout ' .. LAYOUT)
+end
+
 -- now_us returns the server clock in microseconds.
 local function now_us()
   local t = redis.call('TIME')
@@ -58,10 +74,9 @@ local function check_counter(token)
   return integer(v) or wrong(token, 'a counter')
 end
 
--- hold_count returns the count stored for a hold's field in the lock hash
--- (0 when absent), failing the script when it is not a positive integer.
-local function hold_count(lock, id)
-  local v = redis.call('HGET', lock, id)
+-- count_of returns a hold count read from the lock hash (0 for none),
+-- failing the script when it is not a positive integer.
+local function count_of(lock, id, v)
   if not v then
     return 0
   end
@@ -70,6 +85,19 @@ local function hold_count(lock, id)
     wrong(lock, 'a hold count for ' .. id)
   end
   return n
+end
+
+-- hold_count returns the count stored for a hold's field in the lock hash
+-- (0 when absent), failing the script when it is not a positive integer.
+local function hold_count(lock, id)
+  return count_of(lock, id, redis.call('HGET', lock, id))
+end
+
+-- read_hold returns hold_count(lock, id) and the lock hash's layout mark
+-- (false when the hash is absent or has none), in one call.
+local function read_hold(lock, id)
+  local v = redis.call('HMGET', lock, id, LAYOUT_FIELD)
+  return count_of(lock, id, v[1]), v[2]
 end
 
 -- state_memory_ms is how long redisync's record of an idle lock or
@@ -98,7 +126,7 @@ end
 -- wrong type fails the script before the lock is written.
 local function grant(lock, token, owner, lease)
   local t = mint(token, lease)
-  redis.call('HSET', lock, owner, 1)
+  redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT)
   redis.call('PEXPIRE', lock, lease)
   return t
 end

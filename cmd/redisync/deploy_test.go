@@ -58,7 +58,7 @@ func TestCluster(t *testing.T) {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		owner := crdb.HKeys(ctx, schema.LockKeys("redisync", name).Hash).Val()
+		owner := holdIDs(t, crdb, schema.LockKeys("redisync", name).Hash)
 		code, p := runCode(t, "", "status", "--redis", nodes[0], name)
 		if code != 0 || len(owner) != 1 || !strings.Contains(p.stdout.String(), owner[0]) {
 			t.Errorf("status %s: exit %d, stdout %q, stderr %q; want the holder %q", name, code, p.stdout.String(), p.stderr.String(), owner)

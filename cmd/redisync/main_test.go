@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
 	"github.com/redisync/redisync/internal/schema"
@@ -386,4 +388,15 @@ func TestTokenInEnvironment(t *testing.T) {
 	if want := name + " " + token; code != 0 || token == "" || strings.TrimSpace(p.stdout.String()) != want {
 		t.Errorf("exit %d, stdout %q; want %q", code, p.stdout.String(), want)
 	}
+}
+
+// holdIDs returns the hold ids in the lock hash key: its fields but the
+// layout mark.
+func holdIDs(t *testing.T, rdb redis.Cmdable, key string) []string {
+	t.Helper()
+	fields, err := rdb.HKeys(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField })
 }

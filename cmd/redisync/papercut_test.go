@@ -130,7 +130,7 @@ func TestVerboseSaysWhoHolds(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
 	holdLock(t, name)
-	owner := redistest.Client(t).HKeys(context.Background(), schema.LockKeys("redisync", name).Hash).Val()
+	owner := holdIDs(t, redistest.Client(t), schema.LockKeys("redisync", name).Hash)
 	code, p := runCode(t, addr, "lock", "--verbose", "--wait", "200ms", name, "--", "true")
 	if code != exitTimeout || len(owner) != 1 || !strings.Contains(p.stderr.String(), "is held by "+owner[0]) {
 		t.Errorf("exit %d, stderr %q; want %d and the holder %q", code, p.stderr.String(), exitTimeout, owner)

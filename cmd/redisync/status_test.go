@@ -33,7 +33,7 @@ func TestStatus(t *testing.T) {
 
 	// Held by the test, two redisync processes queued behind it in order.
 	m := holdLock(t, name, redisync.Fair())
-	holder, err := rdb.HKeys(ctx, keys.Hash).Result()
+	holder, err := holdIDs(t, rdb, keys.Hash), error(nil)
 	if err != nil || len(holder) != 1 {
 		t.Fatalf("lock hash fields %q, %v", holder, err)
 	}

@@ -12,6 +12,18 @@ import (
 	"strings"
 )
 
+// Layout is the version of the stored layout: of the keys below and the
+// records in them. It changes whenever a change to either could make an
+// older or newer redisync misread the state; LAYOUT in scripts/lib.lua is
+// the same number. A lock's hash carries it in the field LayoutField, a
+// semaphore's size record after the size. State without it was written by
+// layout 1, before layouts were numbered.
+const Layout = 2
+
+// LayoutField is the field of a lock's hash that holds its layout. No hold
+// id can be it (a label has no braces) nor any hand-off handle.
+const LayoutField = "{layout}"
+
 // DefaultPrefix is the prefix of every key and channel unless one is set.
 const DefaultPrefix = "redisync"
 
@@ -29,8 +41,9 @@ func base(prefix, kind, name string) string {
 
 // Lock is the keys and channel of one lock.
 type Lock struct {
-	// Hash is the lock: a hash of hold id -> hold count, with the lease
-	// as the key's TTL. It exists exactly while the lock is held.
+	// Hash is the lock: a hash of hold id -> hold count, and LayoutField
+	// -> Layout, with the lease as the key's TTL. It exists exactly while
+	// the lock is held.
 	Hash string
 	// Token is the last fencing token issued (a decimal integer), kept an
 	// hour after the last hold was taken.
@@ -76,6 +89,21 @@ func ParseLockWaiter(rec string) (LockWaiter, bool) {
 	return LockWaiter{Deadline: f[0], Handoff: f[1]}, true
 }
 
+// ParseSemSize decodes a semaphore's size record, "size:layout" (or
+// "size", written by layout 1), into the size and its layout.
+func ParseSemSize(rec string) (size int64, layout int, ok bool) {
+	n, l, found := strings.Cut(rec, ":")
+	size, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || size < 0 {
+		return 0, 0, false
+	}
+	if !found {
+		return size, 1, true
+	}
+	v, err := strconv.Atoi(l)
+	return size, v, err == nil
+}
+
 // Semaphore is the keys and channel of one semaphore.
 type Semaphore struct {
 	// Holders is a hash of holder id -> a SemHolder record.
@@ -84,8 +112,8 @@ type Semaphore struct {
 	// the server clock; a holder whose lease ended is reclaimed by the
 	// next script call.
 	Expiry string
-	// Size is the semaphore's size (while in use, and an hour after the
-	// last Acquire).
+	// Size is the semaphore's size record (ParseSemSize), stored while it
+	// is in use and an hour after the last Acquire.
 	Size string
 	// Queue is a zset of waiter id ("holder id#call number") -> the server
 	// time in µs when it joined, as a lock's queue.
