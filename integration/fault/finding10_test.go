@@ -7,11 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redisync/redisync/internal/schema"
-
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // Finding 10: a counter holding "1.5" (the token counter, or a hold
