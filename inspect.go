@@ -245,7 +245,10 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 	nowUS := st.ServerTime.UnixMicro()
 	for _, z := range queue.Val() {
 		id := fmt.Sprint(z.Member)
-		holder, _, _ := strings.Cut(id, "#")
+		holder := id // a waiter id is "holder id#call"; a label may hold '#'
+		if i := strings.LastIndexByte(id, '#'); i >= 0 {
+			holder = id[:i]
+		}
 		w := SemaphoreWaiter{ID: id, Holder: holder, Label: schema.Label(holder), Waited: since(nowUS, z.Score)}
 		if rec, ok := schema.ParseSemWaiter(waiters.Val()[id]); ok {
 			w.Permits = rec.Permits
