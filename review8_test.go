@@ -146,11 +146,14 @@ func TestReview8InspectSemaphoreWaiterWithHashInLabel(t *testing.T) {
 	}
 }
 
-// Review 8, finding 3. docs/upgrading.md: a call that meets a lock held
-// under another layout "fails with ErrLayout ...; it writes nothing". A
-// plain TryLock (never queued) still sends a withdrawal after the script
+// Review 8, finding 3 (docs). docs/upgrading.md: a call that meets a lock
+// held under another layout "fails with ErrLayout ...; it writes nothing".
+// A plain TryLock (never queued) still sends a withdrawal after the script
 // refused, which writes the withdrawn-tickets zset: two round trips and a
-// write per ErrLayout, for every retry of "Roll, and retry".
+// write per ErrLayout, for every retry of "Roll, and retry". The
+// withdrawal is there for a reason (an error reply may be go-redis's retry
+// of a copy that ran), so the fix is the sentence, not the code; this test
+// pins the sentence as written.
 func TestReview8LayoutRefusalWritesNothing(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
