@@ -39,6 +39,9 @@ if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
   -- Mutex.Extend has made longer since.
   keep_alive(lock, lease)
+  if not layout then
+    redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT) -- handed over by layout 1 (see renew.lua)
+  end
   return {1, t}
 end
 if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[6]) == 1 then

@@ -36,6 +36,12 @@ for i = 1, #ARGV, 3 do
     if redis.pcall('HEXISTS', lock, owner) == 1 then
       keep_alive(lock, ms)
       keep_alive(KEYS[k - 1], ms)
+      if not redis.call('HGET', lock, LAYOUT_FIELD) then
+        -- This version's hold in a hash that layout 1 wrote (its release
+        -- handed the lock over): mark it, so that this version's calls
+        -- wait for the hold instead of failing with ErrLayout.
+        redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT)
+      end
       ok = 1
     end
   elseif kind == 'sem' then
