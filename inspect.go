@@ -29,9 +29,9 @@ type LockState struct {
 	Queue []LockWaiter
 	// Subscribers counts the processes subscribed to the lock's channel:
 	// those with waiters, plain or fair, and those whose last waiter left
-	// less than 2 s ago. On a Redis Cluster with plain pub/sub
-	// (WithPlainPubSub), only the subscribers of the node that serves the
-	// lock's slot are counted.
+	// less than 2 s ago. On a Redis Cluster, those that subscribe with
+	// plain pub/sub (WithPlainPubSub) are counted only on the node that
+	// serves the lock's slot.
 	Subscribers int64
 }
 
@@ -140,7 +140,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 		token           *redis.StringCmd
 		queue           *redis.ZSliceCmd
 		now             *redis.TimeCmd
-		subs            *redis.MapStringIntCmd
+		subs            func() int64
 	)
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		owners = p.HGetAll(ctx, k.Hash)
@@ -154,7 +154,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 	if err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: subs.Val()[k.Channel], Queue: []LockWaiter{}}
+	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: subs(), Queue: []LockWaiter{}}
 	if v := token.Val(); v != "" {
 		if st.LastToken, err = strconv.ParseInt(v, 10, 64); err != nil {
 			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Token + " does not hold a counter"})
@@ -201,7 +201,7 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 		expiry, queue    *redis.ZSliceCmd
 		size             *redis.StringCmd
 		now              *redis.TimeCmd
-		subs             *redis.MapStringIntCmd
+		subs             func() int64
 	)
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		holders = p.HGetAll(ctx, k.Holders)
@@ -215,7 +215,7 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 	if err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: subs.Val()[k.Channel],
+	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: subs(),
 		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}}
 	if v := size.Val(); v != "" {
 		var ok bool
@@ -286,13 +286,17 @@ func (c *Client) readAll(ctx context.Context, queue func(redis.Pipeliner)) error
 	return nil
 }
 
-// numSub queues the count of the processes subscribed to channel, as the
-// Client's waiters subscribe to it: sharded or not.
-func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) *redis.MapStringIntCmd {
-	if c.publish == "SPUBLISH" {
-		return p.PubSubShardNumSub(ctx, channel)
+// numSub queues the count of the processes subscribed to channel. On a
+// Redis Cluster both ways are counted: the lock's users may subscribe
+// sharded (the default) or not (WithPlainPubSub), whatever this Client
+// does; a process subscribes one way only.
+func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func() int64 {
+	plain := p.PubSubNumSub(ctx, channel)
+	if _, cluster := c.rdb.(*redis.ClusterClient); !cluster {
+		return func() int64 { return plain.Val()[channel] }
 	}
-	return p.PubSubNumSub(ctx, channel)
+	sharded := p.PubSubShardNumSub(ctx, channel)
+	return func() int64 { return plain.Val()[channel] + sharded.Val()[channel] }
 }
 
 // since returns the time from a queue score (the server time in µs when a
