@@ -59,7 +59,7 @@
 // The lock hash also holds the field "{layout}", the version of this
 // layout: a call that meets a lock held, or a semaphore in use, under
 // another layout (another version of redisync on the same Redis) fails
-// with ErrLayout and writes nothing (docs/upgrading.md).
+// with ErrLayout and holds nothing (docs/upgrading.md).
 //
 // A semaphore's keys are "redisync:sem:{name}..." in the same way. The
 // prefix "redisync" is set with WithKeyPrefix. Every key has a TTL: nothing

@@ -45,7 +45,7 @@ var (
 
 	// ErrLayout reports state in Redis written by a version of redisync that
 	// stores it in another layout (a rolling deploy that mixes versions on
-	// one Redis): nothing was written. See docs/upgrading.md.
+	// one Redis): the call holds nothing. See docs/upgrading.md.
 	ErrLayout = errors.New("redisync: state written in another layout")
 	// ErrSizeMismatch is returned by a Semaphore whose size differs from
 	// the size stored in Redis for its name. A semaphore is never resized

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
-)
 
-// handlePrefix starts every hand-off handle: no hold id starts with '{'
-// (see WithLabel), so Accept never takes a live hold.
-const handlePrefix = "{handoff}"
+	"github.com/redisync/redisync/internal/schema"
+)
 
 // Handoff gives m's hold to another process, which takes it with Accept:
 // it returns the handle to pass to that process. The lock is never held by
@@ -46,7 +44,7 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 		return "", m.wrap("handoff", ErrLockLost)
 	}
 
-	handle := handlePrefix + m.c.ticket(m.cfg.label)
+	handle := schema.HandoffPrefix + m.c.ticket(m.cfg.label)
 	wait, cancel := releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
@@ -76,7 +74,7 @@ func (m *Mutex) Accept(ctx context.Context, handle string) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("accept", err)
 	}
-	if !strings.HasPrefix(handle, handlePrefix) {
+	if !strings.HasPrefix(handle, schema.HandoffPrefix) {
 		return m.wrap("accept", fmt.Errorf("%w: %q is not a handle from Handoff", ErrNotHeld, handle))
 	}
 	if m.current() != nil {

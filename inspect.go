@@ -301,8 +301,12 @@ func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) 
 
 // since returns the time from a queue score (the server time in µs when a
 // waiter joined; see scripts/lib.lua, join_queue) to nowUS, or 0 if the
-// score is later.
+// score is later, or is an arrival number written by layout 1.
 func since(nowUS int64, score float64) time.Duration {
+	const layout2 = 1e15 // 2001 in µs: a smaller score is an arrival number
+	if score < layout2 {
+		return 0
+	}
 	return max(time.Duration(nowUS-int64(score))*time.Microsecond, 0)
 }
 

@@ -12,8 +12,8 @@ import (
 )
 
 // Issue 15, point 3: state written in another layout (an older or newer
-// redisync on the same Redis) fails loudly, with ErrLayout, and nothing is
-// written; state that is idle is taken over.
+// redisync on the same Redis) fails loudly, with ErrLayout, and the call
+// holds nothing; state that is idle is taken over.
 func TestLayoutOfAHeldLockIsChecked(t *testing.T) {
 	for _, tt := range []struct {
 		name, mark, says string

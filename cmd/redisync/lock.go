@@ -48,7 +48,9 @@ kills them all too. Elsewhere, CMD and its children outlive a killed
 redisync.
 
 Exit codes: CMD's own (no CMD: 0); 64 usage; 69 Redis unreachable; 70 Redis
-error; 73 taken (--no-wait); 75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
+error (among them, at once, a lock held by a version of redisync that
+stores it in another layout: see docs/upgrading.md); 73 taken (--no-wait);
+75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
 found; 128+N signal N.
 
 Examples:

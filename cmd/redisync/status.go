@@ -24,7 +24,8 @@ Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
 waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
 its size, the permits available, the holders with their permits and
-leases, and its queue in order. Only reads Redis, in one transaction.
+leases, and its queue in order. Only reads Redis: the lock in one
+transaction, the semaphore in another.
 
 Only what exists is shown: a lock never taken is shown only if there is
 no semaphore NAME either. Plain (not --fair) waiters of a lock leave no
@@ -73,7 +74,7 @@ heartbeats is skipped (negative: overdue).
 `
 
 // Status is the state of one lock name (and semaphore of the same name),
-// as read in one transaction.
+// each read in one transaction.
 type Status struct {
 	Name         string     `json:"name"`
 	Prefix       string     `json:"prefix"`

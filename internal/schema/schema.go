@@ -45,8 +45,9 @@ type Lock struct {
 	// -> Layout, with the lease as the key's TTL. It exists exactly while
 	// the lock is held.
 	Hash string
-	// Token is the last fencing token issued (a decimal integer), kept an
-	// hour after the last hold was taken.
+	// Token is the last fencing token issued (a decimal integer): the
+	// holder's while the lock is held (it lives as long as the hold's
+	// lease), and kept an hour after the last hold was taken.
 	Token string
 	// Queue is the fair queue: a zset of ticket -> the server time in µs
 	// when it joined, made larger than the last member's so that the
@@ -189,9 +190,16 @@ func ints(rec string, n int) ([]int64, bool) {
 	return f, true
 }
 
-// Label returns the label that starts a hold id ("label/client-n"), or ""
-// for an id without one. A semaphore waiter id's label is its holder id's.
+// HandoffPrefix starts every hand-off handle: the hold id under which a
+// hold waits, in the lock's hash, for the process it is handed to. No hold
+// id starts with '{'.
+const HandoffPrefix = "{handoff}"
+
+// Label returns the label that starts a hold id ("label/client-n") or a
+// hand-off handle, or "" for an id without one. A semaphore waiter id's
+// label is its holder id's.
 func Label(id string) string {
+	id = strings.TrimPrefix(id, HandoffPrefix)
 	i := strings.LastIndexByte(id, '/')
 	if i < 0 {
 		return ""

@@ -61,7 +61,7 @@ func TestParseRecords(t *testing.T) {
 }
 
 func TestLabelAndPrefix(t *testing.T) {
-	for id, want := range map[string]string{"web-1/42/uuid-7": "web-1/42", "uuid-7": "", "a/b-1#3": "a"} {
+	for id, want := range map[string]string{"web-1/42/uuid-7": "web-1/42", "uuid-7": "", "a/b-1#3": "a", HandoffPrefix + "web-1/uuid-2": "web-1"} {
 		if got := Label(id); got != want {
 			t.Errorf("Label(%q) = %q, want %q", id, got, want)
 		}
