@@ -17,9 +17,9 @@ func rotate(libs []library, round int) []library {
 // pool merges the results of the same library in the same step of the
 // same scenario, run in different rounds, as if they were one window:
 // counts and times add up, per-acquisition figures are weighted by
-// acquisitions, distributions and the contenders' counts are merged (so
-// Jain is over the pooled counts). Results keep the order of their first
-// appearance.
+// acquisitions and per-second ones by seconds, distributions and the
+// contenders' counts are merged (so Jain is over the pooled counts).
+// Results keep the order of their first appearance.
 func pool(results []result) []result {
 	type key struct {
 		scenario, library string
@@ -61,6 +61,8 @@ func merge(a, b result) result {
 	m.cmds, m.calls = weighted(a.cmds, b.cmds), weighted(a.calls, b.calls)
 	m.requests = weighted(a.requests, b.requests)
 	m.cpu, m.ccpu = weighted(a.cpu, b.cpu), weighted(a.ccpu, b.ccpu)
+	m.delivers, m.subs = weighted(a.delivers, b.delivers), weighted(a.subs, b.subs)
+	m.background = (a.background*a.seconds + b.background*b.seconds) / m.seconds
 	m.wait, m.op, m.gap = a.wait.merge(b.wait), a.op.merge(b.op), a.gap.merge(b.gap)
 	for i := range min(len(m.counts), len(b.counts)) {
 		m.counts[i] += b.counts[i]
@@ -72,6 +74,8 @@ func merge(a, b result) result {
 		m.firstError = b.firstError
 	}
 	m.conns = max(a.conns, b.conns)
+	m.left += b.left
+	m.persistent = append(slices.Clip(a.persistent), b.persistent...)
 	m.rounds = a.rounds + b.rounds
 	return m
 }
