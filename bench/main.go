@@ -233,7 +233,7 @@ func (tg *targets) open(ctx context.Context, o options, jobs []job) error {
 		if o.redis != "" {
 			srv, err = connectServer(ctx, o.redis)
 		} else {
-			srv, err = startServer(ctx, o.redisServer)
+			srv, err = startServer(o.redisServer)
 		}
 		if err != nil {
 			return err
