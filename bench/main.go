@@ -185,23 +185,23 @@ func bench(ctx context.Context, o options) (err error) {
 		return err
 	}
 	m.loadAfter = loadAverage()
-	results = pool(results)
+	pooled := pool(results)
 	fmt.Fprintln(os.Stdout, "machine:", m)
 	about := map[string]string{}
 	for _, j := range jobs {
 		about[j.lib.name] = j.lib.about
 	}
-	printReport(os.Stdout, results, about)
+	printReport(os.Stdout, pooled, about)
 	if o.out == "" {
 		return persistentKeys(results)
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
-	if err := writeCSV(o.out, results); err != nil {
+	if err := writeCSV(o.out, results, pooled); err != nil {
 		return err
 	}
-	if err := writeCharts(o.out, results); err != nil {
+	if err := writeCharts(o.out, pooled); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "wrote CSV and SVG files to %s\n", o.out)
@@ -290,6 +290,9 @@ func runJobs(ctx context.Context, tg targets, jobs []job, token string, settle t
 			if err != nil {
 				return nil, fmt.Errorf("floor: %w", err)
 			}
+			for k := range floor {
+				floor[k].round = j.round
+			}
 			prog.floor(prefix, floor)
 			results = append(results, floor...)
 		}
@@ -310,7 +313,7 @@ func runJobs(ctx context.Context, tg targets, jobs []job, token string, settle t
 		if err != nil {
 			return nil, fmt.Errorf("%s, %s: %w", j.scenario, j.lib.name, err)
 		}
-		res.scenario, res.library = j.scenario, j.lib.name
+		res.scenario, res.library, res.round = j.scenario, j.lib.name, j.round
 		prog.finish(res)
 		results = append(results, res)
 		if i < len(jobs)-1 {

@@ -53,6 +53,10 @@ const legend = `Columns:
              clients), or with that of a call that returned (rueidislock)
   left       keys of the run still in Redis, with a TTL, once its clients closed (summed
              over rounds); a key without a TTL fails the benchmark
+  With several rounds, every figure is the median of the rounds' own, and every ratio
+  the median of the rounds' ratios (each round's figure over the same round's); viol,
+  errs and left are summed, conns is the most. The CDF charts and waits.csv pool the
+  rounds' samples; results.csv has one row per round.
   uncontended: op = Lock + Unlock; p50 xrl: op p50 divided by redislock-10ms's
   The benchmark's own INFO commands are subtracted from the server's counts. In the
   cluster scenario the server's figures (calls, cpu, (S)SUBSCRIBE, conns) are summed
@@ -119,11 +123,7 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 			printFloor(w, rows)
 			continue
 		}
-		pooled := ""
-		if rows[0].rounds > 1 {
-			pooled = fmt.Sprintf(" (%d rounds pooled)", rows[0].rounds)
-		}
-		fmt.Fprintf(w, "\n== %s: %s, %.1f s window%s\n", sc, rows[0].label(), rows[0].seconds, pooled)
+		fmt.Fprintf(w, "\n== %s: %s, %.1f s window in all%s\n", sc, rows[0].label(), rows[0].seconds, roundsNote(rows[0]))
 		if sc == "uncontended" {
 			printUncontended(w, rows)
 		} else {
@@ -131,10 +131,12 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 		}
 	}
 	if series := scaleSeries(results); len(series) > 0 && len(series[0].results) > 1 {
-		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.cmds, 2) })
-		printSeries(w, series, "calls/acq", func(r result) string { return fmtNum(r.calls, 1) })
-		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.rate, 0) })
-		printSeries(w, series, "wait p99", func(r result) string { return fmtDur(r.wait.quantile(0.99)) })
+		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.mid(cmdsOf), 2) })
+		printSeries(w, series, "calls/acq", func(r result) string { return fmtNum(r.mid(callsOf), 1) })
+		printSeries(w, series, "cpu/acq", func(r result) string { return fmtMicros(r.mid(cpuOf)) })
+		printSeries(w, series, "bg/s", func(r result) string { return fmtNum(r.mid(bgOf), 1) })
+		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.mid(rateOf), 0) })
+		printSeries(w, series, "wait p99", func(r result) string { return midDur(r, waitAt(0.99)) })
 	}
 	fmt.Fprintln(w, "\nLibraries:")
 	for _, lib := range libraries() {
@@ -145,16 +147,43 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 	fmt.Fprintln(w, legend)
 }
 
+// Figures of one result, whose medians over the rounds the tables show
+// (result.mid).
+var (
+	rateOf     = func(r result) float64 { return r.rate }
+	cmdsOf     = func(r result) float64 { return r.cmds }
+	callsOf    = func(r result) float64 { return r.calls }
+	requestsOf = func(r result) float64 { return r.requests }
+	deliversOf = func(r result) float64 { return r.delivers }
+	subsOf     = func(r result) float64 { return r.subs }
+	cpuOf      = func(r result) float64 { return r.cpu }
+	ccpuOf     = func(r result) float64 { return r.ccpu }
+	jainOf     = func(r result) float64 { return r.jain }
+	bgOf       = func(r result) float64 { return r.background }
+	waitMax    = func(r result) float64 { return float64(r.wait.max) }
+	opMax      = func(r result) float64 { return float64(r.op.max) }
+)
+
+// waitAt, opAt and gapAt return the figure of a quantile q of the wait,
+// the operation and the gap.
+func waitAt(q float64) func(result) float64 {
+	return func(r result) float64 { return float64(r.wait.quantile(q)) }
+}
+
+func opAt(q float64) func(result) float64 {
+	return func(r result) float64 { return float64(r.op.quantile(q)) }
+}
+
+func gapAt(q float64) func(result) float64 {
+	return func(r result) float64 { return float64(r.gap.quantile(q)) }
+}
+
 // printFloor writes the floor's table: one row per figure.
 func printFloor(w io.Writer, rows []result) {
-	fmt.Fprintf(w, "\n== floor: round trips to Redis one after another, %d per round", floorSamples)
-	if rows[0].rounds > 1 {
-		fmt.Fprintf(w, " (%d rounds pooled)", rows[0].rounds)
-	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\n== floor: round trips to Redis one after another, %d per round%s\n", floorSamples, roundsNote(rows[0]))
 	t := [][]string{{"round trip", "p50", "p99", "max", "samples"}}
 	for _, r := range rows {
-		t = append(t, []string{r.library, fmtDur(r.op.quantile(0.5)), fmtDur(r.op.quantile(0.99)), fmtDur(r.op.max),
+		t = append(t, []string{r.library, midDur(r, opAt(0.5)), midDur(r, opAt(0.99)), midDur(r, opMax),
 			strconv.FormatInt(r.acquisitions, 10)})
 	}
 	writeTable(w, t)
@@ -167,14 +196,14 @@ func printContended(w io.Writer, rows []result, floor result) {
 	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "ccpu/acq",
 		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
 	for _, r := range rows {
-		p99, gap := r.wait.quantile(0.99), r.gap.quantile(0.5)
-		t = append(t, []string{r.library, fmtNum(r.rate, 0), ratio(r.rate, limit.rate),
-			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2), fmtNum(r.subs, 2),
-			fmtMicros(r.cpu), ratio(r.cpu, rs.cpu), fmtMicros(r.ccpu),
-			fmtDur(r.wait.quantile(0.5)), fmtDur(p99), ratio(float64(p99), float64(limit.wait.quantile(0.99))), fmtDur(r.wait.max),
-			fmtDur(gap), ratio(float64(gap), float64(floor.op.quantile(0.5))), fmtDur(r.gap.quantile(0.99)), fmtNum(r.jain, 3),
-			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), fmtConns(r.conns),
-			fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
+		t = append(t, []string{r.library, fmtNum(r.mid(rateOf), 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
+			fmtNum(r.mid(cmdsOf), 2), fmtNum(r.mid(callsOf), 2), fmtNum(r.mid(requestsOf), 2),
+			fmtNum(r.mid(deliversOf), 2), fmtNum(r.mid(subsOf), 2),
+			fmtMicros(r.mid(cpuOf)), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.mid(ccpuOf)),
+			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, waitAt(0.99), waitAt(0.99))), midDur(r, waitMax),
+			midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, gapAt(0.5), opAt(0.5))), midDur(r, gapAt(0.99)),
+			fmtNum(r.mid(jainOf), 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), fmtConns(r.conns),
+			fmtNum(r.mid(bgOf), 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
 	printErrors(w, rows)
@@ -186,14 +215,31 @@ func printUncontended(w io.Writer, rows []result) {
 	t := [][]string{{"library", "ops/s", "op p50", "p50 xrl", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op",
 		"dlv/op", "cpu/op", "ccpu/op", "errs", "bg/s", "left"}}
 	for _, r := range rows {
-		p50 := r.op.quantile(0.5)
-		t = append(t, []string{r.library, fmtNum(r.rate, 0),
-			fmtDur(p50), ratio(float64(p50), float64(rl.op.quantile(0.5))), fmtDur(r.op.quantile(0.99)), fmtDur(r.op.max),
-			fmtDur(r.wait.quantile(0.5)), fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2),
-			fmtMicros(r.cpu), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10), fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
+		t = append(t, []string{r.library, fmtNum(r.mid(rateOf), 0),
+			midDur(r, opAt(0.5)), fmtRatio(midRatio(r, rl, opAt(0.5), opAt(0.5))), midDur(r, opAt(0.99)), midDur(r, opMax),
+			midDur(r, waitAt(0.5)), fmtNum(r.mid(cmdsOf), 2), fmtNum(r.mid(callsOf), 2), fmtNum(r.mid(requestsOf), 2),
+			fmtNum(r.mid(deliversOf), 2), fmtMicros(r.mid(cpuOf)), fmtMicros(r.mid(ccpuOf)), strconv.FormatInt(r.errors, 10),
+			fmtNum(r.mid(bgOf), 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
 	printErrors(w, rows)
+}
+
+// midDur formats the median over r's rounds of a duration figure.
+func midDur(r result, figure func(result) float64) string {
+	v := r.mid(figure)
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmtDur(time.Duration(v))
+}
+
+// roundsNote says, for a table's title, what its figures are of.
+func roundsNote(r result) string {
+	if r.rounds > 1 {
+		return fmt.Sprintf(" (median of %d rounds)", r.rounds)
+	}
+	return ""
 }
 
 // printSeries writes one figure of the scale series: a row per library,
@@ -278,13 +324,12 @@ func fmtNum(v float64, decimals int) string {
 	return strconv.FormatFloat(v, 'f', decimals, 64)
 }
 
-// ratio formats a/b as "0.93x", or "-" without an a or a b (a negative
-// duration is none: no samples).
-func ratio(a, b float64) string {
-	if a < 0 || b <= 0 || math.IsNaN(a) || math.IsNaN(b) {
+// fmtRatio formats a ratio as "0.93x", or "-" for NaN.
+func fmtRatio(v float64) string {
+	if math.IsNaN(v) {
 		return "-"
 	}
-	return fmtNum(a/b, 2) + "x"
+	return fmtNum(v, 2) + "x"
 }
 
 // fmtMicros formats a number of microseconds as a duration.
@@ -328,14 +373,15 @@ func fmtDur(d time.Duration) string {
 	return f(float64(d)/1e9, "s")
 }
 
-// writeCSV writes results.csv (one row per run) and waits.csv (the wait
-// percentiles of every run) into dir.
-func writeCSV(dir string, results []result) error {
-	runs := [][]string{{"scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
+// writeCSV writes into dir results.csv, one row per run of every round
+// (runs), and waits.csv, the wait percentiles of every run with its rounds
+// pooled (pooled).
+func writeCSV(dir string, runs, pooled []result) error {
+	rows := [][]string{{"round", "scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
 		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "deliveries_per_acq", "subscriptions_per_acq",
 		"cpu_us_per_acq", "client_cpu_us_per_acq", "wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us",
 		"gap_p50_us", "gap_p50_x_publish_floor", "gap_p99_us", "jain", "violations", "errors", "conns",
-		"background_per_s", "keys_left", "keys_without_ttl", "rounds"}}
+		"background_per_s", "keys_left", "keys_without_ttl"}}
 	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
 	us := func(d time.Duration) string {
 		if d < 0 {
@@ -349,16 +395,23 @@ func writeCSV(dir string, results []result) error {
 		}
 		return strconv.FormatFloat(v, 'g', 6, 64)
 	}
-	floor := findRow(results, floorPublish).op.quantile(0.5)
-	for _, r := range results {
+	floors := map[int]time.Duration{} // PUBLISH→deliver p50 by round
+	for _, r := range runs {
+		if r.scenario == floorScenario && r.library == floorPublish {
+			floors[r.round] = r.op.quantile(0.5)
+		}
+	}
+	for _, r := range runs {
 		gap := r.gap.quantile(0.5)
-		runs = append(runs, []string{r.scenario, r.library, strconv.Itoa(r.clients), strconv.Itoa(r.goroutines),
+		rows = append(rows, []string{strconv.Itoa(r.round + 1), r.scenario, r.library, strconv.Itoa(r.clients), strconv.Itoa(r.goroutines),
 			strconv.Itoa(r.keys), num(float64(r.hold) / 1e6), strconv.FormatInt(r.size, 10), num(r.seconds),
 			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.delivers), num(r.subs),
 			num(r.cpu), num(r.ccpu), us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
-			us(gap), num(perFloor(gap, floor)), us(r.gap.quantile(0.99)), num(r.jain),
+			us(gap), num(perFloor(gap, floors[r.round])), us(r.gap.quantile(0.99)), num(r.jain),
 			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns),
-			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " "), strconv.Itoa(r.rounds)})
+			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " ")})
+	}
+	for _, r := range pooled {
 		if r.scenario == floorScenario {
 			continue
 		}
@@ -367,7 +420,7 @@ func writeCSV(dir string, results []result) error {
 				strconv.FormatFloat(p, 'g', -1, 64), us(r.wait.quantile(p / 100))})
 		}
 	}
-	if err := writeCSVFile(filepath.Join(dir, "results.csv"), runs); err != nil {
+	if err := writeCSVFile(filepath.Join(dir, "results.csv"), rows); err != nil {
 		return err
 	}
 	return writeCSVFile(filepath.Join(dir, "waits.csv"), waits)

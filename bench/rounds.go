@@ -1,6 +1,9 @@
 package main
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // rotate returns libs starting at the round's offset, so that over the
 // rounds every library runs in every place of a step: on a shared machine
@@ -18,7 +21,8 @@ func rotate(libs []library, round int) []library {
 // same scenario, run in different rounds, as if they were one window:
 // counts and times add up, per-acquisition figures are weighted by
 // acquisitions and per-second ones by seconds, distributions and the
-// contenders' counts are merged (so Jain is over the pooled counts).
+// contenders' counts are merged (so Jain is over the pooled counts). The
+// rounds' own results are kept in order (perRound), for their medians.
 // Results keep the order of their first appearance.
 func pool(results []result) []result {
 	type key struct {
@@ -33,10 +37,12 @@ func pool(results []result) []result {
 		if !ok {
 			index[k] = len(out)
 			r.counts = slices.Clone(r.counts)
+			r.perRound = []result{r}
 			out = append(out, r)
 			continue
 		}
 		out[i] = merge(out[i], r)
+		out[i].perRound = append(out[i].perRound, r)
 	}
 	return out
 }
@@ -98,4 +104,50 @@ func (d distribution) merge(e distribution) distribution {
 		}
 	}
 	return out
+}
+
+// mid returns the median over r's rounds of figure, the rounds where it is
+// NaN left out (NaN when all are); figure of r itself when r was not
+// pooled.
+func (r result) mid(figure func(result) float64) float64 {
+	if len(r.perRound) == 0 {
+		return figure(r)
+	}
+	var v []float64
+	for _, x := range r.perRound {
+		v = append(v, figure(x))
+	}
+	return median(v)
+}
+
+// midRatio returns the median over the rounds of a's figure fa divided by
+// b's figure fb in the same round: rounds are compared with themselves,
+// so that a drift of the machine's load from one round to the next does
+// not enter a ratio. NaN when no round has both.
+func midRatio(a, b result, fa, fb func(result) float64) float64 {
+	ar, br := a.perRound, b.perRound
+	if len(ar) == 0 {
+		ar, br = []result{a}, []result{b}
+	}
+	var v []float64
+	for i := range min(len(ar), len(br)) {
+		if x, y := fa(ar[i]), fb(br[i]); x >= 0 && y > 0 {
+			v = append(v, x/y)
+		}
+	}
+	return median(v)
+}
+
+// median returns the median of v, NaN values left out; NaN when none is
+// left.
+func median(v []float64) float64 {
+	v = slices.DeleteFunc(slices.Clone(v), math.IsNaN)
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }

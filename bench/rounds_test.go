@@ -89,3 +89,38 @@ func TestDistributionMergeKeepsBucketsOrdered(t *testing.T) {
 		t.Errorf("merged %d samples, max %v", seen, m.max)
 	}
 }
+
+func TestMedianOfRounds(t *testing.T) {
+	nan := math.NaN()
+	for _, tc := range []struct {
+		v    []float64
+		want float64
+	}{
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{4, 1, 3, 2}, 2.5},
+		{[]float64{nan, 5, 1}, 3},
+		{[]float64{7}, 7},
+	} {
+		if got := median(tc.v); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+	if got := median([]float64{nan}); !math.IsNaN(got) {
+		t.Errorf("median of NaN only = %v, want NaN", got)
+	}
+
+	// Two libraries over three rounds: a ratio is the median of the
+	// rounds' ratios, not the ratio of the medians.
+	a := pool([]result{{library: "a", rate: 10}, {library: "b", rate: 20}, {library: "a", rate: 30}, {library: "b", rate: 30},
+		{library: "a", rate: 18}, {library: "b", rate: 20}})
+	rate := func(r result) float64 { return r.rate }
+	if got := a[0].mid(rate); got != 18 {
+		t.Errorf("median rate of a = %v, want 18", got)
+	}
+	if got := midRatio(a[0], a[1], rate, rate); got != 0.9 {
+		t.Errorf("median ratio a/b = %v, want 0.9 (of 0.5, 1, 0.9)", got)
+	}
+	if got := midRatio(a[0], result{}, rate, rate); !math.IsNaN(got) {
+		t.Errorf("ratio to a library that did not run = %v, want NaN", got)
+	}
+}

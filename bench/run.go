@@ -53,8 +53,10 @@ type result struct {
 	left       int64    // keys of the run left in Redis, with a TTL, once its clients closed
 	persistent []string // keys of the run left in Redis without a TTL (a bug)
 
-	counts []int64 // every contender's acquisitions in the window
-	rounds int     // runs pooled into this result
+	counts   []int64  // every contender's acquisitions in the window
+	round    int      // the round it ran in (from 0)
+	rounds   int      // runs pooled into this result
+	perRound []result // the pooled runs, in round order (see pool)
 }
 
 // lockState is the bookkeeping of one lock, shared by its contenders.
