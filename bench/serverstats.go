@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -120,7 +119,7 @@ func (s *server) leftovers(ctx context.Context, name string) (withTTL int64, per
 			ttls[i] = pipe.PTTL(ctx, k)
 		}
 		if len(keys) > 0 {
-			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			if _, err := pipe.Exec(ctx); err != nil {
 				return 0, nil, err
 			}
 		}
