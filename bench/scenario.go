@@ -25,7 +25,7 @@ func (s shape) label() string {
 	what := "lock"
 	switch {
 	case s.perEntity:
-		what = fmt.Sprintf("%d locks, one at random each time", s.keys)
+		what = fmt.Sprintf("%d locks at random", s.keys)
 	case s.keys > 1:
 		what = fmt.Sprintf("%d locks", s.keys)
 	}
