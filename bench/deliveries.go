@@ -82,8 +82,8 @@ func (c *pushCounter) scan(data []byte) int {
 	return found
 }
 
-// dialer is how the clients of a run reach Redis: go-redis's default
-// timeouts, over a connection that counts the messages pushed on it.
+// dialer dials the go-redis clients' connections, with go-redis's
+// default timeouts.
 var dialer = net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Minute}
 
 // goRedisDialer returns a go-redis Dialer whose connections count their

@@ -64,7 +64,7 @@ func measureFloor(ctx context.Context, addr, channel string) (_ []result, err er
 		}
 		took := time.Since(t0).Seconds()
 		floor = append(floor, result{scenario: floorScenario, library: f.name, seconds: took,
-			acquisitions: d.total, rate: float64(d.total) / took, op: d, wait: d, conns: -1, rounds: 1})
+			acquisitions: d.total, rate: float64(d.total) / took, op: d, conns: -1, rounds: 1})
 	}
 	return floor, nil
 }

@@ -131,11 +131,11 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 		}
 	}
 	if series := scaleSeries(results); len(series) > 0 && len(series[0].results) > 1 {
-		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.mid(cmdsOf), 2) })
-		printSeries(w, series, "calls/acq", func(r result) string { return fmtNum(r.mid(callsOf), 1) })
-		printSeries(w, series, "cpu/acq", func(r result) string { return fmtMicros(r.mid(cpuOf)) })
-		printSeries(w, series, "bg/s", func(r result) string { return fmtNum(r.mid(bgOf), 1) })
-		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.mid(rateOf), 0) })
+		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.cmds, 2) })
+		printSeries(w, series, "calls/acq", func(r result) string { return fmtNum(r.calls, 1) })
+		printSeries(w, series, "cpu/acq", func(r result) string { return fmtMicros(r.cpu) })
+		printSeries(w, series, "bg/s", func(r result) string { return fmtNum(r.background, 1) })
+		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.rate, 0) })
 		printSeries(w, series, "wait p99", func(r result) string { return midDur(r, waitAt(0.99)) })
 	}
 	fmt.Fprintln(w, "\nLibraries:")
@@ -147,35 +147,32 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 	fmt.Fprintln(w, legend)
 }
 
-// Figures of one result, whose medians over the rounds the tables show
-// (result.mid).
+// Figures of one result, for medians of quantiles and of ratios over the
+// rounds (midQuantile, midRatio).
 var (
-	rateOf     = func(r result) float64 { return r.rate }
-	cmdsOf     = func(r result) float64 { return r.cmds }
-	callsOf    = func(r result) float64 { return r.calls }
-	requestsOf = func(r result) float64 { return r.requests }
-	deliversOf = func(r result) float64 { return r.delivers }
-	subsOf     = func(r result) float64 { return r.subs }
-	cpuOf      = func(r result) float64 { return r.cpu }
-	ccpuOf     = func(r result) float64 { return r.ccpu }
-	jainOf     = func(r result) float64 { return r.jain }
-	bgOf       = func(r result) float64 { return r.background }
-	waitMax    = func(r result) float64 { return float64(r.wait.max) }
-	opMax      = func(r result) float64 { return float64(r.op.max) }
+	rateOf  = func(r result) float64 { return r.rate }
+	cpuOf   = func(r result) float64 { return r.cpu }
+	waitMax = func(r result) time.Duration { return r.wait.max }
+	opMax   = func(r result) time.Duration { return r.op.max }
 )
 
-// waitAt, opAt and gapAt return the figure of a quantile q of the wait,
+// waitAt, opAt and gapAt return the figure of the quantile q of the wait,
 // the operation and the gap.
-func waitAt(q float64) func(result) float64 {
-	return func(r result) float64 { return float64(r.wait.quantile(q)) }
+func waitAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.wait.quantile(q) }
 }
 
-func opAt(q float64) func(result) float64 {
-	return func(r result) float64 { return float64(r.op.quantile(q)) }
+func opAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.op.quantile(q) }
 }
 
-func gapAt(q float64) func(result) float64 {
-	return func(r result) float64 { return float64(r.gap.quantile(q)) }
+func gapAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.gap.quantile(q) }
+}
+
+// inSeconds turns a duration figure into a ratio's figure.
+func inSeconds(figure func(result) time.Duration) func(result) float64 {
+	return func(r result) float64 { return figure(r).Seconds() }
 }
 
 // printFloor writes the floor's table: one row per figure.
@@ -196,14 +193,13 @@ func printContended(w io.Writer, rows []result, floor result) {
 	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "ccpu/acq",
 		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
 	for _, r := range rows {
-		t = append(t, []string{r.library, fmtNum(r.mid(rateOf), 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
-			fmtNum(r.mid(cmdsOf), 2), fmtNum(r.mid(callsOf), 2), fmtNum(r.mid(requestsOf), 2),
-			fmtNum(r.mid(deliversOf), 2), fmtNum(r.mid(subsOf), 2),
-			fmtMicros(r.mid(cpuOf)), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.mid(ccpuOf)),
-			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, waitAt(0.99), waitAt(0.99))), midDur(r, waitMax),
-			midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, gapAt(0.5), opAt(0.5))), midDur(r, gapAt(0.99)),
-			fmtNum(r.mid(jainOf), 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), fmtConns(r.conns),
-			fmtNum(r.mid(bgOf), 1), strconv.FormatInt(r.left, 10)})
+		t = append(t, []string{r.library, fmtNum(r.rate, 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
+			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2), fmtNum(r.subs, 2),
+			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.ccpu),
+			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, inSeconds(waitAt(0.99)), inSeconds(waitAt(0.99)))),
+			midDur(r, waitMax), midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, inSeconds(gapAt(0.5)), inSeconds(opAt(0.5)))),
+			midDur(r, gapAt(0.99)), fmtNum(r.jain, 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10),
+			fmtConns(r.conns), fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
 	printErrors(w, rows)
@@ -215,23 +211,19 @@ func printUncontended(w io.Writer, rows []result) {
 	t := [][]string{{"library", "ops/s", "op p50", "p50 xrl", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op",
 		"dlv/op", "cpu/op", "ccpu/op", "errs", "bg/s", "left"}}
 	for _, r := range rows {
-		t = append(t, []string{r.library, fmtNum(r.mid(rateOf), 0),
-			midDur(r, opAt(0.5)), fmtRatio(midRatio(r, rl, opAt(0.5), opAt(0.5))), midDur(r, opAt(0.99)), midDur(r, opMax),
-			midDur(r, waitAt(0.5)), fmtNum(r.mid(cmdsOf), 2), fmtNum(r.mid(callsOf), 2), fmtNum(r.mid(requestsOf), 2),
-			fmtNum(r.mid(deliversOf), 2), fmtMicros(r.mid(cpuOf)), fmtMicros(r.mid(ccpuOf)), strconv.FormatInt(r.errors, 10),
-			fmtNum(r.mid(bgOf), 1), strconv.FormatInt(r.left, 10)})
+		t = append(t, []string{r.library, fmtNum(r.rate, 0),
+			midDur(r, opAt(0.5)), fmtRatio(midRatio(r, rl, inSeconds(opAt(0.5)), inSeconds(opAt(0.5)))), midDur(r, opAt(0.99)),
+			midDur(r, opMax), midDur(r, waitAt(0.5)), fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2),
+			fmtNum(r.delivers, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10),
+			fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
 	printErrors(w, rows)
 }
 
 // midDur formats the median over r's rounds of a duration figure.
-func midDur(r result, figure func(result) float64) string {
-	v := r.mid(figure)
-	if math.IsNaN(v) {
-		return "-"
-	}
-	return fmtDur(time.Duration(v))
+func midDur(r result, figure func(result) time.Duration) string {
+	return fmtDur(midQuantile(r, figure))
 }
 
 // roundsNote says, for a table's title, what its figures are of.
