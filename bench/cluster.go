@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
+
+	"github.com/redisync/redisync/internal/schema"
 
 	"github.com/redisync/redisync/internal/redisserver"
 )
@@ -78,32 +79,8 @@ func (t *target) lockName(key string, k int, redisKey func(string) string) strin
 	}
 	for n := 0; ; n++ {
 		cand := name + ":" + strconv.Itoa(n)
-		if t.owner[slotOf(redisKey(cand))] == k%len(t.nodes) {
+		if t.owner[schema.Slot(redisKey(cand))] == k%len(t.nodes) {
 			return cand
 		}
 	}
-}
-
-// slotOf returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of
-// the key's hash tag (the part between the first '{' and the next '}',
-// when not empty) or of the whole key, modulo 16384. (A copy of the root
-// package's.)
-func slotOf(key string) int {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	var crc uint16
-	for k := 0; k < len(key); k++ {
-		crc ^= uint16(key[k]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc % 16384)
 }
