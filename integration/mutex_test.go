@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // lockKey is the key of a lock's hash under the default prefix.
@@ -245,11 +249,23 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 // ownerOf returns the only owner field of a lock's hash.
 func ownerOf(t *testing.T, name string) string {
 	t.Helper()
-	fields := admin(t).HKeys(ctx, lockKey(name)).Val()
-	if len(fields) != 1 {
-		t.Fatalf("lock hash has fields %v, want one owner", fields)
+	owners := holdIDs(t, name)
+	if len(owners) != 1 {
+		t.Fatalf("lock hash has hold ids %v, want one owner", owners)
 	}
-	return fields[0]
+	return owners[0]
+}
+
+// holdIDs returns the hold ids in the lock hash of name: its fields but
+// the layout mark, which it must carry while held.
+func holdIDs(t *testing.T, name string) []string {
+	t.Helper()
+	fields := admin(t).HGetAll(ctx, lockKey(name)).Val()
+	if len(fields) > 0 && fields[schema.LayoutField] != strconv.Itoa(schema.Layout) {
+		t.Fatalf("lock hash %v without the layout mark", fields)
+	}
+	delete(fields, schema.LayoutField)
+	return slices.Sorted(maps.Keys(fields))
 }
 
 func TestMutexWrongTypeOnRealRedis(t *testing.T) {
@@ -302,7 +318,7 @@ func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 		}
 	}
 	rdb := admin(t)
-	if owners := rdb.HKeys(ctx, lockKey(name)).Val(); len(owners) != 1 {
+	if owners := holdIDs(t, name); len(owners) != 1 {
 		t.Fatalf("lock owners %v, want only the holder", owners)
 	}
 	for _, k := range []string{":queue", ":waiters"} {

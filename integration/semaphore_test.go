@@ -11,6 +11,7 @@ import (
 
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // semKeys returns the Redis keys of the semaphore called name.
@@ -222,8 +223,8 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	if err := b.Acquire(ctx, 1); !errors.Is(err, redisync.ErrSizeMismatch) {
 		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
 	}
-	if got := admin(t).Get(ctx, "redisync:sem:{"+name+"}:size").Val(); got != "3" {
-		t.Fatalf("stored size %q, want 3", got)
+	if got := admin(t).Get(ctx, schema.SemaphoreKeys(schema.DefaultPrefix, name).Size).Val(); got != "3:2" {
+		t.Fatalf("stored size %q, want 3:2 (size:layout)", got)
 	}
 	if err := a.Release(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redisync/redisync/internal/schema"
-
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // TestSentinelFailoverKeepsReplicatedHold runs redisync on a Sentinel

@@ -41,7 +41,7 @@ func TestKeysShareTheNameAsHashTag(t *testing.T) {
 }
 
 func TestParseRecords(t *testing.T) {
-	if w, ok := ParseLockWaiter("1700000000000:3000"); !ok || w != (LockWaiter{1700000000000, 3000}) {
+	if w, ok := ParseLockWaiter("1700000000000:3000"); !ok || w != (LockWaiter{Deadline: 1700000000000, Handoff: 3000}) {
 		t.Errorf("ParseLockWaiter = %+v, %v", w, ok)
 	}
 	if h, ok := ParseSemHolder("3:17"); !ok || h != (SemHolder{3, 17}) {
@@ -50,7 +50,10 @@ func TestParseRecords(t *testing.T) {
 	if w, ok := ParseSemWaiter("5:3000:2:9"); !ok || w != (SemWaiter{5, 3000, 2, 9}) {
 		t.Errorf("ParseSemWaiter = %+v, %v", w, ok)
 	}
-	for _, bad := range []string{"", "1", "1:2:3", "a:2", "1:", ":1", "1:2x"} {
+	if w, ok := ParseLockWaiter("5:3000:job:42"); !ok || w != (LockWaiter{Deadline: 5, Handoff: 3000, Metadata: "job:42"}) {
+		t.Errorf("ParseLockWaiter with metadata = %+v, %v", w, ok)
+	}
+	for _, bad := range []string{"", "1", "a:2", "1:", ":1", "1:2x", "x:1:meta"} {
 		if _, ok := ParseLockWaiter(bad); ok {
 			t.Errorf("ParseLockWaiter(%q) accepted", bad)
 		}
