@@ -15,6 +15,7 @@ import (
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/integration/fault/internal/fence"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // TestRedisRestartWith50Waiters kills Redis with SIGKILL (no persistence)
@@ -193,7 +194,7 @@ func TestShutdownIsQuiet(t *testing.T) {
 		holds = append(holds, m)
 	}
 	busy := redistest.Name(t)
-	admin.HSet(ctx, lockKey(busy), "someone-else", 1)
+	admin.HSet(ctx, lockKey(busy), "someone-else", 1, schema.LayoutField, schema.Layout) // held in this layout
 	admin.PExpire(ctx, lockKey(busy), time.Minute)
 	w1, w2 := lockAsync(c.NewMutex(busy), ctx), lockAsync(c.NewMutex(busy), ctx)
 	eventually(t, 5*time.Second, "the waiters to subscribe", func() bool { return subscribers(t, admin, busy) == 1 })
