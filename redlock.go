@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -60,9 +59,10 @@ type Redlock struct {
 // independent Redis deployment (the Redlock never closes them). The options
 // become the defaults of every lock of the Redlock; Fair is not supported.
 // NewRedlock does no I/O. Bad input is reported by every later call, before
-// any call to Redis: no nodes or a nil one (ErrNilClient), the same node
-// twice (ErrDuplicateNode: the same client value, or two *redis.Client with
-// the same address and database), an invalid option (ErrInvalidOption).
+// any call to Redis: no nodes (ErrNoNodes), a nil one (ErrNilClient), the
+// same node twice (ErrDuplicateNode: the same client value, or two
+// *redis.Client with the same address and database), an invalid option
+// (ErrInvalidOption).
 //
 // An even number of nodes is accepted, but tolerates no more failures than
 // one node fewer: 4 nodes need 3, like 5; 2 nodes need both.
@@ -127,7 +127,7 @@ func (r *Redlock) goCall(f func()) bool {
 // checkNodes validates NewRedlock's nodes.
 func checkNodes(rdbs []redis.UniversalClient) error {
 	if len(rdbs) == 0 {
-		return fmt.Errorf("%w: a redlock needs at least one node", ErrNilClient)
+		return ErrNoNodes
 	}
 	seen := make(map[any]int)
 	for i, rdb := range rdbs {
@@ -338,21 +338,20 @@ func (m *RedMutex) Unlock(ctx context.Context) error {
 	m.mu.Unlock()
 
 	res := m.fanOut(context.WithoutCancel(ctx), members, m.releaseOn, m.quorumOK, nil)
-	released, failed, errs := 0, 0, []error(nil)
+	released, failed := 0, &NodeErrors{}
 	for i, x := range res {
 		switch {
 		case !members[i]:
 		case !x.done || x.err != nil:
-			failed++
-			errs = append(errs, nodeErr(i, x))
+			failed.Nodes = append(failed.Nodes, nodeError(i, x))
 		case x.ok:
 			released++
 		}
 	}
 	switch {
-	case failed > len(m.nodes)-m.r.quorum:
+	case len(failed.Nodes) > len(m.nodes)-m.r.quorum:
 		return m.wrap("unlock", fmt.Errorf("%w: %d of %d nodes not released: %w",
-			ErrQuorum, failed, len(m.nodes), nodeErrors(errs)))
+			ErrQuorum, len(failed.Nodes), len(m.nodes), failed))
 	case lost || released < m.r.quorum:
 		// Too many node holds were gone: another owner may have
 		// held the lock meanwhile, before the watchdog could tell.
@@ -454,14 +453,14 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 		return ok >= q || failed > n-q || (ok+busy >= q && busy+failed > n-q)
 	}, m.lateAcquire)
 	var got []int
-	var errs []error
+	failed := &NodeErrors{}
 	answered, pttl, token := 0, int64(-1), int64(0)
 	for i, x := range res {
 		switch {
 		case !use[i]:
-			errs = append(errs, fmt.Errorf("node %d: an earlier call has not returned", i))
+			failed.Nodes = append(failed.Nodes, NodeError{Node: i, Err: errNodeBusy})
 		case !x.done || x.err != nil:
-			errs = append(errs, nodeErr(i, x))
+			failed.Nodes = append(failed.Nodes, nodeError(i, x))
 		case x.ok:
 			answered++
 			got = append(got, i)
@@ -495,7 +494,7 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 		return false, 0, false, late
 	case answered < m.r.quorum:
 		return false, 0, false, fmt.Errorf("%w: %d of %d nodes answered, %d needed: %w",
-			ErrQuorum, answered, len(m.nodes), m.r.quorum, nodeErrors(errs))
+			ErrQuorum, answered, len(m.nodes), m.r.quorum, failed)
 	}
 	return false, m.sleepFor(pttl), len(got) > 0, nil
 }
@@ -858,26 +857,13 @@ func (m *RedMutex) wrap(op string, err error) error {
 	return &opError{op: "redlock " + op, name: m.name, err: err}
 }
 
-// nodeErr describes a node's failed call.
-func nodeErr(i int, x nodeResult) error {
+// nodeError is why node i's call, which returned x, failed.
+func nodeError(i int, x nodeResult) NodeError {
 	if !x.done {
-		return fmt.Errorf("node %d: no reply within the node timeout", i)
+		return NodeError{Node: i, Err: errNoReply}
 	}
-	return fmt.Errorf("node %d: %w", i, x.err)
+	return NodeError{Node: i, Err: x.err}
 }
-
-// nodeErrors are the errors of several nodes, on one line.
-type nodeErrors []error
-
-func (e nodeErrors) Error() string {
-	s := make([]string, len(e))
-	for i, err := range e {
-		s[i] = err.Error()
-	}
-	return strings.Join(s, "; ")
-}
-
-func (e nodeErrors) Unwrap() []error { return e }
 
 // mask returns a slice of n flags, set at idx.
 func mask(n int, idx []int) []bool {
