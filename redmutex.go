@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -25,6 +24,7 @@ type RedMutex struct {
 	r           *Redlock
 	name        string
 	nodes       []*Mutex // one per node, in the order of the Redlock's
+	posts       []post   // the nodes' channels, where a waiter waits
 	lease       time.Duration
 	nodeTimeout time.Duration
 	recheck     time.Duration
@@ -66,6 +66,7 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 		nm := c.NewMutex(name, opts...)
 		nm.onLost = func() { m.nodeLost(i) }
 		m.nodes = append(m.nodes, nm)
+		m.posts = append(m.posts, nm.post())
 	}
 	return m
 }
@@ -90,46 +91,11 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 // releases its node holds left and takes the lock anew. It returns
 // ErrClosed after Close, and ctx.Err() wrapped when ctx ends first; it
 // leaves nothing behind then.
-func (m *RedMutex) Lock(ctx context.Context) (err error) {
-	var ws []*waiter    // one per node, registered on the lock's channel
-	var woken []*waiter // took a wake-up that no round has used yet
-	defer func() {
-		if err != nil {
-			for _, w := range woken {
-				w.nudge() // leave passes it on
-			}
-		}
-		leaveAll(ws)
-		if err != nil {
-			err = m.wrap("lock", err)
-		}
-	}()
-	ws = m.joinConfirmed()
-	for {
-		acquired, sleep, split, err := m.round(ctx)
-		if err != nil || acquired {
-			return err
-		}
-		woken = nil
-		if ws == nil {
-			// Subscribe, then look again: a release between the
-			// round above and the subscriptions would be missed.
-			if ws, err = m.join(ctx); err != nil {
-				return err
-			}
-			continue
-		}
-		if split {
-			// Our own releases just published: desynchronise from
-			// the other contenders instead.
-			err = m.pause(ctx, rand.N(min(m.nodeTimeout, maxSplitJitter))+time.Millisecond)
-		} else {
-			woken, err = m.waitAny(ctx, ws, sleep)
-		}
-		if err != nil {
-			return err
-		}
+func (m *RedMutex) Lock(ctx context.Context) error {
+	if err := block(ctx, m.posts, redCall{m}); err != nil {
+		return m.wrap("lock", err)
 	}
+	return nil
 }
 
 // TryLock makes one round and never waits: it reports whether m holds the
@@ -277,103 +243,6 @@ func (m *RedMutex) nodeLost(i int) {
 	}
 }
 
-// joinConfirmed registers a waiter on every node whose channel is already
-// subscribed and confirmed, which costs no round trip. It returns nil unless
-// every node's is.
-func (m *RedMutex) joinConfirmed() []*waiter {
-	ws := make([]*waiter, len(m.nodes))
-	for i, n := range m.nodes {
-		if ws[i] = n.c.sub.joinConfirmed(n.keys.Channel, ""); ws[i] == nil {
-			leaveAll(ws)
-			return nil
-		}
-	}
-	return ws
-}
-
-// join registers a waiter on every node's channel, all at once, and waits
-// until each subscription is confirmed or the node timeout has passed.
-func (m *RedMutex) join(ctx context.Context) ([]*waiter, error) {
-	ws := make([]*waiter, len(m.nodes))
-	errs := make([]error, len(m.nodes))
-	var wg sync.WaitGroup
-	for i, n := range m.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ws[i], errs[i] = n.c.sub.join(ctx, n.keys.Channel, "")
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		leaveAll(ws)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, ErrClosed
-	}
-	return ws, nil
-}
-
-// leaveAll unregisters the waiters.
-func leaveAll(ws []*waiter) {
-	for _, w := range ws {
-		if w != nil {
-			w.leave()
-		}
-	}
-}
-
-// waitAny sleeps until a waiter of any node is signalled, d has passed (at
-// most deafPoll while a node's channel is not confirmed), ctx ends or the
-// Redlock is closed, and then consumes every signal received. It returns
-// the waiters whose signal it consumed.
-func (m *RedMutex) waitAny(ctx context.Context, ws []*waiter, d time.Duration) ([]*waiter, error) {
-	cases := make([]reflect.SelectCase, 0, len(ws)+2)
-	for _, w := range ws {
-		w.s.mu.Lock()
-		sig := w.signal
-		if !w.ch.confirmed {
-			d = min(d, deafPoll) // messages cannot reach it now
-		}
-		w.s.mu.Unlock()
-		cases = append(cases, recvCase(sig), recvCase(w.s.closed))
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	cases = append(cases, recvCase(t.C), recvCase(ctx.Done()))
-	i, _, _ := reflect.Select(cases)
-	switch {
-	case i == len(cases)-1:
-		return nil, ctx.Err()
-	case i < len(cases)-2 && i%2 == 1:
-		return nil, ErrClosed
-	}
-	var woken []*waiter
-	for _, w := range ws {
-		if _, signalled, _ := w.wait(ctx, 0, nil); signalled {
-			woken = append(woken, w)
-		}
-	}
-	return woken, nil
-}
-
-func recvCase[T any](ch <-chan T) reflect.SelectCase {
-	return reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)}
-}
-
-// pause sleeps for d, or until ctx ends or the Redlock is closed.
-func (m *RedMutex) pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return m.r.usable()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // begin checks that m can be used and takes m's turn to talk to Redis.
 func (m *RedMutex) begin(ctx context.Context) error {
 	if m.err != nil {
@@ -403,4 +272,43 @@ func (m *RedMutex) wrap(op string, err error) error {
 		return err
 	}
 	return &opError{op: "redlock " + op, name: m.name, err: err}
+}
+
+// redCall is a RedMutex.Lock call as the wait loop (block) sees it: it
+// makes rounds until one wins. It has no queue, no ticket and no grant to
+// adopt: a release announced on any node wakes it to make another round.
+type redCall struct{ m *RedMutex }
+
+// attempt makes a round. After a round in which m took some nodes but not
+// a quorum (contenders split the nodes between them), it pauses a short
+// random time, so that the contenders do not meet again at once, rather
+// than be woken at once by its own releases.
+func (x redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
+	acquired, sleep, split, err := x.m.round(ctx)
+	if err != nil || acquired || !split {
+		return acquired, sleep, err
+	}
+	return false, 0, x.m.pause(ctx, rand.N(min(x.m.nodeTimeout, maxSplitJitter))+time.Millisecond)
+}
+
+// outlasts: a round that finds too few nodes answering ends the call; a
+// lock that a majority cannot grant is not waited for.
+func (redCall) outlasts(error) bool { return false }
+
+func (redCall) sleeping(*waitSet)                           {}
+func (redCall) adopt(context.Context, string) (bool, error) { return false, nil }
+func (redCall) changed() <-chan struct{}                    { return nil }
+func (redCall) address() string                             { return "" }
+func (redCall) finish(context.Context, error)               {}
+
+// pause sleeps for d, or until ctx ends or the Redlock is closed.
+func (m *RedMutex) pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return m.r.usable()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
