@@ -63,7 +63,7 @@ type waiter struct {
 // channels (one for a Mutex or a Semaphore, one per node for a RedMutex).
 // A signal to any of them wakes the call, by closing the set's bell.
 type waitSet struct {
-	members []*waiter // added and read by the call's goroutine only
+	members []*waiter // added by the call's goroutine as it joins; read-only from then on
 
 	mu   sync.Mutex
 	bell chan struct{} // closed when a member is signalled; replaced once consumed
