@@ -91,6 +91,7 @@ type NodeErrors struct {
 	Nodes []NodeError // in the order of the nodes given to NewRedlock
 }
 
+// Error lists the failed nodes' errors on one line, separated by "; ".
 func (e *NodeErrors) Error() string {
 	s := make([]string, len(e.Nodes))
 	for i, n := range e.Nodes {
@@ -99,6 +100,7 @@ func (e *NodeErrors) Error() string {
 	return strings.Join(s, "; ")
 }
 
+// Unwrap returns each failed node's NodeError, for errors.Is and errors.As.
 func (e *NodeErrors) Unwrap() []error {
 	errs := make([]error, len(e.Nodes))
 	for i, n := range e.Nodes {
@@ -118,7 +120,10 @@ type NodeError struct {
 	Err error
 }
 
+// Error says which node failed, and why: "node 2: ...".
 func (e NodeError) Error() string { return fmt.Sprintf("node %d: %v", e.Node, e.Err) }
+
+// Unwrap returns the node's error.
 func (e NodeError) Unwrap() error { return e.Err }
 
 // errNoReply and errNodeBusy are the causes of a NodeError that are not
