@@ -276,6 +276,18 @@ func (c *Client) persist(ctx context.Context, call func() error) error {
 	}
 }
 
+// outlasts reports whether a waiting call outlasts an attempt that failed
+// with err: Redis could not be reached or serve it for now (see
+// transient). It then has a Redis Cluster client reload its slot map, so
+// that the next attempt goes where the slot is served now.
+func (c *Client) outlasts(err error) bool {
+	if !transient(err) {
+		return false
+	}
+	c.relocate()
+	return true
+}
+
 // relocate has a Redis Cluster client reload its slot map after a call
 // failed to reach its primary: after a failover, go-redis would otherwise
 // keep sending the slot's commands to the primary that died.

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 )
 
@@ -26,7 +27,7 @@ var (
 	// that were waiting when it was closed.
 	ErrClosed = errors.New("redisync: client closed")
 	// ErrNilClient is returned by every call when New was given a nil
-	// Redis client.
+	// Redis client, and by every call of a Redlock given a nil node.
 	ErrNilClient = errors.New("redisync: nil redis client")
 	// ErrInvalidName is returned for an empty name, one longer than
 	// MaxNameLen bytes, or one that starts with '}'.
@@ -63,12 +64,75 @@ var (
 	// timeout, or a quorum granted the lock too late to leave any validity;
 	// they leave nothing held then. Unlock returns it when more than N -
 	// quorum nodes could not be told: the lock stays held there until the
-	// leases run out. The failed nodes' errors are wrapped with it.
+	// leases run out. The failed nodes' errors are wrapped with it, in a
+	// *NodeErrors.
 	ErrQuorum = errors.New("redisync: no quorum of redlock nodes")
+	// ErrNoNodes is returned by every call of a Redlock given no nodes.
+	ErrNoNodes = errors.New("redisync: no redlock nodes")
 	// ErrDuplicateNode is returned by every call of a Redlock given the
 	// same Redis client (or two *redis.Client with the same address and
 	// database) twice: one server counted twice would break the majority.
 	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
+)
+
+// NodeErrors lists the nodes of a Redlock that failed in one call, each
+// with its cause. Lock, TryLock and Unlock wrap it with ErrQuorum when too
+// many nodes failed; errors.As finds it:
+//
+//	var ne *redisync.NodeErrors
+//	if errors.As(err, &ne) {
+//		for _, n := range ne.Nodes {
+//			log.Printf("node %d: %v", n.Node, n.Err)
+//		}
+//	}
+//
+// It wraps every node's error, so that errors.Is sees the causes too.
+type NodeErrors struct {
+	Nodes []NodeError // in the order of the nodes given to NewRedlock
+}
+
+// Error lists the failed nodes' errors on one line, separated by "; ".
+func (e *NodeErrors) Error() string {
+	s := make([]string, len(e.Nodes))
+	for i, n := range e.Nodes {
+		s[i] = n.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+// Unwrap returns each failed node's NodeError, for errors.Is and errors.As.
+func (e *NodeErrors) Unwrap() []error {
+	errs := make([]error, len(e.Nodes))
+	for i, n := range e.Nodes {
+		errs[i] = n
+	}
+	return errs
+}
+
+// NodeError is why one node of a Redlock failed in a call.
+type NodeError struct {
+	// Node is the node's index in the slice given to NewRedlock.
+	Node int
+	// Err is the node's error: one from Redis or from the context,
+	// ErrClosed, or one that says that the node gave no reply within
+	// the node timeout (WithNodeTimeout), or had not returned from an
+	// earlier call given up on yet.
+	Err error
+}
+
+// Error says which node failed, and why: "node 2: ...".
+func (e NodeError) Error() string { return fmt.Sprintf("node %d: %v", e.Node, e.Err) }
+
+// Unwrap returns the node's error.
+func (e NodeError) Unwrap() error { return e.Err }
+
+// errNoReply and errNodeBusy are the causes of a NodeError that are not
+// errors of a call: a node that did not answer within the node timeout,
+// and one that was left out of a round because an earlier call to it,
+// given up on, had not returned.
+var (
+	errNoReply  = errors.New("no reply within the node timeout")
+	errNodeBusy = errors.New("an earlier call has not returned")
 )
 
 // redisError makes an error from Redis read as one clean line: without

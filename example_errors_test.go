@@ -27,7 +27,8 @@ func whatToDo(err error) string {
 		errors.Is(err, redisync.ErrTooManyReleased),
 		errors.Is(err, redisync.ErrInvalidName),
 		errors.Is(err, redisync.ErrInvalidOption),
-		errors.Is(err, redisync.ErrInvalidPermits):
+		errors.Is(err, redisync.ErrInvalidPermits),
+		errors.Is(err, redisync.ErrNoNodes):
 		return "a bug in the caller: nothing was sent to Redis"
 	case errors.Is(err, redisync.ErrWrongType), errors.Is(err, redisync.ErrSizeMismatch):
 		return "Redis holds other data under this name: nothing was written"

@@ -26,7 +26,14 @@ func ExampleRedlock() {
 	m := rl.NewMutex("ledger") // one value per owner, as with Mutex
 	switch err := m.Lock(ctx); {
 	case errors.Is(err, redisync.ErrQuorum):
-		log.Fatal("fewer than a majority of the nodes answered: ", err)
+		// Fewer than a majority of the nodes answered: which, and why.
+		var failed *redisync.NodeErrors
+		if errors.As(err, &failed) {
+			for _, n := range failed.Nodes {
+				log.Printf("node %d: %v", n.Node, n.Err)
+			}
+		}
+		log.Fatal(err)
 	case err != nil:
 		log.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 			mode = "queue"
 		}
 		l := m.newCall(mode)
-		err := m.c.block(ctx, m.keys.Channel, m.cfg.recheck, l)
+		err := block(ctx, []post{m.post()}, l)
 		if !errors.Is(err, errHeld) {
 			return m.wrapIf("lock", err)
 		}
@@ -271,6 +271,10 @@ func (m *Mutex) reenter(ctx context.Context) bool {
 	return true
 }
 
+// post returns where a waiter for m's lock waits: its channel, heard
+// through m's Client.
+func (m *Mutex) post() post { return post{m.c.sub, m.keys.Channel} }
+
 // holdID returns the Redis field of m's hold, or "".
 func (m *Mutex) holdID() string {
 	m.mu.Lock()
@@ -380,10 +384,13 @@ func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
 	return ok, err
 }
 
+// outlasts: a waiting call outlives Redis restarting or failing over.
+func (l *lockCall) outlasts(err error) bool { return l.m.c.outlasts(err) }
+
 // sleeping keeps a queued ticket alive while the call sleeps.
-func (l *lockCall) sleeping(w *waiter) {
+func (l *lockCall) sleeping(ws *waitSet) {
 	m := l.m
-	l.keepAlive("wait", l.ticket, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, w)
+	l.keepAlive("wait", l.ticket, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, ws)
 }
 
 // changed is closed when another call of the same value takes a hold.

@@ -301,12 +301,7 @@ func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- waiter.Lock(ctx) }()
-	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
-		c.sub.mu.Lock()
-		defer c.sub.mu.Unlock()
-		ch := c.sub.channels[waiter.keys.Channel]
-		return ch != nil && ch.confirmed && len(ch.waiters) == 1
-	})
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return confirmedWaiters(c, waiter.keys.Channel) == 1 })
 	lost := holder.Lost()
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -347,10 +342,7 @@ func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
 	go func() { done <- b.Lock(ctx) }()
 	// b attempts, subscribes, attempts again once subscribed, then sleeps.
 	eventually(t, 5*time.Second, "the waiter to subscribe and look again", func() bool {
-		c.sub.mu.Lock()
-		defer c.sub.mu.Unlock()
-		ch := c.sub.channels[b.keys.Channel]
-		return ch != nil && ch.confirmed && len(ch.waiters) == 1 && cnt.n.Load()-start == 2
+		return confirmedWaiters(c, b.keys.Channel) == 1 && cnt.n.Load()-start == 2
 	})
 	before := cnt.n.Load()
 	if err := a.Unlock(ctx); err != nil {

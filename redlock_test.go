@@ -48,8 +48,8 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 		name string
 		want error
 	}{
-		{"nil list", nil, nil, "a", ErrNilClient},
-		{"empty list", []redis.UniversalClient{}, nil, "a", ErrNilClient},
+		{"nil list", nil, nil, "a", ErrNoNodes},
+		{"empty list", []redis.UniversalClient{}, nil, "a", ErrNoNodes},
 		{"nil node", []redis.UniversalClient{rdbs[0], nil, rdbs[2]}, nil, "a", ErrNilClient},
 		{"typed nil node", []redis.UniversalClient{rdbs[0], typedNil}, nil, "a", ErrNilClient},
 		{"same client twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "a", ErrDuplicateNode},
@@ -237,6 +237,16 @@ func TestRedlockNoQuorum(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("ErrQuorum took %v", d)
+	}
+	// The error lists the failed nodes, each with its cause.
+	var failed *NodeErrors
+	if !errors.As(err, &failed) || len(failed.Nodes) != 2 || failed.Nodes[0].Node != 0 || failed.Nodes[1].Node != 2 {
+		t.Fatalf("Lock's error %v: NodeErrors %+v, want nodes 0 and 2", err, failed)
+	}
+	for _, n := range failed.Nodes {
+		if n.Err == nil || !strings.Contains(err.Error(), n.Error()) {
+			t.Fatalf("node %d: cause %v, not in the error %q", n.Node, n.Err, err)
+		}
 	}
 	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, ErrQuorum) {
 		t.Fatalf("TryLock: %v, %v; want false, ErrQuorum", ok, err)

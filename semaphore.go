@@ -160,7 +160,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 	}
 	defer func() { <-s.turn }()
 	a := s.newCall(n, "queue")
-	if err := s.c.block(ctx, s.keys.Channel, s.cfg.recheck, a); err != nil {
+	if err := block(ctx, []post{{s.c.sub, s.keys.Channel}}, a); err != nil {
 		return s.wrap("acquire", err)
 	}
 	return nil
@@ -548,10 +548,13 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 	return ok, err
 }
 
+// outlasts: a waiting call outlives Redis restarting or failing over.
+func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
+
 // sleeping keeps a queued call alive while it sleeps.
-func (a *acquireCall) sleeping(w *waiter) {
+func (a *acquireCall) sleeping(ws *waitSet) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, w)
+	a.keepAlive("swait", a.waiter, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, ws)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for

@@ -18,12 +18,7 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- b.Lock(ctx) }()
-		eventually(t, 5*time.Second, "b to wait", func() bool {
-			c.sub.mu.Lock()
-			defer c.sub.mu.Unlock()
-			ch := c.sub.channels[b.keys.Channel]
-			return ch != nil && ch.confirmed && len(ch.waiters) == 1
-		})
+		eventually(t, 5*time.Second, "b to wait", func() bool { return confirmedWaiters(c, b.keys.Channel) == 1 })
 		if err := a.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}

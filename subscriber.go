@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -29,10 +28,6 @@ const (
 	// joinWait is the longest a new waiter waits for its channel's
 	// subscription to be confirmed before it looks at the lock anyway.
 	joinWait = 500 * time.Millisecond
-	// deafPoll is the longest a waiter sleeps while its channel is not
-	// subscribed (a subscription not confirmed yet, a connection being
-	// re-established): messages cannot reach it then.
-	deafPoll = 250 * time.Millisecond
 )
 
 // subscriber multiplexes every waiter of a Client over as few pub/sub
@@ -44,22 +39,17 @@ const (
 // last one leaves. Subscription changes are decided and written under one
 // mutex, so they reach Redis in the order they were decided.
 //
-// A channel is confirmed when Redis says it subscribed it and no
-// unsubscription of it is still to be answered on that connection (Redis
-// answers in order, so a confirmation then means the channel is subscribed
-// from that point on). Until then its waiters cannot rely on messages:
-// they sleep at most deafPoll.
-//
-// A message wakes waiters by closing their signal channel: an empty
-// message wakes the first waiter of the channel that has no signal pending
-// (one per process, in arrival order); a message "ticket:token ..." wakes
-// the waiters of those tickets and hands them the grant. Messages may be
-// lost while a connection is down, so every waiter of a channel is woken to
-// look for itself when the channel is subscribed again: by go-redis after a
-// reconnect, or, for sharded pub/sub, by the subscriber itself, which
-// replaces a failed shard's connection and asks the cluster again which
-// primary serves each of its channels (slots move on failover and
-// resharding).
+// Which waiters wait on which channel, and how they are woken, is the
+// registry's (reg): the subscriber tells it what Redis said. A channel is
+// confirmed when Redis says it subscribed it and no unsubscription of it
+// is still to be answered on that connection (Redis answers in order, so a
+// confirmation then means the channel is subscribed from that point on).
+// Messages may be lost while a connection is down, so every waiter of a
+// channel is woken to look for itself when the channel is subscribed
+// again: by go-redis after a reconnect, or, for sharded pub/sub, by the
+// subscriber itself, which replaces a failed shard's connection and asks
+// the cluster again which primary serves each of its channels (slots move
+// on failover and resharding).
 type subscriber struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // set when channels are sharded (SSUBSCRIBE)
@@ -68,11 +58,12 @@ type subscriber struct {
 	wg      sync.WaitGroup
 	wmu     sync.Mutex // held while subscription changes are decided and written
 
-	mu        sync.Mutex        // guards the fields below and every shard, channel and waiter
-	shards    map[string]*shard // by primary address; "" for the one plain connection
-	channels  map[string]*channel
-	nextSweep time.Time // when an idle channel is next due to be unsubscribed
-	failures  int       // consecutive shard failures, for the back-off
+	reg *registry // the waiters of every channel
+
+	mu       sync.Mutex        // guards the fields below and every shard; taken before reg's
+	shards   map[string]*shard // by primary address; "" for the one plain connection
+	on       map[string]*shard // the connection each channel is subscribed on
+	failures int               // consecutive shard failures, for the back-off
 }
 
 // shard is one pub/sub connection and the goroutine that reads it.
@@ -84,61 +75,35 @@ type shard struct {
 	dead     bool           // closed: failed, or no channel left
 }
 
-// channel is the local state of one pub/sub channel.
-type channel struct {
-	name      string
-	waiters   []*waiter     // in arrival order
-	shard     *shard        // the connection it is subscribed on; nil when not
-	ready     chan struct{} // closed once the subscription is confirmed
-	confirmed bool
-	missed    bool      // waiters looked while it was not confirmed: wake them all when it is
-	idleSince time.Time // when the last waiter left
-}
-
-// waiter is one blocked call registered on a channel.
-type waiter struct {
-	s      *subscriber
-	ch     *channel
-	ticket string        // the call's address in grant messages
-	signal chan struct{} // closed when signalled; replaced once consumed
-	fired  bool          // signal closed and not consumed yet
-	grant  string        // "ticket:token" received with the signal, if any
-}
-
 // newSubscriber returns the subscriber of a Client. With cluster set,
 // channels are sharded: subscribed with SSUBSCRIBE on the primary that
 // serves their slot.
 func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context) *subscriber {
 	return &subscriber{
-		rdb:      rdb,
-		cluster:  cluster,
-		ctx:      ctx,
-		closed:   ctx.Done(),
-		shards:   make(map[string]*shard),
-		channels: make(map[string]*channel),
+		rdb:     rdb,
+		cluster: cluster,
+		ctx:     ctx,
+		closed:  ctx.Done(),
+		reg:     newRegistry(),
+		shards:  make(map[string]*shard),
+		on:      make(map[string]*shard),
 	}
 }
 
-// join registers a waiter for the ticket on the named channel and waits
-// until the subscription is confirmed by Redis, so that the caller's next
-// look at the lock cannot miss a message. The wait is bounded by joinWait
-// (after which the caller proceeds anyway: it sleeps at most deafPoll
-// until the channel is confirmed, and is woken when it is), ctx and Close.
-// The caller must call leave.
-func (s *subscriber) join(ctx context.Context, name, ticket string) (*waiter, error) {
+// add registers a new member of set for ticket on the named channel, and
+// has the channel subscribed if it is not. It returns a channel closed
+// once the subscription is confirmed, or ErrClosed after Close.
+func (s *subscriber) add(set *waitSet, name, ticket string) (<-chan struct{}, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
-		s.mu.Unlock()
 		return nil, ErrClosed
 	}
-	ch := s.channels[name]
-	if ch == nil {
-		ch = &channel{name: name, ready: make(chan struct{})}
-		s.channels[name] = ch
+	w, ready := s.reg.add(set, name, ticket)
+	if w == nil {
+		return nil, ErrClosed
 	}
-	w := s.add(ch, ticket)
-	ready := ch.ready
-	if ch.shard == nil {
+	if s.on[name] == nil {
 		// Subscribing may dial a connection or ask a cluster for its
 		// slots: it must not hold the caller past its ctx.
 		s.wg.Add(1)
@@ -147,172 +112,7 @@ func (s *subscriber) join(ctx context.Context, name, ticket string) (*waiter, er
 			s.sync()
 		}()
 	}
-	s.mu.Unlock()
-
-	t := time.NewTimer(joinWait)
-	defer t.Stop()
-	select {
-	case <-ready:
-		return w, nil
-	case <-t.C:
-		s.mu.Lock()
-		w.ch.missed = w.ch.missed || !w.ch.confirmed
-		s.mu.Unlock()
-		return w, nil
-	case <-ctx.Done():
-		w.leave()
-		return nil, ctx.Err()
-	case <-s.closed:
-		w.leave()
-		return nil, ErrClosed
-	}
-}
-
-// joinConfirmed registers a waiter only if the channel's subscription is
-// already confirmed, which costs no round trip; otherwise it returns nil.
-func (s *subscriber) joinConfirmed(name, ticket string) *waiter {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := s.channels[name]
-	if ch == nil || !ch.confirmed {
-		return nil
-	}
-	return s.add(ch, ticket)
-}
-
-// add appends a new waiter to ch. s.mu must be held.
-func (s *subscriber) add(ch *channel, ticket string) *waiter {
-	w := &waiter{s: s, ch: ch, ticket: ticket, signal: make(chan struct{})}
-	ch.waiters = append(ch.waiters, w)
-	return w
-}
-
-// wait sleeps until the waiter is signalled, d has passed, changed is
-// closed, ctx ends or the Client is closed; while the channel is not
-// confirmed, it sleeps at most deafPoll. It reports whether the waiter was
-// signalled, with the grant that came with the signal, if any.
-func (w *waiter) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) (grant string, signalled bool, err error) {
-	w.s.mu.Lock()
-	sig := w.signal
-	if !w.ch.confirmed {
-		d = min(d, deafPoll)
-	}
-	w.s.mu.Unlock()
-	if d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-sig:
-		case <-t.C:
-		case <-changed:
-		case <-ctx.Done():
-			return "", false, ctx.Err()
-		case <-w.s.closed:
-			return "", false, ErrClosed
-		}
-	}
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	if !w.fired {
-		return "", false, nil
-	}
-	grant = w.grant
-	w.fired, w.grant, w.signal = false, "", make(chan struct{})
-	return grant, true, nil
-}
-
-// retarget makes ticket the address of w in grant messages.
-func (w *waiter) retarget(ticket string) {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	w.ticket = ticket
-}
-
-// fire signals w, keeping a grant that came with an earlier signal. s.mu
-// must be held.
-func (w *waiter) fire(grant string) {
-	if grant != "" {
-		w.grant = grant
-	}
-	if !w.fired {
-		w.fired = true
-		close(w.signal)
-	}
-}
-
-// nudge signals w to look at the lock again.
-func (w *waiter) nudge() {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	w.fire("")
-}
-
-// leave unregisters w. A plain signal it did not consume is passed to the
-// next waiter, so that leaving never swallows a wake-up meant for the
-// process.
-func (w *waiter) leave() {
-	s := w.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := w.ch
-	for i, x := range ch.waiters {
-		if x == w {
-			ch.waiters = append(ch.waiters[:i], ch.waiters[i+1:]...)
-			break
-		}
-	}
-	if w.fired && w.grant == "" {
-		ch.wakeOne()
-	}
-	if len(ch.waiters) == 0 {
-		ch.idleSince = time.Now()
-		if s.nextSweep.IsZero() {
-			s.nextSweep = ch.idleSince.Add(lingerFor)
-		}
-	}
-}
-
-// wakeOne signals the first waiter with no signal pending. s.mu must be
-// held.
-func (ch *channel) wakeOne() {
-	for _, w := range ch.waiters {
-		if !w.fired {
-			w.fire("")
-			return
-		}
-	}
-}
-
-// wakeAll signals every waiter. s.mu must be held.
-func (ch *channel) wakeAll() {
-	for _, w := range ch.waiters {
-		w.fire("")
-	}
-}
-
-// deliver routes a message to the channel's waiters.
-func (s *subscriber) deliver(name, payload string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := s.channels[name]
-	if ch == nil {
-		return
-	}
-	if payload == "" {
-		ch.wakeOne()
-		return
-	}
-	for _, grant := range strings.Fields(payload) {
-		i := strings.LastIndexByte(grant, ':')
-		if i < 0 {
-			continue
-		}
-		for _, w := range ch.waiters {
-			if w.ticket == grant[:i] {
-				w.fire(grant)
-			}
-		}
-	}
+	return ready, nil
 }
 
 // confirmed records a subscribe confirmation for a channel on sh. One
@@ -320,24 +120,11 @@ func (s *subscriber) deliver(name, payload string) {
 func (s *subscriber) confirmed(sh *shard, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ch := s.channels[name]
-	if sh.unsubs[name] > 0 || ch == nil || ch.shard != sh {
+	if sh.unsubs[name] > 0 || s.on[name] != sh {
 		return
 	}
 	s.failures = 0
-	switch {
-	case ch.confirmed:
-		// Not one we asked for: go-redis subscribed again after a
-		// reconnect; messages may have been lost meanwhile.
-		ch.wakeAll()
-	default:
-		ch.confirmed = true
-		close(ch.ready)
-		if ch.missed {
-			ch.missed = false
-			ch.wakeAll()
-		}
-	}
+	s.reg.confirm(name)
 }
 
 // unsubscribed records an unsubscribe reply for a channel on sh. It
@@ -352,8 +139,7 @@ func (s *subscriber) unsubscribed(sh *shard, name string) bool {
 		}
 		return true
 	}
-	ch := s.channels[name]
-	return ch == nil || ch.shard != sh
+	return s.on[name] != sh
 }
 
 // lapsed records that sh's connection failed: go-redis dials again and
@@ -364,10 +150,9 @@ func (s *subscriber) lapsed(sh *shard) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(sh.unsubs)
-	for _, ch := range s.channels {
-		if ch.shard == sh && ch.confirmed {
-			ch.confirmed, ch.missed = false, true
-			ch.ready = make(chan struct{})
+	for name, on := range s.on {
+		if on == sh {
+			s.reg.lapse(name)
 		}
 	}
 }
@@ -427,7 +212,7 @@ func (s *subscriber) run(sh *shard) {
 func (s *subscriber) dispatch(sh *shard, msg any) bool {
 	switch m := msg.(type) {
 	case *redis.Message:
-		s.deliver(m.Channel, m.Payload)
+		s.reg.deliver(m.Channel, m.Payload)
 	case *redis.Subscription:
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
@@ -458,14 +243,10 @@ func (s *subscriber) fail(sh *shard) {
 	if s.shards[sh.addr] == sh {
 		delete(s.shards, sh.addr)
 	}
-	for _, ch := range s.channels {
-		if ch.shard != sh {
-			continue
-		}
-		ch.shard, ch.missed = nil, true
-		if ch.confirmed {
-			ch.confirmed = false
-			ch.ready = make(chan struct{})
+	for name, on := range s.on {
+		if on == sh {
+			delete(s.on, name)
+			s.reg.lapse(name)
 		}
 	}
 	s.failures++
@@ -491,9 +272,8 @@ func (s *subscriber) pause(d time.Duration) {
 
 // sweepDue reports whether an idle channel is due to be unsubscribed.
 func (s *subscriber) sweepDue(now time.Time) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.nextSweep.IsZero() && !now.Before(s.nextSweep)
+	idle := s.reg.idleSince()
+	return !idle.IsZero() && !now.Before(idle.Add(lingerFor))
 }
 
 // sync subscribes channels that have waiters and are not subscribed, and
@@ -505,25 +285,22 @@ func (s *subscriber) sync() {
 	var want []string
 	unsub := make(map[*shard][]string)
 	s.mu.Lock()
-	s.nextSweep = time.Time{}
-	for name, ch := range s.channels {
-		switch {
-		case len(ch.waiters) > 0:
-			if ch.shard == nil {
-				want = append(want, name)
-			}
-		case ch.shard != nil && now.Sub(ch.idleSince) < lingerFor:
-			due := ch.idleSince.Add(lingerFor)
-			if s.nextSweep.IsZero() || due.Before(s.nextSweep) {
-				s.nextSweep = due
-			}
-		default:
-			if sh := ch.shard; sh != nil {
-				unsub[sh] = append(unsub[sh], name)
-				sh.channels--
-				sh.unsubs[name]++
-			}
-			delete(s.channels, name)
+	for _, name := range s.reg.sweep(func(name string, idleSince time.Time) bool {
+		sh := s.on[name]
+		if sh == nil {
+			return true
+		}
+		if now.Sub(idleSince) < lingerFor {
+			return false
+		}
+		unsub[sh] = append(unsub[sh], name)
+		sh.channels--
+		sh.unsubs[name]++
+		delete(s.on, name)
+		return true
+	}) {
+		if s.on[name] == nil {
+			want = append(want, name)
 		}
 	}
 	s.mu.Unlock()
@@ -534,13 +311,12 @@ func (s *subscriber) sync() {
 	var empty []*shard
 	s.mu.Lock()
 	for _, name := range want {
-		ch := s.channels[name]
-		if ch == nil || len(ch.waiters) == 0 || ch.shard != nil || s.ctx.Err() != nil {
+		if s.on[name] != nil || !s.reg.hasWaiters(name) || s.ctx.Err() != nil {
 			continue
 		}
 		sh := s.shardFor(addrs[name])
 		sh.channels++
-		ch.shard = sh
+		s.on[name] = sh
 		sub[sh] = append(sub[sh], name)
 	}
 	for addr, sh := range s.shards {
@@ -625,9 +401,11 @@ func (s *subscriber) write(sh *shard, subscribe bool, names []string) {
 	}
 }
 
-// wait closes every connection after the Client was closed, and waits for
-// the goroutines that read them to exit.
+// wait wakes every waiter, which then returns ErrClosed, closes every
+// connection after the Client was closed, and waits for the goroutines
+// that read them to exit.
 func (s *subscriber) wait() {
+	s.reg.close()
 	s.mu.Lock()
 	shards := make([]*shard, 0, len(s.shards))
 	for _, sh := range s.shards {

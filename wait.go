@@ -7,17 +7,21 @@ import (
 	"time"
 )
 
-// contender is one blocking call (Mutex.Lock or Semaphore.Acquire) as seen
-// by the wait loop that they share (Client.block).
+// contender is one blocking call (Mutex.Lock, Semaphore.Acquire or
+// RedMutex.Lock) as seen by the wait loop that they share (block).
 type contender interface {
 	// attempt asks Redis once, joining the queue if the primitive has
 	// one. It reports whether the call is done and, if not, the longest
 	// the caller may sleep before asking again.
 	attempt(ctx context.Context) (done bool, sleep time.Duration, err error)
+	// outlasts reports whether the call, once waiting, outlasts an
+	// attempt that failed with err, looking again after a pause (Redis
+	// restarting or failing over), rather than returning err.
+	outlasts(err error) bool
 	// sleeping is called before every sleep: it keeps the call's place
-	// in the queue alive (a heartbeat that nudges w when it finds the
+	// in the queue alive (a heartbeat that nudges ws when it finds the
 	// place gone).
-	sleeping(w *waiter)
+	sleeping(ws *waitSet)
 	// adopt takes what a message addressed to the call handed to it. It
 	// reports false when the call must attempt again.
 	adopt(ctx context.Context, grant string) (bool, error)
@@ -34,37 +38,42 @@ type contender interface {
 	finish(ctx context.Context, err error)
 }
 
-// block runs the wait loop of a blocking call on channel: attempt; if not done, register the
-// waiter, have the channel subscribed and attempt again (a message
-// published in between would be missed); then sleep until a message, the
-// sleep bound or the end of ctx, and attempt again or adopt what the
-// message handed over. It leaves nothing behind: no heartbeat, no waiter,
-// and, through finish, no place in the queue; a wake-up it took and could
-// not use is passed on to the next waiter of the process. Once waiting, it
-// outlives Redis being unreachable for a while (see transient).
-func (c *Client) block(ctx context.Context, channel string, recheck time.Duration, x contender) (err error) {
-	var w *waiter  // registered on the channel
-	woken := false // w took a wake-up that no attempt has used yet
+// post is a channel that a blocking call waits on, with the subscriber
+// that hears it: one for a Mutex or a Semaphore, one per node for a
+// RedMutex.
+type post struct {
+	sub     *subscriber
+	channel string
+}
+
+// block runs the wait loop of a blocking call on posts: attempt; if not
+// done, register a waiter on every post, have the channels subscribed and
+// attempt again (a message published in between would be missed); then
+// sleep until a message on any post, the sleep bound or the end of ctx,
+// and attempt again or adopt what the message handed over. It leaves
+// nothing behind: no heartbeat, no waiter, and, through finish, no place
+// in the queue; a wake-up it took and could not use is passed on to the
+// next waiter of the process. Once waiting, it outlives what the call
+// outlasts (see contender.outlasts).
+func block(ctx context.Context, posts []post, x contender) (err error) {
+	var ws *waitSet // registered on every post
 	defer func() {
 		x.finish(ctx, err)
-		if w != nil {
-			if woken && err != nil {
-				w.nudge() // leave passes it on
-			}
-			w.leave()
+		if ws != nil {
+			ws.leave(err != nil)
 		}
 	}()
 
-	// When other waiters of this process keep the channel subscribed,
+	// When other waiters of this process keep the channels subscribed,
 	// joining is free and no message can be missed from here on.
-	w = c.sub.joinConfirmed(channel, x.address())
+	ws = joinConfirmed(posts, x.address())
 	waiting := false // an attempt found the primitive taken
 	backoff := time.Duration(0)
 	for {
 		changed := x.changed()
 		done, sleep, err := x.attempt(ctx)
 		switch {
-		case err != nil && waiting && transient(err) && ctx.Err() == nil:
+		case err != nil && waiting && ctx.Err() == nil && x.outlasts(err):
 			// Redis went away (a restart, a failover) while the call
 			// waited: keep waiting, and look again after a pause that
 			// grows while it stays away. A first attempt that fails
@@ -72,35 +81,85 @@ func (c *Client) block(ctx context.Context, channel string, recheck time.Duratio
 			// server that is down fails fast.
 			backoff = min(max(2*backoff, 50*time.Millisecond), maxBackoff)
 			sleep = backoff
-			c.relocate()
 		case err != nil && ctx.Err() != nil:
 			return ctx.Err() // ctx ended first; the attempt's error is of no matter
 		case err != nil || done:
 			return err
 		default:
-			waiting, backoff, woken = true, 0, false
+			waiting, backoff = true, 0
+			if ws != nil {
+				ws.used()
+			}
 		}
-		if w == nil {
+		if ws == nil {
 			// Subscribe, then look again: a release between the
 			// attempt above and the subscription would be missed.
-			if w, err = c.sub.join(ctx, channel, x.address()); err != nil {
+			if ws, err = join(ctx, posts, x.address()); err != nil {
 				return err
 			}
 			continue
 		}
-		w.retarget(x.address())
-		x.sleeping(w)
-		grant, signalled, err := w.wait(ctx, sleep, changed)
+		ws.retarget(x.address())
+		x.sleeping(ws)
+		grant, err := ws.wait(ctx, sleep, changed)
 		if err != nil {
 			return err
 		}
-		woken = signalled && grant == ""
 		if grant != "" {
 			if ok, err := x.adopt(ctx, grant); ok || err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// joinConfirmed registers a waiter set for ticket on every post if every
+// post's channel is subscribed and confirmed already, which costs no round
+// trip; otherwise it returns nil.
+func joinConfirmed(posts []post, ticket string) *waitSet {
+	ws := newWaitSet()
+	for _, p := range posts {
+		if p.sub.reg.addConfirmed(ws, p.channel, ticket) == nil {
+			ws.leave(false)
+			return nil
+		}
+	}
+	return ws
+}
+
+// join registers a waiter set for ticket on every post, has their channels
+// subscribed, and waits until every subscription is confirmed by Redis, so
+// that the caller's next attempt cannot miss a message. The wait is
+// bounded by joinWait (after which the caller proceeds anyway: it sleeps
+// at most deafPoll while a channel is not confirmed, and is woken when it
+// is), ctx and Close.
+func join(ctx context.Context, posts []post, ticket string) (*waitSet, error) {
+	ws := newWaitSet()
+	ready := make([]<-chan struct{}, len(posts))
+	for i, p := range posts {
+		var err error
+		if ready[i], err = p.sub.add(ws, p.channel, ticket); err != nil {
+			ws.leave(false)
+			return nil, err
+		}
+	}
+	t := time.NewTimer(joinWait)
+	defer t.Stop()
+	for i, p := range posts {
+		select {
+		case <-ready[i]:
+		case <-t.C:
+			ws.proceed()
+			return ws, nil
+		case <-ctx.Done():
+			ws.leave(false)
+			return nil, ctx.Err()
+		case <-p.sub.closed:
+			ws.leave(false)
+			return nil, ErrClosed
+		}
+	}
+	return ws, nil
 }
 
 // place is what a waiting call knows of its place in a fair queue: whether
@@ -144,15 +203,15 @@ func (p *place) confirmed() time.Time {
 // keepAlive registers the heartbeat of a queued call (kind: "wait" for a
 // fair lock's waiter, "swait" for a semaphore's; owner: its address;
 // keys: its queue, its waiters' records, and what it waits for), unless it
-// runs already. The watchdog nudges w when it finds the call dequeued
+// runs already. The watchdog nudges ws when it finds the call dequeued
 // (granted, or dropped), or what it waits for free with nobody to announce
 // it.
-func (p *place) keepAlive(kind, owner string, keys []string, ttl time.Duration, w *waiter) {
+func (p *place) keepAlive(kind, owner string, keys []string, ttl time.Duration, ws *waitSet) {
 	if !p.queued || (p.hb != nil && p.wd.registered(p.hb)) {
 		return
 	}
 	p.stop() // dropped by the watchdog: the attempt queued the call again
-	hb := &keepalive{kind: kind, owner: owner, keys: keys, ttl: ttl, renew: true, gone: w.nudge, free: w.nudge}
+	hb := &keepalive{kind: kind, owner: owner, keys: keys, ttl: ttl, renew: true, gone: ws.nudge, free: ws.nudge}
 	if p.wd.add(hb, p.since, ttl) {
 		p.hb = hb
 	}

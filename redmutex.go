@@ -1,0 +1,314 @@
+package redisync
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// RedMutex is a reentrant lock held on a quorum of a Redlock's nodes. It
+// has the methods of Mutex, with the same meaning, and is used the same
+// way: a value is one owner (Lock on a value that holds the lock re-enters
+// it, and only the last Unlock releases it); give each goroutine that must
+// be excluded its own value. A value is safe for concurrent use.
+//
+// Each node holds the lock as a plain Mutex of the same name would (the
+// same keys), under an owner of its own; the node's Client watchdog renews
+// it. The lock is held while a quorum of these node holds is.
+type RedMutex struct {
+	r           *Redlock
+	name        string
+	nodes       []*Mutex // one per node, in the order of the Redlock's
+	posts       []post   // the nodes' channels, where a waiter waits
+	lease       time.Duration
+	nodeTimeout time.Duration
+	recheck     time.Duration
+	err         error
+
+	op chan struct{} // held by the call of this value that talks to Redis
+
+	mu     sync.Mutex // guards the fields below; taken after a node's mu, never before
+	count  int64      // hold count; 0: not held
+	token  int64
+	lost   chan struct{}
+	isLost bool
+	member []bool // the node is part of the current hold
+	alive  []bool // ... and its node hold is not known lost
+	nAlive int
+	busy   []int // calls to the node still running
+}
+
+// NewMutex returns a RedMutex for the lock called name on every node of r.
+// It does no I/O; bad input (ErrInvalidName, ErrInvalidOption, or the
+// Redlock's own) is reported by every call, before any call to Redis.
+func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
+	cfg := r.cfg.with(opts)
+	lease := cmp.Or(cfg.lease, cfg.watchdog)
+	n := len(r.clients)
+	m := &RedMutex{
+		r:           r,
+		name:        name,
+		lease:       lease,
+		nodeTimeout: cmp.Or(cfg.node, min(lease/10, defaultNodeTimeout)),
+		recheck:     cfg.recheck,
+		err:         cmp.Or(r.err, checkName(name), cfg.err, checkRedlockConfig(cfg)),
+		op:          make(chan struct{}, 1),
+		member:      make([]bool, n),
+		alive:       make([]bool, n),
+		busy:        make([]int, n),
+	}
+	for i, c := range r.clients {
+		nm := c.NewMutex(name, opts...)
+		nm.onLost = func() { m.nodeLost(i) }
+		m.nodes = append(m.nodes, nm)
+		m.posts = append(m.posts, nm.post())
+	}
+	return m
+}
+
+// Lock blocks until m holds the lock on a quorum of nodes, ctx ends or the
+// Redlock is closed. If m already holds it, Lock re-enters at once, with no
+// call to Redis (and, under WithLease, without re-arming the lease).
+//
+// Each round tries every node at once, each for at most the node timeout
+// (WithNodeTimeout). It wins when a quorum granted the lock and raised its
+// fencing token (see Token) before the lease, less the time the round took
+// and a drift margin (1% + 2 ms), ran out. A round that did not win releases
+// whatever it took, on every node. A waiter then sleeps until a release is
+// announced on any node (each node's Client subscriber), and no longer than
+// the shortest remaining lease seen or the recheck interval; after a round
+// in which contenders split the nodes, it pauses a short random time.
+//
+// Lock returns an error wrapping ErrQuorum as soon as a round finds fewer
+// than a quorum of nodes answering: a lock that cannot be taken is not
+// waited for. When m's hold was lost, Lock drops it (its Lost channel
+// stays closed, and the Unlocks it was owed are not owed any more),
+// releases its node holds left and takes the lock anew. It returns
+// ErrClosed after Close, and ctx.Err() wrapped when ctx ends first; it
+// leaves nothing behind then.
+func (m *RedMutex) Lock(ctx context.Context) error {
+	if err := block(ctx, m.posts, redCall{m}); err != nil {
+		return m.wrap("lock", err)
+	}
+	return nil
+}
+
+// TryLock makes one round and never waits: it reports whether m holds the
+// lock now (re-entering if it already did; taking it anew if m's hold was
+// lost, as Lock does). When fewer than a quorum of
+// nodes answered, it returns false and an error wrapping ErrQuorum.
+func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
+	acquired, _, _, err := m.round(ctx)
+	if err != nil {
+		return false, m.wrap("trylock", err)
+	}
+	return acquired, nil
+}
+
+// Unlock releases one level of m's hold; the last level releases the lock
+// on every node of the hold, at once. It returns ErrNotHeld when m holds
+// nothing, ErrLockLost when the hold had been lost (Lost was closed, or
+// fewer than a quorum of nodes still had their hold to release: the lock
+// may have had another owner meanwhile), and an
+// error wrapping ErrQuorum when more than N - quorum nodes could not be
+// told: their holds then stay until their leases run out. m forgets the
+// hold in every case.
+func (m *RedMutex) Unlock(ctx context.Context) error {
+	if err := m.begin(ctx); err != nil {
+		return m.wrap("unlock", err)
+	}
+	defer m.end()
+
+	m.mu.Lock()
+	if m.count == 0 {
+		m.mu.Unlock()
+		return m.wrap("unlock", ErrNotHeld)
+	}
+	lost := m.isLost
+	if m.count > 1 {
+		m.count--
+		m.mu.Unlock()
+		if lost {
+			return m.wrap("unlock", ErrLockLost)
+		}
+		return nil
+	}
+	members := slices.Clone(m.member)
+	m.forget()
+	m.mu.Unlock()
+
+	res := m.fanOut(context.WithoutCancel(ctx), members, m.releaseOn, m.quorumOK, nil)
+	released, failed := 0, &NodeErrors{}
+	for i, x := range res {
+		switch {
+		case !members[i]:
+		case !x.done || x.err != nil:
+			failed.Nodes = append(failed.Nodes, nodeError(i, x))
+		case x.ok:
+			released++
+		}
+	}
+	switch {
+	case len(failed.Nodes) > len(m.nodes)-m.r.quorum:
+		return m.wrap("unlock", fmt.Errorf("%w: %d of %d nodes not released: %w",
+			ErrQuorum, len(failed.Nodes), len(m.nodes), failed))
+	case lost || released < m.r.quorum:
+		// Too many node holds were gone: another owner may have
+		// held the lock meanwhile, before the watchdog could tell.
+		return m.wrap("unlock", ErrLockLost)
+	}
+	return nil
+}
+
+// Token returns the fencing token of m's current hold, or 0 when m does not
+// hold the lock. It is the largest of the tokens that the quorum's nodes
+// minted for the hold; before Lock returned, every node of the hold had
+// its token counter raised to it (while still held there).
+//
+// So, as long as no node loses its counter (a restart without persistence,
+// a failover to a replica that had not received it), any two holds share a
+// node (two majorities intersect) and the one that took that node later has
+// the larger token: tokens increase from one hold to the next, even when a
+// node's key expired early (a clock jump) and two holders overlap. A
+// resource that rejects tokens lower than the highest it has seen then
+// rejects the stale holder's writes once the newer holder has written. It
+// cannot reject the stale writes that come first, and nothing protects a
+// resource that does not check. Re-entering does not mint a token.
+func (m *RedMutex) Token() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.token
+}
+
+// Lost returns a channel that is closed when m's current hold is lost:
+// fewer than a quorum of its node holds remain, the others having been
+// lost each by its node's watchdog (by the local deadline of its lease, or
+// when a renewal found it gone), or the Redlock was closed. A hold that
+// lost a node does not get it back. A normal Unlock does not close it.
+// When m holds nothing, Lost returns nil.
+func (m *RedMutex) Lost() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lost
+}
+
+// Name returns the name of the lock.
+func (m *RedMutex) Name() string { return m.name }
+
+// commit records a new hold on the nodes held, with its token.
+func (m *RedMutex) commit(held []int, token int64) {
+	m.mu.Lock()
+	m.forget()
+	m.count, m.token, m.lost = 1, token, make(chan struct{})
+	for _, i := range held {
+		m.member[i], m.alive[i] = true, true
+	}
+	m.nAlive = len(held)
+	m.mu.Unlock()
+	// A node hold lost before the commit was ignored by nodeLost.
+	for _, i := range held {
+		select {
+		case <-m.nodes[i].Lost():
+			m.nodeLost(i)
+		default:
+		}
+	}
+}
+
+// forget clears the current hold. m.mu must be held.
+func (m *RedMutex) forget() {
+	m.count, m.token, m.lost, m.isLost, m.nAlive = 0, 0, nil, false, 0
+	clear(m.member)
+	clear(m.alive)
+}
+
+// nodeLost records that node i's hold was lost. It is called by the node
+// Mutex with its mu held.
+func (m *RedMutex) nodeLost(i int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.alive[i] {
+		return
+	}
+	m.alive[i] = false
+	m.nAlive--
+	if m.nAlive < m.r.quorum && m.count > 0 && !m.isLost {
+		m.isLost = true
+		close(m.lost)
+	}
+}
+
+// begin checks that m can be used and takes m's turn to talk to Redis.
+func (m *RedMutex) begin(ctx context.Context) error {
+	if m.err != nil {
+		return m.err
+	}
+	if err := m.r.usable(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case m.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// end gives back m's turn to talk to Redis.
+func (m *RedMutex) end() { <-m.op }
+
+// wrap adds the operation and the lock name to err.
+func (m *RedMutex) wrap(op string, err error) error {
+	var oe *opError
+	if errors.As(err, &oe) && oe.name == m.name && oe.op == "redlock "+op {
+		return err
+	}
+	return &opError{op: "redlock " + op, name: m.name, err: err}
+}
+
+// redCall is a RedMutex.Lock call as the wait loop (block) sees it: it
+// makes rounds until one wins. It has no queue, no ticket and no grant to
+// adopt: a release announced on any node wakes it to make another round.
+type redCall struct{ m *RedMutex }
+
+// attempt makes a round. After a round in which m took some nodes but not
+// a quorum (contenders split the nodes between them), it pauses a short
+// random time, so that the contenders do not meet again at once, rather
+// than be woken at once by its own releases.
+func (x redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
+	acquired, sleep, split, err := x.m.round(ctx)
+	if err != nil || acquired || !split {
+		return acquired, sleep, err
+	}
+	return false, 0, x.m.pause(ctx, rand.N(min(x.m.nodeTimeout, maxSplitJitter))+time.Millisecond)
+}
+
+// outlasts: a round that finds too few nodes answering ends the call; a
+// lock that a majority cannot grant is not waited for.
+func (redCall) outlasts(error) bool { return false }
+
+func (redCall) sleeping(*waitSet)                           {}
+func (redCall) adopt(context.Context, string) (bool, error) { return false, nil }
+func (redCall) changed() <-chan struct{}                    { return nil }
+func (redCall) address() string                             { return "" }
+func (redCall) finish(context.Context, error)               {}
+
+// pause sleeps for d, or until ctx ends or the Redlock is closed.
+func (m *RedMutex) pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return m.r.usable()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,428 @@
+package redisync
+
+import (
+	"cmp"
+	"context"
+	"strings"
+	"sync"
+	"time"
+)
+
+// deafPoll is the longest a waiter sleeps while one of its channels is not
+// confirmed (a subscription not confirmed yet, a connection being
+// re-established): messages cannot reach it then.
+const deafPoll = 250 * time.Millisecond
+
+// registry records which waiters wait on which channel of one subscriber,
+// and wakes them. It is a plain data structure, safe for concurrent use,
+// that does no I/O: the subscriber tells it what Redis said (a
+// subscription confirmed or lapsed, a message) and asks it which channels
+// have waiters.
+//
+// A message wakes waiters: an empty one wakes the first waiter of the
+// channel that has no signal pending (one per process, in arrival order),
+// and one of the form "ticket:token ..." signals the waiters of those
+// tickets and hands them the grant. A waiter that leaves with a plain
+// signal it did not use passes it to the next waiter of its channel, so
+// that leaving never swallows a wake-up meant for the process.
+//
+// A channel is confirmed while Redis is known to deliver its messages.
+// Until then its waiters cannot rely on messages: they sleep at most
+// deafPoll, and those that went on before the confirmation are all woken
+// when it comes, since a message may have been missed meanwhile.
+type registry struct {
+	mu       sync.Mutex // taken before a waitSet's mu, never after
+	channels map[string]*channel
+	idle     time.Time // the earliest idleSince of a channel kept without waiters
+	closed   bool
+}
+
+// channel is one pub/sub channel with waiters, or lingering without.
+type channel struct {
+	waiters   []*waiter
+	ready     chan struct{} // closed when the channel is confirmed
+	confirmed bool
+	missed    bool      // waiters went on while it was not confirmed: wake them all when it is
+	idleSince time.Time // when the last waiter left
+}
+
+// waiter is one member of a waitSet, registered on one channel.
+type waiter struct {
+	r      *registry
+	ch     *channel
+	set    *waitSet
+	ticket string // the call's address in grant messages; guarded by r.mu
+
+	// Guarded by set.mu.
+	fired bool   // signalled, and not consumed yet
+	grant string // "ticket:token" received with the signal, if any
+	woke  bool   // consumed a plain signal that no attempt used yet
+}
+
+// waitSet is what one blocked call waits on: a waiter on each of its
+// channels (one for a Mutex or a Semaphore, one per node for a RedMutex).
+// A signal to any of them wakes the call, by closing the set's bell.
+type waitSet struct {
+	members []*waiter // added by the call's goroutine as it joins; read-only from then on
+
+	mu   sync.Mutex
+	bell chan struct{} // closed when a member is signalled; replaced once consumed
+	rung bool
+}
+
+func newRegistry() *registry {
+	return &registry{channels: make(map[string]*channel)}
+}
+
+func newWaitSet() *waitSet {
+	return &waitSet{bell: make(chan struct{})}
+}
+
+// add registers a new member of set for ticket on the named channel, and
+// returns it with a channel that is closed once the channel is confirmed.
+// It returns a nil waiter when the registry is closed.
+func (r *registry) add(set *waitSet, name, ticket string) (*waiter, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, nil
+	}
+	ch := r.channels[name]
+	if ch == nil {
+		ch = &channel{ready: make(chan struct{})}
+		r.channels[name] = ch
+	}
+	return r.register(set, ch, ticket), ch.ready
+}
+
+// addConfirmed registers a new member of set for ticket on the named
+// channel if the channel is confirmed, and returns it; else nil.
+func (r *registry) addConfirmed(set *waitSet, name, ticket string) *waiter {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	if r.closed || ch == nil || !ch.confirmed {
+		return nil
+	}
+	return r.register(set, ch, ticket)
+}
+
+// register appends a new member of set to ch. r.mu must be held.
+func (r *registry) register(set *waitSet, ch *channel, ticket string) *waiter {
+	w := &waiter{r: r, ch: ch, set: set, ticket: ticket}
+	ch.waiters = append(ch.waiters, w)
+	set.members = append(set.members, w)
+	return w
+}
+
+// leave unregisters w. A plain signal that it did not consume, or, with
+// passOn, that it consumed and no attempt used, goes to the next waiter
+// of the channel.
+func (r *registry) leave(w *waiter, passOn bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := w.ch
+	for i, x := range ch.waiters {
+		if x == w {
+			ch.waiters = append(ch.waiters[:i], ch.waiters[i+1:]...)
+			break
+		}
+	}
+	w.set.mu.Lock()
+	unused := (w.fired || (passOn && w.woke)) && w.grant == ""
+	w.set.mu.Unlock()
+	if unused {
+		ch.wakeOne()
+	}
+	if len(ch.waiters) == 0 {
+		ch.idleSince = time.Now()
+		if r.idle.IsZero() {
+			r.idle = ch.idleSince
+		}
+	}
+}
+
+// proceed records that w's call goes on before w's channel is confirmed:
+// every waiter of the channel is woken when it is.
+func (r *registry) proceed(w *waiter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w.ch.missed = w.ch.missed || !w.ch.confirmed
+}
+
+// retarget makes ticket the address of w in grant messages.
+func (r *registry) retarget(w *waiter, ticket string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w.ticket = ticket
+}
+
+// unconfirmed reports whether w's channel is not confirmed: messages may
+// not reach it.
+func (r *registry) unconfirmed(w *waiter) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !w.ch.confirmed
+}
+
+// isClosed reports whether the registry is closed.
+func (r *registry) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// deliver routes a message to the channel's waiters.
+func (r *registry) deliver(name, payload string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	if ch == nil {
+		return
+	}
+	if payload == "" {
+		ch.wakeOne()
+		return
+	}
+	for _, grant := range strings.Fields(payload) {
+		i := strings.LastIndexByte(grant, ':')
+		if i < 0 {
+			continue
+		}
+		for _, w := range ch.waiters {
+			if w.ticket == grant[:i] {
+				w.fire(grant)
+			}
+		}
+	}
+}
+
+// confirm records that Redis confirmed the channel's subscription. A
+// confirmation of a channel confirmed already was not asked for: the
+// client subscribed again after a reconnect, and messages may have been
+// lost meanwhile, so every waiter looks again.
+func (r *registry) confirm(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	switch {
+	case ch == nil:
+	case ch.confirmed:
+		ch.wakeAll()
+	default:
+		ch.confirmed = true
+		close(ch.ready)
+		if ch.missed {
+			ch.missed = false
+			ch.wakeAll()
+		}
+	}
+}
+
+// lapse records that the channel's subscription may have lost messages (its
+// connection failed) and is no longer confirmed: every waiter looks again
+// once it is confirmed anew.
+func (r *registry) lapse(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	if ch == nil {
+		return
+	}
+	ch.missed = true
+	if ch.confirmed {
+		ch.confirmed = false
+		ch.ready = make(chan struct{})
+	}
+}
+
+// hasWaiters reports whether the named channel has waiters.
+func (r *registry) hasWaiters(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	return ch != nil && len(ch.waiters) > 0
+}
+
+// idleSince returns the earliest time a channel kept without waiters was
+// left by its last one, or zero when there is none.
+func (r *registry) idleSince() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.idle
+}
+
+// sweep forgets each channel without waiters for which drop, given the
+// channel's name and when its last waiter left, reports true, and returns
+// the names of the channels with waiters. drop is called with r.mu held.
+func (r *registry) sweep(drop func(name string, idleSince time.Time) bool) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var wanted []string
+	r.idle = time.Time{}
+	for name, ch := range r.channels {
+		switch {
+		case len(ch.waiters) > 0:
+			wanted = append(wanted, name)
+		case drop(name, ch.idleSince):
+			delete(r.channels, name)
+		case r.idle.IsZero() || ch.idleSince.Before(r.idle):
+			r.idle = ch.idleSince
+		}
+	}
+	return wanted
+}
+
+// close wakes every waiter, whose wait then returns ErrClosed, and
+// registers none from then on.
+func (r *registry) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	for _, ch := range r.channels {
+		for _, w := range ch.waiters {
+			w.set.ring()
+		}
+	}
+}
+
+// wakeOne signals the first waiter with no signal pending. r.mu must be
+// held.
+func (ch *channel) wakeOne() {
+	for _, w := range ch.waiters {
+		if !w.pending() {
+			w.fire("")
+			return
+		}
+	}
+}
+
+// wakeAll signals every waiter. r.mu must be held.
+func (ch *channel) wakeAll() {
+	for _, w := range ch.waiters {
+		w.fire("")
+	}
+}
+
+// pending reports whether w has a signal not consumed yet.
+func (w *waiter) pending() bool {
+	w.set.mu.Lock()
+	defer w.set.mu.Unlock()
+	return w.fired
+}
+
+// fire signals w, keeping a grant that came with an earlier signal.
+func (w *waiter) fire(grant string) {
+	s := w.set
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if grant != "" {
+		w.grant = grant
+	}
+	w.fired = true
+	s.ringLocked()
+}
+
+// ring wakes the set's call without signalling a member.
+func (s *waitSet) ring() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ringLocked()
+}
+
+// ringLocked is ring with s.mu held.
+func (s *waitSet) ringLocked() {
+	if !s.rung {
+		s.rung = true
+		close(s.bell)
+	}
+}
+
+// wait sleeps until a member is signalled, d has passed, changed is
+// closed, ctx ends or a registry of the set is closed (ErrClosed); while a
+// member's channel is not confirmed, it sleeps at most deafPoll. It
+// consumes every signal received, and returns the grant that came with
+// one, if any.
+func (s *waitSet) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) (string, error) {
+	s.mu.Lock()
+	bell := s.bell
+	s.mu.Unlock()
+	for _, w := range s.members {
+		if w.r.unconfirmed(w) {
+			d = min(d, deafPoll)
+		}
+	}
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-bell:
+		case <-t.C:
+		case <-changed:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	for _, w := range s.members {
+		if w.r.isClosed() {
+			return "", ErrClosed
+		}
+	}
+	return s.consume(), nil
+}
+
+// consume takes every member's signal, and returns a grant that came with
+// one, if any. A member that took a plain signal counts as woken until
+// used is called.
+func (s *waitSet) consume() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	grant := ""
+	for _, w := range s.members {
+		w.woke = w.fired && w.grant == ""
+		grant = cmp.Or(grant, w.grant)
+		w.fired, w.grant = false, ""
+	}
+	if s.rung {
+		s.rung, s.bell = false, make(chan struct{})
+	}
+	return grant
+}
+
+// used records that an attempt used the plain signals consumed so far.
+func (s *waitSet) used() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.members {
+		w.woke = false
+	}
+}
+
+// nudge signals the set's call to look again.
+func (s *waitSet) nudge() {
+	s.members[0].fire("")
+}
+
+// retarget makes ticket the call's address in grant messages.
+func (s *waitSet) retarget(ticket string) {
+	for _, w := range s.members {
+		w.r.retarget(w, ticket)
+	}
+}
+
+// proceed records that the call goes on before every channel of the set is
+// confirmed: the waiters of those channels are all woken when they are.
+func (s *waitSet) proceed() {
+	for _, w := range s.members {
+		w.r.proceed(w)
+	}
+}
+
+// leave unregisters every member. With passOn, the plain signals that the
+// call consumed and did not use go to the next waiters, as do those it did
+// not consume.
+func (s *waitSet) leave(passOn bool) {
+	for _, w := range s.members {
+		w.r.leave(w, passOn)
+	}
+}
