@@ -32,22 +32,24 @@ type primStats struct {
 	waiting  int64
 	lost     int64
 	recent   []time.Duration // waits of acquisitions since the last snapshot
+	since    time.Time       // of the last snapshot (or the first call)
 	window   []statsBucket   // the snapshots of the last statsWindow
 	all      []time.Duration // every wait, for the summary
 	acquired int64
 }
 
-// statsBucket is what one snapshot took from recent.
+// statsBucket is what one snapshot took from recent: the waits of the
+// acquisitions since from.
 type statsBucket struct {
-	at    time.Time
+	from  time.Time
 	waits []time.Duration
 }
 
 // figures are the live figures of one primitive at a snapshot.
 type figures struct {
 	Waiting  int64
-	P50, P99 time.Duration // of the waits of the last statsWindow
-	Rate     float64       // acquisitions per second over the last statsWindow
+	P50, P99 time.Duration // of the waits of the last statsWindow (or less)
+	Rate     float64       // acquisitions per second over the same time
 	Lost     int64         // since the start
 }
 
@@ -59,7 +61,7 @@ func newDemoStats() *demoStats {
 func (s *demoStats) of(prim redisync.Primitive) *primStats {
 	p := s.prims[prim]
 	if p == nil {
-		p = &primStats{}
+		p = &primStats{since: time.Now()}
 		s.prims[prim] = p
 	}
 	return p
@@ -106,9 +108,9 @@ func (s *demoStats) snapshot(now time.Time) map[redisync.Primitive]figures {
 	defer s.mu.Unlock()
 	out := make(map[redisync.Primitive]figures, len(s.prims))
 	for prim, p := range s.prims {
-		p.window = append(p.window, statsBucket{at: now, waits: p.recent})
-		p.recent = nil
-		for len(p.window) > 0 && now.Sub(p.window[0].at) > statsWindow {
+		p.window = append(p.window, statsBucket{from: p.since, waits: p.recent})
+		p.recent, p.since = nil, now
+		for len(p.window) > 1 && now.Sub(p.window[0].from) > statsWindow {
 			p.window = p.window[1:]
 		}
 		var waits []time.Duration
@@ -116,8 +118,11 @@ func (s *demoStats) snapshot(now time.Time) map[redisync.Primitive]figures {
 			waits = append(waits, b.waits...)
 		}
 		slices.Sort(waits)
-		out[prim] = figures{Waiting: p.waiting, P50: quantile(waits, 0.50), P99: quantile(waits, 0.99),
-			Rate: float64(len(waits)) / statsWindow.Seconds(), Lost: p.lost}
+		f := figures{Waiting: p.waiting, P50: quantile(waits, 0.50), P99: quantile(waits, 0.99), Lost: p.lost}
+		if span := now.Sub(p.window[0].from); span > 0 {
+			f.Rate = float64(len(waits)) / span.Seconds()
+		}
+		out[prim] = f
 	}
 	return out
 }
