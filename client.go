@@ -15,7 +15,8 @@ import (
 // two background goroutines that all of them share: the subscriber (one
 // pub/sub connection through which every waiter is woken) and the watchdog
 // (which renews every held lease and heartbeats every fair waiter, in
-// batches). Both start when first needed.
+// batches). Both start when first needed; so does a third, with
+// WithObserver or WithLogger, that delivers their events.
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {

@@ -196,37 +196,48 @@ func (o observation) end(ctx context.Context, ok bool, err error, token int64) {
 }
 
 // events is a Client's queue of background events, and the goroutine that
-// delivers them to the observer and the logger, one at a time. Sending
-// never blocks: an event that finds the queue full is dropped and
-// counted.
+// delivers them to the observer and the logger, one at a time, started by
+// the first event. Sending never blocks: an event that finds the queue
+// full is dropped and counted.
 type events struct {
 	obs     Observer     // may be nil
 	log     *slog.Logger // may be nil
 	q       chan Event
 	stop    chan struct{} // closed by close: deliver what is queued and exit
-	once    sync.Once
+	started sync.Once
 	done    sync.WaitGroup
 	dropped atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
 }
 
-// newEvents starts the queue of a Client with an observer or a logger
-// (either may be nil), or returns nil when it has neither.
+// newEvents returns the queue of a Client with an observer or a logger
+// (either may be nil), or nil when it has neither.
 func newEvents(obs Observer, log *slog.Logger) *events {
 	if obs == nil && log == nil {
 		return nil
 	}
-	q := &events{obs: obs, log: log, q: make(chan Event, eventQueue), stop: make(chan struct{})}
-	q.done.Add(1)
-	go q.run()
-	return q
+	return &events{obs: obs, log: log, q: make(chan Event, eventQueue), stop: make(chan struct{})}
 }
 
-// emit queues e, or drops it when the queue is full or closed. It never
-// blocks. q may be nil.
+// start starts the goroutine, unless the queue is closed.
+func (q *events) start() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.done.Add(1)
+		go q.run()
+	}
+}
+
+// emit queues e, or drops it when the queue is full. It never blocks. q
+// may be nil.
 func (q *events) emit(e Event) {
 	if q == nil {
 		return
 	}
+	q.started.Do(q.start)
 	e.Time = time.Now()
 	select {
 	case q.q <- e:
@@ -269,7 +280,12 @@ func (q *events) close() {
 	if q == nil {
 		return
 	}
-	q.once.Do(func() { close(q.stop) })
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.stop)
+	}
+	q.mu.Unlock()
 	q.done.Wait()
 }
 
