@@ -384,3 +384,40 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Handoff and Accept are told as a release and a taking by hand-off.
+func TestObserverHandoff(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c := New(rdb, WithObserver(rec))
+	defer c.Close()
+	giver, taker := c.NewMutex("handed"), c.NewMutex("handed")
+	if err := giver.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	handle, err := giver.Handoff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := taker.Accept(ctx, handle); err != nil {
+		t.Fatal(err)
+	}
+	token := taker.Token()
+	if err := taker.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+	taken, released := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased)
+	if len(taken) != 2 || len(released) != 2 || len(rec.kinds(KindHoldLost)) != 0 {
+		t.Fatalf("taken %+v, released %+v", taken, released)
+	}
+	if taken[0].Handoff || !released[0].Handoff || !taken[1].Handoff || taken[1].Token != token || released[1].Handoff {
+		t.Errorf("hand-off told as taken %+v, released %+v", taken, released)
+	}
+	if got := rec.outcomes(OpHandoff); got[OutcomeReleased] != 1 {
+		t.Errorf("Handoff outcomes %v", got)
+	}
+	if got := rec.outcomes(OpAccept); got[OutcomeAcquired] != 1 {
+		t.Errorf("Accept outcomes %v", got)
+	}
+}
