@@ -222,7 +222,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	rec := &recorder{}
 	rec.gate.Lock()
 	c := newClient(t, rdb, WithObserver(rec), WithWatchdogLease(30*time.Millisecond))
-	m := c.NewMutex("blocked")
+	m := c.NewMutex("blocked", Fair())
 	for range 5 {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -231,12 +231,29 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A fair hand-off to a waiter, and a wake-up, while the observer blocks.
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waiter := c.NewMutex("blocked", Fair())
+	done := make(chan error, 1)
+	go func() { done <- waiter.Lock(ctx) }()
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return mr.Exists("redisync:lock:{blocked}:queue") })
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not get the lock while the observer blocks")
+	}
+	// A loss, noticed by the watchdog in time.
 	mr.Del("redisync:lock:{blocked}")
 	select {
-	case <-m.Lost():
+	case <-waiter.Lost():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed while the observer blocks")
 	}
