@@ -64,6 +64,11 @@
 //	redisync:lock:{name}:withdrawn tickets withdrawn with an unknown outcome (zset, 2 min)
 //	redisync:lock:{name}:ch        the channel releases publish on
 //
+// The lock hash also holds the field "{layout}", the version of this
+// layout: a call that meets a lock held, or a semaphore in use, under
+// another layout (another version of redisync on the same Redis) fails
+// with ErrLayout and holds nothing (docs/upgrading.md).
+//
 // A semaphore's keys are "redisync:sem:{name}..." in the same way. The
 // prefix "redisync" is set with WithKeyPrefix. Every key has a TTL: nothing
 // is left in Redis for good. docs/design.md describes every key and script.

@@ -42,6 +42,11 @@ var (
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")
+
+	// ErrLayout reports state in Redis written by a version of redisync that
+	// stores it in another layout (a rolling deploy that mixes versions on
+	// one Redis): the call holds nothing. See docs/upgrading.md.
+	ErrLayout = errors.New("redisync: state written in another layout")
 	// ErrSizeMismatch is returned by a Semaphore whose size differs from
 	// the size stored in Redis for its name. A semaphore is never resized
 	// silently.
@@ -73,6 +78,9 @@ var (
 // position prefix, hence Index).
 func redisError(err error) error {
 	msg := oneLine(err.Error())
+	if i := strings.Index(msg, "LAYOUT redisync: "); i >= 0 {
+		return &layoutError{detail: msg[i+len("LAYOUT redisync: "):], err: err}
+	}
 	i := strings.Index(msg, "WRONGTYPE")
 	if i < 0 {
 		if msg == err.Error() {
@@ -109,8 +117,23 @@ type wrongType struct {
 	err    error // from Redis
 }
 
-func (e *wrongType) Error() string   { return ErrWrongType.Error() + ": " + e.detail }
-func (e *wrongType) Unwrap() []error { return []error{ErrWrongType, e.err} }
+func (e *wrongType) Error() string { return ErrWrongType.Error() + ": " + e.detail }
+func (e *wrongType) Unwrap() []error {
+	if e.err == nil {
+		return []error{ErrWrongType}
+	}
+	return []error{ErrWrongType, e.err}
+}
+
+// layoutError is ErrLayout with what the script said: which key, which
+// layout.
+type layoutError struct {
+	detail string
+	err    error // from Redis
+}
+
+func (e *layoutError) Error() string   { return ErrLayout.Error() + ": " + e.detail }
+func (e *layoutError) Unwrap() []error { return []error{ErrLayout, e.err} }
 
 // opError says which operation on which primitive failed.
 type opError struct {
@@ -122,6 +145,16 @@ func (e *opError) Error() string {
 	return "redisync: " + e.op + " " + quote(e.name) + ": " + strings.TrimPrefix(e.err.Error(), "redisync: ")
 }
 func (e *opError) Unwrap() error { return e.err }
+
+// wrapOp says that op on the primitive called name failed with err, unless
+// err says so already.
+func wrapOp(op, name string, err error) error {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &opError{op: op, name: name, err: err}
+}
 
 // quote shortens and quotes a name for an error message.
 func quote(name string) string {

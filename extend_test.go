@@ -429,13 +429,13 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := m.keys
-	res, err := acquireScript.Run(ctx, rdb, []string{k.base, k.token, k.queue, k.waiters, k.gone},
+	res, err := acquireScript.Run(ctx, rdb, []string{k.Hash, k.Token, k.Queue, k.Waiters, k.Withdrawn},
 		m.holdID(), time.Second.Milliseconds(), "barge", m.cfg.heartbeat.Milliseconds(),
-		m.handoffLease().Milliseconds(), m.channel, "PUBLISH", "0").Int64Slice()
+		m.handoffLease().Milliseconds(), m.keys.Channel, "PUBLISH", "0").Int64Slice()
 	if err != nil || res[0] != 1 {
 		t.Fatalf("the late copy: %v, %v; want it to find its ticket holding", res, err)
 	}
-	if ttl := mr.TTL(k.base); ttl != time.Minute {
+	if ttl := mr.TTL(k.Hash); ttl != time.Minute {
 		t.Fatalf("a late copy of the acquire cut the extended lease to %v", ttl)
 	}
 	if err := m.Unlock(ctx); err != nil {

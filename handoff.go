@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
-)
 
-// handlePrefix starts every hand-off handle: no hold id starts with '{'
-// (see WithLabel), so Accept never takes a live hold.
-const handlePrefix = "{handoff}"
+	"github.com/redisync/redisync/internal/schema"
+)
 
 // Handoff gives m's hold to another process, which takes it with Accept:
 // it returns the handle to pass to that process. The lock is never held by
@@ -58,11 +56,11 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 		return "", m.wrap("handoff", ErrLockLost)
 	}
 
-	handle := handlePrefix + m.c.ticket(m.cfg.label)
+	handle := schema.HandoffPrefix + m.c.ticket(m.cfg.label)
 	wait, cancel := releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.base, m.keys.token, m.keys.tomb(h.id)},
+		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.Hash, m.keys.Token, m.keys.Tombstone(h.id)},
 			"give", h.id, handle, m.lease().Milliseconds(), h.token, tombstoneTTL.Milliseconds()).Int64Slice()
 		if err != nil {
 			return 0, err
@@ -99,7 +97,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("accept", err)
 	}
-	if !strings.HasPrefix(handle, handlePrefix) {
+	if !strings.HasPrefix(handle, schema.HandoffPrefix) {
 		return m.wrap("accept", fmt.Errorf("%w: %q is not a handle from Handoff", ErrNotHeld, handle))
 	}
 	if m.current() != nil {
@@ -108,7 +106,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
-	keys := []string{m.keys.base, m.keys.token, m.keys.gone}
+	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Withdrawn}
 	args := []any{"take", handle, l.ticket, m.lease().Milliseconds()}
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {

@@ -34,7 +34,7 @@ func TestMutexHandoff(t *testing.T) {
 	if a.Token() != 0 || a.Lost() != nil {
 		t.Fatal("the giver still holds after Handoff")
 	}
-	if f, _ := mr.HKeys(key); len(f) != 1 || f[0] != handle {
+	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != handle {
 		t.Fatalf("lock fields %q, want the handle %q alone", f, handle)
 	}
 	if ok, err := cb.NewMutex("job").TryLock(ctx); ok || err != nil {
@@ -46,7 +46,7 @@ func TestMutexHandoff(t *testing.T) {
 	if b.Token() <= token || b.Lost() == nil {
 		t.Fatalf("the taker's token %d (giver's %d), Lost %v", b.Token(), token, b.Lost())
 	}
-	if f, _ := mr.HKeys(key); len(f) != 1 || f[0] != b.holdID() || mr.HGet(key, f[0]) != "1" {
+	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != b.holdID() || mr.HGet(key, f[0]) != "1" {
 		t.Fatalf("lock fields %q, want the taker's hold alone, count 1", f)
 	}
 	if err := a.Unlock(ctx); !errors.Is(err, ErrNotHeld) {

@@ -2,6 +2,8 @@ package redisync
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // newMini starts an embedded Redis and returns a go-redis client to it
@@ -105,3 +108,18 @@ func (c *counter) take(cmd redis.Cmder) bool {
 
 // eventually fails the test unless cond becomes true within d.
 var eventually = redistest.Eventually
+
+// holdIDs returns the hold ids in a lock's hash (or a semaphore's holders
+// hash): its fields but the layout mark, which a lock's hash must carry.
+func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
+	t.Helper()
+	fields, err := mr.HKeys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	isLock := strings.Contains(key, ":lock:")
+	if isLock && mr.HGet(key, schema.LayoutField) != strconv.Itoa(schema.Layout) {
+		t.Fatalf("%s has no layout mark: fields %q", key, fields)
+	}
+	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField })
+}

@@ -14,14 +14,7 @@ func TestLabelsIdentifyHolders(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	host, _ := os.Hostname()
 	def := host + "/" + strconv.Itoa(os.Getpid()) + "/"
-	fields := func(key string) []string {
-		t.Helper()
-		f, err := mr.HKeys(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	fields := func(key string) []string { return holdIDs(t, mr, key) }
 	m := newClient(t, rdb).NewMutex("a")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

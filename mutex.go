@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // tombstoneTTL is how long Redis remembers a hold's release, so that a
@@ -32,33 +34,14 @@ const tombstoneTTL = 10 * time.Second
 // While the lock is held its lease is renewed by the Client's watchdog
 // (unless WithLease fixed it), and Lost tells when the hold is lost.
 type Mutex struct {
-	c       *Client
-	name    string
-	cfg     config
-	keys    lockKeys
-	channel string
-	err     error // invalid name or option
+	c    *Client
+	name string
+	cfg  config
+	keys schema.Lock
+	err  error // invalid name or option
 
 	holds
 }
-
-// lockKeys are the Redis keys of one lock.
-type lockKeys struct {
-	base    string // the lock hash; the other keys' prefix
-	token   string // fencing token counter
-	queue   string // fair waiters, in order
-	waiters string // fair waiters' records
-	gone    string // withdrawn tickets
-}
-
-func newLockKeys(prefix, name string) lockKeys {
-	base := prefix + ":lock:{" + name + "}"
-	return lockKeys{base: base, token: base + ":token", queue: base + ":queue",
-		waiters: base + ":waiters", gone: base + ":withdrawn"}
-}
-
-// tomb is the key that remembers the release of the hold id.
-func (k lockKeys) tomb(id string) string { return k.base + ":released:" + id }
 
 // NewMutex returns a Mutex for the lock called name. It does no I/O. An
 // invalid name (ErrInvalidName) or option (ErrInvalidOption) is reported
@@ -72,11 +55,10 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 		c:     c,
 		name:  name,
 		cfg:   cfg,
-		keys:  newLockKeys(cfg.prefix, name),
+		keys:  schema.LockKeys(cfg.prefix, name),
 		err:   cmp.Or(checkName(name), cfg.err),
 		holds: newHolds(c, PrimitiveMutex, name),
 	}
-	m.channel = m.keys.base + ":ch"
 	return m
 }
 
@@ -125,7 +107,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 			mode = "queue"
 		}
 		l := m.newCall(mode)
-		err := m.c.block(ctx, m.channel, m.cfg.recheck, l)
+		err := m.c.block(ctx, m.keys.Channel, m.cfg.recheck, l)
 		if !errors.Is(err, errHeld) {
 			return m.wrapIf("lock", err)
 		}
@@ -357,9 +339,9 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	sent := time.Now()
 	// The arguments are read here, not in the call's goroutine, which an
 	// abandoned call leaves running while the call's fields change.
-	keys := []string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.gone, m.keys.tomb(l.ticket)}
+	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Queue, m.keys.Waiters, m.keys.Withdrawn, m.keys.Tombstone(l.ticket)}
 	args := []any{l.ticket, m.lease().Milliseconds(), l.mode, m.cfg.heartbeat.Milliseconds(),
-		m.handoffLease().Milliseconds(), m.channel, m.c.publish, flag(l.queued)}
+		m.handoffLease().Milliseconds(), m.keys.Channel, m.c.publish, flag(l.queued)}
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquireScript, keys, args, granted)
 	}, l.late(l.ticket))
@@ -395,7 +377,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
-	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.base},
+	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.Hash, m.keys.Token},
 		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
 		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
 	if m.cfg.maxHold > 0 {
@@ -434,7 +416,7 @@ func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
 // sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(w *waiter) {
 	m := l.m
-	l.keepAlive("wait", l.ticket, m.name, []string{m.keys.queue, m.keys.waiters, m.keys.base}, m.cfg.heartbeat, w)
+	l.keepAlive("wait", l.ticket, m.name, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, w)
 }
 
 // changed is closed when another call of the same value takes a hold.
@@ -483,8 +465,8 @@ func (l *lockCall) late(ticket string) func([]int64, error) {
 // "release" or "withdraw" (see release.lua).
 func (m *Mutex) release(ctx context.Context, id string, token int64, mode string) (int64, error) {
 	res, err := releaseScript.Run(ctx, m.c.rdb,
-		[]string{m.keys.base, m.keys.token, m.keys.queue, m.keys.waiters, m.keys.tomb(id), m.keys.gone},
-		id, token, tombstoneTTL.Milliseconds(), m.channel, m.c.publish, mode).Int64()
+		[]string{m.keys.Hash, m.keys.Token, m.keys.Queue, m.keys.Waiters, m.keys.Tombstone(id), m.keys.Withdrawn},
+		id, token, tombstoneTTL.Milliseconds(), m.keys.Channel, m.c.publish, mode).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}
@@ -539,11 +521,7 @@ func (m *Mutex) sleepFor(pttl int64) time.Duration {
 
 // wrap adds the operation and the lock name to err.
 func (m *Mutex) wrap(op string, err error) error {
-	var oe *opError
-	if errors.As(err, &oe) {
-		return err
-	}
-	return &opError{op: op, name: m.name, err: err}
+	return wrapOp(op, m.name, err)
 }
 
 // wrapIf is wrap, and nil for a nil err.

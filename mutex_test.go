@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 var ctx = context.Background()
@@ -303,7 +304,7 @@ func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
 		c.sub.mu.Lock()
 		defer c.sub.mu.Unlock()
-		ch := c.sub.channels[waiter.channel]
+		ch := c.sub.channels[waiter.keys.Channel]
 		return ch != nil && ch.confirmed && len(ch.waiters) == 1
 	})
 	lost := holder.Lost()
@@ -348,7 +349,7 @@ func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to subscribe and look again", func() bool {
 		c.sub.mu.Lock()
 		defer c.sub.mu.Unlock()
-		ch := c.sub.channels[b.channel]
+		ch := c.sub.channels[b.keys.Channel]
 		return ch != nil && ch.confirmed && len(ch.waiters) == 1 && cnt.n.Load()-start == 2
 	})
 	before := cnt.n.Load()

@@ -543,7 +543,7 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 	res := m.fanOut(ctx, mask(len(m.nodes), got), func(ctx context.Context, i int) nodeResult {
 		n := m.nodes[i]
-		v, err := redlockRaiseScript.Run(ctx, n.c.rdb, []string{n.keys.base, n.keys.token}, n.holdID(), token).Int64()
+		v, err := redlockRaiseScript.Run(ctx, n.c.rdb, []string{n.keys.Hash, n.keys.Token}, n.holdID(), token).Int64()
 		if err != nil {
 			return nodeResult{err: redisError(err)}
 		}
@@ -786,7 +786,7 @@ func (m *RedMutex) idle() []bool {
 func (m *RedMutex) joinConfirmed() []*waiter {
 	ws := make([]*waiter, len(m.nodes))
 	for i, n := range m.nodes {
-		if ws[i] = n.c.sub.joinConfirmed(n.channel, ""); ws[i] == nil {
+		if ws[i] = n.c.sub.joinConfirmed(n.keys.Channel, ""); ws[i] == nil {
 			leaveAll(ws)
 			return nil
 		}
@@ -804,7 +804,7 @@ func (m *RedMutex) join(ctx context.Context) ([]*waiter, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ws[i], errs[i] = n.c.sub.join(ctx, n.channel, "")
+			ws[i], errs[i] = n.c.sub.join(ctx, n.keys.Channel, "")
 		}()
 	}
 	wg.Wait()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // Semaphore is a counting semaphore of a fixed size shared by every process
@@ -43,13 +45,12 @@ import (
 // pauses longer than its lease, a failover that loses writes or a clock
 // jump on the server can let more holders in than the size.
 type Semaphore struct {
-	c       *Client
-	name    string
-	size    int64
-	cfg     config
-	keys    []string // holders, expiry, size, queue, waiters, released, withdrawn
-	channel string
-	err     error // invalid name, size or option
+	c    *Client
+	name string
+	size int64
+	cfg  config
+	keys schema.Semaphore
+	err  error // invalid name, size or option
 
 	turn chan struct{} // held by the Acquire or TryAcquire of this value under way
 	op   chan struct{} // held by the call of this value that talks to Redis
@@ -81,7 +82,7 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 	if size <= 0 {
 		bad = fmt.Errorf("%w: size %d is not positive", ErrInvalidPermits, size)
 	}
-	s := &Semaphore{
+	return &Semaphore{
 		c:     c,
 		name:  name,
 		size:  size,
@@ -90,12 +91,8 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 		op:    make(chan struct{}, 1),
 		err:   cmp.Or(checkName(name), bad, cfg.err),
 		holds: newHolds(c, PrimitiveSemaphore, name),
+		keys:  schema.SemaphoreKeys(cfg.prefix, name),
 	}
-	base := cfg.prefix + ":sem:{" + name + "}"
-	s.keys = []string{base, base + ":expiry", base + ":size", base + ":queue", base + ":waiters",
-		base + ":released", base + ":withdrawn"}
-	s.channel = base + ":ch"
-	return s
 }
 
 // ResizeSemaphore changes the size of the semaphore called name from
@@ -119,7 +116,7 @@ func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int6
 	if err := cmp.Or(s.err, bad, c.usable(), ctx.Err()); err != nil {
 		return s.wrap("resize", err)
 	}
-	res, err := semResizeScript.Run(ctx, c.rdb, s.keys[:5], from, to, s.channel, c.publish).Int64Slice()
+	res, err := semResizeScript.Run(ctx, c.rdb, []string{s.keys.Holders, s.keys.Expiry, s.keys.Size, s.keys.Queue, s.keys.Waiters}, from, to, s.keys.Channel, c.publish).Int64Slice()
 	switch {
 	case err != nil:
 		return s.wrap("resize", redisError(err))
@@ -174,7 +171,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	}
 	defer func() { <-s.turn }()
 	a := s.newCall(n, "queue")
-	if err := s.c.block(ctx, s.channel, s.cfg.recheck, a); err != nil {
+	if err := s.c.block(ctx, s.keys.Channel, s.cfg.recheck, a); err != nil {
 		return s.wrap("acquire", err)
 	}
 	return nil
@@ -468,9 +465,9 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	// lockCall.attempt).
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
 	args := []any{holder, n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, waiter, flag(a.queued || a.unsure),
-		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(), s.channel, s.c.publish}
+		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(), s.keys.Channel, s.c.publish}
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys[0], s.keys[1], s.keys[2], s.keys[3], s.keys[4], s.keys[6], s.keys[5]}, args, granted)
+		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys.Holders, s.keys.Expiry, s.keys.Size, s.keys.Queue, s.keys.Waiters, s.keys.Withdrawn, s.keys.Released}, args, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
 		// the call, then let s's next call talk to Redis.
@@ -547,7 +544,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	}
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n}
-	e := &keepalive{kind: "sem", owner: a.holder, keys: s.keys[:3], ttl: s.lease(),
+	e := &keepalive{kind: "sem", owner: a.holder, keys: []string{s.keys.Holders, s.keys.Expiry, s.keys.Size}, ttl: s.lease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
 		e.until = since.Add(s.cfg.maxHold)
@@ -587,7 +584,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(w *waiter) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, s.name, []string{s.keys[3], s.keys[4], s.keys[0]}, s.cfg.heartbeat, w)
+	a.keepAlive("swait", a.waiter, s.name, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, w)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for
@@ -652,9 +649,9 @@ func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter
 // must be held.
 func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	res, err := semReleaseScript.Run(ctx, s.c.rdb,
-		[]string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.keys[5], s.keys[6], s.keys[2]},
+		[]string{s.keys.Holders, s.keys.Expiry, s.keys.Queue, s.keys.Waiters, s.keys.Released, s.keys.Withdrawn, s.keys.Size},
 		holder, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
-		tombstoneTTL.Milliseconds(), s.channel, s.c.publish).Int64()
+		tombstoneTTL.Milliseconds(), s.keys.Channel, s.c.publish).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}
@@ -756,9 +753,5 @@ func (s *Semaphore) sleepFor(next int64) time.Duration {
 
 // wrap adds the operation and the semaphore's name to err.
 func (s *Semaphore) wrap(op string, err error) error {
-	var oe *opError
-	if errors.As(err, &oe) {
-		return err
-	}
-	return &opError{op: op, name: s.name, err: err}
+	return wrapOp(op, s.name, err)
 }

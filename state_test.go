@@ -21,7 +21,7 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 		eventually(t, 5*time.Second, "b to wait", func() bool {
 			c.sub.mu.Lock()
 			defer c.sub.mu.Unlock()
-			ch := c.sub.channels[b.channel]
+			ch := c.sub.channels[b.keys.Channel]
 			return ch != nil && ch.confirmed && len(ch.waiters) == 1
 		})
 		if err := a.Unlock(ctx); err != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // Timing of the subscriber.
@@ -634,7 +636,7 @@ func (s *subscriber) write(sh *shard, subscribe bool, names []string) {
 	}
 	bySlot := make(map[uint16][]string)
 	for _, name := range names {
-		bySlot[slotOf(name)] = append(bySlot[slotOf(name)], name)
+		bySlot[schema.Slot(name)] = append(bySlot[schema.Slot(name)], name)
 	}
 	for _, group := range bySlot {
 		if subscribe {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // watchdogBatch is the most entries renewed by one script call.
@@ -282,7 +284,7 @@ func (w *watchdog) split(batch []renewal) [][]renewal {
 	if w.cluster {
 		bySlot := make(map[uint16][]renewal)
 		for _, r := range batch {
-			slot := slotOf(r.keys[0])
+			slot := schema.Slot(r.keys[0])
 			bySlot[slot] = append(bySlot[slot], r)
 		}
 		groups = groups[:0]

@@ -26,7 +26,7 @@ const (
 		" +evalsha +eval" +
 		" +ping +subscribe +unsubscribe +publish" +
 		" +get +set +del +exists +type +pexpire +pttl +time" +
-		" +hget +hset +hdel +hexists +hlen +hvals" +
+		" +hget +hmget +hset +hdel +hexists +hlen +hvals" +
 		" +zadd +zrem +zscore +zcard +zrange +zrangebyscore +zremrangebyscore +zpopmin"
 	// aclReplicas is for WithReplicas.
 	aclReplicas = "+wait"

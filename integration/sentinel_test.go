@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redisync/redisync/internal/schema"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
@@ -69,8 +71,8 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	// The hold was acknowledged by the replica before Lock returned, so the
 	// new primary has it.
 	promoted := redistest.NewClient(t, replica.Addr)
-	if got := promoted.HGetAll(ctx, lockKey(name)).Val(); len(got) != 1 {
-		t.Fatalf("the promoted replica's lock hash is %v, want the holder alone", got)
+	if got := promoted.HGetAll(ctx, lockKey(name)).Val(); len(got) != 2 || got[schema.LayoutField] == "" {
+		t.Fatalf("the promoted replica's lock hash is %v, want the holder and the layout mark", got)
 	}
 	uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()

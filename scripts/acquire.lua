@@ -2,7 +2,7 @@
 --
 -- KEYS[1] lock hash (hold id -> hold count), with the lease as its TTL
 -- KEYS[2] fencing token counter (see lib.lua, mint)
--- KEYS[3] queue: zset of fair waiters (ticket -> arrival number)
+-- KEYS[3] queue: zset of fair waiters (see lib.lua, join_queue)
 -- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff")
 -- KEYS[5] withdrawn tickets (see lib.lua, mark_withdrawn)
 -- KEYS[6] the ticket's release tombstone (see release.lua): a ticket whose
@@ -34,10 +34,15 @@ local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KE
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local t = check_counter(token)
-if hold_count(lock, ticket) > 0 then
+local count, layout = read_hold(lock, ticket)
+if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
   -- Mutex.Extend has made longer since.
   keep_alive(lock, lease)
+  keep_alive(token, lease) -- as long as the lease: see lib.lua, mint
+  if not layout then
+    redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT) -- handed over by layout 1 (see renew.lua)
+  end
   return {1, t}
 end
 if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[6]) == 1 then
@@ -45,6 +50,9 @@ if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[6]) == 1 then
 end
 
 local pttl = redis.call('PTTL', lock)
+if pttl ~= -2 and layout ~= LAYOUT then
+  other_layout(lock, layout)
+end
 if mode == 'barge' then
   if pttl ~= -2 then
     return {0, pttl}
@@ -65,18 +73,18 @@ if pttl == -2 then
   end
   if head == ticket then
     redis.call('PEXPIRE', lock, lease)
+    keep_alive(token, lease) -- minted for the hand-off lease
     return {1, ht}
   end
   pttl = redis.call('PTTL', lock)
   queued = redis.call('ZSCORE', queue, ticket)
 end
 if mode == 'queue' then
-  local ttl = tonumber(ARGV[4])
+  local ttl, us = tonumber(ARGV[4]), now_us()
   if not queued then
-    local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', queue, (tonumber(last) or 0) + 1, ticket)
+    join_queue(queue, ticket, us)
   end
-  redis.call('HSET', waiters, ticket, (now_ms() + ttl) .. ':' .. ARGV[5])
+  redis.call('HSET', waiters, ticket, (math.floor(us / 1000) + ttl) .. ':' .. ARGV[5])
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end

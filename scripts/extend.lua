@@ -1,7 +1,8 @@
 -- extend.lua: make one hold of a lock last at least a given lease from
 -- now (Mutex.Extend).
 --
--- KEYS[1] lock hash
+-- KEYS[1] lock hash, KEYS[2] its fencing token counter (kept as long as
+--         the lease, so that it tells the holder's token)
 -- ARGV[1] hold id, ARGV[2] lease in ms
 --
 -- The lease is set only while the hold id holds the lock, and never
@@ -18,4 +19,5 @@ if redis.pcall('HEXISTS', lock, id) ~= 1 then
   return {0}
 end
 keep_alive(lock, ms)
+keep_alive(KEYS[2], ms)
 return {1}

@@ -47,7 +47,7 @@ end
 if string.sub(handle, 1, 9) ~= '{handoff}' or is_withdrawn(KEYS[3], ticket) or hold_count(lock, handle) == 0 then
   return {0, 0}
 end
-local token = mint(KEYS[2])
+local token = mint(KEYS[2], lease)
 redis.call('HDEL', lock, handle)
 redis.call('HSET', lock, ticket, 1)
 redis.call('PEXPIRE', lock, lease)

@@ -10,10 +10,31 @@
 -- deadline is the server time in ms by which the waiter must heartbeat again
 -- and handoff is the lease in ms it is given when the lock is handed to it.
 
+-- LAYOUT is the version of the stored layout that these scripts read and
+-- write (internal/schema.Layout). A lock's hash carries it in the field
+-- LAYOUT_FIELD (no hold id has braces), a semaphore's size record after
+-- the size ("size:layout"): the places every script reads before it acts.
+-- State without it was written before layouts were numbered (layout 1).
+-- A script that meets a held lock or a busy semaphore of another layout
+-- fails with a LAYOUT error rather than misread it: during a rolling
+-- deploy, mixed versions fail loudly instead of letting two holders in.
+local LAYOUT = '2'
+local LAYOUT_FIELD = '{layout}'
+
+-- other_layout fails the script: key was written in another layout.
+local function other_layout(key, found)
+  error('LAYOUT redisync: ' .. key .. ' was written in layout ' .. (found or '1') .. ', this redisync reads layout ' .. LAYOUT)
+end
+
+-- now_us returns the server clock in microseconds.
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- now_ms returns the server clock in milliseconds.
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return math.floor(now_us() / 1000)
 end
 
 -- wrong fails the script with a WRONGTYPE error about key.
@@ -53,10 +74,9 @@ local function check_counter(token)
   return integer(v) or wrong(token, 'a counter')
 end
 
--- hold_count returns the count stored for a hold's field in the lock hash
--- (0 when absent), failing the script when it is not a positive integer.
-local function hold_count(lock, id)
-  local v = redis.call('HGET', lock, id)
+-- count_of returns a hold count read from the lock hash (0 for none),
+-- failing the script when it is not a positive integer.
+local function count_of(lock, id, v)
   if not v then
     return 0
   end
@@ -67,21 +87,37 @@ local function hold_count(lock, id)
   return n
 end
 
+-- hold_count returns the count stored for a hold's field in the lock hash
+-- (0 when absent), failing the script when it is not a positive integer.
+local function hold_count(lock, id)
+  return count_of(lock, id, redis.call('HGET', lock, id))
+end
+
+-- read_hold returns hold_count(lock, id) and the lock hash's layout mark
+-- (false when the hash is absent or has none), in one call.
+local function read_hold(lock, id)
+  local v = redis.call('HMGET', lock, id, LAYOUT_FIELD)
+  return count_of(lock, id, v[1]), v[2]
+end
+
 -- state_memory_ms is how long redisync's record of an idle lock or
 -- semaphore (a lock's fencing token counter, a semaphore's size) outlives
 -- its last use: nothing redisync writes stays in Redis for good.
 local state_memory_ms = 3600000
 
 -- mint returns a new fencing token of the lock whose counter is the key
--- token: the server clock in microseconds, or the last token issued plus
--- one when that is larger. The counter remembers the last token for
--- state_memory_ms, so tokens strictly increase while it is stored, and
--- after it expired unless the server clock stepped back by more than the
--- time since the last token (at least state_memory_ms).
-local function mint(token)
+-- token, for a hold of lease ms: the server clock in microseconds, or the
+-- last token issued plus one when that is larger. The counter remembers
+-- the last token for state_memory_ms, or as long as the hold's lease when
+-- that is longer (renewals and extensions keep it as long as the lease):
+-- so the counter is the holder's token while the lock is held, tokens
+-- strictly increase while it is stored, and after it expired unless the
+-- server clock stepped back by more than the time since the last token (at
+-- least state_memory_ms).
+local function mint(token, lease)
   local c = redis.call('TIME')
   local t = math.max(tonumber(c[1]) * 1000000 + tonumber(c[2]), check_counter(token) + 1)
-  redis.call('SET', token, string.format('%d', t), 'PX', state_memory_ms)
+  redis.call('SET', token, string.format('%d', t), 'PX', math.max(state_memory_ms, lease))
   return t
 end
 
@@ -89,8 +125,8 @@ end
 -- its new fencing token. The token is minted first: a token key of the
 -- wrong type fails the script before the lock is written.
 local function grant(lock, token, owner, lease)
-  local t = mint(token)
-  redis.call('HSET', lock, owner, 1)
+  local t = mint(token, lease)
+  redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT)
   redis.call('PEXPIRE', lock, lease)
   return t
 end
@@ -121,6 +157,18 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
         return head, t
       end
     end
+  end
+end
+
+-- join_queue appends id to a fair queue (a zset) unless it is queued
+-- already. Its score is the server time in microseconds when it joined
+-- (now_us), or the last member's plus one when that is larger: the order
+-- of the queue is the order of arrival even if the clock steps back, and
+-- the score tells how long a waiter has waited.
+local function join_queue(queue, id, us)
+  if not redis.call('ZSCORE', queue, id) then
+    local last = tonumber(redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]) or 0
+    redis.call('ZADD', queue, string.format('%d', math.max(us, last + 1)), id)
   end
 end
 

@@ -18,6 +18,6 @@ if redis.call('HEXISTS', lock, ARGV[1]) == 0 then
 end
 local t = check_counter(token)
 if t < tonumber(ARGV[2]) then
-  redis.call('SET', token, ARGV[2], 'PX', state_memory_ms)
+  redis.call('SET', token, ARGV[2], 'PX', math.max(state_memory_ms, redis.call('PTTL', lock)))
 end
 return 1

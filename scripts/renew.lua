@@ -4,7 +4,8 @@
 -- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for a fair
 -- lock's waiter or "swait" for a semaphore's), owner id,
 -- ms (the lease of a hold, the heartbeat ttl of a waiter). KEYS holds the
--- entries' keys in the same order: one key for a hold (its lock hash),
+-- entries' keys in the same order: two for a hold (its lock hash and its
+-- fencing token counter, kept as long as the lease: see lib.lua, mint),
 -- three for a semaphore holder (its holders hash, expiry zset and size,
 -- which live as long as it holds), three for a
 -- waiter (its queue, its waiters hash, and the lock hash or the
@@ -31,9 +32,16 @@ for i = 1, #ARGV, 3 do
   local ok = 0
   if kind == 'hold' then
     local lock = KEYS[k]
-    k = k + 1
+    k = k + 2
     if redis.pcall('HEXISTS', lock, owner) == 1 then
       keep_alive(lock, ms)
+      keep_alive(KEYS[k - 1], ms)
+      if not redis.call('HGET', lock, LAYOUT_FIELD) then
+        -- This version's hold in a hash that layout 1 wrote (its release
+        -- handed the lock over): mark it, so that this version's calls
+        -- wait for the hold instead of failing with ErrLayout.
+        redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT)
+      end
       ok = 1
     end
   elseif kind == 'sem' then

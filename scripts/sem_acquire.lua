@@ -42,7 +42,7 @@ local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 
 -- Every key is read before anything is written: one of the wrong type
 -- fails the script here, having changed nothing.
-local stored = redis.call('GET', KEYS[3])
+local stored = sem_size(k)
 if is_withdrawn(KEYS[6], waiter) then
   return {-3, 0}
 end
@@ -57,9 +57,6 @@ redis.call('HGET', k.waiters, waiter)
 local queued = redis.call('ZSCORE', k.queue, waiter)
 local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 sem_used(k) -- every holder record is checked
-if stored and not integer(stored) then
-  wrong(KEYS[3], 'a size')
-end
 
 local now = now_ms()
 sem_reclaim(k, now)
@@ -89,11 +86,11 @@ if ARGV[9] == '1' and not queued then
 end
 -- Only now, so that a retry of a call applied before a resize is known as
 -- one (above): a new grant goes by the size every caller must agree on.
-if stored and integer(stored) ~= size then
-  return {-2, tonumber(stored)}
+if stored and stored ~= size then
+  return {-2, stored}
 end
 if not stored then
-  redis.call('SET', KEYS[3], size)
+  sem_store_size(k, size)
 end
 -- The size lives while the semaphore is in use (renewals keep it too) and
 -- for an hour after its last Acquire.
@@ -117,8 +114,7 @@ end
 if mode == 'queue' then
   local ttl = tonumber(ARGV[10])
   if not queued then
-    local last = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', k.queue, (tonumber(last) or 0) + 1, waiter)
+    join_queue(k.queue, waiter, now_us())
   end
   redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
   keep_alive(k.queue, 2 * ttl)

@@ -7,10 +7,11 @@
 --            seq again is a retry (of a call that was applied), one numbered
 --            lower a stale copy; neither changes anything
 --   expiry:  zset holder id -> end of the holder's lease, ms of server time
---   size:    string, the size every Client must agree on; it lives while
+--   size:    string "size:layout", the size every Client must agree on
+--            and the layout of the semaphore's keys (sem_size); it lives while
 --            the semaphore is in use, and state_memory_ms after the last
 --            Acquire (see lib.lua)
---   queue:   zset waiter id -> arrival number; a waiter id is
+--   queue:   zset waiter id -> when it joined (lib.lua, join_queue); a waiter id is
 --            "holder id#call number", one per blocked Acquire
 --   waiters: hash waiter id -> "deadline:lease:permits:seq": heartbeat
 --            deadline (ms of server time), the lease its permits get when
@@ -30,6 +31,34 @@ local function sem_parse(v, key)
     wrong(key or 'a semaphore', 'a holder record')
   end
   return tonumber(p), tonumber(s)
+end
+
+-- sem_size returns the size stored for the semaphore, or nil when none
+-- is, failing the script when the record is not a size. A size written in
+-- another layout (see lib.lua, LAYOUT) fails it too while the semaphore
+-- has holders or waiters; once idle, it counts as none (and is written
+-- anew in this layout).
+local function sem_size(k)
+  local v = redis.call('GET', k.size)
+  if not v then
+    return nil
+  end
+  local n, layout = string.match(v, '^(%d+):?(%d*)$')
+  if not n then
+    wrong(k.size, 'a size')
+  end
+  if layout ~= LAYOUT then
+    if redis.call('HLEN', k.holders) > 0 or redis.call('ZCARD', k.queue) > 0 then
+      other_layout(k.size, layout ~= '' and layout or nil)
+    end
+    return nil
+  end
+  return tonumber(n)
+end
+
+-- sem_store_size stores the semaphore's size, in this layout.
+local function sem_store_size(k, size)
+  redis.call('SET', k.size, size .. ':' .. LAYOUT)
 end
 
 -- sem_holder returns the holder id of a waiter id.

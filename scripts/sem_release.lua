@@ -39,11 +39,7 @@ local released = KEYS[5]
 local holder, n, held, seq, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 -- The stored size rules (it may have been resized since the caller read
 -- it); the caller's is for a semaphore whose size key has expired.
-local size = tonumber(ARGV[8])
-local stored = redis.call('GET', k.size)
-if stored then
-  size = integer(stored) or wrong(k.size, 'a size')
-end
+local size = sem_size(k) or tonumber(ARGV[8])
 
 -- Every key is read before anything is written (see sem_acquire.lua).
 redis.call('ZSCORE', k.expiry, holder)

@@ -20,19 +20,16 @@ local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[3], queue = KEYS[4],
 local from, to = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Every key is read before anything is written (see sem_acquire.lua).
-local stored = redis.call('GET', k.size)
-if stored and not integer(stored) then
-  wrong(k.size, 'a size')
-end
+local stored = sem_size(k)
 redis.call('ZCARD', k.expiry)
 redis.call('ZCARD', k.queue)
 redis.call('HLEN', k.waiters)
 sem_used(k)
-if stored and integer(stored) ~= from and integer(stored) ~= to then
-  return {0, integer(stored)}
+if stored and stored ~= from and stored ~= to then
+  return {0, stored}
 end
 
-redis.call('SET', k.size, to)
+sem_store_size(k, to)
 keep_alive(k.size, state_memory_ms)
 keep_alive(k.size, math.max(redis.call('PTTL', k.holders), redis.call('PTTL', k.queue)))
 local now = now_ms()

@@ -79,17 +79,17 @@ func (p *lockPart) work(ctx context.Context, env *demoEnv, m *redisync.Mutex, ci
 	}
 }
 
-// learnOwner finds the owner id of the worker, which holds the lock now
-// (its hash has one field, the holder), for the labels of the view.
+// learnOwner finds the owner id of the worker, which holds the lock now,
+// for the labels of the view.
 func (p *lockPart) learnOwner(env *demoEnv, ci, wi int) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	owners, err := env.rdb.HKeys(ctx, newLockKeys(env.prefix, env.name).lock).Result()
-	if err != nil || len(owners) != 1 {
+	st, err := readStatus(ctx, env.rdb, env.prefix, env.name)
+	if err != nil || st.Lock.Holder == nil {
 		return ""
 	}
-	env.labels.learn(owners[0], ci+1, wi+1)
-	return owners[0]
+	env.labels.learn(st.Lock.Holder.Owner, ci+1, wi+1)
+	return st.Lock.Holder.Owner
 }
 
 // record counts an acquisition with token, after waiting for waited.

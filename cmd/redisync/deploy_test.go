@@ -9,6 +9,7 @@ import (
 
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // TestCluster runs lock and status against a 3-primary Redis Cluster,
@@ -25,7 +26,7 @@ func TestCluster(t *testing.T) {
 	var names []string
 	for i := 0; len(served) < 3; i++ {
 		name := fmt.Sprintf("%s-%d", uniqueName(t), i)
-		srv := cl.PrimaryFor(t, crdb, newLockKeys("redisync", name).lock)
+		srv := cl.PrimaryFor(t, crdb, schema.LockKeys("redisync", name).Hash)
 		if !served[srv.Addr] {
 			served[srv.Addr] = true
 			names = append(names, name)
@@ -43,7 +44,7 @@ func TestCluster(t *testing.T) {
 		}
 	}
 	for _, name := range names {
-		if tk, _ := crdb.Get(ctx, newLockKeys("redisync", name).token).Int64(); tk != last[name] {
+		if tk, _ := crdb.Get(ctx, schema.LockKeys("redisync", name).Token).Int64(); tk != last[name] {
 			t.Errorf("%s: token counter %d, want the last run's %d", name, tk, last[name])
 		}
 	}
@@ -57,7 +58,7 @@ func TestCluster(t *testing.T) {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		owner := crdb.HKeys(ctx, newLockKeys("redisync", name).lock).Val()
+		owner := holdIDs(t, crdb, schema.LockKeys("redisync", name).Hash)
 		code, p := runCode(t, "", "status", "--redis", nodes[0], name)
 		if code != 0 || len(owner) != 1 || !strings.Contains(p.stdout.String(), owner[0]) {
 			t.Errorf("status %s: exit %d, stdout %q, stderr %q; want the holder %q", name, code, p.stdout.String(), p.stderr.String(), owner)
@@ -97,7 +98,7 @@ func TestSentinel(t *testing.T) {
 	if code != 0 || token == "" || p.stderr.String() != "" {
 		t.Errorf("lock: exit %d, stdout %q, stderr %q; want 0, a token and nothing on stderr", code, p.stdout.String(), p.stderr.String())
 	}
-	if tk := redistest.NewClient(t, primary.Addr).Get(ctx, newLockKeys("redisync", name).token).Val(); tk != token {
+	if tk := redistest.NewClient(t, primary.Addr).Get(ctx, schema.LockKeys("redisync", name).Token).Val(); tk != token {
 		t.Errorf("token on the primary %q, want %q", tk, token)
 	}
 	code, p = runCode(t, "", "status", "--json", "--redis", spec, name)

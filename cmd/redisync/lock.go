@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 const lockHelp = `Usage: redisync lock [flags] NAME -- CMD [ARGS...]
@@ -48,7 +48,9 @@ kills them all too. Elsewhere, CMD and its children outlive a killed
 redisync.
 
 Exit codes: CMD's own (no CMD: 0); 64 usage; 69 Redis unreachable; 70 Redis
-error; 73 taken (--no-wait); 75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
+error (among them, at once, a lock held by a version of redisync that
+stores it in another layout: see docs/upgrading.md); 73 taken (--no-wait);
+75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
 found; 128+N signal N.
 
 Examples:
@@ -221,7 +223,7 @@ func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name st
 	}
 	token := m.Token()
 	return &hold{
-		line:    fmt.Sprintf("%s %d", newLockKeys(prefix, name).lock, token),
+		line:    fmt.Sprintf("%s %d", schema.LockKeys(prefix, name).Hash, token),
 		desc:    fmt.Sprintf("lock %q (token %d)", name, token),
 		env:     []string{"REDISYNC_TOKEN=" + strconv.FormatInt(token, 10), "REDISYNC_NAME=" + name},
 		lost:    m.Lost(),

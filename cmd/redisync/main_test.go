@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,10 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
+	"go.uber.org/goleak"
 )
 
 // binary is the redisync command built for the tests by TestMain.
@@ -169,7 +171,7 @@ func holdLock(t *testing.T, name string, opts ...redisync.Option) *redisync.Mute
 // queueLen returns the number of fair waiters of the lock name.
 func queueLen(t *testing.T, name string) int64 {
 	t.Helper()
-	n, err := redistest.Client(t).ZCard(context.Background(), newLockKeys("redisync", name).queue).Result()
+	n, err := redistest.Client(t).ZCard(context.Background(), schema.LockKeys("redisync", name).Queue).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +326,7 @@ func TestInterruptWhileWaiting(t *testing.T) {
 	if n := queueLen(t, name); n != 0 {
 		t.Errorf("%d waiters left queued", n)
 	}
-	waiters, err := redistest.Client(t).HLen(context.Background(), newLockKeys("redisync", name).waiters).Result()
+	waiters, err := redistest.Client(t).HLen(context.Background(), schema.LockKeys("redisync", name).Waiters).Result()
 	if err != nil || waiters != 0 {
 		t.Errorf("waiter records left: %d, %v", waiters, err)
 	}
@@ -362,7 +364,7 @@ func TestLostLockKillsCommand(t *testing.T) {
 			p := start(t, addr, "lock", "--watchdog-lease", "300ms", "--grace", "300ms", name, "--",
 				"sh", "-c", loopScript, file, c.trap)
 			waitFor(t, "the command to start", func() bool { return fileHas(file, "ready") || p.exited() })
-			if err := rdb.Del(context.Background(), newLockKeys("redisync", name).lock).Err(); err != nil {
+			if err := rdb.Del(context.Background(), schema.LockKeys("redisync", name).Hash).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if code := p.wait(t); code != exitLost {
@@ -382,8 +384,19 @@ func TestTokenInEnvironment(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
 	code, p := runCode(t, addr, "lock", name, "--", "sh", "-c", `echo "$REDISYNC_NAME $REDISYNC_TOKEN"`)
-	token := redistest.NewClient(t, addr).Get(context.Background(), newLockKeys("redisync", name).token).Val()
+	token := redistest.NewClient(t, addr).Get(context.Background(), schema.LockKeys("redisync", name).Token).Val()
 	if want := name + " " + token; code != 0 || token == "" || strings.TrimSpace(p.stdout.String()) != want {
 		t.Errorf("exit %d, stdout %q; want %q", code, p.stdout.String(), want)
 	}
+}
+
+// holdIDs returns the hold ids in the lock hash key: its fields but the
+// layout mark.
+func holdIDs(t *testing.T, rdb redis.Cmdable, key string) []string {
+	t.Helper()
+	fields, err := rdb.HKeys(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField })
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 func TestVersion(t *testing.T) {
@@ -79,10 +80,10 @@ func TestNoWait(t *testing.T) {
 func TestHoldWithoutCommand(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
-	key := newLockKeys("redisync", name).lock
+	key := schema.LockKeys("redisync", name).Hash
 	p := start(t, addr, "lock", name)
 	waitFor(t, "the lock to be held", func() bool { return strings.Contains(p.stdout.String(), "\n") || p.exited() })
-	token := redistest.NewClient(t, addr).Get(context.Background(), newLockKeys("redisync", name).token).Val()
+	token := redistest.NewClient(t, addr).Get(context.Background(), schema.LockKeys("redisync", name).Token).Val()
 	if out := p.stdout.String(); token == "" || out != key+" "+token+"\n" {
 		t.Fatalf("stdout %q, want %q; stderr %q", out, key+" "+token+"\n", p.stderr.String())
 	}
@@ -129,7 +130,7 @@ func TestVerboseSaysWhoHolds(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
 	holdLock(t, name)
-	owner := redistest.Client(t).HKeys(context.Background(), newLockKeys("redisync", name).lock).Val()
+	owner := holdIDs(t, redistest.Client(t), schema.LockKeys("redisync", name).Hash)
 	code, p := runCode(t, addr, "lock", "--verbose", "--wait", "200ms", name, "--", "true")
 	if code != exitTimeout || len(owner) != 1 || !strings.Contains(p.stderr.String(), "is held by "+owner[0]) {
 		t.Errorf("exit %d, stderr %q; want %d and the holder %q", code, p.stderr.String(), exitTimeout, owner)

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 const semHelp = `Usage: redisync sem --limit N [--permits n] [flags] NAME -- CMD [ARGS...]
@@ -172,7 +172,7 @@ func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 		return nil, err
 	}
 	return &hold{
-		line:   fmt.Sprintf("%s %d", newSemKeys(prefix, name).holders, n),
+		line:   fmt.Sprintf("%s %d", schema.SemaphoreKeys(prefix, name).Holders, n),
 		desc:   fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
 		plural: true,
 		env:    []string{"REDISYNC_NAME=" + name, "REDISYNC_PERMITS=" + strconv.FormatInt(n, 10)},

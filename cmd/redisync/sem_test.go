@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 func TestSemLimits(t *testing.T) {
@@ -112,16 +113,16 @@ func TestSemResize(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.Client(t)
 	name := uniqueName(t)
-	key := newSemKeys("redisync", name).size
+	key := schema.SemaphoreKeys("redisync", name).Size
 	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
 		t.Fatalf("sem: exit %d, stderr %q", code, p.stderr.String())
 	}
 	code, p := runCode(t, addr, "sem", "--limit", "2", "--resize", "3", name)
-	if code != 0 || !strings.Contains(p.stdout.String(), "3 permits (was 2)") || rdb.Get(t.Context(), key).Val() != "3" {
+	if code != 0 || !strings.Contains(p.stdout.String(), "3 permits (was 2)") || rdb.Get(t.Context(), key).Val() != "3:2" { // size:layout
 		t.Fatalf("resize 2 -> 3: exit %d, stdout %q, stderr %q, stored %q", code, p.stdout.String(), p.stderr.String(), rdb.Get(t.Context(), key).Val())
 	}
 	code, p = runCode(t, addr, "sem", "--limit", "2", "--resize", "4", name)
-	if code != exitUsage || !strings.Contains(p.stderr.String(), "stored size 3") || rdb.Get(t.Context(), key).Val() != "3" {
+	if code != exitUsage || !strings.Contains(p.stderr.String(), "stored size 3") || rdb.Get(t.Context(), key).Val() != "3:2" { // size:layout
 		t.Fatalf("resize from a size that is not stored: exit %d, stderr %q; want %d and nothing changed", code, p.stderr.String(), exitUsage)
 	}
 	if code, _ := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != exitUsage {

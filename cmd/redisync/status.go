@@ -7,13 +7,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
 )
 
 const statusHelp = `Usage: redisync status [flags] NAME
@@ -22,7 +24,8 @@ Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
 waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
 its size, the permits available, the holders with their permits and
-leases, and its queue in order. Only reads Redis, in one transaction.
+leases, and its queue in order. Only reads Redis: the lock in one
+transaction, the semaphore in another.
 
 Only what exists is shown: a lock never taken is shown only if there is
 no semaphore NAME either. Plain (not --fair) waiters of a lock leave no
@@ -30,8 +33,16 @@ record in Redis: each process with waiters of the lock (plain or fair) is
 subscribed to its channel, and status counts the subscribed processes (a
 process stays subscribed for 2 s after its last waiter left).
 
+With --watch, status reads again every --interval (1s) until interrupted,
+a live view of the holder, the queue and how long each waiter has waited:
+on a terminal the table is redrawn in place; with --json, or when the
+output is not a terminal, each reading is printed after the last (JSON:
+one object per line). A reading that fails is reported and the next one
+tried.
+
 Exit codes: 0 the lock NAME or a permit of the semaphore NAME is held;
 1 neither is held (free); 64 usage; 69 Redis unreachable; 70 Redis error.
+With --watch: 0 when interrupted.
 
 Times come from the Redis server's clock. An owner id is the holder's
 label (by default "host/pid"; see redisync.WithLabel), "/", its client id
@@ -43,17 +54,18 @@ Examples:
   redisync status --redis redis://10.0.0.5:6379/2 deploy
   redisync status --json deploy | jq -r '.lock.holder.owner // "free"'
   if redisync status backup >/dev/null; then echo "a backup runs"; fi
+  redisync status --watch deploy
   redisync status --json gpus | jq '.semaphore.available'
 
 JSON (--json): {"name", "prefix", "server_time_ms",
   "lock": {"held", "holder": {"owner", "label", "count", "lease_ms",
            "token"} | null, "last_token", "queue": [{"position", "owner",
-           "label", "arrival",
+           "label", "waited_ms",
            "heartbeat_ms", "handoff_lease_ms", "alive"}],
            "subscribed_processes"},
   "semaphore": {"size", "available", "holders": [{"owner", "label",
                 "permits", "lease_ms"}], "queue": [{"position", "waiter",
-                "owner", "label", "arrival", "permits", "heartbeat_ms",
+                "owner", "label", "waited_ms", "permits", "heartbeat_ms",
                 "grant_lease_ms", "alive"}]} | null}
 lease_ms is -1 for a lock key without expiry; a semaphore holder's lease_ms
 of 0 or less means its lease ended and the next call reclaims its permits.
@@ -62,7 +74,7 @@ heartbeats is skipped (negative: overdue).
 `
 
 // Status is the state of one lock name (and semaphore of the same name),
-// as read in one transaction.
+// each read in one transaction.
 type Status struct {
 	Name         string     `json:"name"`
 	Prefix       string     `json:"prefix"`
@@ -97,18 +109,10 @@ type Waiter struct {
 	Position       int    `json:"position"`
 	Owner          string `json:"owner"`
 	Label          string `json:"label"`
-	Arrival        int64  `json:"arrival"`
+	WaitedMS       int64  `json:"waited_ms"` // since it joined the queue
 	HeartbeatMS    int64  `json:"heartbeat_ms"`
 	HandoffLeaseMS int64  `json:"handoff_lease_ms"`
 	Alive          bool   `json:"alive"`
-}
-
-// lockKeys are the keys of the lock name under prefix, as in mutex.go.
-type lockKeys struct{ lock, token, queue, waiters, channel string }
-
-func newLockKeys(prefix, name string) lockKeys {
-	base := prefix + ":lock:{" + name + "}"
-	return lockKeys{base, base + ":token", base + ":queue", base + ":waiters", base + ":ch"}
 }
 
 func runStatus(args []string) int {
@@ -116,6 +120,8 @@ func runStatus(args []string) int {
 	redisURL := redisFlag(fs)
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	watch := fs.Bool("watch", false, "read again every --interval until interrupted: a live view")
+	interval := durationFlag(fs, "interval", time.Second, "how often --watch reads (`duration`)")
 	p, err := parseArgs(fs, statusHelp, args)
 	if errors.Is(err, errHelp) {
 		return exitOK
@@ -126,6 +132,8 @@ func runStatus(args []string) int {
 		err = errors.New("want exactly one NAME")
 	case checkPrefix(*prefix) != nil:
 		err = checkPrefix(*prefix)
+	case *interval < 10*time.Millisecond:
+		err = fmt.Errorf("--interval %v is shorter than 10ms", *interval)
 	default:
 		err = checkName(p.pos[0])
 	}
@@ -140,11 +148,14 @@ func runStatus(args []string) int {
 		return connectExit(err)
 	}
 	defer func() { _ = rdb.Close() }()
+	if *watch {
+		return watchStatus(rdb, *prefix, name, *interval, *asJSON)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	st, err := readStatus(ctx, rdb, *prefix, name)
 	if err != nil {
-		return errorf(errorCode(err), "cannot read the status of %q: %v", name, err)
+		return errorf(errorCode(err), "%v", trimPrefix(err))
 	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
@@ -159,6 +170,48 @@ func runStatus(args []string) int {
 		return exitFree
 	}
 	return exitOK
+}
+
+// watchStatus reads the status every interval until SIGINT or SIGTERM,
+// and exits 0 then. On a terminal it redraws the table in place; else
+// (and with --json, one compact object per line) it prints each reading
+// after the last. A failed reading is reported and the next one tried:
+// an operator's view outlives a Redis restart.
+func watchStatus(rdb redis.UniversalClient, prefix, name string, interval time.Duration, asJSON bool) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	_, redraw := terminalWidth(os.Stdout)
+	redraw = redraw && !asJSON && os.Getenv("TERM") != "dumb"
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
+		st, err := readStatus(rctx, rdb, prefix, name)
+		cancel()
+		var b strings.Builder
+		switch {
+		case ctx.Err() != nil:
+			return exitOK
+		case err != nil:
+			fmt.Fprintf(&b, "%s  cannot read the status of %q: %v\n", time.Now().Format(time.TimeOnly), name, err)
+		case asJSON:
+			_ = json.NewEncoder(&b).Encode(st)
+		default:
+			fmt.Fprintf(&b, "%s  every %v (Ctrl-C to stop)\n", time.UnixMilli(st.ServerTimeMS).Format(time.TimeOnly), interval)
+			st.print(&b)
+		}
+		if redraw {
+			fmt.Fprint(os.Stdout, "\x1b[H\x1b[2J") // to the top left, and clear
+		} else if !asJSON {
+			b.WriteString("\n")
+		}
+		fmt.Fprint(os.Stdout, b.String())
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-tick.C:
+		}
+	}
 }
 
 // held reports whether the lock or any permit of the semaphore is held
@@ -177,128 +230,43 @@ func (st *Status) held() bool {
 	return false
 }
 
-// readStatus reads the lock name and the semaphore of that name in one
-// MULTI/EXEC transaction, so that holders, tokens and queues are seen at
-// one instant. It only reads. A key of another type than redisync uses
-// is an error that names the keys.
-func readStatus(ctx context.Context, rdb redis.Cmdable, prefix, name string) (*Status, error) {
-	k := newLockKeys(prefix, name)
-	var (
-		owners  *redis.MapStringStringCmd
-		pttl    *redis.DurationCmd
-		token   *redis.StringCmd
-		queue   *redis.ZSliceCmd
-		waiters *redis.MapStringStringCmd
-		now     *redis.TimeCmd
-		subs    []*redis.MapStringIntCmd
-		sem     func(nowMS int64) (*SemStatus, error)
-	)
-	_, cluster := rdb.(*redis.ClusterClient)
-	cmds, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		owners = p.HGetAll(ctx, k.lock)
-		pttl = p.PTTL(ctx, k.lock)
-		token = p.Get(ctx, k.token)
-		queue = p.ZRangeWithScores(ctx, k.queue, 0, -1)
-		waiters = p.HGetAll(ctx, k.waiters)
-		now = p.Time(ctx)
-		subs = append(subs, p.PubSubNumSub(ctx, k.channel))
-		if cluster { // waiters subscribe with SSUBSCRIBE there, by default
-			subs = append(subs, p.PubSubShardNumSub(ctx, k.channel))
-		}
-		sem = readSemaphore(ctx, p, prefix, name)
-		return nil
-	})
-	// The transaction's error is its first command's error, and GET of
-	// a lock never taken is redis.Nil: look at every command.
-	for _, c := range cmds {
-		if cerr := c.Err(); cerr != nil && !errors.Is(cerr, redis.Nil) {
-			return nil, keyError(cerr, prefix, name)
-		}
-	}
-	if err != nil && !errors.Is(err, redis.Nil) {
+// readStatus reads the lock name and the semaphore of that name through
+// redisync's introspection (Client.InspectLock and InspectSemaphore): each
+// is read in one transaction, at one instant. It only reads. A key of
+// another type than redisync uses is an error.
+func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name string) (*Status, error) {
+	c := redisync.New(rdb, redisync.WithKeyPrefix(prefix))
+	defer func() { _ = c.Close() }()
+	l, err := c.InspectLock(ctx, name)
+	if err != nil {
 		return nil, err
 	}
-	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: now.Val().UnixMilli()}
-	if v := token.Val(); v != "" {
-		if st.Lock.LastToken, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return nil, fmt.Errorf("the fencing token key %s holds %q, not a counter", k.token, v)
-		}
-	}
-	if len(owners.Val()) > 0 {
-		st.Lock.Held = true
-		st.Lock.Holder = &Holder{
-			Owner:   firstKey(owners.Val()),
-			Label:   labelOf(firstKey(owners.Val())),
-			LeaseMS: ttlMS(pttl.Val()),
-			Token:   st.Lock.LastToken, // every new hold mints the next token
-		}
-		st.Lock.Holder.Count, _ = strconv.ParseInt(owners.Val()[st.Lock.Holder.Owner], 10, 64)
-	}
-	for _, c := range subs {
-		st.Lock.SubscribedProcesses += c.Val()[k.channel]
-	}
-	st.Lock.Queue = []Waiter{}
-	for i, z := range queue.Val() {
-		w := Waiter{Position: i + 1, Owner: fmt.Sprint(z.Member), Arrival: int64(z.Score)}
-		w.Label = labelOf(w.Owner)
-		if deadline, handoff, ok := parseWaiter(waiters.Val()[w.Owner]); ok {
-			w.HeartbeatMS = deadline - st.ServerTimeMS
-			w.HandoffLeaseMS = handoff
-			w.Alive = w.HeartbeatMS >= 0
-		}
-		st.Lock.Queue = append(st.Lock.Queue, w)
-	}
-	if st.Semaphore, err = sem(st.ServerTimeMS); err != nil {
+	s, err := c.InspectSemaphore(ctx, name)
+	if err != nil {
 		return nil, err
+	}
+	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: l.ServerTime.UnixMilli(), Lock: LockStatus{
+		Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers}}
+	if h := l.Holder; h != nil {
+		st.Lock.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token}
+	}
+	for i, w := range l.Queue {
+		st.Lock.Queue = append(st.Lock.Queue, Waiter{Position: i + 1, Owner: w.ID, Label: w.Label,
+			WaitedMS: w.Waited.Milliseconds(), HeartbeatMS: w.Heartbeat.Milliseconds(),
+			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive})
+	}
+	if !s.Empty() {
+		st.Semaphore = semaphoreStatus(s)
 	}
 	return st, nil
 }
 
-// keyError explains a WRONGTYPE error from a read of the keys of name.
-func keyError(err error, prefix, name string) error {
-	if strings.HasPrefix(err.Error(), "WRONGTYPE") {
-		return fmt.Errorf("a key %s:*:{%s}* holds a value of another type than redisync uses: %w", prefix, name, err)
-	}
-	return err
-}
-
-// parseWaiter splits a waiter record "deadlineMs:handoffMs".
-func parseWaiter(rec string) (deadline, handoff int64, ok bool) {
-	a, b, found := strings.Cut(rec, ":")
-	d, err1 := strconv.ParseInt(a, 10, 64)
-	h, err2 := strconv.ParseInt(b, 10, 64)
-	return d, h, found && err1 == nil && err2 == nil
-}
-
-// ttlMS converts a PTTL reply to ms: -1 for no expiry, 0 for gone.
-func ttlMS(d time.Duration) int64 {
-	switch {
-	case d == -1:
+// leaseMS converts a remaining lease to ms: -1 for no expiry.
+func leaseMS(d time.Duration) int64 {
+	if d < 0 {
 		return -1
-	case d < 0:
-		return 0
 	}
 	return d.Milliseconds()
-}
-
-// labelOf returns the label that starts an owner id ("label/client-n"),
-// or "" for an id without one.
-func labelOf(owner string) string {
-	i := strings.LastIndexByte(owner, '/')
-	if i < 0 {
-		return ""
-	}
-	return owner[:i]
-}
-
-// firstKey returns the smallest key of m (a lock hash has one).
-func firstKey(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys[0]
 }
 
 // print writes st for people: the lock, unless it has no key and the
@@ -327,9 +295,9 @@ func (st *Status) print(out io.Writer) {
 		field(out, "queue", "empty")
 	} else {
 		field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(l.Queue)))
-		rows := [][]string{{"#", "owner", "arrival", "heartbeat due", "hand-off lease"}}
+		rows := [][]string{{"#", "owner", "waiting for", "heartbeat due", "hand-off lease"}}
 		for _, w := range l.Queue {
-			rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, strconv.FormatInt(w.Arrival, 10), heartbeatText(w), ms(w.HandoffLeaseMS)})
+			rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, ms(w.WaitedMS), heartbeatText(w), ms(w.HandoffLeaseMS)})
 		}
 		table(out, rows)
 	}

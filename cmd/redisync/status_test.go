@@ -11,6 +11,7 @@ import (
 
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 func TestStatus(t *testing.T) {
@@ -18,7 +19,7 @@ func TestStatus(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := context.Background()
 	name := uniqueName(t)
-	keys := newLockKeys("redisync", name)
+	keys := schema.LockKeys("redisync", name)
 
 	// A free lock.
 	code, p := runCode(t, addr, "status", "--json", name)
@@ -32,7 +33,7 @@ func TestStatus(t *testing.T) {
 
 	// Held by the test, two redisync processes queued behind it in order.
 	m := holdLock(t, name, redisync.Fair())
-	holder, err := rdb.HKeys(ctx, keys.lock).Result()
+	holder, err := holdIDs(t, rdb, keys.Hash), error(nil)
 	if err != nil || len(holder) != 1 {
 		t.Fatalf("lock hash fields %q, %v", holder, err)
 	}
@@ -41,14 +42,14 @@ func TestStatus(t *testing.T) {
 		waiters = append(waiters, start(t, addr, "lock", "--fair", name, "--", "true"))
 		waitFor(t, "waiter "+strconv.Itoa(i+1)+" to queue", func() bool { return queueLen(t, name) == int64(i+1) })
 	}
-	queue, err := rdb.ZRange(ctx, keys.queue, 0, -1).Result()
+	queue, err := rdb.ZRange(ctx, keys.Queue, 0, -1).Result()
 	if err != nil || len(queue) != 2 {
 		t.Fatalf("queue %q, %v", queue, err)
 	}
 	// And a plain one, which leaves no record: its process is subscribed.
 	waiters = append(waiters, start(t, addr, "lock", name, "--", "true"))
 	waitFor(t, "the plain waiter to subscribe", func() bool {
-		return rdb.PubSubNumSub(ctx, keys.channel).Val()[keys.channel] == 3
+		return rdb.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 3
 	})
 
 	code, p = runCode(t, addr, "status", "--json", name)
@@ -77,9 +78,13 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("queue %+v and %d waiting processes, want 2 fair waiters and 3 processes", st.Lock.Queue, st.Lock.SubscribedProcesses)
 	}
 	for i, w := range st.Lock.Queue {
-		if w.Position != i+1 || w.Owner != queue[i] || !w.Alive || w.HeartbeatMS <= 0 || w.HeartbeatMS > 3000 {
-			t.Errorf("waiter %d: %+v, want owner %s, alive, heartbeat due within 3s", i+1, w, queue[i])
+		if w.Position != i+1 || w.Owner != queue[i] || !w.Alive || w.HeartbeatMS <= 0 || w.HeartbeatMS > 3000 ||
+			w.WaitedMS < 0 || w.WaitedMS > 60000 {
+			t.Errorf("waiter %d: %+v, want owner %s, alive, heartbeat due within 3s, waiting less than a minute", i+1, w, queue[i])
 		}
+	}
+	if q := st.Lock.Queue; len(q) == 2 && q[0].WaitedMS < q[1].WaitedMS {
+		t.Errorf("the first waiter waited %d ms, less than the second's %d", q[0].WaitedMS, q[1].WaitedMS)
 	}
 
 	code, p = runCode(t, addr, "status", name)
@@ -103,13 +108,47 @@ func TestStatus(t *testing.T) {
 func TestStatusWrongType(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
-	rdb, queue := redistest.Client(t), newLockKeys("redisync", name).queue
+	rdb, queue := redistest.Client(t), schema.LockKeys("redisync", name).Queue
 	if err := rdb.Set(context.Background(), queue, "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rdb.Del(context.Background(), queue) })
 	code, p := runCode(t, addr, "status", name)
-	if code != exitSoftware || !strings.Contains(p.stderr.String(), "another type") {
+	if code != exitSoftware || !strings.Contains(p.stderr.String(), queue+" holds another type") {
 		t.Errorf("exit %d, stderr %q; want %d", code, p.stderr.String(), exitSoftware)
+	}
+}
+
+// Issue 17, point 3: status --watch is a live view that reads again and
+// again, until interrupted.
+func TestStatusWatch(t *testing.T) {
+	addr := redistest.Addr(t)
+	name := uniqueName(t)
+	p := start(t, addr, "status", "--watch", "--json", "--interval", "20ms", name)
+	readings := func() []Status {
+		var out []Status
+		for _, line := range strings.Split(p.stdout.String(), "\n") {
+			var st Status
+			if json.Unmarshal([]byte(line), &st) == nil && st.Name == name {
+				out = append(out, st)
+			}
+		}
+		return out
+	}
+	waitFor(t, "two readings of the free lock", func() bool { return len(readings()) >= 2 })
+	if st := readings()[0]; st.Lock.Held {
+		t.Fatalf("first reading %+v, want the lock free", st)
+	}
+	m := holdLock(t, name)
+	waitFor(t, "a reading with the lock held", func() bool {
+		r := readings()
+		last := r[len(r)-1]
+		return last.Lock.Held && last.Lock.Holder.Token == m.Token()
+	})
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != exitOK {
+		t.Errorf("exit %d after SIGINT, stderr %q", code, p.stderr.String())
 	}
 }

@@ -1,0 +1,231 @@
+// Package schema is the one definition of what redisync stores in Redis:
+// the names of every key and channel of a lock and of a semaphore, the
+// hash tag that keeps them in one Redis Cluster slot, the slot itself, and
+// the formats of the records the scripts write. The library, the command
+// line and the benchmark all name keys through it; the Lua scripts in
+// scripts/ read and write the same records (each script's header says
+// which keys it takes, in the order of the Keys methods here).
+package schema
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Layout is the version of the stored layout: of the keys below and the
+// records in them. It changes whenever a change to either could make an
+// older or newer redisync misread the state; LAYOUT in scripts/lib.lua is
+// the same number. A lock's hash carries it in the field LayoutField, a
+// semaphore's size record after the size. State without it was written by
+// layout 1, before layouts were numbered.
+const Layout = 2
+
+// LayoutField is the field of a lock's hash that holds its layout. No hold
+// id can be it (a label has no braces) nor any hand-off handle.
+const LayoutField = "{layout}"
+
+// DefaultPrefix is the prefix of every key and channel unless one is set.
+const DefaultPrefix = "redisync"
+
+// ValidPrefix reports whether p can prefix keys: it must be non-empty and
+// hold no brace, which would change the keys' hash tag.
+func ValidPrefix(p string) bool {
+	return p != "" && !strings.ContainsAny(p, "{}")
+}
+
+// base returns the name of a primitive's main key, "prefix:kind:{name}";
+// every other key of it starts with it. The name is the hash tag.
+func base(prefix, kind, name string) string {
+	return prefix + ":" + kind + ":{" + name + "}"
+}
+
+// Lock is the keys and channel of one lock.
+type Lock struct {
+	// Hash is the lock: a hash of hold id -> hold count, and LayoutField
+	// -> Layout, with the lease as the key's TTL. It exists exactly while
+	// the lock is held.
+	Hash string
+	// Token is the last fencing token issued (a decimal integer): the
+	// holder's while the lock is held (it lives as long as the hold's
+	// lease), and kept an hour after the last hold was taken.
+	Token string
+	// Queue is the fair queue: a zset of ticket -> the server time in µs
+	// when it joined, made larger than the last member's so that the
+	// order is the order of arrival (scripts/lib.lua, join_queue).
+	Queue string
+	// Waiters holds the fair waiters' records: a hash of ticket -> a
+	// LockWaiter record.
+	Waiters string
+	// Withdrawn is a zset of tickets withdrawn with an unknown outcome ->
+	// the server time of the withdrawal in ms, pruned after 2 minutes.
+	Withdrawn string
+	// Channel is where releases and hand-offs are published.
+	Channel string
+}
+
+// LockKeys returns the keys of the lock called name under prefix.
+func LockKeys(prefix, name string) Lock {
+	b := base(prefix, "lock", name)
+	return Lock{Hash: b, Token: b + ":token", Queue: b + ":queue",
+		Waiters: b + ":waiters", Withdrawn: b + ":withdrawn", Channel: b + ":ch"}
+}
+
+// Tombstone returns the key that remembers, for a few seconds, that the
+// hold id was released, so that a late copy of the call that took it
+// takes nothing.
+func (k Lock) Tombstone(id string) string { return k.Hash + ":released:" + id }
+
+// LockWaiter is a fair waiter's record, stored as "deadline:handoff".
+type LockWaiter struct {
+	Deadline int64 // server time in ms by which it must heartbeat again
+	Handoff  int64 // the lease in ms of a hold handed to it
+}
+
+// ParseLockWaiter decodes a fair waiter's record.
+func ParseLockWaiter(rec string) (LockWaiter, bool) {
+	f, ok := ints(rec, 2)
+	if !ok {
+		return LockWaiter{}, false
+	}
+	return LockWaiter{Deadline: f[0], Handoff: f[1]}, true
+}
+
+// ParseSemSize decodes a semaphore's size record, "size:layout" (or
+// "size", written by layout 1), into the size and its layout.
+func ParseSemSize(rec string) (size int64, layout int, ok bool) {
+	n, l, found := strings.Cut(rec, ":")
+	size, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || size < 0 {
+		return 0, 0, false
+	}
+	if !found {
+		return size, 1, true
+	}
+	v, err := strconv.Atoi(l)
+	return size, v, err == nil
+}
+
+// Semaphore is the keys and channel of one semaphore.
+type Semaphore struct {
+	// Holders is a hash of holder id -> a SemHolder record.
+	Holders string
+	// Expiry is a zset of holder id -> the end of its lease, in ms by
+	// the server clock; a holder whose lease ended is reclaimed by the
+	// next script call.
+	Expiry string
+	// Size is the semaphore's size record (ParseSemSize), stored while it
+	// is in use and an hour after the last Acquire.
+	Size string
+	// Queue is a zset of waiter id ("holder id#call number") -> the server
+	// time in µs when it joined, as a lock's queue.
+	Queue string
+	// Waiters holds the waiters' records: a hash of waiter id -> a
+	// SemWaiter record.
+	Waiters string
+	// Released is a zset of holder ids whose holding a release ended ->
+	// the server time in ms, kept 10 s, so that a late copy of a call of
+	// an ended holding takes nothing.
+	Released string
+	// Withdrawn is a zset of waiter ids withdrawn with an unknown outcome,
+	// as a lock's.
+	Withdrawn string
+	// Channel is where grants are published.
+	Channel string
+}
+
+// SemaphoreKeys returns the keys of the semaphore called name under prefix.
+func SemaphoreKeys(prefix, name string) Semaphore {
+	b := base(prefix, "sem", name)
+	return Semaphore{Holders: b, Expiry: b + ":expiry", Size: b + ":size", Queue: b + ":queue",
+		Waiters: b + ":waiters", Released: b + ":released", Withdrawn: b + ":withdrawn", Channel: b + ":ch"}
+}
+
+// SemHolder is a semaphore holder's record, stored as "permits:seq".
+type SemHolder struct {
+	Permits int64 // permits held
+	Seq     int64 // the highest call number of the holder applied
+}
+
+// ParseSemHolder decodes a semaphore holder's record.
+func ParseSemHolder(rec string) (SemHolder, bool) {
+	f, ok := ints(rec, 2)
+	if !ok {
+		return SemHolder{}, false
+	}
+	return SemHolder{Permits: f[0], Seq: f[1]}, true
+}
+
+// SemWaiter is a semaphore waiter's record, stored as
+// "deadline:grant:permits:seq".
+type SemWaiter struct {
+	Deadline int64 // server time in ms by which it must heartbeat again
+	Grant    int64 // the lease in ms of permits granted to it
+	Permits  int64 // permits wanted
+	Seq      int64 // the call number of the attempt that queued it
+}
+
+// ParseSemWaiter decodes a semaphore waiter's record.
+func ParseSemWaiter(rec string) (SemWaiter, bool) {
+	f, ok := ints(rec, 4)
+	if !ok {
+		return SemWaiter{}, false
+	}
+	return SemWaiter{Deadline: f[0], Grant: f[1], Permits: f[2], Seq: f[3]}, true
+}
+
+// ints splits a record of n decimal integers separated by ':'.
+func ints(rec string, n int) ([]int64, bool) {
+	parts := strings.Split(rec, ":")
+	if len(parts) != n {
+		return nil, false
+	}
+	f := make([]int64, n)
+	for i, p := range parts {
+		v, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		f[i] = v
+	}
+	return f, true
+}
+
+// HandoffPrefix starts every hand-off handle: the hold id under which a
+// hold waits, in the lock's hash, for the process it is handed to. No hold
+// id starts with '{'.
+const HandoffPrefix = "{handoff}"
+
+// Label returns the label that starts a hold id ("label/client-n") or a
+// hand-off handle, or "" for an id without one. A semaphore waiter id's
+// label is its holder id's.
+func Label(id string) string {
+	id = strings.TrimPrefix(id, HandoffPrefix)
+	i := strings.LastIndexByte(id, '/')
+	if i < 0 {
+		return ""
+	}
+	return id[:i]
+}
+
+// Slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the
+// key's hash tag (the part between the first '{' and the next '}', when
+// not empty) or of the whole key, modulo 16384.
+func Slot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}

@@ -1,0 +1,74 @@
+package schema
+
+import "testing"
+
+func TestSlotMatchesRedisCluster(t *testing.T) {
+	// Slots as CLUSTER KEYSLOT reports them.
+	for key, want := range map[string]uint16{
+		"123456789":            12739, // the CRC16/XMODEM check value 0x31C3 mod 16384
+		"foo":                  12182,
+		"{user1000}.following": 3443,
+		"{user1000}.followers": 3443,
+		"foo{}{bar}":           8363, // an empty tag: the whole key
+		"foo{{bar}}zap":        4015, // the tag is "{bar"
+		"redisync:lock:{a}:ch": 15495,
+		"redisync:lock:{a}":    15495,
+	} {
+		if got := Slot(key); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
+
+func TestKeysShareTheNameAsHashTag(t *testing.T) {
+	l := LockKeys("p", "a:b")
+	s := SemaphoreKeys("p", "a:b")
+	keys := []string{l.Hash, l.Token, l.Queue, l.Waiters, l.Withdrawn, l.Channel, l.Tombstone("x/y-1"),
+		s.Holders, s.Expiry, s.Size, s.Queue, s.Waiters, s.Released, s.Withdrawn, s.Channel}
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if Slot(k) != Slot("{a:b}") {
+			t.Errorf("%s is in slot %d, not the name's %d", k, Slot(k), Slot("{a:b}"))
+		}
+		if seen[k] {
+			t.Errorf("%s named twice", k)
+		}
+		seen[k] = true
+	}
+	if l.Hash != "p:lock:{a:b}" || s.Holders != "p:sem:{a:b}" || l.Channel != "p:lock:{a:b}:ch" {
+		t.Errorf("layout changed: %q %q %q", l.Hash, s.Holders, l.Channel)
+	}
+}
+
+func TestParseRecords(t *testing.T) {
+	if w, ok := ParseLockWaiter("1700000000000:3000"); !ok || w != (LockWaiter{1700000000000, 3000}) {
+		t.Errorf("ParseLockWaiter = %+v, %v", w, ok)
+	}
+	if h, ok := ParseSemHolder("3:17"); !ok || h != (SemHolder{3, 17}) {
+		t.Errorf("ParseSemHolder = %+v, %v", h, ok)
+	}
+	if w, ok := ParseSemWaiter("5:3000:2:9"); !ok || w != (SemWaiter{5, 3000, 2, 9}) {
+		t.Errorf("ParseSemWaiter = %+v, %v", w, ok)
+	}
+	for _, bad := range []string{"", "1", "1:2:3", "a:2", "1:", ":1", "1:2x"} {
+		if _, ok := ParseLockWaiter(bad); ok {
+			t.Errorf("ParseLockWaiter(%q) accepted", bad)
+		}
+	}
+	if _, ok := ParseSemWaiter("1:2:3"); ok {
+		t.Error("ParseSemWaiter accepted 3 fields")
+	}
+}
+
+func TestLabelAndPrefix(t *testing.T) {
+	for id, want := range map[string]string{"web-1/42/uuid-7": "web-1/42", "uuid-7": "", "a/b-1#3": "a", HandoffPrefix + "web-1/uuid-2": "web-1"} {
+		if got := Label(id); got != want {
+			t.Errorf("Label(%q) = %q, want %q", id, got, want)
+		}
+	}
+	for p, want := range map[string]bool{"redisync": true, "": false, "a{b": false, "a}": false, "x:y": true} {
+		if ValidPrefix(p) != want {
+			t.Errorf("ValidPrefix(%q) = %v", p, !want)
+		}
+	}
+}

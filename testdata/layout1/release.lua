@@ -1,0 +1,60 @@
+-- release.lua: release a hold; or withdraw a call from the fair queue,
+-- giving back the lock if it was handed to the call meanwhile.
+--
+-- KEYS[1] lock hash, KEYS[2] fencing token counter, KEYS[3] queue,
+-- KEYS[4] waiters, KEYS[5] tombstone: a short-lived string holding the token
+--         of the hold's release, so that a retried release knows it applied,
+-- KEYS[6] withdrawn tickets (see lib.lua, mark_withdrawn)
+-- ARGV[1] hold id: the ticket of the call that took the hold, or of the
+--         call that withdraws
+-- ARGV[2] token of the hold (0 when unknown: no tombstone)
+-- ARGV[3] tombstone TTL in ms
+-- ARGV[4] channel, ARGV[5] publish command (PUBLISH or SPUBLISH)
+-- ARGV[6] mode: "release"; or "withdraw": the call that owns the ticket
+--         gives up; it leaves the queue, and the ticket is refused from now
+--         on, so that a copy of one of its calls still on its way (a stalled
+--         connection, a retry by the client library) takes nothing
+--
+-- A hold is released whatever its count (the count of levels is kept by
+-- the holder). The lock is handed to the first live fair waiter (who is
+-- told by a message "ticket:token"), or deleted and an empty message
+-- published so that one waiter per process tries again.
+--
+-- Reply: 1 released (now or in an earlier try of this call)
+--        0 not held by the hold id
+local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, mytoken, mode = ARGV[1], tonumber(ARGV[2]), ARGV[6]
+
+-- Read every key that may be written before the first write: a key of the
+-- wrong type fails the script here. (SET on the tombstone replaces any
+-- type.)
+local count = hold_count(lock, id)
+check_counter(token)
+local queued = redis.call('ZCARD', queue)
+if queued > 0 or mode == 'withdraw' then
+  redis.call('HLEN', waiters)
+end
+if mode == 'withdraw' then
+  redis.call('ZCARD', gone)
+end
+
+if mode == 'withdraw' then
+  redis.call('ZREM', queue, id)
+  redis.call('HDEL', waiters, id)
+  mark_withdrawn(gone, id)
+end
+if count == 0 then
+  if mytoken > 0 and redis.call('GET', tomb) == ARGV[2] then
+    return 1
+  end
+  return 0
+end
+
+redis.call('DEL', lock)
+if mytoken > 0 then
+  redis.call('SET', tomb, ARGV[2], 'PX', tonumber(ARGV[3]))
+end
+if queued == 0 or not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil) then
+  redis.call(ARGV[5], ARGV[4], '')
+end
+return 1
