@@ -164,7 +164,7 @@ func equalCounts(a, b map[Outcome]int) bool {
 func TestObserverHoldEvents(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c := New(rdb, WithObserver(rec), WithWatchdogLease(30*time.Millisecond))
+	c := New(rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
 	defer c.Close()
 	m := c.NewMutex("hold")
 	if err := m.Lock(ctx); err != nil {
@@ -181,7 +181,7 @@ func TestObserverHoldEvents(t *testing.T) {
 	mr.Del("redisync:lock:{hold}")
 	select {
 	case <-lost:
-	case <-time.After(5 * time.Second):
+	case <-time.After(5 * time.Second): // the next renewal finds it gone
 		t.Fatal("Lost not closed")
 	}
 	_, _ = m.TTL(ctx)                                       // finds it gone again
@@ -221,7 +221,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
 	rec.gate.Lock()
-	c := newClient(t, rdb, WithObserver(rec), WithWatchdogLease(30*time.Millisecond))
+	c := newClient(t, rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
 	m := c.NewMutex("blocked", Fair())
 	for range 5 {
 		if err := m.Lock(ctx); err != nil {
@@ -276,8 +276,7 @@ func TestLoggerWarnings(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	rec := &recorder{}
-	a := New(rdb, WithLogger(log), WithObserver(rec), WithWatchdogLease(300*time.Millisecond), WithHeartbeat(30*time.Millisecond))
+	a := New(rdb, WithLogger(log), WithWatchdogLease(300*time.Millisecond), WithHeartbeat(30*time.Millisecond))
 	defer a.Close()
 	m := a.NewMutex("logged", Fair())
 	for range 3 {
@@ -300,9 +299,17 @@ func TestLoggerWarnings(t *testing.T) {
 	done := make(chan error, 1)
 	w := a.NewMutex("logged", Fair())
 	go func() { done <- w.Lock(ctx) }()
-	// Its first heartbeat (due 10 ms after it sleeps; the hold's renewal
-	// is due after 100 ms) says it sleeps.
-	eventually(t, 5*time.Second, "the waiter to sleep", func() bool { return len(rec.kinds(KindRenewal)) > 0 })
+	// Its heartbeat is registered once it sleeps, after its last attempt.
+	eventually(t, 5*time.Second, "the waiter to sleep", func() bool {
+		a.wd.mu.Lock()
+		defer a.wd.mu.Unlock()
+		for e := range a.wd.entries {
+			if e.kind == "wait" {
+				return true
+			}
+		}
+		return false
+	})
 	lost := m.Lost()
 	mr.Del("redisync:lock:{logged}")
 	if err := <-done; err != nil {
