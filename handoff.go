@@ -107,7 +107,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
 	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Withdrawn}
-	args := []any{"take", handle, l.ticket, m.lease().Milliseconds()}
+	args := []any{"take", handle, l.ticket, m.lease().Milliseconds(), m.cfg.metadata}
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, handoffScript, keys, args, granted)

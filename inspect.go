@@ -50,6 +50,8 @@ type LockHolder struct {
 	// renews it; negative when the key has no expiry (not redisync's doing).
 	Lease time.Duration
 	Token int64 // the hold's fencing token
+	// Metadata is what the holder stored with its hold (WithMetadata).
+	Metadata string
 }
 
 // LockWaiter is a fair waiter of a lock: one blocked Lock call.
@@ -67,6 +69,8 @@ type LockWaiter struct {
 	// Alive reports whether the next hand-off would serve it: false when
 	// its heartbeat is overdue or it has no record (it will be skipped).
 	Alive bool
+	// Metadata is what a hold handed to it will store (WithMetadata).
+	Metadata string
 }
 
 // SemaphoreState is the state of a semaphore as InspectSemaphore read it,
@@ -161,7 +165,9 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 		}
 	}
 	fields := owners.Val()
+	meta := fields[schema.MetaField]
 	delete(fields, schema.LayoutField)
+	delete(fields, schema.MetaField)
 	if len(fields) > 1 {
 		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " holds more than one hold"})
 	}
@@ -170,7 +176,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 		if err != nil || n < 1 {
 			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a hold count for " + id})
 		}
-		st.Holder = &LockHolder{ID: id, Label: schema.Label(id), Count: n, Lease: pttl.Val(), Token: st.LastToken}
+		st.Holder = &LockHolder{ID: id, Label: schema.Label(id), Count: n, Lease: pttl.Val(), Token: st.LastToken, Metadata: meta}
 	}
 	nowUS := st.ServerTime.UnixMicro()
 	for _, z := range queue.Val() {
@@ -180,6 +186,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 			w.Heartbeat = msUntil(rec.Deadline, st.ServerTime)
 			w.HandoffLease = time.Duration(rec.Handoff) * time.Millisecond
 			w.Alive = w.Heartbeat >= 0
+			w.Metadata = rec.Metadata
 		}
 		st.Queue = append(st.Queue, w)
 	}

@@ -341,7 +341,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	// abandoned call leaves running while the call's fields change.
 	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Queue, m.keys.Waiters, m.keys.Withdrawn, m.keys.Tombstone(l.ticket)}
 	args := []any{l.ticket, m.lease().Milliseconds(), l.mode, m.cfg.heartbeat.Milliseconds(),
-		m.handoffLease().Milliseconds(), m.keys.Channel, m.c.publish, flag(l.queued)}
+		m.handoffLease().Milliseconds(), m.keys.Channel, m.c.publish, flag(l.queued), m.cfg.metadata}
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquireScript, keys, args, granted)
 	}, l.late(l.ticket))

@@ -38,6 +38,7 @@ type config struct {
 	replicaTimeout time.Duration
 	node           time.Duration // Redlock: per-node timeout; 0: the default
 	label          string        // the start of every hold id (WithLabel)
+	metadata       string        // stored with every hold of a Mutex (WithMetadata)
 	obs            Observer      // WithObserver (an option of New)
 	log            *slog.Logger  // WithLogger (an option of New)
 	err            error         // the first invalid option
@@ -236,6 +237,30 @@ func WithLabel(label string) Option {
 			return
 		}
 		cfg.label = label
+	}
+}
+
+// MaxMetadataLen is the longest metadata accepted by WithMetadata, in bytes.
+const MaxMetadataLen = 1024
+
+// WithMetadata stores meta with every hold of a Mutex (and of a RedMutex,
+// on each node): whatever tells people or programs more about the holder
+// than its label, such as a job id or the version that runs. Anyone can
+// read it with Client.InspectLock (LockHolder.Metadata) and see it in
+// redisync status; a fair waiter carries it in its place in the queue, so
+// that a hand-off stores it too, and Accept stores the taker's. It is at
+// most MaxMetadataLen bytes (ErrInvalidOption otherwise), of any content.
+// A Semaphore does not store it.
+//
+// The default is none. It costs no call; it adds its length to each
+// acquisition's request.
+func WithMetadata(meta string) Option {
+	return func(cfg *config) {
+		if len(meta) > MaxMetadataLen {
+			cfg.invalid("metadata of %d bytes is longer than %d", len(meta), MaxMetadataLen)
+			return
+		}
+		cfg.metadata = meta
 	}
 }
 

@@ -17,7 +17,7 @@ func writeCharts(dir string, results []result) error {
 	charts := map[string]lineChart{}
 	for _, sc := range scenarioNames(results) {
 		last := headline(results, sc)
-		if len(last) == 0 {
+		if len(last) == 0 || sc == floorScenario {
 			continue
 		}
 		charts["wait-"+sc+".svg"] = latencyChart(sc, last)

@@ -4,22 +4,9 @@ import (
 	"slices"
 	"testing"
 	"time"
-)
 
-func TestSlotOf(t *testing.T) {
-	for key, want := range map[string]int{
-		"foo":                  12182,
-		"hello":                866,
-		"{foo}:bar":            12182,
-		"x:{hello}":            866,
-		"redisync:lock:{foo}":  12182,
-		"rueidislock:0:{foo}x": 12182,
-	} {
-		if got := slotOf(key); got != want {
-			t.Errorf("slotOf(%q) = %d, want %d", key, got, want)
-		}
-	}
-}
+	"github.com/redisync/redisync/internal/schema"
+)
 
 func TestLockNamesOnePerPrimary(t *testing.T) {
 	// Three primaries with redis-cli's even split of the slots.
@@ -37,7 +24,7 @@ func TestLockNamesOnePerPrimary(t *testing.T) {
 			continue
 		}
 		for k, name := range names {
-			if got := c.owner[slotOf(lib.redisKey(name))]; got != k%3 {
+			if got := c.owner[schema.Slot(lib.redisKey(name))]; got != k%3 {
 				t.Errorf("%s: lock %d (%s) is on primary %d, want %d", lib.name, k, name, got, k%3)
 			}
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/redisync/redisync/internal/schema"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 )
@@ -42,7 +44,7 @@ func redisyncLibrary(fair bool) library {
 			rdb := newGoRedisCluster(addrs, counts)
 			return &redisyncInstance{rdb: rdb, c: redisync.New(rdb), fair: fair}, nil
 		},
-		redisKey:   func(name string) string { return "redisync:lock:{" + name + "}" },
+		redisKey:   func(name string) string { return schema.LockKeys(schema.DefaultPrefix, name).Hash },
 		semaphores: !fair && redisyncSemaphore != nil,
 	}
 	if fair {

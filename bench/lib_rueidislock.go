@@ -29,7 +29,7 @@ func rueidislockLibrary() library {
 // at addrs.
 func openRueidislock(addrs []string, counts *clientCounts) (instance, error) {
 	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
-		ClientOption: rueidis.ClientOption{InitAddress: addrs},
+		ClientOption: rueidis.ClientOption{InitAddress: addrs, DialCtxFn: rueidisDialer(counts)},
 		KeyMajority:  1,
 		ClientBuilder: func(opt rueidis.ClientOption) (rueidis.Client, error) {
 			c, err := rueidis.NewClient(opt)

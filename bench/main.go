@@ -198,27 +198,39 @@ func bench(ctx context.Context, o options) (err error) {
 		return err
 	}
 	m.loadAfter = loadAverage()
-	results = pool(results)
+	pooled := pool(results)
 	fmt.Fprintln(os.Stdout, "machine:", m)
 	about := map[string]string{}
 	for _, j := range jobs {
 		about[j.lib.name] = j.lib.about
 	}
-	printReport(os.Stdout, results, about)
+	printReport(os.Stdout, pooled, about)
 	if o.out == "" {
-		return nil
+		return persistentKeys(results)
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
-	if err := writeCSV(o.out, results); err != nil {
+	if err := writeCSV(o.out, results, pooled); err != nil {
 		return err
 	}
-	if err := writeCharts(o.out, results); err != nil {
+	if err := writeCharts(o.out, pooled); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "wrote CSV and SVG files to %s\n", o.out)
-	return nil
+	return persistentKeys(results)
+}
+
+// persistentKeys returns an error naming the keys without a TTL that
+// runs left in Redis, if any.
+func persistentKeys(results []result) error {
+	var errs []error
+	for _, r := range results {
+		if len(r.persistent) > 0 {
+			errs = append(errs, fmt.Errorf("%s %s left %d keys without a TTL: %s", r.scenario, r.library, len(r.persistent), sample(r.persistent)))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // targets are the Redis servers of an invocation: the one server of the
@@ -234,7 +246,7 @@ func (tg *targets) open(ctx context.Context, o options, jobs []job) error {
 		if o.redis != "" {
 			srv, err = connectServer(ctx, o.redis)
 		} else {
-			srv, err = startServer(ctx, o.redisServer)
+			srv, err = startServer(o.redisServer)
 		}
 		if err != nil {
 			return err
@@ -274,16 +286,30 @@ func (tg *targets) close(ctx context.Context, pattern string) error {
 	return errors.Join(errs...)
 }
 
-// runJobs measures every job in turn, pausing settle between them.
+// runJobs measures every job in turn, pausing settle between them, and
+// the floor (measureFloor) at the start of every round, on the first
+// server of the first target.
 func runJobs(ctx context.Context, tg targets, jobs []job, token string, settle time.Duration) ([]result, error) {
 	prog := newProgress(os.Stderr, len(jobs))
 	rounds := jobs[len(jobs)-1].round + 1
 	var results []result
 	for i, j := range jobs {
-		label := fmt.Sprintf("%s %s %s", j.scenario, j.shape.label(), j.lib.name)
+		prefix := ""
 		if rounds > 1 {
-			label = fmt.Sprintf("round %d/%d: %s", j.round+1, rounds, label)
+			prefix = fmt.Sprintf("round %d/%d: ", j.round+1, rounds)
 		}
+		if i == 0 || j.round != jobs[i-1].round {
+			floor, err := measureFloor(ctx, tg.any().nodes[0].addr, token+":floor")
+			if err != nil {
+				return nil, fmt.Errorf("floor: %w", err)
+			}
+			for k := range floor {
+				floor[k].round = j.round
+			}
+			prog.floor(prefix, floor)
+			results = append(results, floor...)
+		}
+		label := fmt.Sprintf("%s%s %s %s", prefix, j.scenario, j.shape.label(), j.lib.name)
 		prog.start(label)
 		planned := j.shape.warmup + j.shape.measure
 		key := fmt.Sprintf("%s:%s:%d:%s:%d", token, j.scenario, j.shape.goroutines, j.lib.name, j.round)
@@ -294,10 +320,13 @@ func runJobs(ctx context.Context, tg targets, jobs []job, token string, settle t
 		res, err := measure(ctx, t, j.lib, j.shape, key, func(elapsed time.Duration, acquired int64) {
 			prog.update(elapsed, planned, acquired)
 		})
+		if err == nil {
+			res.left, res.persistent, err = t.leftovers(ctx, key)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s, %s: %w", j.scenario, j.lib.name, err)
 		}
-		res.scenario, res.library = j.scenario, j.lib.name
+		res.scenario, res.library, res.round = j.scenario, j.lib.name, j.round
 		prog.finish(res)
 		results = append(results, res)
 		if i < len(jobs)-1 {

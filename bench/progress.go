@@ -40,6 +40,21 @@ func (p *progress) finish(r result) {
 	if p.tty {
 		fmt.Fprint(p.w, "\r\x1b[K")
 	}
-	fmt.Fprintf(p.w, "[%d/%d] %s: %.0f acq/s, wait p99 %s, %s cmds/acq, %d violations, %d errors\n",
-		p.done, p.total, p.label, r.rate, fmtDur(r.wait.quantile(0.99)), fmtNum(r.cmds, 2), r.violations, r.errors)
+	fmt.Fprintf(p.w, "[%d/%d] %s: %.0f acq/s, wait p99 %s, %s cmds/acq, %d violations, %d errors, %d keys left with a TTL\n",
+		p.done, p.total, p.label, r.rate, fmtDur(r.wait.quantile(0.99)), fmtNum(r.cmds, 2), r.violations, r.errors, r.left)
+	if len(r.persistent) > 0 {
+		fmt.Fprintf(p.w, "  %s LEFT %d KEYS WITHOUT A TTL: %s\n", r.library, len(r.persistent), sample(r.persistent))
+	}
+}
+
+// floor reports the floor measured at the start of a round.
+func (p *progress) floor(prefix string, floor []result) {
+	fmt.Fprintf(p.w, "%sfloor:", prefix)
+	for i, r := range floor {
+		if i > 0 {
+			fmt.Fprint(p.w, ",")
+		}
+		fmt.Fprintf(p.w, " %s p50 %s", r.library, fmtDur(r.op.quantile(0.5)))
+	}
+	fmt.Fprintln(p.w)
 }

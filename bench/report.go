@@ -15,6 +15,10 @@ import (
 
 // legend explains the tables' columns.
 const legend = `Columns:
+  floor      the Redis's own floor, measured at the start of every round with a go-redis
+             client, one round trip after another: PING, EVALSHA of a script that only
+             returns, and PUBLISH→deliver (from sending a PUBLISH to a subscriber's
+             goroutine, on a connection of its own, having read the message)
   acq/s      acquisitions per second in the window; xlim: divided by the in-process limit's
   cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
              commands its script runs are not counted. Counted in the clients (go-redis
@@ -26,14 +30,34 @@ const legend = `Columns:
   req/acq    requests per acquisition, counted in the clients: a command or a pipeline is
              one, as a round trip; rueidis auto-pipelines concurrent requests, so its
              requests may share round trips
-  cpu/acq    Redis CPU time (used_cpu_user + used_cpu_sys) per acquisition
+  dlv/acq    messages Redis pushed to the clients per acquisition: pub/sub messages and
+             client-side-caching invalidations (rueidislock's wake-ups), counted as they come
+             off every client connection's socket (their RESP headers), whether or not the
+             library then wakes anyone
+  subs/acq   SUBSCRIBE and UNSUBSCRIBE calls (plain, sharded or by pattern) per acquisition,
+             from INFO commandstats
+  cpu/acq    Redis CPU time (used_cpu_user + used_cpu_sys) per acquisition; xrs: divided by
+             redsync's
   ccpu/acq   the benchmark process's CPU time per acquisition: every client of the run
              and the harness (the limit's figure is the harness's share)
   wait       from calling Lock to holding; p99 xlim: divided by the limit's p99
-  gap        from one holder's release to the next holder's acquisition (one process clock)
+  gap        from one holder's release to the next holder's acquisition (one process clock);
+             xpub: gap p50 divided by the floor's PUBLISH→deliver p50 (not for cold: its
+             locks are taken seconds apart)
   Jain       Jain's fairness index over the goroutines' acquisition counts (1 = equal)
   viol       mutual-exclusion violations (must be 0); errs: failed Lock/Unlock calls
   conns      most Redis client connections during the window, the benchmark's own excluded
+  bg/s       requests per second the libraries sent outside Lock and Unlock calls: watchdog
+             renewals and fair waiters' heartbeats (redisync), keep-alive extensions
+             (rueidislock); a request made with the context of no call in progress (go-redis
+             clients), or with that of a call that returned (rueidislock)
+  left       keys of the run still in Redis, with a TTL, once its clients closed (summed
+             over rounds); a key without a TTL fails the benchmark
+  With several rounds, every figure is the median of the rounds' own, and every ratio
+  the median of the rounds' ratios (each round's figure over the same round's); viol,
+  errs and left are summed, conns is the most. The CDF charts and waits.csv pool the
+  rounds' samples; results.csv has one row per round.
+  uncontended: op = Lock + Unlock; p50 xrl: op p50 divided by redislock-10ms's
   The benchmark's own INFO commands are subtracted from the server's counts. In the
   cluster scenario the server's figures (calls, cpu, (S)SUBSCRIBE, conns) are summed
   over the primaries, and a client-side request is one call of the cluster client.`
@@ -92,24 +116,27 @@ func scaleSeries(results []result) []libSeries {
 // printReport writes one table per scenario, the scale series and the
 // legend.
 func printReport(w io.Writer, results []result, about map[string]string) {
+	floor := findRow(headline(results, floorScenario), floorPublish)
 	for _, sc := range scenarioNames(results) {
 		rows := headline(results, sc)
-		pooled := ""
-		if rows[0].rounds > 1 {
-			pooled = fmt.Sprintf(" (%d rounds pooled)", rows[0].rounds)
+		if sc == floorScenario {
+			printFloor(w, rows)
+			continue
 		}
-		fmt.Fprintf(w, "\n== %s: %s, %.1f s window%s\n", sc, rows[0].label(), rows[0].seconds, pooled)
+		fmt.Fprintf(w, "\n== %s: %s, %.1f s window in all%s\n", sc, rows[0].label(), rows[0].seconds, roundsNote(rows[0]))
 		if sc == "uncontended" {
 			printUncontended(w, rows)
 		} else {
-			printContended(w, rows)
+			printContended(w, rows, floor)
 		}
 	}
 	if series := scaleSeries(results); len(series) > 0 && len(series[0].results) > 1 {
 		printSeries(w, series, "cmds/acq", func(r result) string { return fmtNum(r.cmds, 2) })
 		printSeries(w, series, "calls/acq", func(r result) string { return fmtNum(r.calls, 1) })
+		printSeries(w, series, "cpu/acq", func(r result) string { return fmtMicros(r.cpu) })
+		printSeries(w, series, "bg/s", func(r result) string { return fmtNum(r.background, 1) })
 		printSeries(w, series, "acq/s", func(r result) string { return fmtNum(r.rate, 0) })
-		printSeries(w, series, "wait p99", func(r result) string { return fmtDur(r.wait.quantile(0.99)) })
+		printSeries(w, series, "wait p99", func(r result) string { return midDur(r, waitAt(0.99)) })
 	}
 	fmt.Fprintln(w, "\nLibraries:")
 	for _, lib := range libraries() {
@@ -120,18 +147,59 @@ func printReport(w io.Writer, results []result, about map[string]string) {
 	fmt.Fprintln(w, legend)
 }
 
-// printContended writes the table of a scenario with waiters.
-func printContended(w io.Writer, rows []result) {
-	limit := findLimit(rows)
-	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "cpu/acq", "ccpu/acq",
-		"wait p50", "p99", "p99 xlim", "max", "gap p50", "gap p99", "Jain", "viol", "errs", "conns"}}
+// Figures of one result, for medians of quantiles and of ratios over the
+// rounds (midQuantile, midRatio).
+var (
+	rateOf  = func(r result) float64 { return r.rate }
+	cpuOf   = func(r result) float64 { return r.cpu }
+	waitMax = func(r result) time.Duration { return r.wait.max }
+	opMax   = func(r result) time.Duration { return r.op.max }
+)
+
+// waitAt, opAt and gapAt return the figure of the quantile q of the wait,
+// the operation and the gap.
+func waitAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.wait.quantile(q) }
+}
+
+func opAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.op.quantile(q) }
+}
+
+func gapAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.gap.quantile(q) }
+}
+
+// inSeconds turns a duration figure into a ratio's figure.
+func inSeconds(figure func(result) time.Duration) func(result) float64 {
+	return func(r result) float64 { return figure(r).Seconds() }
+}
+
+// printFloor writes the floor's table: one row per figure.
+func printFloor(w io.Writer, rows []result) {
+	fmt.Fprintf(w, "\n== floor: round trips to Redis one after another, %d per round%s\n", floorSamples, roundsNote(rows[0]))
+	t := [][]string{{"round trip", "p50", "p99", "max", "samples"}}
 	for _, r := range rows {
-		p99 := r.wait.quantile(0.99)
-		t = append(t, []string{r.library, fmtNum(r.rate, 0), ratio(r.rate, limit.rate),
-			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu),
-			fmtDur(r.wait.quantile(0.5)), fmtDur(p99), ratio(float64(p99), float64(limit.wait.quantile(0.99))), fmtDur(r.wait.max),
-			fmtDur(r.gap.quantile(0.5)), fmtDur(r.gap.quantile(0.99)), fmtNum(r.jain, 3),
-			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), fmtConns(r.conns)})
+		t = append(t, []string{r.library, midDur(r, opAt(0.5)), midDur(r, opAt(0.99)), midDur(r, opMax),
+			strconv.FormatInt(r.acquisitions, 10)})
+	}
+	writeTable(w, t)
+}
+
+// printContended writes the table of a scenario with waiters; floor is
+// the floor's PUBLISH→deliver.
+func printContended(w io.Writer, rows []result, floor result) {
+	limit, rs := findRow(rows, "limit"), findRow(rows, "redsync")
+	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "ccpu/acq",
+		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
+	for _, r := range rows {
+		t = append(t, []string{r.library, fmtNum(r.rate, 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
+			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2), fmtNum(r.subs, 2),
+			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.ccpu),
+			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, inSeconds(waitAt(0.99)), inSeconds(waitAt(0.99)))),
+			midDur(r, waitMax), midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, inSeconds(gapAt(0.5)), inSeconds(opAt(0.5)))),
+			midDur(r, gapAt(0.99)), fmtNum(r.jain, 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10),
+			fmtConns(r.conns), fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
 	printErrors(w, rows)
@@ -139,15 +207,31 @@ func printContended(w io.Writer, rows []result) {
 
 // printUncontended writes the table of the single-goroutine scenario.
 func printUncontended(w io.Writer, rows []result) {
-	t := [][]string{{"library", "ops/s", "op p50", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op", "cpu/op", "ccpu/op", "errs"}}
+	rl := findRow(rows, "redislock-10ms")
+	t := [][]string{{"library", "ops/s", "op p50", "p50 xrl", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op",
+		"dlv/op", "cpu/op", "ccpu/op", "errs", "bg/s", "left"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0),
-			fmtDur(r.op.quantile(0.5)), fmtDur(r.op.quantile(0.99)), fmtDur(r.op.max), fmtDur(r.wait.quantile(0.5)),
-			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu),
-			strconv.FormatInt(r.errors, 10)})
+			midDur(r, opAt(0.5)), fmtRatio(midRatio(r, rl, inSeconds(opAt(0.5)), inSeconds(opAt(0.5)))), midDur(r, opAt(0.99)),
+			midDur(r, opMax), midDur(r, waitAt(0.5)), fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2),
+			fmtNum(r.delivers, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10),
+			fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
 	printErrors(w, rows)
+}
+
+// midDur formats the median over r's rounds of a duration figure.
+func midDur(r result, figure func(result) time.Duration) string {
+	return fmtDur(midQuantile(r, figure))
+}
+
+// roundsNote says, for a table's title, what its figures are of.
+func roundsNote(r result) string {
+	if r.rounds > 1 {
+		return fmt.Sprintf(" (median of %d rounds)", r.rounds)
+	}
+	return ""
 }
 
 // printSeries writes one figure of the scale series: a row per library,
@@ -178,15 +262,24 @@ func printErrors(w io.Writer, rows []result) {
 	}
 }
 
-// findLimit returns the in-process limit's result among rows, or a zero
-// result when it did not run.
-func findLimit(rows []result) result {
+// findRow returns library's result among rows, or a zero result (whose
+// ratios print as "-") when it did not run.
+func findRow(rows []result, library string) result {
 	for _, r := range rows {
-		if r.library == "limit" {
+		if r.library == library {
 			return r
 		}
 	}
 	return result{}
+}
+
+// sample lists the first few of keys, and how many more there are.
+func sample(keys []string) string {
+	const shown = 5
+	if len(keys) <= shown {
+		return strings.Join(keys, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(keys[:shown], ", "), len(keys)-shown)
 }
 
 // writeTable writes rows as aligned columns: the first left-aligned, the
@@ -223,12 +316,12 @@ func fmtNum(v float64, decimals int) string {
 	return strconv.FormatFloat(v, 'f', decimals, 64)
 }
 
-// ratio formats a/b as "0.93x", or "-" without a b.
-func ratio(a, b float64) string {
-	if b <= 0 || math.IsNaN(a) || math.IsNaN(b) {
+// fmtRatio formats a ratio as "0.93x", or "-" for NaN.
+func fmtRatio(v float64) string {
+	if math.IsNaN(v) {
 		return "-"
 	}
-	return fmtNum(a/b, 2) + "x"
+	return fmtNum(v, 2) + "x"
 }
 
 // fmtMicros formats a number of microseconds as a duration.
@@ -272,13 +365,15 @@ func fmtDur(d time.Duration) string {
 	return f(float64(d)/1e9, "s")
 }
 
-// writeCSV writes results.csv (one row per run) and waits.csv (the wait
-// percentiles of every run) into dir.
-func writeCSV(dir string, results []result) error {
-	runs := [][]string{{"scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
-		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "cpu_us_per_acq", "client_cpu_us_per_acq",
-		"wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us", "gap_p50_us", "gap_p99_us",
-		"jain", "violations", "errors", "conns", "rounds"}}
+// writeCSV writes into dir results.csv, one row per run of every round
+// (runs), and waits.csv, the wait percentiles of every run with its rounds
+// pooled (pooled).
+func writeCSV(dir string, runs, pooled []result) error {
+	rows := [][]string{{"round", "scenario", "library", "clients", "goroutines", "keys", "hold_ms", "size", "seconds",
+		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "deliveries_per_acq", "subscriptions_per_acq",
+		"cpu_us_per_acq", "client_cpu_us_per_acq", "wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us",
+		"gap_p50_us", "gap_p50_x_publish_floor", "gap_p99_us", "jain", "violations", "errors", "conns",
+		"background_per_s", "keys_left", "keys_without_ttl"}}
 	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
 	us := func(d time.Duration) string {
 		if d < 0 {
@@ -292,22 +387,43 @@ func writeCSV(dir string, results []result) error {
 		}
 		return strconv.FormatFloat(v, 'g', 6, 64)
 	}
-	for _, r := range results {
-		runs = append(runs, []string{r.scenario, r.library, strconv.Itoa(r.clients), strconv.Itoa(r.goroutines),
+	floors := map[int]time.Duration{} // PUBLISH→deliver p50 by round
+	for _, r := range runs {
+		if r.scenario == floorScenario && r.library == floorPublish {
+			floors[r.round] = r.op.quantile(0.5)
+		}
+	}
+	for _, r := range runs {
+		gap := r.gap.quantile(0.5)
+		rows = append(rows, []string{strconv.Itoa(r.round + 1), r.scenario, r.library, strconv.Itoa(r.clients), strconv.Itoa(r.goroutines),
 			strconv.Itoa(r.keys), num(float64(r.hold) / 1e6), strconv.FormatInt(r.size, 10), num(r.seconds),
-			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.cpu), num(r.ccpu),
-			us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
-			us(r.gap.quantile(0.5)), us(r.gap.quantile(0.99)), num(r.jain),
-			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns), strconv.Itoa(r.rounds)})
+			strconv.FormatInt(r.acquisitions, 10), num(r.rate), num(r.cmds), num(r.calls), num(r.requests), num(r.delivers), num(r.subs),
+			num(r.cpu), num(r.ccpu), us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
+			us(gap), num(perFloor(gap, floors[r.round])), us(r.gap.quantile(0.99)), num(r.jain),
+			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns),
+			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " ")})
+	}
+	for _, r := range pooled {
+		if r.scenario == floorScenario {
+			continue
+		}
 		for _, p := range []float64{1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100} {
 			waits = append(waits, []string{r.scenario, r.library, strconv.Itoa(r.goroutines),
 				strconv.FormatFloat(p, 'g', -1, 64), us(r.wait.quantile(p / 100))})
 		}
 	}
-	if err := writeCSVFile(filepath.Join(dir, "results.csv"), runs); err != nil {
+	if err := writeCSVFile(filepath.Join(dir, "results.csv"), rows); err != nil {
 		return err
 	}
 	return writeCSVFile(filepath.Join(dir, "waits.csv"), waits)
+}
+
+// perFloor returns d divided by the floor f; NaN without either.
+func perFloor(d, f time.Duration) float64 {
+	if d < 0 || f <= 0 {
+		return math.NaN()
+	}
+	return float64(d) / float64(f)
 }
 
 // writeCSVFile writes records to the file at path.

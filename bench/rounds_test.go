@@ -33,38 +33,40 @@ func distOf(values ...time.Duration) distribution {
 	return h.snapshot()
 }
 
-func TestPoolMergesRoundsAsOneWindow(t *testing.T) {
+func TestPoolTakesMediansAndMergesSamples(t *testing.T) {
 	hot := shape{clients: 2, goroutines: 2, keys: 1}
-	a := result{scenario: "hot", library: "x", shape: hot, seconds: 1, acquisitions: 100, rate: 100,
-		cmds: 2, calls: 10, requests: 2, cpu: 50, ccpu: 100, wait: distOf(time.Millisecond, 3*time.Millisecond),
-		counts: []int64{50, 50}, jain: 1, conns: 3, rounds: 1, errors: 1, firstError: "first"}
+	run := func(round int, rate, cmds, ccpu float64, errors int64, first string, wait distribution, counts []int64) result {
+		return result{scenario: "hot", library: "x", shape: hot, round: round, seconds: 1, acquisitions: int64(rate),
+			rate: rate, cmds: cmds, ccpu: ccpu, wait: wait, counts: counts, jain: jain(counts), conns: int(errors) + 2,
+			rounds: 1, errors: errors, firstError: first, left: 2}
+	}
+	a := run(0, 100, 2, 10, 1, "first", distOf(time.Millisecond, 3*time.Millisecond), []int64{50, 50})
+	b := run(1, 300, 4, math.NaN(), 0, "", distOf(2*time.Millisecond), []int64{0, 300})
+	c := run(2, 200, 9, 30, 2, "third", distOf(4*time.Millisecond), []int64{100, 100})
 	other := result{scenario: "hot", library: "y", shape: hot, seconds: 1, acquisitions: 7, counts: []int64{7, 0}, rounds: 1}
-	b := result{scenario: "hot", library: "x", shape: hot, seconds: 3, acquisitions: 300, rate: 100,
-		cmds: 4, calls: 20, requests: 4, cpu: 10, ccpu: math.NaN(), wait: distOf(2 * time.Millisecond),
-		counts: []int64{0, 300}, jain: 0.5, conns: 5, rounds: 1, errors: 2, firstError: "second"}
 
-	got := pool([]result{a, other, b})
+	got := pool([]result{a, other, b, c})
 	if len(got) != 2 || got[0].library != "x" || got[1].library != "y" {
 		t.Fatalf("pool kept %d results, want x then y", len(got))
 	}
 	m := got[0]
-	if m.seconds != 4 || m.acquisitions != 400 || m.rate != 100 || m.rounds != 2 {
-		t.Errorf("pooled %v s, %d acquisitions, %v/s, %d rounds; want 4, 400, 100, 2", m.seconds, m.acquisitions, m.rate, m.rounds)
+	if m.seconds != 3 || m.acquisitions != 600 || m.rounds != 3 || len(m.perRound) != 3 {
+		t.Errorf("pooled %v s, %d acquisitions, %d rounds, %d kept; want 3, 600, 3, 3", m.seconds, m.acquisitions, m.rounds, len(m.perRound))
 	}
-	if m.cmds != 3.5 || m.calls != 17.5 || m.cpu != 20 {
-		t.Errorf("weighted figures cmds %v calls %v cpu %v; want 3.5, 17.5, 20", m.cmds, m.calls, m.cpu)
+	if m.rate != 200 || m.cmds != 4 || m.ccpu != 20 || m.jain != 1 {
+		t.Errorf("medians rate %v cmds %v ccpu %v jain %v; want 200, 4, 20 (a NaN round left out), 1", m.rate, m.cmds, m.ccpu, m.jain)
 	}
-	if !math.IsNaN(m.ccpu) {
-		t.Errorf("ccpu %v, want NaN when a round could not tell", m.ccpu)
+	if m.wait.total != 4 || m.wait.max != 4*time.Millisecond {
+		t.Errorf("merged wait: %d samples, max %v; want 4, 4ms", m.wait.total, m.wait.max)
 	}
-	if m.wait.total != 3 || m.wait.max != 3*time.Millisecond || bucketOf(int64(m.wait.quantile(0.5))) != bucketOf(int64(2*time.Millisecond)) {
-		t.Errorf("merged wait: %d samples, max %v, median %v", m.wait.total, m.wait.max, m.wait.quantile(0.5))
+	if got := midQuantile(m, func(r result) time.Duration { return r.wait.max }); got != 3*time.Millisecond {
+		t.Errorf("median of the rounds' max wait %v, want 3ms", got)
 	}
-	if !slices.Equal(m.counts, []int64{50, 350}) || m.jain != jain([]int64{50, 350}) {
-		t.Errorf("counts %v jain %v", m.counts, m.jain)
+	if !slices.Equal(m.counts, []int64{150, 450}) {
+		t.Errorf("counts %v, want [150 450]", m.counts)
 	}
-	if m.errors != 3 || m.firstError != "first" || m.conns != 5 {
-		t.Errorf("errors %d %q conns %d", m.errors, m.firstError, m.conns)
+	if m.errors != 3 || m.firstError != "first" || m.conns != 4 || m.left != 6 {
+		t.Errorf("errors %d %q conns %d left %d; want 3, first, 4, 6", m.errors, m.firstError, m.conns, m.left)
 	}
 	if !slices.Equal(a.counts, []int64{50, 50}) {
 		t.Errorf("pool changed its input's counts: %v", a.counts)
@@ -87,5 +89,39 @@ func TestDistributionMergeKeepsBucketsOrdered(t *testing.T) {
 	}
 	if seen != 6 || m.max != 1e6 {
 		t.Errorf("merged %d samples, max %v", seen, m.max)
+	}
+}
+
+func TestMedianOfRounds(t *testing.T) {
+	nan := math.NaN()
+	for _, tc := range []struct {
+		v    []float64
+		want float64
+	}{
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{4, 1, 3, 2}, 2.5},
+		{[]float64{nan, 5, 1}, 3},
+		{[]float64{7}, 7},
+	} {
+		if got := median(tc.v); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+	if got := median([]float64{nan}); !math.IsNaN(got) {
+		t.Errorf("median of NaN only = %v, want NaN", got)
+	}
+
+	// Two libraries over three rounds: a ratio is the median of the
+	// rounds' ratios, not the ratio of the medians.
+	a := pool([]result{{library: "a", rate: 10}, {library: "b", rate: 20}, {library: "a", rate: 30, round: 1}, {library: "b", rate: 30, round: 1},
+		{library: "a", rate: 18, round: 2}, {library: "b", rate: 20, round: 2}})
+	if a[0].rate != 18 {
+		t.Errorf("median rate of a = %v, want 18", a[0].rate)
+	}
+	if got := midRatio(a[0], a[1], rateOf, rateOf); got != 0.9 {
+		t.Errorf("median ratio a/b = %v, want 0.9 (of 0.5, 1, 0.9)", got)
+	}
+	if got := midRatio(a[0], result{}, rateOf, rateOf); !math.IsNaN(got) {
+		t.Errorf("ratio to a library that did not run = %v, want NaN", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,19 +36,27 @@ type result struct {
 	requests float64 // requests the clients waited for (a pipeline counts one)
 	cpu      float64 // Redis CPU time, user + system, in µs
 	ccpu     float64 // the benchmark process's CPU time (every client, the harness too), in µs
+	delivers float64 // messages Redis pushed to the clients (pub/sub, invalidations)
+	subs     float64 // (S|P)SUBSCRIBE and (S|P)UNSUBSCRIBE calls Redis ran
+
+	background float64 // requests per second the libraries sent outside Lock and Unlock
 
 	wait distribution // from calling Lock to holding
 	op   distribution // from calling Lock to Unlock's return
 	gap  distribution // from a release to the next acquisition (mutexes only)
 	jain float64      // over the contenders' acquisition counts
 
-	violations int64  // times more contenders were inside than allowed
-	errors     int64  // failed Lock or Unlock calls
-	firstError string // the first of them
-	conns      int    // most client connections seen, the benchmark's own excluded; -1: none seen
+	violations int64    // times more contenders were inside than allowed
+	errors     int64    // failed Lock or Unlock calls
+	firstError string   // the first of them
+	conns      int      // most client connections seen, the benchmark's own excluded; -1: none seen
+	left       int64    // keys of the run left in Redis, with a TTL, once its clients closed
+	persistent []string // keys of the run left in Redis without a TTL (a bug)
 
-	counts []int64 // every contender's acquisitions in the window
-	rounds int     // runs pooled into this result
+	counts   []int64  // every contender's acquisitions in the window
+	round    int      // the round it ran in (from 0)
+	rounds   int      // runs pooled into this result
+	perRound []result // the pooled runs, in round order (see pool)
 }
 
 // lockState is the bookkeeping of one lock, shared by its contenders.
@@ -90,14 +99,21 @@ func (r *run) fail(err error) {
 	r.errOnce.Do(func() { r.firstError = err.Error() })
 }
 
-// contend is contender id's loop: take the lock, hold it, give it back,
-// until ctx ends. Once ctx has ended, a holder no longer holds, so that
-// the waiters of locks that cannot be cancelled drain fast.
-func (r *run) contend(ctx context.Context, id int, l locker, st *lockState) {
+// contend is contender id's loop: take a lock, hold it, give it back,
+// until ctx ends. next says which lock, and with which owner. Once ctx has
+// ended, a holder no longer holds, so that the waiters of locks that
+// cannot be cancelled drain fast. Lock and Unlock get a context that
+// marks them as in progress (callMarker).
+func (r *run) contend(ctx context.Context, id int, next func() (locker, *lockState)) {
+	ctx, call := marked(ctx)
 	unlockCtx := context.WithoutCancel(ctx)
 	for ctx.Err() == nil {
+		l, st := next()
 		t0 := r.now()
-		if err := l.Lock(ctx); err != nil {
+		call.active.Store(true)
+		err := l.Lock(ctx)
+		call.active.Store(false)
+		if err != nil {
 			if ctx.Err() == nil {
 				r.fail(err)
 				time.Sleep(errorPause)
@@ -115,7 +131,9 @@ func (r *run) contend(ctx context.Context, id int, l locker, st *lockState) {
 		}
 		st.inside.Add(-1)
 		st.lastRelease.Store(r.now())
-		err := l.Unlock(unlockCtx)
+		call.active.Store(true)
+		err = l.Unlock(unlockCtx)
+		call.active.Store(false)
 		t3 := r.now()
 		if err != nil {
 			r.fail(err)
@@ -124,7 +142,7 @@ func (r *run) contend(ctx context.Context, id int, l locker, st *lockState) {
 			r.counts[id]++
 			r.wait.record(time.Duration(t1 - t0))
 			r.op.record(time.Duration(t3 - t0))
-			if r.size == 0 && prev > 0 {
+			if r.size == 0 && !r.perEntity && prev > 0 {
 				r.gap.record(time.Duration(t1 - prev))
 			}
 		}
@@ -149,19 +167,17 @@ func measure(ctx context.Context, t *target, lib library, s shape, key string, r
 		}
 		instances = append(instances, in)
 	}
-	lockers, err := makeLockers(instances, s, lockNames(t, lib, s, key))
-	if err != nil {
-		return result{}, fmt.Errorf("%s: %w", lib.name, err)
-	}
-
 	r := &run{shape: s, clock: time.Now(), allowed: max(s.size, 1), locks: make([]lockState, s.keys), counts: make([]int64, s.goroutines)}
 	r.winStart.Store(math.MaxInt64)
 	r.winEnd.Store(math.MaxInt64)
+	pickers, err := r.pickers(instances, lockNames(t, lib, s, key))
+	if err != nil {
+		return result{}, fmt.Errorf("%s: %w", lib.name, err)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	perKey := s.goroutines / s.keys
-	for i, l := range lockers {
-		wg.Go(func() { r.contend(runCtx, i, l, &r.locks[min(i/perKey, s.keys-1)]) })
+	for i, next := range pickers {
+		wg.Go(func() { r.contend(runCtx, i, next) })
 	}
 
 	res, err = r.observe(ctx, t, &counts, report)
@@ -188,25 +204,34 @@ func lockNames(t *target, lib library, s shape, key string) []string {
 	return names
 }
 
-// makeLockers gives every contender its own locker, on client i%clients
-// and lock i/(goroutines/keys), called names[that lock].
-func makeLockers(instances []instance, s shape, names []string) ([]locker, error) {
-	lockers := make([]locker, s.goroutines)
-	perKey := s.goroutines / s.keys
-	for i := range lockers {
+// pickers returns what every contender takes, on client i%clients: its
+// own owner of lock i/(goroutines/keys), called names[that lock]; or, per
+// entity, a new owner of a lock picked at random for every acquisition.
+func (r *run) pickers(instances []instance, names []string) ([]func() (locker, *lockState), error) {
+	pickers := make([]func() (locker, *lockState), r.goroutines)
+	perKey := r.goroutines / r.keys
+	for i := range pickers {
 		in := instances[i%len(instances)]
-		name := names[min(i/perKey, s.keys-1)]
-		if s.size == 0 {
-			lockers[i] = in.Mutex(name)
+		if r.perEntity {
+			pickers[i] = func() (locker, *lockState) {
+				k := rand.IntN(r.keys)
+				return in.Mutex(names[k]), &r.locks[k]
+			}
 			continue
 		}
-		si, ok := in.(semaphoreInstance)
-		if !ok {
+		k := min(i/perKey, r.keys-1)
+		l := locker(nil)
+		switch si, ok := in.(semaphoreInstance); {
+		case r.size == 0:
+			l = in.Mutex(names[k])
+		case !ok:
 			return nil, errors.New("no semaphore")
+		default:
+			l = si.Semaphore(names[k], r.size)
 		}
-		lockers[i] = si.Semaphore(name, s.size)
+		pickers[i] = func() (locker, *lockState) { return l, &r.locks[k] }
 	}
-	return lockers, nil
+	return pickers, nil
 }
 
 // observe lets the contenders warm up, then opens the window between two
@@ -241,7 +266,7 @@ func (r *run) observe(ctx context.Context, t *target, counts *clientCounts, repo
 	if err != nil {
 		return result{}, err
 	}
-	requests0, commands0 := counts.requests.Load(), counts.commands.Load()
+	c0 := counts.snapshot()
 	ccpu0 := processCPU()
 	r.winStart.Store(r.now())
 	conns, samples := -1, 0
@@ -252,7 +277,7 @@ func (r *run) observe(ctx context.Context, t *target, counts *clientCounts, repo
 	})
 	r.winEnd.Store(r.now())
 	ccpu1 := processCPU()
-	requests1, commands1 := counts.requests.Load(), counts.commands.Load()
+	c1 := counts.snapshot()
 	if err != nil {
 		return result{}, err
 	}
@@ -261,14 +286,18 @@ func (r *run) observe(ctx context.Context, t *target, counts *clientCounts, repo
 		return result{}, err
 	}
 	d := after.since(before, samples)
+	seconds := float64(r.winEnd.Load()-r.winStart.Load()) / 1e9
 	return result{
-		seconds:  float64(r.winEnd.Load()-r.winStart.Load()) / 1e9,
-		cmds:     float64(commands1 - commands0 + d.subs),
-		calls:    float64(d.calls),
-		cpu:      d.cpu * 1e6,
-		ccpu:     cpuMicros(ccpu0, ccpu1),
-		requests: float64(requests1 - requests0),
-		conns:    conns,
+		seconds:    seconds,
+		cmds:       float64(c1.commands - c0.commands + d.subs),
+		calls:      float64(d.calls),
+		cpu:        d.cpu * 1e6,
+		ccpu:       cpuMicros(ccpu0, ccpu1),
+		requests:   float64(c1.requests - c0.requests),
+		delivers:   float64(c1.deliveries - c0.deliveries),
+		subs:       float64(d.subs),
+		background: float64(c1.background-c0.background) / seconds,
+		conns:      conns,
 	}, nil
 }
 
@@ -284,6 +313,8 @@ func (r *run) summarize(res *result) {
 	res.requests = perAcquisition(res.requests, res.acquisitions)
 	res.cpu = perAcquisition(res.cpu, res.acquisitions)
 	res.ccpu = perAcquisition(res.ccpu, res.acquisitions)
+	res.delivers = perAcquisition(res.delivers, res.acquisitions)
+	res.subs = perAcquisition(res.subs, res.acquisitions)
 	res.wait, res.op, res.gap = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot()
 	res.jain = jain(r.counts)
 	res.counts, res.rounds = r.counts, 1

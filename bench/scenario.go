@@ -12,14 +12,21 @@ type shape struct {
 	keys       int           // locks; consecutive contenders share one
 	hold       time.Duration // how long a contender keeps what it took
 	size       int64         // permits of a semaphore; 0: a mutex
-	warmup     time.Duration // contention before the window opens
-	measure    time.Duration // the window
+	// perEntity makes every acquisition take one of the keys at random,
+	// with an owner made for it (as a service locks the entity a request
+	// is about), instead of each contender keeping its own lock.
+	perEntity bool
+	warmup    time.Duration // contention before the window opens
+	measure   time.Duration // the window
 }
 
 // label describes s in a few words, for the progress line and the tables.
 func (s shape) label() string {
 	what := "lock"
-	if s.keys > 1 {
+	switch {
+	case s.perEntity:
+		what = fmt.Sprintf("%d locks at random", s.keys)
+	case s.keys > 1:
 		what = fmt.Sprintf("%d locks", s.keys)
 	}
 	if s.size > 0 {
@@ -60,6 +67,9 @@ type scenario struct {
 // scaleWaiters are the steps of the scale series; the last is the scale
 // scenario's headline.
 var scaleWaiters = []int{32, 128, 512, 1024}
+
+// coldLocks is how many lock names the cold scenario spreads over.
+const coldLocks = 10000
 
 // scenarios returns every scenario in the order they run.
 func scenarios() []scenario {
@@ -110,6 +120,14 @@ func scenarios() []scenario {
 			shapes: func(set settings) []shape {
 				p := pick(set.clients, 4)
 				return []shape{window(set, 0.5, shape{clients: p, goroutines: 2000, keys: 1000, hold: holdOr(set, 100*time.Millisecond)})}
+			},
+		},
+		{
+			name:  "cold",
+			about: "10,000 locks, 4 clients x 8 goroutines each taking one at random, 1 ms hold: per-entity locks, each taken now and then",
+			shapes: func(set settings) []shape {
+				p, g := pick(set.clients, 4), pick(set.perClient, 8)
+				return []shape{window(set, 1, shape{clients: p, goroutines: p * g, keys: coldLocks, perEntity: true, hold: holdOr(set, time.Millisecond)})}
 			},
 		},
 		{

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // subscriptionCommands are counted from the server: clients send them on
@@ -96,4 +99,54 @@ func commandCalls(value string) int64 {
 		}
 	}
 	return 0
+}
+
+// leftovers looks for the keys of a run, the names of whose locks begin
+// with name: how many have a TTL, and which have none (nothing a lock
+// library writes may stay for good).
+func (s *server) leftovers(ctx context.Context, name string) (withTTL int64, persistent []string, err error) {
+	var cursor uint64
+	for {
+		var keys []string
+		keys, cursor, err = s.admin.Scan(ctx, cursor, "*"+name+"*", 1000).Result()
+		if err != nil {
+			return 0, nil, err
+		}
+		keys = slices.DeleteFunc(keys, func(k string) bool { return !ofLock(k, name) })
+		pipe := s.admin.Pipeline()
+		ttls := make([]*redis.DurationCmd, len(keys))
+		for i, k := range keys {
+			ttls[i] = pipe.PTTL(ctx, k)
+		}
+		if len(keys) > 0 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				return 0, nil, err
+			}
+		}
+		for i, ttl := range ttls {
+			switch ttl.Val() {
+			case -1: // no TTL
+				persistent = append(persistent, keys[i])
+			case -2: // gone since the scan
+			default:
+				withTTL++
+			}
+		}
+		if cursor == 0 {
+			return withTTL, persistent, nil
+		}
+	}
+}
+
+// ofLock reports whether key belongs to the lock called name, or to one
+// called name:...: name is followed by the key's end, a ':' or the '}'
+// that closes a hash tag (not by more of another name, as "redisync" is by
+// "-fair").
+func ofLock(key, name string) bool {
+	i := strings.Index(key, name)
+	if i < 0 {
+		return false
+	}
+	rest := key[i+len(name):]
+	return rest == "" || rest[0] == ':' || rest[0] == '}'
 }

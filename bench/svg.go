@@ -1,5 +1,16 @@
 package main
 
+// The charts are drawn here rather than with a plotting library. A
+// version on gonum.org/v1/plot v0.17.0 drawing the same charts came to
+// about 160 lines against this file's 250, before mending what it drew
+// worse: a legend inside the data area, over the curves (keeping it out
+// takes a cropped canvas and a second legend), and text set in Liberation
+// Serif and placed with that font's metrics, so that a viewer without the
+// font (GitHub's) misaligns the labels unless the fonts are embedded in
+// every SVG. It also took bench from 39 to 69 modules and its binary from
+// 13 to 20 MB (fonts, LaTeX, PDF and raster back-ends). These few
+// elements, in the generic sans-serif font, render alike everywhere.
+
 import (
 	"bytes"
 	"encoding/xml"

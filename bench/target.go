@@ -56,6 +56,19 @@ func (t *target) clients(ctx context.Context) (int, error) {
 	return sum, nil
 }
 
+// leftovers sums server.leftovers over every server.
+func (t *target) leftovers(ctx context.Context, name string) (withTTL int64, persistent []string, err error) {
+	for _, s := range t.nodes {
+		n, keys, err := s.leftovers(ctx, name)
+		if err != nil {
+			return 0, nil, err
+		}
+		withTTL += n
+		persistent = append(persistent, keys...)
+	}
+	return withTTL, persistent, nil
+}
+
 // version returns the first server's redis_version.
 func (t *target) version(ctx context.Context) string { return t.nodes[0].version(ctx) }
 

@@ -23,6 +23,9 @@
 --         a grant message to it may still be on its way, and must not be
 --         taken for a grant after a later attempt. The call goes on under a
 --         new ticket.
+-- ARGV[9] the caller's metadata (WithMetadata), stored with its hold; ''
+--         for none. A queued call keeps it in its waiter record, for the
+--         hand-off.
 --
 -- Reply: {1, token}   held by the ticket; token of the hold
 --        {0, pttl}    held by another owner; pttl is the lock's PTTL
@@ -57,7 +60,7 @@ if mode == 'barge' then
   if pttl ~= -2 then
     return {0, pttl}
   end
-  return {1, grant(lock, token, ticket, lease)}
+  return {1, grant(lock, token, ticket, lease, ARGV[9])}
 end
 
 local queued = redis.call('ZSCORE', queue, ticket)
@@ -69,7 +72,7 @@ end
 if pttl == -2 then
   local head, ht = hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], ticket)
   if head == nil then
-    return {1, grant(lock, token, ticket, lease)}
+    return {1, grant(lock, token, ticket, lease, ARGV[9])}
   end
   if head == ticket then
     redis.call('PEXPIRE', lock, lease)
@@ -84,7 +87,7 @@ if mode == 'queue' then
   if not queued then
     join_queue(queue, ticket, us)
   end
-  redis.call('HSET', waiters, ticket, (math.floor(us / 1000) + ttl) .. ':' .. ARGV[5])
+  redis.call('HSET', waiters, ticket, waiter_record(math.floor(us / 1000) + ttl, ARGV[5], ARGV[9]))
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end

@@ -17,7 +17,8 @@
 --              {0, 0} the ticket does not hold the lock
 -- take: KEYS[3] withdrawn tickets (see lib.lua): a late copy of a take
 --       whose call gave up takes nothing
---       ARGV[2] the handle, ARGV[3] the taker's ticket, ARGV[4] lease in ms
+--       ARGV[2] the handle, ARGV[3] the taker's ticket, ARGV[4] lease in ms,
+--       ARGV[5] the taker's metadata ('' for none: the giver's goes)
 --       Reply: {1, token} taken (or taken already by this ticket: a retry)
 --              {0, 0} no hold waits under the handle
 local lock, mode = KEYS[1], ARGV[1]
@@ -50,5 +51,6 @@ end
 local token = mint(KEYS[2], lease)
 redis.call('HDEL', lock, handle)
 redis.call('HSET', lock, ticket, 1)
+set_meta(lock, ARGV[5])
 redis.call('PEXPIRE', lock, lease)
 return {1, token}

@@ -21,6 +21,10 @@
 local LAYOUT = '2'
 local LAYOUT_FIELD = '{layout}'
 
+-- META_FIELD is the field of a lock's hash that holds its holder's
+-- metadata (WithMetadata), when it has any.
+local META_FIELD = '{meta}'
+
 -- other_layout fails the script: key was written in another layout.
 local function other_layout(key, found)
   error('LAYOUT redisync: ' .. key .. ' was written in layout ' .. (found or '1') .. ', this redisync reads layout ' .. LAYOUT)
@@ -50,10 +54,29 @@ local function integer(v)
   return nil
 end
 
--- parse_waiter splits a waiter record into its deadline and hand-off lease.
+-- parse_waiter splits a waiter record, "deadline:handoff" or
+-- "deadline:handoff:metadata", into its deadline, hand-off lease and
+-- metadata ('' for none).
 local function parse_waiter(v)
-  local deadline, handoff = string.match(v, '^(%d+):(%d+)$')
-  return tonumber(deadline), tonumber(handoff)
+  local deadline, handoff, meta = string.match(v, '^(%d+):(%d+):?(.*)$')
+  return tonumber(deadline), tonumber(handoff), meta
+end
+
+-- waiter_record returns a waiter's record (see parse_waiter).
+local function waiter_record(deadline, handoff, meta)
+  if meta == '' then
+    return deadline .. ':' .. handoff
+  end
+  return deadline .. ':' .. handoff .. ':' .. meta
+end
+
+-- set_meta stores the holder's metadata in the lock hash, or removes it.
+local function set_meta(lock, meta)
+  if meta == '' then
+    redis.call('HDEL', lock, META_FIELD)
+  else
+    redis.call('HSET', lock, META_FIELD, meta)
+  end
 end
 
 -- keep_alive extends a key's TTL to at least ms, never shortening it.
@@ -121,12 +144,17 @@ local function mint(token, lease)
   return t
 end
 
--- grant makes owner the holder of the free lock for lease ms and returns
--- its new fencing token. The token is minted first: a token key of the
--- wrong type fails the script before the lock is written.
-local function grant(lock, token, owner, lease)
+-- grant makes owner the holder of the free lock for lease ms, with its
+-- metadata meta ('' for none), and returns its new fencing token. The
+-- token is minted first: a token key of the wrong type fails the script
+-- before the lock is written.
+local function grant(lock, token, owner, lease, meta)
   local t = mint(token, lease)
-  redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT)
+  if meta == '' then
+    redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT)
+  else
+    redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT, META_FIELD, meta)
+  end
   redis.call('PEXPIRE', lock, lease)
   return t
 end
@@ -148,9 +176,9 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
     if rec then
       redis.call('HDEL', waiters, head)
       now = now or now_ms()
-      local deadline, handoff = parse_waiter(rec)
+      local deadline, handoff, meta = parse_waiter(rec)
       if deadline and deadline >= now then
-        local t = grant(lock, token, head, handoff)
+        local t = grant(lock, token, head, handoff, meta)
         if head ~= self then
           redis.call(publish, channel, head .. ':' .. string.format('%d', t))
         end

@@ -59,9 +59,9 @@ Examples:
 
 JSON (--json): {"name", "prefix", "server_time_ms",
   "lock": {"held", "holder": {"owner", "label", "count", "lease_ms",
-           "token"} | null, "last_token", "queue": [{"position", "owner",
+           "token", "metadata"?} | null, "last_token", "queue": [{"position", "owner",
            "label", "waited_ms",
-           "heartbeat_ms", "handoff_lease_ms", "alive"}],
+           "heartbeat_ms", "handoff_lease_ms", "alive", "metadata"?}],
            "subscribed_processes"},
   "semaphore": {"size", "available", "holders": [{"owner", "label",
                 "permits", "lease_ms"}], "queue": [{"position", "waiter",
@@ -71,6 +71,8 @@ lease_ms is -1 for a lock key without expiry; a semaphore holder's lease_ms
 of 0 or less means its lease ended and the next call reclaims its permits.
 heartbeat_ms is the time left before a waiter that stops sending
 heartbeats is skipped (negative: overdue).
+"metadata"? is there when the holder or waiter stored metadata with
+redisync.WithMetadata.
 `
 
 // Status is the state of one lock name (and semaphore of the same name),
@@ -102,6 +104,9 @@ type Holder struct {
 	Count   int64  `json:"count"`
 	LeaseMS int64  `json:"lease_ms"`
 	Token   int64  `json:"token"`
+	// Metadata is what the holder stored with its hold
+	// (redisync.WithMetadata); omitted when none.
+	Metadata string `json:"metadata,omitempty"`
 }
 
 // Waiter is a fair waiter of a lock.
@@ -113,6 +118,7 @@ type Waiter struct {
 	HeartbeatMS    int64  `json:"heartbeat_ms"`
 	HandoffLeaseMS int64  `json:"handoff_lease_ms"`
 	Alive          bool   `json:"alive"`
+	Metadata       string `json:"metadata,omitempty"`
 }
 
 func runStatus(args []string) int {
@@ -248,12 +254,12 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: l.ServerTime.UnixMilli(), Lock: LockStatus{
 		Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers}}
 	if h := l.Holder; h != nil {
-		st.Lock.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token}
+		st.Lock.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
 	}
 	for i, w := range l.Queue {
 		st.Lock.Queue = append(st.Lock.Queue, Waiter{Position: i + 1, Owner: w.ID, Label: w.Label,
 			WaitedMS: w.Waited.Milliseconds(), HeartbeatMS: w.Heartbeat.Milliseconds(),
-			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive})
+			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive, Metadata: w.Metadata})
 	}
 	if !s.Empty() {
 		st.Semaphore = semaphoreStatus(s)
@@ -284,6 +290,9 @@ func (st *Status) print(out io.Writer) {
 		field(out, "hold count", strconv.FormatInt(h.Count, 10))
 		field(out, "lease", leaseText(h.LeaseMS))
 		field(out, "fencing token", strconv.FormatInt(h.Token, 10))
+		if h.Metadata != "" {
+			field(out, "metadata", strconv.Quote(h.Metadata))
+		}
 	} else {
 		field(out, "holder", "none (free)")
 		if l.LastToken > 0 {

@@ -152,3 +152,18 @@ func TestStatusWatch(t *testing.T) {
 		t.Errorf("exit %d after SIGINT, stderr %q", code, p.stderr.String())
 	}
 }
+
+// Issue 19, point 8: status shows the metadata stored with a hold.
+func TestStatusShowsMetadata(t *testing.T) {
+	addr := redistest.Addr(t)
+	name := uniqueName(t)
+	holdLock(t, name, redisync.WithMetadata("deploy 42"))
+	code, p := runCode(t, addr, "status", "--json", name)
+	var st Status
+	if err := json.Unmarshal([]byte(p.stdout.String()), &st); err != nil || code != 0 || st.Lock.Holder == nil || st.Lock.Holder.Metadata != "deploy 42" {
+		t.Fatalf("exit %d, %v: %s", code, err, p.stdout.String())
+	}
+	if code, p = runCode(t, addr, "status", name); code != 0 || !regexp.MustCompile(`metadata +"deploy 42"\n`).MatchString(p.stdout.String()) {
+		t.Errorf("exit %d, table:\n%s", code, p.stdout.String())
+	}
+}

@@ -2,15 +2,12 @@ package redistest
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redisserver"
 )
 
 // Cluster is a Redis Cluster of redis-server processes of a test's own,
@@ -19,6 +16,7 @@ type Cluster struct {
 	// Nodes are the servers, primaries first as redis-cli assigned them
 	// at creation (roles change when a test fails a primary over).
 	Nodes []*Server
+	c     *redisserver.Cluster
 }
 
 // SpawnCluster starts primaries x (1 + replicas) redis-server processes in
@@ -34,35 +32,20 @@ func SpawnCluster(tb testing.TB, primaries, replicas int) *Cluster {
 			missing(tb, "no "+bin+" on PATH for a cluster test")
 		}
 	}
-	c := &Cluster{}
-	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"}
-	for range primaries * (1 + replicas) {
-		s, err := start(freeClusterPort, "", args...)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(s.stop)
-		c.Nodes = append(c.Nodes, s)
+	rc, err := redisserver.StartCluster("redis-server", "redis-cli", primaries, replicas)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	create := []string{"--cluster", "create"}
-	create = append(create, c.Addrs()...)
-	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	if out, err := exec.Command("redis-cli", create...).CombinedOutput(); err != nil {
-		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	tb.Cleanup(func() { _ = rc.Stop() })
+	c := &Cluster{c: rc}
+	for _, s := range rc.Nodes {
+		c.Nodes = append(c.Nodes, wrap(s))
 	}
-	c.WaitOK(tb, 30*time.Second)
 	return c
 }
 
 // Addrs returns the nodes' addresses.
-func (c *Cluster) Addrs() []string {
-	var addrs []string
-	for _, s := range c.Nodes {
-		addrs = append(addrs, s.Addr)
-	}
-	return addrs
-}
+func (c *Cluster) Addrs() []string { return c.c.Addrs() }
 
 // NewClient returns a cluster client, closed when the test ends.
 func (c *Cluster) NewClient(tb testing.TB) *redis.ClusterClient {
@@ -79,7 +62,7 @@ func (c *Cluster) WaitOK(tb testing.TB, d time.Duration) {
 	tb.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		why := c.notOK()
+		why := c.c.NotOK()
 		if why == "" {
 			return
 		}
@@ -88,55 +71,6 @@ func (c *Cluster) WaitOK(tb testing.TB, d time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// notOK says why the cluster is not ok yet, or "" when it is.
-func (c *Cluster) notOK() string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	for _, s := range c.Nodes {
-		if !s.running() {
-			continue
-		}
-		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-		info, err := rdb.ClusterInfo(ctx).Result()
-		var covered int
-		var repl string
-		if err == nil {
-			repl, err = rdb.Info(ctx, "replication").Result()
-		}
-		if err == nil {
-			var slots []redis.ClusterSlot
-			slots, err = rdb.ClusterSlots(ctx).Result()
-			for _, sl := range slots {
-				if len(sl.Nodes) > 0 && c.runs(sl.Nodes[0].Addr) {
-					covered += sl.End - sl.Start + 1
-				}
-			}
-		}
-		_ = rdb.Close()
-		switch {
-		case err != nil:
-			return fmt.Sprintf("%s: %v", s.Addr, err)
-		case !strings.Contains(info, "cluster_state:ok"):
-			return s.Addr + ": cluster_state not ok"
-		case strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up"):
-			return s.Addr + ": replica not in sync"
-		case covered != 16384:
-			return fmt.Sprintf("%s: %d of 16384 slots served by running primaries", s.Addr, covered)
-		}
-	}
-	return ""
-}
-
-// runs reports whether the node at addr is one of c's running servers.
-func (c *Cluster) runs(addr string) bool {
-	for _, s := range c.Nodes {
-		if s.Addr == addr {
-			return s.running()
-		}
-	}
-	return false
 }
 
 // PrimaryFor returns the running server that serves key's slot.
@@ -156,25 +90,4 @@ func (c *Cluster) PrimaryFor(tb testing.TB, rdb *redis.ClusterClient, key string
 	}
 	tb.Fatalf("no node of the cluster at %s", addr)
 	return nil
-}
-
-// freeClusterPort returns a free loopback port whose cluster bus port
-// (port + 10000) is free too.
-func freeClusterPort() (int, error) {
-	for try := 0; try < 100; try++ {
-		port, err := freePort()
-		if err != nil {
-			return 0, err
-		}
-		if port+10000 > 65535 {
-			continue
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("redistest: no free port pair for a cluster node")
 }

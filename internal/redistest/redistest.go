@@ -12,25 +12,23 @@
 //     REDISYNC_REQUIRE_REDIS=1 (as in CI).
 //
 // Tests that kill, pause or restart Redis spawn servers of their own with
-// Spawn, which needs redis-server on PATH.
+// Spawn, which needs redis-server on PATH. The servers are started by
+// internal/redisserver, the launcher the benchmark uses too.
 package redistest
 
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redisserver"
 )
 
 // RequireEnv is the variable that turns a missing Redis from a skip into a
@@ -42,7 +40,7 @@ var shared struct {
 	fallbacks []Starter
 	addr      string
 	why       string // why there is no Redis, when addr is ""
-	server    *Server
+	server    *redisserver.Server
 	cleanup   func()
 }
 
@@ -67,7 +65,7 @@ func (r mainRunner) Run() int {
 			fmt.Fprintf(os.Stderr, "redistest: keys left without a TTL after the tests: %s\n", strings.Join(left, ", "))
 			code = 1
 		}
-		shared.server.stop()
+		_ = shared.server.Stop()
 	}
 	if shared.cleanup != nil {
 		shared.cleanup()
@@ -137,7 +135,7 @@ func find() (addr, why string) {
 		return a, ""
 	}
 	if _, err := exec.LookPath("redis-server"); err == nil {
-		s, err := start(freePort, "")
+		s, err := redisserver.Start("redis-server", "")
 		if err != nil {
 			return "", err.Error()
 		}
@@ -160,13 +158,11 @@ func find() (addr, why string) {
 type Server struct {
 	// Addr is host:port.
 	Addr string
-	port int
-	args []string
-	dir  string
-
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	s    *redisserver.Server
 }
+
+// wrap makes a test's Server of s.
+func wrap(s *redisserver.Server) *Server { return &Server{Addr: s.Addr, s: s} }
 
 // Spawn starts a redis-server of the test's own with the extra
 // configuration args (such as "--appendonly", "yes"), stopped when the test
@@ -177,108 +173,24 @@ func Spawn(tb testing.TB, args ...string) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing(tb, "no redis-server on PATH for a test that starts its own")
 	}
-	s, err := start(freePort, "", args...)
+	s, err := redisserver.Start("redis-server", "", args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(s.stop)
-	return s
+	tb.Cleanup(func() { _ = s.Stop() })
+	return wrap(s)
 }
 
-// start runs redis-server on a port from pick, with no persistence unless
-// args ask for it, and waits until it answers. A non-empty conf is written
-// to a configuration file that the server is started with.
-func start(pick func() (int, error), conf string, args ...string) (*Server, error) {
-	dir, err := os.MkdirTemp("", "redistest-")
-	if err != nil {
-		return nil, err
-	}
-	if conf != "" {
-		path := filepath.Join(dir, "redis.conf")
-		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-			return nil, err
-		}
-		args = append([]string{path}, args...)
-	}
-	for try := 0; try < 5; try++ {
-		port, err := pick()
-		if err != nil {
-			return nil, err
-		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), port: port, args: args, dir: dir}
-		if err = s.launch(); err == nil {
-			return s, nil
-		}
-		// Another process may have taken the port meanwhile: try another.
-	}
-	_ = os.RemoveAll(dir)
-	return nil, fmt.Errorf("redistest: redis-server did not start")
-}
-
-// launch starts the process on s's port and waits until it answers PING.
-func (s *Server) launch() error {
-	argv := []string{
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--protected-mode", "no",
-	}
-	if len(s.args) > 0 && !strings.HasPrefix(s.args[0], "--") {
-		// A configuration file goes first.
-		argv = append([]string{s.args[0]}, append(argv, s.args[1:]...)...)
-	} else {
-		argv = append(argv, s.args...)
-	}
-	cmd := exec.Command("redis-server", argv...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return fmt.Errorf("redistest: redis-server on %s exited", s.Addr)
-		default:
-		}
-		if ping(s.Addr) {
-			s.mu.Lock()
-			s.cmd = cmd
-			s.mu.Unlock()
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	_ = cmd.Process.Kill()
-	<-exited
-	return fmt.Errorf("redistest: redis-server on %s did not answer", s.Addr)
-}
-
-// Kill ends the server with SIGKILL and waits until the port is closed.
+// Kill ends the server with SIGKILL and waits until it has exited.
 func (s *Server) Kill(tb testing.TB) {
 	tb.Helper()
-	s.mu.Lock()
-	cmd := s.cmd
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	for ping(s.Addr) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("redis-server on %s still answers after SIGKILL", s.Addr)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	s.s.Kill()
 }
 
 // Restart starts the server again on the same port after Kill.
 func (s *Server) Restart(tb testing.TB) {
 	tb.Helper()
-	if err := s.launch(); err != nil {
+	if err := s.s.Restart(); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -286,60 +198,9 @@ func (s *Server) Restart(tb testing.TB) {
 // Signal sends sig (such as SIGSTOP or SIGCONT) to the server process.
 func (s *Server) Signal(tb testing.TB, sig os.Signal) {
 	tb.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		tb.Fatal("redistest: server is not running")
-	}
-	if err := s.cmd.Process.Signal(sig); err != nil {
+	if err := s.s.Signal(sig); err != nil {
 		tb.Fatal(err)
 	}
-}
-
-// running reports whether the server process runs (not killed).
-func (s *Server) running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cmd != nil
-}
-
-// stop kills the server and removes its directory.
-func (s *Server) stop() {
-	s.mu.Lock()
-	cmd := s.cmd
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Signal(syscall.SIGCONT) // in case a test paused it
-		_ = cmd.Process.Kill()
-	}
-	_ = os.RemoveAll(s.dir)
-}
-
-// ping reports whether a Redis answers PING on addr.
-func ping(addr string) bool {
-	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return false
-	}
-	buf := make([]byte, 7)
-	n, _ := conn.Read(buf)
-	return string(buf[:n]) == "+PONG\r\n"
-}
-
-// freePort asks the kernel for a free loopback port.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Name returns a name for a lock or semaphore that no other test uses:

@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/redisync/redisync/internal/redisserver"
 )
 
 // SpawnSentinel starts a Redis Sentinel of the test's own that monitors
@@ -22,10 +24,10 @@ func SpawnSentinel(tb testing.TB, master, primaryAddr string) *Server {
 	conf := fmt.Sprintf("sentinel monitor %[1]s %[2]s %[3]s 1\n"+
 		"sentinel down-after-milliseconds %[1]s 1000\n"+
 		"sentinel failover-timeout %[1]s 5000\n", master, host, port)
-	s, err := start(freePort, conf, "--sentinel")
+	s, err := redisserver.Start("redis-server", conf, "--sentinel")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(s.stop)
-	return s
+	tb.Cleanup(func() { _ = s.Stop() })
+	return wrap(s)
 }

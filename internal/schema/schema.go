@@ -41,9 +41,9 @@ func base(prefix, kind, name string) string {
 
 // Lock is the keys and channel of one lock.
 type Lock struct {
-	// Hash is the lock: a hash of hold id -> hold count, and LayoutField
-	// -> Layout, with the lease as the key's TTL. It exists exactly while
-	// the lock is held.
+	// Hash is the lock: a hash of hold id -> hold count, LayoutField ->
+	// Layout and, when the holder has metadata, MetaField -> it, with the
+	// lease as the key's TTL. It exists exactly while the lock is held.
 	Hash string
 	// Token is the last fencing token issued (a decimal integer): the
 	// holder's while the lock is held (it lives as long as the hold's
@@ -75,19 +75,29 @@ func LockKeys(prefix, name string) Lock {
 // takes nothing.
 func (k Lock) Tombstone(id string) string { return k.Hash + ":released:" + id }
 
-// LockWaiter is a fair waiter's record, stored as "deadline:handoff".
+// LockWaiter is a fair waiter's record, stored as "deadline:handoff", or
+// "deadline:handoff:metadata" when the waiter has metadata.
 type LockWaiter struct {
-	Deadline int64 // server time in ms by which it must heartbeat again
-	Handoff  int64 // the lease in ms of a hold handed to it
+	Deadline int64  // server time in ms by which it must heartbeat again
+	Handoff  int64  // the lease in ms of a hold handed to it
+	Metadata string // stored with the hold handed to it
 }
 
 // ParseLockWaiter decodes a fair waiter's record.
 func ParseLockWaiter(rec string) (LockWaiter, bool) {
-	f, ok := ints(rec, 2)
+	parts := strings.SplitN(rec, ":", 3)
+	if len(parts) < 2 {
+		return LockWaiter{}, false
+	}
+	f, ok := ints(parts[0]+":"+parts[1], 2)
 	if !ok {
 		return LockWaiter{}, false
 	}
-	return LockWaiter{Deadline: f[0], Handoff: f[1]}, true
+	w := LockWaiter{Deadline: f[0], Handoff: f[1]}
+	if len(parts) == 3 {
+		w.Metadata = parts[2]
+	}
+	return w, true
 }
 
 // ParseSemSize decodes a semaphore's size record, "size:layout" (or
@@ -189,6 +199,10 @@ func ints(rec string, n int) ([]int64, bool) {
 	}
 	return f, true
 }
+
+// MetaField is the field of a lock's hash that holds its holder's
+// metadata, when it has any.
+const MetaField = "{meta}"
 
 // HandoffPrefix starts every hand-off handle: the hold id under which a
 // hold waits, in the lock's hash, for the process it is handed to. No hold

@@ -1,0 +1,12 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/redisync/redisync/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(redistest.Main(m))
+}
