@@ -15,7 +15,8 @@ import (
 // two background goroutines that all of them share: the subscriber (one
 // pub/sub connection through which every waiter is woken) and the watchdog
 // (which renews every held lease and heartbeats every fair waiter, in
-// batches). Both start when first needed.
+// batches). Both start when first needed; so does a third, with
+// WithObserver or WithLogger, that delivers their events.
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
@@ -28,6 +29,8 @@ type Client struct {
 	wd      *watchdog
 	calls   *callGroup // calls to Redis running in goroutines of their own
 	publish string     // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
+	obs     Observer   // WithObserver; nil: none
+	events  *events    // background events for the observer and the logger; nil: neither
 
 	ctx   context.Context // ends when the Client is closed
 	close context.CancelFunc
@@ -58,8 +61,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		cluster = nil
 	}
 	c.calls = newCallGroup()
-	c.sub = newSubscriber(rdb, cluster, c.ctx)
-	c.wd = newWatchdog(rdb, c.ctx)
+	c.obs = c.cfg.obs
+	c.events = newEvents(c.cfg.obs, c.cfg.log)
+	c.sub = newSubscriber(rdb, cluster, c.ctx, c.events)
+	c.wd = newWatchdog(rdb, c.ctx, c.events)
 	return c
 }
 
@@ -73,8 +78,9 @@ const closeTimeout = 2 * time.Second
 // wait for the leases to run out; the releases are sent all at once and
 // waited for at most 2 s (a hold not released by then runs out with its
 // lease). Close then waits for the calls to Redis still running in the
-// background (the clean-up of calls whose context ended). It is idempotent
-// and always returns nil.
+// background (the clean-up of calls whose context ended), and for the
+// observer and the logger to be told the events queued for them. It is
+// idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.close()
 	c.sub.wait()
@@ -91,6 +97,7 @@ func (c *Client) Close() error {
 	}
 	wg.Wait()
 	c.calls.close()
+	c.events.close()
 	return nil
 }
 

@@ -44,6 +44,14 @@
 // that paused past its lease; a resource that rejects writes carrying a
 // token lower than the highest it has seen can. See docs/guarantees.md.
 //
+// # Observing
+//
+// WithObserver tells an Observer every call and every background event
+// (holds taken, released, lost; renewals; reconnections), for metrics and
+// traces (the module github.com/redisync/redisync/otel records them with
+// OpenTelemetry); WithLogger logs with log/slog what an operator must see.
+// Without them a call pays a nil check. See docs/operations.md.
+//
 // # Keys
 //
 // A lock called name lives in keys that share the hash tag {name}, so that

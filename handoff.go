@@ -25,6 +25,17 @@ import (
 // and the hold runs out within its lease. It is sent even when ctx has
 // ended already, as a release is.
 func (m *Mutex) Handoff(ctx context.Context) (string, error) {
+	if m.c.obs == nil {
+		return m.handoff(ctx)
+	}
+	ctx, o := observe(m.c.obs, ctx, OpHandoff, PrimitiveMutex, m.name, 0)
+	handle, err := m.handoff(ctx)
+	o.end(ctx, true, err, 0)
+	return handle, err
+}
+
+// handoff is Handoff, unobserved.
+func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	if err := cmp.Or(m.err, m.c.usable()); err != nil {
 		return "", m.wrap("handoff", err)
 	}
@@ -35,6 +46,7 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 		return "", m.wrap("handoff", ErrNotHeld)
 	}
 	lost := h.isLost
+	h.given = !lost
 	m.loseLocked(h) // the holder stops believing before anyone else can
 	m.forgetLocked(h)
 	m.mu.Unlock()
@@ -71,6 +83,17 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 // Redis, when m holds the lock already, and the errors of Redis. Like
 // Lock, it returns within 25 ms of ctx's end and leaves nothing behind.
 func (m *Mutex) Accept(ctx context.Context, handle string) error {
+	if m.c.obs == nil {
+		return m.accept(ctx, handle)
+	}
+	ctx, o := observe(m.c.obs, ctx, OpAccept, PrimitiveMutex, m.name, 0)
+	err := m.accept(ctx, handle)
+	o.end(ctx, true, err, m.Token())
+	return err
+}
+
+// accept is Accept, unobserved.
+func (m *Mutex) accept(ctx context.Context, handle string) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("accept", err)
 	}
@@ -99,7 +122,7 @@ func (m *Mutex) Accept(ctx context.Context, handle string) error {
 	case res[0] == 0:
 		return m.wrap("accept", ErrNotHeld)
 	}
-	ok, _, err := l.take(ctx, res[1], sent, m.lease())
+	ok, _, err := l.take(ctx, res[1], sent, m.lease(), true)
 	switch {
 	case errors.Is(err, errHeld): // a Lock of m won the race; given back
 		return m.wrap("accept", ErrHeld)

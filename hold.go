@@ -29,6 +29,9 @@ type hold struct {
 	isLost  bool
 	freed   bool       // a confirmed release ended it (a Semaphore's holding)
 	ka      *keepalive // its watchdog entry
+	taken   time.Time  // when it was taken, for events
+	handoff bool       // taken by a hand-off: a fair lock's release, or Accept
+	given   bool       // given to another process by Handoff
 }
 
 // holds is the hold lifecycle that Mutex and Semaphore share. A value has
@@ -43,16 +46,22 @@ type hold struct {
 // the waiter was still queued), never from when the news arrived, so that
 // the holder hears of a loss before Redis can let anyone else in, at any
 // network latency.
+//
+// Each hold is told to the Client's events queue once when taken and once
+// when it ends, lost or released.
 type holds struct {
 	c      *Client
+	prim   Primitive // for events
+	name   string
+	quiet  bool // tells no events: a RedMutex's node, whose RedMutex tells its own
 	mu     sync.Mutex
 	cur    *hold
 	taken  chan struct{} // closed, and replaced, when a hold is taken
 	onLost func()        // called with mu held when the current hold is lost
 }
 
-func newHolds(c *Client) holds {
-	return holds{c: c, taken: make(chan struct{})}
+func newHolds(c *Client, prim Primitive, name string) holds {
+	return holds{c: c, prim: prim, name: name, taken: make(chan struct{})}
 }
 
 // take makes h the value's hold; its lease of length lease was set in
@@ -77,7 +86,26 @@ func (s *holds) take(h *hold, e *keepalive, since time.Time, lease time.Duration
 	s.cur = h
 	close(s.taken)
 	s.taken = make(chan struct{})
+	h.taken = time.Now()
+	s.emit(KindHoldTaken, h, nil)
 	return nil
+}
+
+// emit tells the events queue that h was taken or ended. s.mu must be held.
+func (s *holds) emit(kind Kind, h *hold, err error) {
+	if s.c.events == nil || s.quiet {
+		return
+	}
+	e := Event{Kind: kind, Primitive: s.prim, Name: s.name, Token: h.token, Handoff: h.given, Err: err}
+	if s.prim == PrimitiveSemaphore {
+		e.Permits = h.n
+	}
+	if kind == KindHoldTaken {
+		e.Handoff = h.handoff
+	} else {
+		e.Held = time.Since(h.taken)
+	}
+	s.c.events.emit(e)
 }
 
 // current returns the value's hold, or nil. Its fields are guarded by s.mu.
@@ -109,6 +137,14 @@ func (s *holds) loseLocked(h *hold) {
 	}
 	h.isLost = true
 	close(h.lost)
+	switch {
+	case h.given:
+		s.emit(KindHoldReleased, h, nil)
+	case s.c.ctx.Err() != nil: // the Client is closing, and releases it
+		s.emit(KindHoldReleased, h, ErrClosed)
+	default:
+		s.emit(KindHoldLost, h, nil)
+	}
 	end(h, ErrLockLost)
 	s.c.wd.remove(h.ka)
 	if s.onLost != nil {
@@ -120,6 +156,9 @@ func (s *holds) loseLocked(h *hold) {
 // renewal may outlive the release. s.mu must be held.
 func (s *holds) forgetLocked(h *hold) {
 	s.c.wd.remove(h.ka)
+	if h.cause == nil {
+		s.emit(KindHoldReleased, h, nil)
+	}
 	end(h, ErrReleased)
 	if s.cur == h {
 		s.cur = nil

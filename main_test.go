@@ -3,7 +3,8 @@ package redisync
 import (
 	"testing"
 
+	"github.com/redisync/redisync/internal/redistest"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(m)) }

@@ -57,7 +57,7 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 		cfg:   cfg,
 		keys:  schema.LockKeys(cfg.prefix, name),
 		err:   cmp.Or(checkName(name), cfg.err),
-		holds: newHolds(c),
+		holds: newHolds(c, PrimitiveMutex, name),
 	}
 	return m
 }
@@ -82,6 +82,17 @@ func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
 // outlives Redis being unreachable or failing over, looking again with a
 // growing pause until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
+	if m.c.obs == nil {
+		return m.lock(ctx)
+	}
+	ctx, o := observe(m.c.obs, ctx, OpLock, PrimitiveMutex, m.name, 0)
+	err := m.lock(ctx)
+	o.end(ctx, true, err, m.Token())
+	return err
+}
+
+// lock is Lock, unobserved.
+func (m *Mutex) lock(ctx context.Context) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("lock", err)
 	}
@@ -109,6 +120,17 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // anew if m's hold was lost, as Lock does). A fair Mutex does not take the
 // lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
+	if m.c.obs == nil {
+		return m.tryLock(ctx)
+	}
+	ctx, o := observe(m.c.obs, ctx, OpTryLock, PrimitiveMutex, m.name, 0)
+	ok, err := m.tryLock(ctx)
+	o.end(ctx, ok, err, m.Token())
+	return ok, err
+}
+
+// tryLock is TryLock, unobserved.
+func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
 	}
@@ -155,6 +177,17 @@ func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
 // renewed, so when the release fails, or ctx ends before it is confirmed,
 // the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
+	if m.c.obs == nil {
+		return m.unlock(ctx)
+	}
+	ctx, o := observe(m.c.obs, ctx, OpUnlock, PrimitiveMutex, m.name, 0)
+	err := m.unlock(ctx)
+	o.end(ctx, true, err, 0)
+	return err
+}
+
+// unlock is Unlock, unobserved: a RedMutex releases its node holds with it.
+func (m *Mutex) unlock(ctx context.Context) error {
 	if err := cmp.Or(m.err, m.c.usable()); err != nil {
 		m.mu.Lock()
 		h := m.cur
@@ -324,7 +357,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		l.failed(err, false)
 		return false, 0, redisError(err)
 	case res[0] == 1:
-		return l.take(ctx, res[1], sent, m.lease())
+		return l.take(ctx, res[1], sent, m.lease(), false)
 	case res[0] == -2 || res[0] == -3:
 		// The ticket left the queue (handed the lock, lost since; or
 		// dropped as dead), or was withdrawn (by a retry of the attempt
@@ -342,12 +375,12 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 }
 
 // take makes the hold granted to the ticket m's, its lease of length lease
-// having been set no earlier than since. When m cannot take it, it is
-// given back (and handed on): if its lease may have run out already, the
-// call goes on waiting.
-func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration) (bool, time.Duration, error) {
+// having been set no earlier than since (handoff: it was handed over).
+// When m cannot take it, it is given back (and handed on): if its lease
+// may have run out already, the call goes on waiting.
+func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
-	h := &hold{id: l.ticket, token: token, n: 1}
+	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
 	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.Hash, m.keys.Token},
 		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
 		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
@@ -380,7 +413,7 @@ func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
 		// replicas: the attempt will tell, and take it if it is ours.
 		return false, nil
 	}
-	ok, _, err := l.take(ctx, token, l.confirmed(), l.m.handoffLease())
+	ok, _, err := l.take(ctx, token, l.confirmed(), l.m.handoffLease(), true)
 	return ok, err
 }
 
@@ -390,7 +423,7 @@ func (l *lockCall) outlasts(err error) bool { return l.m.c.outlasts(err) }
 // sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(ws *waitSet) {
 	m := l.m
-	l.keepAlive("wait", l.ticket, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, ws)
+	l.keepAlive("wait", l.ticket, m.name, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, ws)
 }
 
 // changed is closed when another call of the same value takes a hold.

@@ -35,7 +35,8 @@ import (
 // "2xPING", two round trips that do nothing, and "SETNX+DEL", the
 // simplest lock there is (SET NX PX, then a compare-and-delete script, as
 // bsm/redislock and redsync do), which has no reentrancy, fencing token,
-// fair queue, retry tombstone nor wake-up message.
+// fair queue, retry tombstone nor wake-up message. "observed" has an
+// Observer that does nothing: the cost of telling one.
 func BenchmarkMutexLockUnlock(b *testing.B) {
 	for _, tc := range []struct {
 		name string
@@ -43,11 +44,12 @@ func BenchmarkMutexLockUnlock(b *testing.B) {
 	}{
 		{"default", nil},
 		{"fair", []Option{Fair()}},
+		{"observed", []Option{WithObserver(nopObserver{})}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
-			c := benchClient(b, rdb)
-			m := c.NewMutex(benchKey(b), tc.opts...)
+			c := benchClient(b, rdb, tc.opts...)
+			m := c.NewMutex(benchKey(b))
 			ctx := context.Background()
 			run := func() {
 				if err := m.Lock(ctx); err != nil {
@@ -91,6 +93,13 @@ func BenchmarkMutexLockUnlock(b *testing.B) {
 		benchLoop(b, rdb, cnt, run)
 	})
 }
+
+// nopObserver is an Observer that does nothing.
+type nopObserver struct{}
+
+func (nopObserver) CallStart(ctx context.Context, _ Call) context.Context { return ctx }
+func (nopObserver) CallEnd(context.Context, Call)                         {}
+func (nopObserver) Event(Event)                                           {}
 
 // benchDelIfOwner is the release of the simplest lock: delete the key if
 // it still holds the caller's token.
@@ -301,9 +310,9 @@ func benchServerCalls(b *testing.B, ctx context.Context, rdb *redis.Client) int6
 }
 
 // benchClient returns a redisync Client closed when the benchmark ends.
-func benchClient(b *testing.B, rdb redis.UniversalClient) *Client {
+func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Client {
 	b.Helper()
-	c := New(rdb)
+	c := New(rdb, opts...)
 	b.Cleanup(func() { _ = c.Close() })
 	return c
 }

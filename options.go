@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -38,6 +39,8 @@ type config struct {
 	node           time.Duration // Redlock: per-node timeout; 0: the default
 	label          string        // the start of every hold id (WithLabel)
 	metadata       string        // stored with every hold of a Mutex (WithMetadata)
+	obs            Observer      // WithObserver (an option of New)
+	log            *slog.Logger  // WithLogger (an option of New)
 	err            error         // the first invalid option
 }
 

@@ -151,14 +151,14 @@ func (m *RedMutex) lateAcquire(i int, x nodeResult) {
 	if x.ok {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		_ = m.nodes[i].Unlock(ctx)
+		_ = m.nodes[i].unlock(ctx)
 	}
 }
 
 // releaseOn releases node i's hold: ok when it was released, neither ok
 // nor an error when it was not there any more.
 func (m *RedMutex) releaseOn(ctx context.Context, i int) nodeResult {
-	err := m.nodes[i].Unlock(ctx)
+	err := m.nodes[i].unlock(ctx)
 	switch {
 	case err == nil:
 		return nodeResult{ok: true}

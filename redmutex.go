@@ -37,8 +37,9 @@ type RedMutex struct {
 	token  int64
 	lost   chan struct{}
 	isLost bool
-	member []bool // the node is part of the current hold
-	alive  []bool // ... and its node hold is not known lost
+	taken  time.Time // when the current hold was taken, for events
+	member []bool    // the node is part of the current hold
+	alive  []bool    // ... and its node hold is not known lost
 	nAlive int
 	busy   []int // calls to the node still running
 }
@@ -65,6 +66,7 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 	for i, c := range r.clients {
 		nm := c.NewMutex(name, opts...)
 		nm.onLost = func() { m.nodeLost(i) }
+		nm.quiet = true // m tells its own holds
 		m.nodes = append(m.nodes, nm)
 		m.posts = append(m.posts, nm.post())
 	}
@@ -92,6 +94,17 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 // ErrClosed after Close, and ctx.Err() wrapped when ctx ends first; it
 // leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) error {
+	if m.r.cfg.obs == nil {
+		return m.lock(ctx)
+	}
+	ctx, o := observe(m.r.cfg.obs, ctx, OpLock, PrimitiveRedMutex, m.name, 0)
+	err := m.lock(ctx)
+	o.end(ctx, true, err, m.Token())
+	return err
+}
+
+// lock is Lock, unobserved.
+func (m *RedMutex) lock(ctx context.Context) error {
 	if err := block(ctx, m.posts, redCall{m}); err != nil {
 		return m.wrap("lock", err)
 	}
@@ -103,6 +116,17 @@ func (m *RedMutex) Lock(ctx context.Context) error {
 // lost, as Lock does). When fewer than a quorum of
 // nodes answered, it returns false and an error wrapping ErrQuorum.
 func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
+	if m.r.cfg.obs == nil {
+		return m.tryLock(ctx)
+	}
+	ctx, o := observe(m.r.cfg.obs, ctx, OpTryLock, PrimitiveRedMutex, m.name, 0)
+	ok, err := m.tryLock(ctx)
+	o.end(ctx, ok, err, m.Token())
+	return ok, err
+}
+
+// tryLock is TryLock, unobserved.
+func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
 	acquired, _, _, err := m.round(ctx)
 	if err != nil {
 		return false, m.wrap("trylock", err)
@@ -119,6 +143,17 @@ func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
 // told: their holds then stay until their leases run out. m forgets the
 // hold in every case.
 func (m *RedMutex) Unlock(ctx context.Context) error {
+	if m.r.cfg.obs == nil {
+		return m.unlock(ctx)
+	}
+	ctx, o := observe(m.r.cfg.obs, ctx, OpUnlock, PrimitiveRedMutex, m.name, 0)
+	err := m.unlock(ctx)
+	o.end(ctx, true, err, 0)
+	return err
+}
+
+// unlock is Unlock, unobserved.
+func (m *RedMutex) unlock(ctx context.Context) error {
 	if err := m.begin(ctx); err != nil {
 		return m.wrap("unlock", err)
 	}
@@ -139,6 +174,9 @@ func (m *RedMutex) Unlock(ctx context.Context) error {
 		return nil
 	}
 	members := slices.Clone(m.member)
+	if !lost {
+		m.emit(KindHoldReleased, nil)
+	}
 	m.forget()
 	m.mu.Unlock()
 
@@ -209,6 +247,8 @@ func (m *RedMutex) commit(held []int, token int64) {
 		m.member[i], m.alive[i] = true, true
 	}
 	m.nAlive = len(held)
+	m.taken = time.Now()
+	m.emit(KindHoldTaken, nil)
 	m.mu.Unlock()
 	// A node hold lost before the commit was ignored by nodeLost.
 	for _, i := range held {
@@ -240,7 +280,26 @@ func (m *RedMutex) nodeLost(i int) {
 	if m.nAlive < m.r.quorum && m.count > 0 && !m.isLost {
 		m.isLost = true
 		close(m.lost)
+		if m.r.usable() == ErrClosed {
+			m.emit(KindHoldReleased, ErrClosed) // Close releases it
+		} else {
+			m.emit(KindHoldLost, nil)
+		}
 	}
+}
+
+// emit tells the first node's events queue that the current hold was
+// taken or ended. m.mu must be held.
+func (m *RedMutex) emit(kind Kind, err error) {
+	if m.r.err != nil || m.r.clients[0].events == nil {
+		return
+	}
+	ev := m.r.clients[0].events
+	e := Event{Kind: kind, Primitive: PrimitiveRedMutex, Name: m.name, Token: m.token, Err: err}
+	if kind != KindHoldTaken {
+		e.Held = time.Since(m.taken)
+	}
+	ev.emit(e)
 }
 
 // begin checks that m can be used and takes m's turn to talk to Redis.

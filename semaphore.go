@@ -90,7 +90,7 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 		turn:  make(chan struct{}, 1),
 		op:    make(chan struct{}, 1),
 		err:   cmp.Or(checkName(name), bad, cfg.err),
-		holds: newHolds(c),
+		holds: newHolds(c, PrimitiveSemaphore, name),
 		keys:  schema.SemaphoreKeys(cfg.prefix, name),
 	}
 }
@@ -150,6 +150,17 @@ func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int6
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
+	if s.c.obs == nil {
+		return s.acquire(ctx, n)
+	}
+	ctx, o := observe(s.c.obs, ctx, OpAcquire, PrimitiveSemaphore, s.name, n)
+	err := s.acquire(ctx, n)
+	o.end(ctx, true, err, 0)
+	return err
+}
+
+// acquire is Acquire, unobserved.
+func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	if err := s.usable(ctx, n); err != nil {
 		return s.wrap("acquire", err)
 	}
@@ -171,6 +182,17 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
 // anyone is queued, even if the free permits would cover n, and when
 // another Acquire of s is under way.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
+	if s.c.obs == nil {
+		return s.tryAcquire(ctx, n)
+	}
+	ctx, o := observe(s.c.obs, ctx, OpTryAcquire, PrimitiveSemaphore, s.name, n)
+	ok, err := s.tryAcquire(ctx, n)
+	o.end(ctx, ok, err, 0)
+	return ok, err
+}
+
+// tryAcquire is TryAcquire, unobserved.
+func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	if err := s.usable(ctx, n); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
@@ -208,6 +230,17 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 // renew permits it cannot count. When ctx ends before such a release is
 // confirmed, Release returns and its outcome is applied when it comes.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
+	if s.c.obs == nil {
+		return s.releaseN(ctx, n)
+	}
+	ctx, o := observe(s.c.obs, ctx, OpRelease, PrimitiveSemaphore, s.name, n)
+	err := s.releaseN(ctx, n)
+	o.end(ctx, true, err, 0)
+	return err
+}
+
+// releaseN is Release, unobserved.
+func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 	if err := cmp.Or(s.err, s.check(n), s.c.valid()); err != nil {
 		return s.wrap("release", err)
 	}
@@ -554,7 +587,7 @@ func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(ws *waitSet) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, ws)
+	a.keepAlive("swait", a.waiter, s.name, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, ws)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for

@@ -55,6 +55,7 @@ type subscriber struct {
 	cluster *redis.ClusterClient // set when channels are sharded (SSUBSCRIBE)
 	ctx     context.Context      // ends when the Client is closed
 	closed  <-chan struct{}      // ctx.Done()
+	ev      *events              // reconnections are told here; may be nil
 	wg      sync.WaitGroup
 	wmu     sync.Mutex // held while subscription changes are decided and written
 
@@ -64,6 +65,7 @@ type subscriber struct {
 	shards   map[string]*shard // by primary address; "" for the one plain connection
 	on       map[string]*shard // the connection each channel is subscribed on
 	failures int               // consecutive shard failures, for the back-off
+	down     bool              // a failure was told and no subscription confirmed since
 }
 
 // shard is one pub/sub connection and the goroutine that reads it.
@@ -78,12 +80,13 @@ type shard struct {
 // newSubscriber returns the subscriber of a Client. With cluster set,
 // channels are sharded: subscribed with SSUBSCRIBE on the primary that
 // serves their slot.
-func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context) *subscriber {
+func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context, ev *events) *subscriber {
 	return &subscriber{
 		rdb:     rdb,
 		cluster: cluster,
 		ctx:     ctx,
 		closed:  ctx.Done(),
+		ev:      ev,
 		reg:     newRegistry(),
 		shards:  make(map[string]*shard),
 		on:      make(map[string]*shard),
@@ -123,7 +126,7 @@ func (s *subscriber) confirmed(sh *shard, name string) {
 	if sh.unsubs[name] > 0 || s.on[name] != sh {
 		return
 	}
-	s.failures = 0
+	s.failures, s.down = 0, false
 	s.reg.confirm(name)
 }
 
@@ -142,18 +145,29 @@ func (s *subscriber) unsubscribed(sh *shard, name string) bool {
 	return s.on[name] != sh
 }
 
-// lapsed records that sh's connection failed: go-redis dials again and
-// subscribes its channels anew, so replies still due on the old connection
-// will never come, and until the new confirmations arrive the channels'
-// waiters cannot rely on messages.
-func (s *subscriber) lapsed(sh *shard) {
+// lapsed records that sh's connection failed with err: go-redis dials
+// again and subscribes its channels anew, so replies still due on the old
+// connection will never come, and until the new confirmations arrive the
+// channels' waiters cannot rely on messages.
+func (s *subscriber) lapsed(sh *shard, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.failed(err)
 	clear(sh.unsubs)
 	for name, on := range s.on {
 		if on == sh {
 			s.reg.lapse(name)
 		}
+	}
+}
+
+// failed tells the events queue that a connection failed with err, unless
+// a failure was told already and no subscription was confirmed since (one
+// event per outage, however many retries it takes). s.mu must be held.
+func (s *subscriber) failed(err error) {
+	if !s.down && s.ctx.Err() == nil {
+		s.down = true
+		s.ev.emit(Event{Kind: KindReconnect, Err: err})
 	}
 }
 
@@ -177,14 +191,14 @@ func (s *subscriber) run(sh *shard) {
 		case err == nil:
 			backoff, heard, pinged = 0, time.Now(), time.Time{}
 			if !s.dispatch(sh, msg) {
-				s.fail(sh)
+				s.fail(sh, errSlotMoved)
 				return
 			}
 		case isTimeout(err) && !pinged.IsZero() && time.Since(pinged) >= pongWait:
 			// Silent and deaf to a ping: a connection that died
 			// without a reset (a partition) is replaced, or every
 			// message on it would be lost until TCP gives up.
-			s.fail(sh)
+			s.fail(sh, errNoPong)
 			return
 		case isTimeout(err):
 			if pinged.IsZero() && time.Since(heard) >= pingAfter {
@@ -192,11 +206,11 @@ func (s *subscriber) run(sh *shard) {
 				_ = sh.ps.Ping(s.ctx) // a failed write makes go-redis reconnect
 			}
 		case s.cluster != nil:
-			s.fail(sh)
+			s.fail(sh, err)
 			return
 		default:
 			// The connection failed; go-redis redials on the next read.
-			s.lapsed(sh)
+			s.lapsed(sh, err)
 			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
 			s.pause(backoff)
 		}
@@ -224,6 +238,12 @@ func (s *subscriber) dispatch(sh *shard, msg any) bool {
 	return true
 }
 
+// Why a connection is replaced although reading it did not fail.
+var (
+	errSlotMoved = errors.New("redisync: the server dropped a channel whose slot moved")
+	errNoPong    = errors.New("redisync: no reply to a ping")
+)
+
 // isDead reports whether sh was closed.
 func (s *subscriber) isDead(sh *shard) bool {
 	s.mu.Lock()
@@ -231,14 +251,16 @@ func (s *subscriber) isDead(sh *shard) bool {
 	return sh.dead
 }
 
-// fail replaces a connection that failed (a sharded one that failed in
-// any way, a plain one that stopped answering pings): its channels are marked
+// fail replaces a connection that failed with err (a sharded one that
+// failed in any way, a plain one that stopped answering pings): its
+// channels are marked
 // unsubscribed (their waiters will all look again once they are
 // subscribed anew), the cluster's slot map is reloaded, and, after a
 // back-off that grows while failures repeat, the channels that still have
 // waiters are subscribed again wherever their slots are served now.
-func (s *subscriber) fail(sh *shard) {
+func (s *subscriber) fail(sh *shard, err error) {
 	s.mu.Lock()
+	s.failed(err)
 	sh.dead = true
 	if s.shards[sh.addr] == sh {
 		delete(s.shards, sh.addr)

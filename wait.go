@@ -202,16 +202,16 @@ func (p *place) confirmed() time.Time {
 
 // keepAlive registers the heartbeat of a queued call (kind: "wait" for a
 // fair lock's waiter, "swait" for a semaphore's; owner: its address;
-// keys: its queue, its waiters' records, and what it waits for), unless it
-// runs already. The watchdog nudges ws when it finds the call dequeued
-// (granted, or dropped), or what it waits for free with nobody to announce
-// it.
-func (p *place) keepAlive(kind, owner string, keys []string, ttl time.Duration, ws *waitSet) {
+// name: of what it waits for, for events; keys: its queue, its waiters'
+// records, and what it waits for), unless it runs already. The watchdog
+// nudges ws when it finds the call dequeued (granted, or dropped), or what
+// it waits for free with nobody to announce it.
+func (p *place) keepAlive(kind, owner, name string, keys []string, ttl time.Duration, ws *waitSet) {
 	if !p.queued || (p.hb != nil && p.wd.registered(p.hb)) {
 		return
 	}
 	p.stop() // dropped by the watchdog: the attempt queued the call again
-	hb := &keepalive{kind: kind, owner: owner, keys: keys, ttl: ttl, renew: true, gone: ws.nudge, free: ws.nudge}
+	hb := &keepalive{kind: kind, owner: owner, name: name, keys: keys, ttl: ttl, renew: true, gone: ws.nudge, free: ws.nudge}
 	if p.wd.add(hb, p.since, ttl) {
 		p.hb = hb
 	}

@@ -35,6 +35,7 @@ type watchdog struct {
 	rdb     redis.UniversalClient
 	cluster bool            // a Redis Cluster: one hash slot per script call
 	ctx     context.Context // ends when the Client is closed
+	ev      *events         // renewals and dead waiters are told here; may be nil
 	poke    chan struct{}   // wakes run early; never blocks
 	wg      sync.WaitGroup
 
@@ -49,8 +50,9 @@ type watchdog struct {
 // keepalive is one entry of the watchdog: a hold (of a lock, or of a
 // semaphore's permits) or a queued waiter.
 type keepalive struct {
-	kind  string        // the entry's kind in renew.lua: "hold", "sem" or "wait"
+	kind  string        // the entry's kind in renew.lua: "hold", "sem", "wait" or "swait"
 	owner string        // owner id
+	name  string        // waiter: of its lock or semaphore, for events
 	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
 	hold  bool          // lost when its deadline passes unrenewed
@@ -66,12 +68,13 @@ type keepalive struct {
 	release   func(context.Context) // hold: releases it in Redis, when the Client is closed
 }
 
-func newWatchdog(rdb redis.UniversalClient, ctx context.Context) *watchdog {
+func newWatchdog(rdb redis.UniversalClient, ctx context.Context, ev *events) *watchdog {
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &watchdog{
 		rdb:     rdb,
 		cluster: cluster,
 		ctx:     ctx,
+		ev:      ev,
 		poke:    make(chan struct{}, 1),
 		entries: make(map[*keepalive]struct{}),
 	}
@@ -329,6 +332,7 @@ func (w *watchdog) renew(batch []renewal) {
 	}
 
 	now := time.Now()
+	w.told(batch, res, err, now.Sub(sent))
 	var gone []func()
 	w.mu.Lock()
 	for i, r := range batch {
@@ -356,6 +360,37 @@ func (w *watchdog) renew(batch []renewal) {
 	w.mu.Unlock()
 	for _, f := range gone {
 		f()
+	}
+}
+
+// told tells the events queue about a renewal call of batch that took
+// latency: its success or failure, and the waiters it found with nobody
+// to wake them (once per lock or semaphore).
+func (w *watchdog) told(batch []renewal, res []int64, err error, latency time.Duration) {
+	if w.ev == nil {
+		return
+	}
+	if err != nil {
+		if w.ctx.Err() == nil { // not the Client's Close
+			w.ev.emit(Event{Kind: KindRenewalFailed, Count: len(batch), Latency: latency, Err: err})
+		}
+		return
+	}
+	w.ev.emit(Event{Kind: KindRenewal, Count: len(batch), Latency: latency})
+	var seen map[string]bool
+	for i, r := range batch {
+		if i >= len(res) || res[i] != 2 || seen[r.keys[2]] {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]bool)
+		}
+		seen[r.keys[2]] = true
+		prim := PrimitiveMutex
+		if r.kind == "swait" {
+			prim = PrimitiveSemaphore
+		}
+		w.ev.emit(Event{Kind: KindDeadWaiter, Primitive: prim, Name: r.e.name})
 	}
 }
 

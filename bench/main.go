@@ -12,6 +12,10 @@
 // it at exit. With -rounds N every run is repeated N times, the libraries
 // taking turns in a rotated order each round, and the rounds are pooled. Progress goes to stderr, the tables to stdout, and with -out
 // the CSV files and SVG charts to DIR.
+//
+// With -dashboard FILE it only draws the figures that "redisync demo
+// --metrics-out FILE" wrote, as a dashboard (FILE with .svg in place of
+// .csv): "go generate ./bench" makes docs/dashboard.svg.
 package main
 
 import (
@@ -37,11 +41,19 @@ type options struct {
 	settle             time.Duration
 	rounds             int
 	cpuprofile         string
+	dashboard          string // a demo's figures to draw, instead of benchmarking
 	settings
 }
 
 func main() {
 	opts := parseFlags()
+	if opts.dashboard != "" {
+		if err := writeDashboard(opts.dashboard); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := bench(ctx, opts); err != nil {
@@ -76,6 +88,7 @@ func parseFlags() options {
 	flag.DurationVar(&o.settle, "settle", 300*time.Millisecond, "pause between runs")
 	flag.IntVar(&o.rounds, "rounds", 1, "run everything this many times, the libraries' order rotated each round, and pool the rounds")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the benchmark process (every client) to this file")
+	flag.StringVar(&o.dashboard, "dashboard", "", "instead of benchmarking, draw the figures that \"redisync demo --metrics-out FILE\" wrote to FILE as a dashboard, FILE.svg")
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {

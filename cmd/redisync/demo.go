@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -37,6 +38,12 @@ never more than 3 permits were in use, that every worker (lock) and every
 client (semaphore) got its turn and that nothing was left in Redis. Exit 0
 when every check passes, 70 when one fails.
 
+Live figures come from the library's Observer (what an application would
+export with the module github.com/redisync/redisync/otel): per primitive,
+the Lock or Acquire calls waiting, the wait p50 and p99 of the last
+second's acquisitions, their rate, and the holds lost. --metrics-out FILE
+writes them as CSV at every refresh, for a dashboard (docs/operations.md).
+
 When stdout is not a terminal (or with --plain) it prints a progress line
 every half second instead of redrawing.
 
@@ -44,6 +51,7 @@ Examples:
   redisync demo
   redisync demo --duration 20s --clients 8 --workers 4
   redisync demo --plain | tee demo.log
+  redisync demo --duration 20s --metrics-out demo.csv
 
   # on a real Redis; "redisync status demo" in another terminal shows the same
   redisync demo --redis redis://localhost:6379 --duration 1m
@@ -58,6 +66,7 @@ type demoEnv struct {
 	workers int
 	hold    time.Duration // longest simulated hold
 	labels  *labeler
+	stats   *demoStats // the clients' observer
 }
 
 // demoPart is one primitive shown by the demo: the fair lock
@@ -65,6 +74,9 @@ type demoEnv struct {
 type demoPart interface {
 	// title names the primitive, for the header.
 	title(env *demoEnv) string
+	// primitive is the kind of primitive, whose live figures follow
+	// the part's view.
+	primitive() redisync.Primitive
 	// start starts the part's workers in wg; they stop when ctx ends.
 	start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup)
 	// view returns the part's lines of the live view of st.
@@ -95,6 +107,7 @@ func runDemo(args []string) int {
 	name := fs.String("name", "demo", "`name` of the lock and of the semaphore")
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	plain := fs.Bool("plain", false, "print progress lines, even on a terminal")
+	metricsOut := fs.String("metrics-out", "", "write the live figures to `file` as CSV at every refresh")
 	p, err := parseArgs(fs, demoHelp, args)
 	if errors.Is(err, errHelp) {
 		return exitOK
@@ -144,10 +157,10 @@ func runDemo(args []string) int {
 
 	env := &demoEnv{
 		rdb: rdb, prefix: *prefix, name: *name,
-		workers: *workers, hold: *hold, labels: newLabeler(),
+		workers: *workers, hold: *hold, labels: newLabeler(), stats: newDemoStats(),
 	}
 	for range *clients {
-		c := redisync.New(rdb, redisync.WithKeyPrefix(*prefix))
+		c := redisync.New(rdb, redisync.WithKeyPrefix(*prefix), redisync.WithObserver(env.stats))
 		defer func() { _ = c.Close() }()
 		env.clients = append(env.clients, c)
 	}
@@ -157,6 +170,16 @@ func runDemo(args []string) int {
 	}
 	d.width, d.live = terminalWidth(os.Stdout)
 	d.live = d.live && !*plain && os.Getenv("TERM") != "dumb"
+	if *metricsOut != "" {
+		f, err := os.Create(*metricsOut)
+		if err != nil {
+			return errorf(exitUsage, "--metrics-out: %v", err)
+		}
+		defer f.Close()
+		d.metrics = bufio.NewWriter(f)
+		defer d.metrics.Flush()
+		_, _ = d.metrics.WriteString(metricsHeader)
+	}
 	return d.run(ctx)
 }
 
@@ -189,9 +212,10 @@ type demo struct {
 	parts    []demoPart
 	duration time.Duration
 	where    string
-	live     bool // redraw in place; else print progress lines
-	width    int  // of the terminal, when live
-	drawn    int  // lines of the last frame drawn
+	live     bool          // redraw in place; else print progress lines
+	width    int           // of the terminal, when live
+	drawn    int           // lines of the last frame drawn
+	metrics  *bufio.Writer // --metrics-out, if given
 }
 
 // run runs the workers for d.duration or until ctx ends, shows them
@@ -256,7 +280,16 @@ func (d *demo) frame(start time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	st, err := readStatus(ctx, d.env.rdb, d.env.prefix, d.env.name)
-	elapsed := time.Since(start).Round(100 * time.Millisecond)
+	now := time.Now()
+	live := d.env.stats.snapshot(now)
+	if d.metrics != nil {
+		prims := make([]redisync.Primitive, len(d.parts))
+		for i, p := range d.parts {
+			prims[i] = p.primitive()
+		}
+		_ = writeFigures(d.metrics, now.Sub(start), prims, live)
+	}
+	elapsed := now.Sub(start).Round(100 * time.Millisecond)
 	if !d.live {
 		if err != nil {
 			fmt.Fprintf(os.Stdout, "%6v  cannot read the status: %v\n", elapsed, err)
@@ -267,6 +300,7 @@ func (d *demo) frame(start time.Time) {
 		for _, p := range d.parts {
 			b.WriteString(" ")
 			b.WriteString(p.brief(st, d.env.labels))
+			b.WriteString(live[p.primitive()].brief())
 		}
 		fmt.Fprintln(os.Stdout, b.String())
 		return
@@ -277,7 +311,7 @@ func (d *demo) frame(start time.Time) {
 	} else {
 		for _, p := range d.parts {
 			lines = append(lines, p.view(st, d.env.labels)...)
-			lines = append(lines, "")
+			lines = append(lines, live[p.primitive()].line(), "")
 		}
 	}
 	var b strings.Builder
@@ -304,6 +338,9 @@ func (d *demo) summary(elapsed time.Duration, st *Status, interrupted bool) int 
 	var checks []check
 	for _, p := range d.parts {
 		checks = append(checks, p.summary(out, elapsed, st)...)
+		if d.env != nil { // nil in tests of the checks alone
+			checks = append(checks, d.figures(out, p.primitive()))
+		}
 	}
 	fmt.Fprintln(out, "\nchecks:")
 	failed := 0
@@ -323,6 +360,18 @@ func (d *demo) summary(elapsed time.Duration, st *Status, interrupted bool) int 
 	}
 	fmt.Fprintln(out, "all checks passed")
 	return exitOK
+}
+
+// figures prints the observed waits of prim over the run, and checks
+// that no hold was lost.
+func (d *demo) figures(w io.Writer, prim redisync.Primitive) check {
+	p50, p99, lost := d.env.stats.overall(prim)
+	fmt.Fprintf(w, "  observed wait of the acquisitions: p50 %s, p99 %s; holds lost %d\n", msText(p50), msText(p99), lost)
+	what := "lock"
+	if prim == redisync.PrimitiveSemaphore {
+		what = "semaphore"
+	}
+	return check{lost == 0, fmt.Sprintf("%s: no hold lost (%d lost)", what, lost)}
 }
 
 // progressBar draws how far the demo has run.

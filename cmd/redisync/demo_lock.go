@@ -31,6 +31,8 @@ func newLockPart() demoPart { return &lockPart{} }
 
 func (p *lockPart) title(env *demoEnv) string { return fmt.Sprintf("the fair lock %q", env.name) }
 
+func (p *lockPart) primitive() redisync.Primitive { return redisync.PrimitiveMutex }
+
 func (p *lockPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup) {
 	p.acq = make([][]int64, len(env.clients))
 	p.maxWait = make([][]time.Duration, len(env.clients))

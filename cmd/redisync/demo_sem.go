@@ -38,6 +38,8 @@ func (p *semPart) title(env *demoEnv) string {
 	return fmt.Sprintf("the semaphore %q (%d permits, 1 or 2 at a time)", env.name, demoSemSize)
 }
 
+func (p *semPart) primitive() redisync.Primitive { return redisync.PrimitiveSemaphore }
+
 func (p *semPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup) {
 	p.acq = make([]int64, len(env.clients))
 	for ci, c := range env.clients {

@@ -2,6 +2,9 @@ package main
 
 import (
 	"io"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +62,50 @@ func TestDemoLockChecks(t *testing.T) {
 	// mutual exclusion, tokens, a starved worker, something left behind
 	if failed != 4 {
 		t.Errorf("%d checks failed, want 4", failed)
+	}
+}
+
+// The demo shows the observed figures while it runs, and writes them to
+// --metrics-out: one line per primitive at every refresh.
+func TestDemoLiveFigures(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "demo.csv")
+	code, p := runCode(t, "", "demo", "--duration", "1200ms", "--metrics-out", file)
+	out := p.stdout.String()
+	if code != 0 || !strings.Contains(out, "waiting ") || !strings.Contains(out, "wait p50 ") || !strings.Contains(out, "lost 0") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, p.stderr.String())
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if lines[0]+"\n" != metricsHeader || len(lines) < 5 {
+		t.Fatalf("metrics file:\n%s", data)
+	}
+	for _, l := range lines[1:] {
+		f := strings.Split(l, ",")
+		if len(f) != 7 || (f[1] != "mutex" && f[1] != "semaphore") {
+			t.Errorf("bad line %q", l)
+		}
+	}
+	// By the last refresh, the lock has been taken: a wait was seen.
+	last := strings.Split(lines[len(lines)-2], ",")
+	if p99, err := strconv.ParseFloat(last[4], 64); err != nil || p99 <= 0 {
+		t.Errorf("no wait p99 in %q", lines[len(lines)-2])
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	ds := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, tc := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 5}, {0.99, 10}, {0.1, 1}, {1, 10}} {
+		if got := quantile(ds, tc.q); got != tc.want {
+			t.Errorf("quantile(%v) = %v, want %v", tc.q, got, tc.want)
+		}
+	}
+	if quantile(nil, 0.5) != 0 {
+		t.Error("quantile of nothing is not 0")
 	}
 }

@@ -1,0 +1,309 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Observer is told what the locks and semaphores of a Client do, for
+// metrics, traces and the like (the module
+// github.com/redisync/redisync/otel turns it into OpenTelemetry
+// instruments and spans). Set it with WithObserver. Without one, a call
+// pays a nil check and nothing else.
+//
+// Calls (Lock, Acquire, Unlock, ...) are told in the caller's goroutine,
+// as net/http/httptrace does: CallStart when the call starts, and CallEnd
+// when it returns, with the context that CallStart returned, so that a
+// span started there is a child of the caller's span and the parent of
+// what the call sends to Redis. Both must be quick and must not block: the
+// call waits for them.
+//
+// What happens in the background (holds taken, renewed, lost, released,
+// the subscriber reconnecting, a waiter that died) is told to Event, one
+// event at a time, from a goroutine of the Client, through a queue of
+// eventQueue events: the watchdog, a hand-off or a wake-up never waits for
+// the observer. When the queue is full, an event is dropped and counted;
+// the count comes with the next event delivered (KindDropped).
+//
+// The methods must be safe for concurrent use (a Redlock has a Client, so
+// a queue, per node). New kinds of events and new fields may be added:
+// ignore what you do not know.
+type Observer interface {
+	// CallStart is called when a call starts, and returns the context
+	// the call goes on with: ctx, or one derived from it.
+	CallStart(ctx context.Context, c Call) context.Context
+	// CallEnd is called when the call returns, with the context that
+	// CallStart returned and c completed (Outcome, Err, Duration, Token).
+	CallEnd(ctx context.Context, c Call)
+	// Event is called for what happens in the background.
+	Event(e Event)
+}
+
+// Op names a call told to an Observer.
+type Op string
+
+// The calls told to an Observer.
+const (
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock
+	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock
+	OpAcquire    Op = "acquire"    // Semaphore.Acquire
+	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
+	OpRelease    Op = "release"    // Semaphore.Release
+	OpHandoff    Op = "handoff"    // Mutex.Handoff
+	OpAccept     Op = "accept"     // Mutex.Accept
+)
+
+// Primitive names the kind of lock an event is about.
+type Primitive string
+
+// The primitives.
+const (
+	PrimitiveMutex     Primitive = "mutex"
+	PrimitiveSemaphore Primitive = "semaphore"
+	PrimitiveRedMutex  Primitive = "redmutex"
+)
+
+// Outcome is how a call ended.
+type Outcome string
+
+// The outcomes of a call.
+const (
+	OutcomeAcquired  Outcome = "acquired"  // a lock or permits were taken (or a lock re-entered)
+	OutcomeBusy      Outcome = "busy"      // TryLock or TryAcquire found them taken
+	OutcomeReleased  Outcome = "released"  // Unlock, Release or Handoff gave them back
+	OutcomeTimeout   Outcome = "timeout"   // the context's deadline passed (context.DeadlineExceeded)
+	OutcomeCancelled Outcome = "cancelled" // the context was cancelled (context.Canceled)
+	OutcomeLost      Outcome = "lost"      // the hold had been lost (ErrLockLost)
+	OutcomeError     Outcome = "error"     // any other error
+)
+
+// Call is one call told to an Observer.
+type Call struct {
+	Op        Op
+	Primitive Primitive
+	Name      string    // of the lock or semaphore: unbounded, see docs/operations.md
+	Permits   int64     // a Semaphore's Acquire, TryAcquire or Release: permits asked; else 0
+	Start     time.Time // when the call started
+
+	// Set for CallEnd.
+	Outcome  Outcome
+	Err      error         // what the call returned; nil when it succeeded
+	Duration time.Duration // how long the call took: for Lock and Acquire, the wait
+	Token    int64         // the fencing token of the hold a lock call took; else 0
+}
+
+// Kind names a background event.
+type Kind string
+
+// The kinds of background events.
+const (
+	// KindHoldTaken: a hold (a lock, or a semaphore's holding going from
+	// no permits to some) was taken; Handoff says whether it was handed
+	// over (by a fair lock's release, or Accept).
+	KindHoldTaken Kind = "hold.taken"
+	// KindHoldReleased: a hold was given back (Unlock, Release of the
+	// last permits, Handoff, or Close, when Err is ErrClosed); Held is
+	// how long it lasted.
+	KindHoldReleased Kind = "hold.released"
+	// KindHoldLost: a hold was lost (Lost closed): its lease could not
+	// be renewed in time or Redis no longer had it. Told once per hold.
+	KindHoldLost Kind = "hold.lost"
+	// KindRenewal: the watchdog renewed a batch of Count entries (holds
+	// and fair waiters' heartbeats) in one call that took Latency.
+	KindRenewal Kind = "renewal"
+	// KindRenewalFailed: a renewal call of Count entries failed with Err
+	// after Latency; the watchdog tries again soon, and a hold whose
+	// lease runs out meanwhile is lost.
+	KindRenewalFailed Kind = "renewal.failed"
+	// KindReconnect: a pub/sub connection of the subscriber failed (Err)
+	// and is being re-established; its waiters look again once it is.
+	KindReconnect Kind = "subscriber.reconnect"
+	// KindDeadWaiter: a queued waiter's heartbeat found its lock free,
+	// or its semaphore's queue headed by a waiter that died, with nobody
+	// to announce it: most often a hand-off to a waiter that had died
+	// ran out. The waiters of this process look again at once.
+	KindDeadWaiter Kind = "waiter.dead"
+	// KindDropped: Count events were dropped because the queue was full.
+	KindDropped Kind = "events.dropped"
+)
+
+// Event is a background event told to an Observer (and to the logger).
+type Event struct {
+	Kind      Kind
+	Time      time.Time
+	Primitive Primitive     // holds and waiters: the kind of lock
+	Name      string        // holds and waiters: the lock's or semaphore's name
+	Token     int64         // a Mutex's or RedMutex's hold: its fencing token
+	Permits   int64         // a semaphore's holding: the permits held
+	Handoff   bool          // hold.taken, hold.released: handed over
+	Held      time.Duration // hold.released, hold.lost: how long the hold lasted
+	Latency   time.Duration // renewal, renewal.failed: the call's round trip
+	Count     int           // renewal: entries of the batch; events.dropped: events dropped
+	Err       error         // renewal.failed, subscriber.reconnect; hold.released at Close: ErrClosed
+}
+
+// eventQueue is how many background events wait for the observer and the
+// logger before more are dropped.
+var eventQueue = 1024 // a variable for tests
+
+// outcome classifies what a call returned; ok is what it reports (a Try
+// that found the lock taken returns false and no error).
+func outcome(op Op, ok bool, err error) Outcome {
+	switch {
+	case err == nil && !ok:
+		return OutcomeBusy
+	case err == nil && (op == OpUnlock || op == OpRelease || op == OpHandoff):
+		return OutcomeReleased
+	case err == nil:
+		return OutcomeAcquired
+	case errors.Is(err, context.DeadlineExceeded):
+		return OutcomeTimeout
+	case errors.Is(err, context.Canceled):
+		return OutcomeCancelled
+	case errors.Is(err, ErrLockLost):
+		return OutcomeLost
+	}
+	return OutcomeError
+}
+
+// observation is one call being told to an Observer.
+type observation struct {
+	obs  Observer
+	call Call
+}
+
+// observe tells obs, which must not be nil, that a call starts, and
+// returns the context the call goes on with.
+func observe(obs Observer, ctx context.Context, op Op, prim Primitive, name string, permits int64) (context.Context, observation) {
+	call := Call{Op: op, Primitive: prim, Name: name, Permits: permits, Start: time.Now()}
+	return obs.CallStart(ctx, call), observation{obs, call}
+}
+
+// end tells the observer that the call returned ok (false: a Try found
+// the lock taken) and err, with the token of the hold it took.
+func (o observation) end(ctx context.Context, ok bool, err error, token int64) {
+	o.call.Outcome = outcome(o.call.Op, ok, err)
+	o.call.Err, o.call.Duration = err, time.Since(o.call.Start)
+	if o.call.Outcome == OutcomeAcquired {
+		o.call.Token = token
+	}
+	o.obs.CallEnd(ctx, o.call)
+}
+
+// events is a Client's queue of background events, and the goroutine that
+// delivers them to the observer and the logger, one at a time, started by
+// the first event. Sending never blocks: an event that finds the queue
+// full is dropped and counted.
+type events struct {
+	obs     Observer     // may be nil
+	log     *slog.Logger // may be nil
+	q       chan Event
+	stop    chan struct{} // closed by close: deliver what is queued and exit
+	started sync.Once
+	done    sync.WaitGroup
+	dropped atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// newEvents returns the queue of a Client with an observer or a logger
+// (either may be nil), or nil when it has neither.
+func newEvents(obs Observer, log *slog.Logger) *events {
+	if obs == nil && log == nil {
+		return nil
+	}
+	return &events{obs: obs, log: log, q: make(chan Event, eventQueue), stop: make(chan struct{})}
+}
+
+// start starts the goroutine, unless the queue is closed.
+func (q *events) start() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.done.Add(1)
+		go q.run()
+	}
+}
+
+// emit queues e, or drops it when the queue is full. It never blocks. q
+// may be nil.
+func (q *events) emit(e Event) {
+	if q == nil {
+		return
+	}
+	q.started.Do(q.start)
+	e.Time = time.Now()
+	select {
+	case q.q <- e:
+	default:
+		q.dropped.Add(1)
+	}
+}
+
+// run delivers the queued events until close, then those still queued.
+func (q *events) run() {
+	defer q.done.Done()
+	var told uint64 // drops told so far
+	deliver := func(e Event) {
+		q.deliver(e)
+		if n := q.dropped.Load(); n > told {
+			q.deliver(Event{Kind: KindDropped, Time: time.Now(), Count: int(n - told)})
+			told = n
+		}
+	}
+	for {
+		select {
+		case e := <-q.q:
+			deliver(e)
+		case <-q.stop:
+			for {
+				select {
+				case e := <-q.q:
+					deliver(e)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// close delivers what is queued, stops the goroutine and waits for it;
+// later events are never delivered. It is idempotent; q may be nil.
+func (q *events) close() {
+	if q == nil {
+		return
+	}
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.stop)
+	}
+	q.mu.Unlock()
+	q.done.Wait()
+}
+
+// deliver tells the logger and the observer about e.
+func (q *events) deliver(e Event) {
+	if q.log != nil {
+		logEvent(q.log, e)
+	}
+	if q.obs != nil {
+		q.obs.Event(e)
+	}
+}
+
+// WithObserver makes the Client tell o what its locks and semaphores do
+// (see Observer). It only has an effect as an option of New (and of
+// NewRedlock, whose node Clients share o).
+//
+// The default is no observer: a call then pays one nil check.
+func WithObserver(o Observer) Option {
+	return func(cfg *config) { cfg.obs = o }
+}
