@@ -184,10 +184,15 @@ func end(h *hold, cause error) {
 // with cause ErrNotHeld at once when the value holds nothing. Its
 // CancelFunc forgets it.
 func (s *holds) context(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(parent)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := s.cur
+	return holdContext(&s.mu, s.cur, parent)
+}
+
+// holdContext is holds.context for the hold h (nil: none) guarded by mu,
+// which the caller holds; the CancelFunc takes it.
+func holdContext(mu *sync.Mutex, h *hold, parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
 	switch {
 	case h == nil:
 		cancel(ErrNotHeld)
@@ -202,9 +207,9 @@ func (s *holds) context(parent context.Context) (context.Context, context.Cancel
 	key := &cancel
 	h.cancels[key] = struct{}{}
 	return ctx, func() {
-		s.mu.Lock()
+		mu.Lock()
 		delete(h.cancels, key)
-		s.mu.Unlock()
+		mu.Unlock()
 		cancel(context.Canceled)
 	}
 }
@@ -216,19 +221,28 @@ func (s *holds) context(parent context.Context) (context.Context, context.Cancel
 // value took the lock anew; or another goroutine released it), it is not
 // released: that is not this call's to give back; a loss is reported.
 func (s *holds) do(ctx context.Context, acquire, release func(context.Context) error, fn func(context.Context) error) error {
+	return do(ctx, &s.mu, &s.cur, acquire, release, fn)
+}
+
+// do is holds.do for a value whose current hold is *cur, guarded by mu: a
+// Mutex's or Semaphore's holds, or a RedMutex.
+func do(ctx context.Context, mu *sync.Mutex, cur **hold, acquire, release func(context.Context) error, fn func(context.Context) error) error {
 	if err := acquire(ctx); err != nil {
 		return err
 	}
-	h := s.current()
+	mu.Lock()
+	h := *cur
 	if h == nil { // another goroutine of the value released it at once
+		mu.Unlock()
 		return ErrNotHeld
 	}
-	hctx, cancel := s.context(ctx)
+	hctx, cancel := holdContext(mu, h, ctx)
+	mu.Unlock()
 	err := fn(hctx)
 	cancel()
-	s.mu.Lock()
-	ours, cause := s.cur == h, h.cause
-	s.mu.Unlock()
+	mu.Lock()
+	ours, cause := *cur == h, h.cause
+	mu.Unlock()
 	switch {
 	case ours:
 		return errors.Join(err, release(ctx))

@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -126,5 +127,56 @@ func TestSemaphoreDo(t *testing.T) {
 	defer cancel()
 	if !errors.Is(context.Cause(hctx), ErrNotHeld) {
 		t.Fatalf("holding nothing: cause %v", context.Cause(hctx))
+	}
+}
+
+// Issue 17, point 4, for the RedMutex too: its HoldContext ends with the
+// hold (ErrReleased, ErrLockLost) and Do unlocks, or reports the loss.
+func TestRedMutexHoldContextAndDo(t *testing.T) {
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	r := newRedlock(t, rdbs, WithWatchdogLease(300*time.Millisecond))
+	m := r.NewMutex("l")
+	if hctx, cancel := m.HoldContext(ctx); !errors.Is(context.Cause(hctx), ErrNotHeld) {
+		t.Errorf("without a hold: cause %v, want ErrNotHeld", context.Cause(hctx))
+	} else {
+		cancel()
+	}
+
+	lockOnAll(t, m)
+	hctx, cancel := m.HoldContext(ctx)
+	defer cancel()
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(hctx), ErrReleased) {
+		t.Errorf("after Unlock: cause %v, want ErrReleased", context.Cause(hctx))
+	}
+
+	// Do: fn runs under the hold's context, and the lock is released.
+	ran := false
+	if err := m.Do(ctx, func(c context.Context) error {
+		ran = c.Err() == nil && m.Token() > 0
+		return nil
+	}); err != nil || !ran {
+		t.Fatalf("Do: %v, ran under the hold %v", err, ran)
+	}
+	if m.Lost() != nil {
+		t.Error("Do left the lock held")
+	}
+
+	// Lost while fn runs: fn's context ends with ErrLockLost, and Do
+	// says so.
+	err := m.Do(ctx, func(c context.Context) error {
+		mrs[0].Del("redisync:lock:{l}")
+		mrs[1].Del("redisync:lock:{l}")
+		select {
+		case <-c.Done():
+			return context.Cause(c)
+		case <-time.After(5 * time.Second):
+			return errors.New("the hold's context did not end")
+		}
+	})
+	if !errors.Is(err, ErrLockLost) || strings.Contains(err.Error(), "did not end") {
+		t.Errorf("Do with the hold lost: %v, want ErrLockLost", err)
 	}
 }

@@ -28,13 +28,13 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 	}
 	defer m.end()
 	m.mu.Lock()
-	if m.count > 0 && !m.isLost {
-		m.count++
+	if m.cur != nil && !m.cur.isLost {
+		m.cur.n++
 		m.mu.Unlock()
 		return true, 0, false, nil
 	}
 	var stale []int
-	if m.count > 0 {
+	if m.cur != nil {
 		// The hold was lost: drop it (its Lost channel stays closed)
 		// and take the lock anew once its node holds left are released.
 		for i, in := range m.member {

@@ -300,7 +300,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 		t.Fatalf("the new hold has the old Lost channel or token %d (old %d)", m.Token(), token)
 	}
 	m.mu.Lock()
-	count := m.count
+	count := m.cur.n
 	m.mu.Unlock()
 	if count != 1 {
 		t.Fatalf("the new hold has %d levels, want 1", count)

@@ -33,13 +33,9 @@ type RedMutex struct {
 	op chan struct{} // held by the call of this value that talks to Redis
 
 	mu     sync.Mutex // guards the fields below; taken after a node's mu, never before
-	count  int64      // hold count; 0: not held
-	token  int64
-	lost   chan struct{}
-	isLost bool
-	taken  time.Time // when the current hold was taken, for events
-	member []bool    // the node is part of the current hold
-	alive  []bool    // ... and its node hold is not known lost
+	cur    *hold      // the current hold (its n: the levels re-entered); nil: none
+	member []bool     // the node is part of the current hold
+	alive  []bool     // ... and its node hold is not known lost
 	nAlive int
 	busy   []int // calls to the node still running
 }
@@ -160,13 +156,14 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 	defer m.end()
 
 	m.mu.Lock()
-	if m.count == 0 {
+	h := m.cur
+	if h == nil {
 		m.mu.Unlock()
 		return m.wrap("unlock", ErrNotHeld)
 	}
-	lost := m.isLost
-	if m.count > 1 {
-		m.count--
+	lost := h.isLost
+	if h.n > 1 {
+		h.n--
 		m.mu.Unlock()
 		if lost {
 			return m.wrap("unlock", ErrLockLost)
@@ -176,6 +173,7 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 	members := slices.Clone(m.member)
 	if !lost {
 		m.emit(KindHoldReleased, nil)
+		end(h, ErrReleased)
 	}
 	m.forget()
 	m.mu.Unlock()
@@ -220,7 +218,10 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 func (m *RedMutex) Token() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.token
+	if m.cur == nil {
+		return 0
+	}
+	return m.cur.token
 }
 
 // Lost returns a channel that is closed when m's current hold is lost:
@@ -232,7 +233,25 @@ func (m *RedMutex) Token() int64 {
 func (m *RedMutex) Lost() <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.lost
+	if m.cur == nil {
+		return nil
+	}
+	return m.cur.lost
+}
+
+// HoldContext returns a context derived from parent that is cancelled
+// when m's current hold ends, as Mutex.HoldContext's: context.Cause then
+// says ErrLockLost (lost, the Lost channel closed), or ErrReleased (the
+// last Unlock). Without a hold it is cancelled at once with ErrNotHeld.
+func (m *RedMutex) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return holdContext(&m.mu, m.cur, parent)
+}
+
+// Do locks m, runs fn with m's HoldContext, and unlocks m, as Mutex.Do.
+func (m *RedMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	return do(ctx, &m.mu, &m.cur, m.Lock, m.Unlock, fn)
 }
 
 // Name returns the name of the lock.
@@ -242,12 +261,11 @@ func (m *RedMutex) Name() string { return m.name }
 func (m *RedMutex) commit(held []int, token int64) {
 	m.mu.Lock()
 	m.forget()
-	m.count, m.token, m.lost = 1, token, make(chan struct{})
+	m.cur = &hold{token: token, n: 1, lost: make(chan struct{}), taken: time.Now()}
 	for _, i := range held {
 		m.member[i], m.alive[i] = true, true
 	}
 	m.nAlive = len(held)
-	m.taken = time.Now()
 	m.emit(KindHoldTaken, nil)
 	m.mu.Unlock()
 	// A node hold lost before the commit was ignored by nodeLost.
@@ -262,7 +280,10 @@ func (m *RedMutex) commit(held []int, token int64) {
 
 // forget clears the current hold. m.mu must be held.
 func (m *RedMutex) forget() {
-	m.count, m.token, m.lost, m.isLost, m.nAlive = 0, 0, nil, false, 0
+	if m.cur != nil {
+		end(m.cur, ErrReleased) // a lost hold ended already, as lost
+	}
+	m.cur, m.nAlive = nil, 0
 	clear(m.member)
 	clear(m.alive)
 }
@@ -277,9 +298,10 @@ func (m *RedMutex) nodeLost(i int) {
 	}
 	m.alive[i] = false
 	m.nAlive--
-	if m.nAlive < m.r.quorum && m.count > 0 && !m.isLost {
-		m.isLost = true
-		close(m.lost)
+	if h := m.cur; h != nil && m.nAlive < m.r.quorum && !h.isLost {
+		h.isLost = true
+		close(h.lost)
+		end(h, ErrLockLost)
 		if m.r.usable() == ErrClosed {
 			m.emit(KindHoldReleased, ErrClosed) // Close releases it
 		} else {
@@ -295,9 +317,9 @@ func (m *RedMutex) emit(kind Kind, err error) {
 		return
 	}
 	ev := m.r.clients[0].events
-	e := Event{Kind: kind, Primitive: PrimitiveRedMutex, Name: m.name, Token: m.token, Err: err}
+	e := Event{Kind: kind, Primitive: PrimitiveRedMutex, Name: m.name, Token: m.cur.token, Err: err}
 	if kind != KindHoldTaken {
-		e.Held = time.Since(m.taken)
+		e.Held = time.Since(m.cur.taken)
 	}
 	ev.emit(e)
 }
