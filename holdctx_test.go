@@ -134,7 +134,7 @@ func TestSemaphoreDo(t *testing.T) {
 // hold (ErrReleased, ErrLockLost) and Do unlocks, or reports the loss.
 func TestRedMutexHoldContextAndDo(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
-	r := newRedlock(t, rdbs, WithWatchdogLease(300*time.Millisecond))
+	r := newRedlock(t, rdbs, WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
 	m := r.NewMutex("l")
 	if hctx, cancel := m.HoldContext(ctx); !errors.Is(context.Cause(hctx), ErrNotHeld) {
 		t.Errorf("without a hold: cause %v, want ErrNotHeld", context.Cause(hctx))

@@ -264,7 +264,7 @@ func TestRedlockNoQuorum(t *testing.T) {
 func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
-	r := newRedlock(t, rdbs, WithWatchdogLease(300*time.Millisecond))
+	r := newRedlock(t, rdbs, WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond)) // a node timeout that a busy machine meets
 	m := r.NewMutex("l")
 	lockOnAll(t, m)
 	key := "redisync:lock:{l}"
