@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -69,7 +70,7 @@ func newHolds(c *Client, prim Primitive, name string) holds {
 // fails, having changed nothing, with errHeld when the value holds already,
 // errExpired when the lease may have run out already, and ErrClosed when
 // the Client is closed: the caller then gives the hold back.
-func (s *holds) take(h *hold, e *keepalive, since time.Time, lease time.Duration) error {
+func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time, lease time.Duration) error {
 	if !time.Now().Before(since.Add(lease - drift(lease))) {
 		return errExpired
 	}
@@ -88,7 +89,23 @@ func (s *holds) take(h *hold, e *keepalive, since time.Time, lease time.Duration
 	s.taken = make(chan struct{})
 	h.taken = time.Now()
 	s.emit(KindHoldTaken, h, nil)
+	noteHold(ctx, h)
 	return nil
+}
+
+// heldKey is the key of a context value, a *heldSlot, by which do learns
+// which hold the call it made took or re-entered.
+type heldKey struct{}
+
+// heldSlot is where a call that takes or re-enters a hold notes it.
+type heldSlot struct{ h atomic.Pointer[hold] }
+
+// noteHold tells do, if ctx is one of its calls', that the call took or
+// re-entered h.
+func noteHold(ctx context.Context, h *hold) {
+	if s, ok := ctx.Value(heldKey{}).(*heldSlot); ok {
+		s.h.Store(h)
+	}
 }
 
 // emit tells the events queue that h was taken or ended. s.mu must be held.
@@ -227,13 +244,21 @@ func (s *holds) do(ctx context.Context, acquire, release func(context.Context) e
 // do is holds.do for a value whose current hold is *cur, guarded by mu: a
 // Mutex's or Semaphore's holds, or a RedMutex.
 func do(ctx context.Context, mu *sync.Mutex, cur **hold, acquire, release func(context.Context) error, fn func(context.Context) error) error {
-	if err := acquire(ctx); err != nil {
+	slot := &heldSlot{}
+	if err := acquire(context.WithValue(ctx, heldKey{}, slot)); err != nil {
 		return err
 	}
 	mu.Lock()
-	h := *cur
-	if h == nil { // another goroutine of the value released it at once
+	h := slot.h.Load() // the hold acquire took or re-entered
+	if h == nil || *cur != h {
+		// Another goroutine of the value released it at once; or it
+		// was lost, and another goroutine took the lock anew: that
+		// hold is not this call's to run fn under, or to release.
+		lost := h != nil && h.cause == ErrLockLost
 		mu.Unlock()
+		if lost {
+			return ErrLockLost
+		}
 		return ErrNotHeld
 	}
 	hctx, cancel := holdContext(mu, h, ctx)

@@ -301,6 +301,7 @@ func (m *Mutex) reenter(ctx context.Context) bool {
 	}
 	h.n++
 	m.mu.Unlock()
+	noteHold(ctx, h)
 	return true
 }
 
@@ -387,7 +388,7 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	if m.cfg.maxHold > 0 {
 		e.until = since.Add(m.cfg.maxHold)
 	}
-	err := m.take(h, e, since, lease)
+	err := m.take(ctx, h, e, since, lease)
 	if err == nil {
 		l.left()
 		return true, 0, nil

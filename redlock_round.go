@@ -30,7 +30,9 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 	m.mu.Lock()
 	if m.cur != nil && !m.cur.isLost {
 		m.cur.n++
+		h := m.cur
 		m.mu.Unlock()
+		noteHold(ctx, h)
 		return true, 0, false, nil
 	}
 	var stale []int
@@ -91,7 +93,7 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 		held := m.raise(ctx, got, token)
 		elapsed := time.Since(start)
 		if len(held) >= m.r.quorum && elapsed < m.lease-drift(m.lease) {
-			m.commit(held, token)
+			noteHold(ctx, m.commit(held, token))
 			m.releaseAll(ctx, without(got, held))
 			return true, 0, false, nil
 		}

@@ -257,11 +257,13 @@ func (m *RedMutex) Do(ctx context.Context, fn func(ctx context.Context) error) e
 // Name returns the name of the lock.
 func (m *RedMutex) Name() string { return m.name }
 
-// commit records a new hold on the nodes held, with its token.
-func (m *RedMutex) commit(held []int, token int64) {
+// commit records a new hold on the nodes held, with its token, and
+// returns it.
+func (m *RedMutex) commit(held []int, token int64) *hold {
 	m.mu.Lock()
 	m.forget()
-	m.cur = &hold{token: token, n: 1, lost: make(chan struct{}), taken: time.Now()}
+	h := &hold{token: token, n: 1, lost: make(chan struct{}), taken: time.Now()}
+	m.cur = h
 	for _, i := range held {
 		m.member[i], m.alive[i] = true, true
 	}
@@ -276,6 +278,7 @@ func (m *RedMutex) commit(held []int, token int64) {
 		default:
 		}
 	}
+	return h
 }
 
 // forget clears the current hold. m.mu must be held.

@@ -526,6 +526,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		}
 		h.n += n
 		s.mu.Unlock()
+		noteHold(ctx, h)
 		if lease >= s.lease() { // a shorter grant lease did not shorten it
 			s.c.wd.rearm(h.ka, since)
 		}
@@ -549,7 +550,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	if s.cfg.maxHold > 0 {
 		e.until = since.Add(s.cfg.maxHold)
 	}
-	err := s.holds.take(h, e, since, lease)
+	err := s.holds.take(ctx, h, e, since, lease)
 	if err == nil {
 		a.left()
 		return true, 0, nil
