@@ -187,6 +187,9 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 			w.HandoffLease = time.Duration(rec.Handoff) * time.Millisecond
 			w.Alive = w.Heartbeat >= 0
 			w.Metadata = rec.Metadata
+			if m, ok := waiters.Val()[schema.WaiterMetaField(id)]; ok {
+				w.Metadata = m
+			}
 		}
 		st.Queue = append(st.Queue, w)
 	}

@@ -3,7 +3,8 @@
 -- KEYS[1] lock hash (hold id -> hold count), with the lease as its TTL
 -- KEYS[2] fencing token counter (see lib.lua, mint)
 -- KEYS[3] queue: zset of fair waiters (see lib.lua, join_queue)
--- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff")
+-- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff";
+--         "{meta}ticket" -> metadata: see lib.lua, set_waiter)
 -- KEYS[5] withdrawn tickets (see lib.lua, mark_withdrawn)
 -- KEYS[6] the ticket's release tombstone (see release.lua): a ticket whose
 --         hold was released takes nothing again (a late copy of its call)
@@ -87,7 +88,7 @@ if mode == 'queue' then
   if not queued then
     join_queue(queue, ticket, us)
   end
-  redis.call('HSET', waiters, ticket, waiter_record(math.floor(us / 1000) + ttl, ARGV[5], ARGV[9]))
+  set_waiter(waiters, ticket, math.floor(us / 1000) + ttl, ARGV[5], ARGV[9])
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end

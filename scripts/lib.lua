@@ -6,7 +6,8 @@
 -- or a value that is not what redisync stores, fails the script before it
 -- has changed anything. Such errors carry the word WRONGTYPE.
 --
--- Waiter records live in a hash (ticket -> "deadline:handoff"), where
+-- Waiter records live in a hash (ticket -> "deadline:handoff", and
+-- "{meta}ticket" -> its metadata when it has any: see set_waiter), where
 -- deadline is the server time in ms by which the waiter must heartbeat again
 -- and handoff is the lease in ms it is given when the lock is handed to it.
 
@@ -54,20 +55,37 @@ local function integer(v)
   return nil
 end
 
--- parse_waiter splits a waiter record, "deadline:handoff" or
--- "deadline:handoff:metadata", into its deadline, hand-off lease and
--- metadata ('' for none).
+-- parse_waiter splits a waiter record, "deadline:handoff", into its
+-- deadline, hand-off lease and metadata ('' for none). A record of
+-- 8f61dc3, "deadline:handoff:metadata", is read too.
 local function parse_waiter(v)
   local deadline, handoff, meta = string.match(v, '^(%d+):(%d+):?(.*)$')
   return tonumber(deadline), tonumber(handoff), meta
 end
 
--- waiter_record returns a waiter's record (see parse_waiter).
-local function waiter_record(deadline, handoff, meta)
+-- A waiter's metadata is kept in the waiters hash under its own field,
+-- META_FIELD .. ticket (no ticket starts with '{'), and never in its
+-- record: every earlier version parses a record with '^(%d+):(%d+)$', and
+-- would take a waiter whose record had more for a dead one, skipping it.
+-- An earlier version's hand-off leaves the field behind; it goes with the
+-- waiters hash, whose TTL only queued waiters keep alive.
+local function waiter_meta_field(ticket)
+  return META_FIELD .. ticket
+end
+
+-- set_waiter writes a waiter's record and its metadata ('' for none).
+local function set_waiter(waiters, ticket, deadline, handoff, meta)
+  redis.call('HSET', waiters, ticket, deadline .. ':' .. handoff)
   if meta == '' then
-    return deadline .. ':' .. handoff
+    redis.call('HDEL', waiters, waiter_meta_field(ticket))
+  else
+    redis.call('HSET', waiters, waiter_meta_field(ticket), meta)
   end
-  return deadline .. ':' .. handoff .. ':' .. meta
+end
+
+-- del_waiter removes a waiter's record and its metadata.
+local function del_waiter(waiters, ticket)
+  redis.call('HDEL', waiters, ticket, waiter_meta_field(ticket))
 end
 
 -- set_meta stores the holder's metadata in the lock hash, or removes it.
@@ -172,11 +190,13 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
     if not head then
       return nil
     end
-    local rec = redis.call('HGET', waiters, head)
+    local v = redis.call('HMGET', waiters, head, waiter_meta_field(head))
+    local rec = v[1]
+    del_waiter(waiters, head)
     if rec then
-      redis.call('HDEL', waiters, head)
       now = now or now_ms()
       local deadline, handoff, meta = parse_waiter(rec)
+      meta = v[2] or meta
       if deadline and deadline >= now then
         local t = grant(lock, token, head, handoff, meta)
         if head ~= self then

@@ -40,7 +40,7 @@ end
 
 if mode == 'withdraw' then
   redis.call('ZREM', queue, id)
-  redis.call('HDEL', waiters, id)
+  del_waiter(waiters, id)
   mark_withdrawn(gone, id)
 end
 if count == 0 then

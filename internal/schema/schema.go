@@ -75,8 +75,10 @@ func LockKeys(prefix, name string) Lock {
 // takes nothing.
 func (k Lock) Tombstone(id string) string { return k.Hash + ":released:" + id }
 
-// LockWaiter is a fair waiter's record, stored as "deadline:handoff", or
-// "deadline:handoff:metadata" when the waiter has metadata.
+// LockWaiter is a fair waiter's record, stored as "deadline:handoff"; its
+// metadata, when it has any, is stored apart, under WaiterMetaField
+// (8f61dc3 stored "deadline:handoff:metadata", which every earlier
+// version takes for the record of a dead waiter).
 type LockWaiter struct {
 	Deadline int64  // server time in ms by which it must heartbeat again
 	Handoff  int64  // the lease in ms of a hold handed to it
@@ -203,6 +205,11 @@ func ints(rec string, n int) ([]int64, bool) {
 // MetaField is the field of a lock's hash that holds its holder's
 // metadata, when it has any.
 const MetaField = "{meta}"
+
+// WaiterMetaField is the field of a lock's waiters hash that holds the
+// metadata of the fair waiter ticket, when it has any. No ticket starts
+// with '{'.
+func WaiterMetaField(ticket string) string { return MetaField + ticket }
 
 // HandoffPrefix starts every hand-off handle: the hold id under which a
 // hold waits, in the lock's hash, for the process it is handed to. No hold
