@@ -123,7 +123,8 @@ func confirmedWaiters(c *Client, channel string) int {
 var eventually = redistest.Eventually
 
 // holdIDs returns the hold ids in a lock's hash (or a semaphore's holders
-// hash): its fields but the layout mark, which a lock's hash must carry.
+// hash): its fields but the layout mark, which a lock's hash must carry,
+// and the holder's metadata.
 func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	t.Helper()
 	fields, err := mr.HKeys(key)
@@ -134,5 +135,5 @@ func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	if isLock && mr.HGet(key, schema.LayoutField) != strconv.Itoa(schema.Layout) {
 		t.Fatalf("%s has no layout mark: fields %q", key, fields)
 	}
-	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField })
+	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField || f == schema.MetaField })
 }

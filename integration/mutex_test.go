@@ -265,6 +265,7 @@ func holdIDs(t *testing.T, name string) []string {
 		t.Fatalf("lock hash %v without the layout mark", fields)
 	}
 	delete(fields, schema.LayoutField)
+	delete(fields, schema.MetaField)
 	return slices.Sorted(maps.Keys(fields))
 }
 

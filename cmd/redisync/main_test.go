@@ -398,5 +398,5 @@ func holdIDs(t *testing.T, rdb redis.Cmdable, key string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField })
+	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField || f == schema.MetaField })
 }

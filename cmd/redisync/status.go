@@ -304,9 +304,13 @@ func (st *Status) print(out io.Writer) {
 		field(out, "queue", "empty")
 	} else {
 		field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(l.Queue)))
-		rows := [][]string{{"#", "owner", "waiting for", "heartbeat due", "hand-off lease"}}
+		rows := [][]string{{"#", "owner", "waiting for", "heartbeat due", "hand-off lease", "metadata"}}
 		for _, w := range l.Queue {
-			rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, ms(w.WaitedMS), heartbeatText(w), ms(w.HandoffLeaseMS)})
+			meta := ""
+			if w.Metadata != "" {
+				meta = strconv.Quote(w.Metadata)
+			}
+			rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, ms(w.WaitedMS), heartbeatText(w), ms(w.HandoffLeaseMS), meta})
 		}
 		table(out, rows)
 	}
