@@ -195,3 +195,47 @@ func (c *failSubscribe) Write(p []byte) (int, error) {
 	}
 	return c.Conn.Write(p)
 }
+
+// The same for a RedMutex whose Unlock finds fewer than a quorum of its
+// node holds.
+func TestReview9RedUnlockFindingHoldGoneToldLost(t *testing.T) {
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	rec := &recorder{}
+	r := NewRedlock(rdbs, WithObserver(rec))
+	defer r.Close()
+	m := r.NewMutex("red-gone")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mrs[0].Del("redisync:lock:{red-gone}")
+	mrs[1].Del("redisync:lock:{red-gone}")
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock = %v, want ErrLockLost", err)
+	}
+	_ = r.Close()
+	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(lostEv) != 1 || len(released) != 0 {
+		t.Errorf("a hold its nodes no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}
+
+// And for a Handoff that finds the hold gone.
+func TestReview9HandoffFindingHoldGoneToldLost(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c := New(rdb, WithObserver(rec))
+	defer c.Close()
+	m := c.NewMutex("gone")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mr.Del("redisync:lock:{gone}")
+	if _, err := m.Handoff(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Handoff = %v, want ErrLockLost", err)
+	}
+	_ = c.Close()
+	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(lostEv) != 1 || len(released) != 0 {
+		t.Errorf("a hold Redis no longer had told as handed off %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}
