@@ -111,7 +111,9 @@ const (
 	// how long it lasted.
 	KindHoldReleased Kind = "hold.released"
 	// KindHoldLost: a hold was lost (Lost closed): its lease could not
-	// be renewed in time or Redis no longer had it. Told once per hold.
+	// be renewed in time or Redis no longer had it; or the Unlock,
+	// Release or Handoff that gave it back found that Redis no longer
+	// had it (the call returns ErrLockLost). Told once per hold.
 	KindHoldLost Kind = "hold.lost"
 	// KindRenewal: the watchdog renewed a batch of Count entries (holds
 	// and fair waiters' heartbeats) in one call that took Latency.
