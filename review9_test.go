@@ -239,3 +239,31 @@ func TestReview9HandoffFindingHoldGoneToldLost(t *testing.T) {
 		t.Errorf("a hold Redis no longer had told as handed off %d times and lost %d times; want lost once", len(released), len(lostEv))
 	}
 }
+
+// Review 9, finding 5: Close waits without bound for the observer (or the
+// log handler) to take every queued event: one that blocks (an exporter
+// stuck on the network, a log sink that stalls) hangs Close for good, and
+// a slow one delays it by up to the queue's 1,024 events times its
+// latency, past the 2 s that Close otherwise allows its releases.
+func TestReview9CloseDoesNotWaitForABlockedObserver(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	rec := &recorder{}
+	rec.gate.Lock()
+	c := New(rdb, WithObserver(rec))
+	m := c.NewMutex("blocked-close")
+	if err := m.Lock(ctx); err != nil { // an event the observer blocks on
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = c.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeTimeout + 2*time.Second):
+		t.Error("Close waits for an observer that blocks")
+	}
+	rec.gate.Unlock()
+	<-closed
+}
