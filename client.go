@@ -78,8 +78,10 @@ const closeTimeout = 2 * time.Second
 // wait for the leases to run out; the releases are sent all at once and
 // waited for at most 2 s (a hold not released by then runs out with its
 // lease). Close then waits for the calls to Redis still running in the
-// background (the clean-up of calls whose context ended), and for the
-// observer and the logger to be told the events queued for them. It is
+// background (the clean-up of calls whose context ended), and, for at most
+// 2 s more, for the observer and the logger to be told the events queued
+// for them (an observer or a log handler that blocks does not hold Close
+// longer; what it has not taken by then is not delivered). It is
 // idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.close()

@@ -67,6 +67,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 		}
 		return res[0], nil
 	}, nil)
+	m.told(h, err == nil && res == 0) // found gone: lost, not handed off
 	switch {
 	case err != nil:
 		return "", m.wrap("handoff", fmt.Errorf("%w (the hand-off is not confirmed: the hold is given up, and runs out within its lease)", err))

@@ -156,7 +156,7 @@ func (s *holds) loseLocked(h *hold) {
 	close(h.lost)
 	switch {
 	case h.given:
-		s.emit(KindHoldReleased, h, nil)
+		// Handoff tells how it ended once Redis answered (see told).
 	case s.c.ctx.Err() != nil: // the Client is closing, and releases it
 		s.emit(KindHoldReleased, h, ErrClosed)
 	default:
@@ -172,14 +172,36 @@ func (s *holds) loseLocked(h *hold) {
 // forgetLocked drops h, the value's hold, before its release is sent: no
 // renewal may outlive the release. s.mu must be held.
 func (s *holds) forgetLocked(h *hold) {
-	s.c.wd.remove(h.ka)
 	if h.cause == nil {
 		s.emit(KindHoldReleased, h, nil)
 	}
+	s.forgetUntoldLocked(h)
+}
+
+// forgetUntoldLocked is forgetLocked for a hold that lasts until its
+// release is sent, and whose end the caller tells once Redis answered it
+// (see told): the release may find that Redis no longer had it. s.mu must
+// be held.
+func (s *holds) forgetUntoldLocked(h *hold) {
+	s.c.wd.remove(h.ka)
 	end(h, ErrReleased)
 	if s.cur == h {
 		s.cur = nil
 	}
+}
+
+// told tells the events queue how h, forgotten untold before its release
+// (or its hand-off) was sent, ended: lost when the release found that
+// Redis no longer had it (gone), else released.
+func (s *holds) told(h *hold, gone bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gone {
+		h.given = false
+		s.emit(KindHoldLost, h, nil)
+		return
+	}
+	s.emit(KindHoldReleased, h, nil)
 }
 
 // end records that h ended for cause, unless it had ended already, and

@@ -223,7 +223,7 @@ func (m *Mutex) unlock(ctx context.Context) error {
 		return nil
 	}
 	lost := h.isLost
-	m.forgetLocked(h)
+	m.forgetUntoldLocked(h) // a lost hold was told already
 	m.mu.Unlock()
 
 	if lost {
@@ -237,6 +237,7 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
 		return m.release(ctx, h.id, h.token, "release")
 	}, nil)
+	m.told(h, err == nil && res == 0) // found gone: lost, not released
 	switch {
 	case err != nil:
 		return m.wrap("unlock", notConfirmed(err))

@@ -111,7 +111,9 @@ const (
 	// how long it lasted.
 	KindHoldReleased Kind = "hold.released"
 	// KindHoldLost: a hold was lost (Lost closed): its lease could not
-	// be renewed in time or Redis no longer had it. Told once per hold.
+	// be renewed in time or Redis no longer had it; or the Unlock,
+	// Release or Handoff that gave it back found that Redis no longer
+	// had it (the call returns ErrLockLost). Told once per hold.
 	KindHoldLost Kind = "hold.lost"
 	// KindRenewal: the watchdog renewed a batch of Count entries (holds
 	// and fair waiters' heartbeats) in one call that took Latency.
@@ -150,6 +152,10 @@ type Event struct {
 // eventQueue is how many background events wait for the observer and the
 // logger before more are dropped.
 var eventQueue = 1024 // a variable for tests
+
+// drainWait is the longest Close waits for the observer and the logger
+// to take the events queued for them.
+const drainWait = closeTimeout
 
 // outcome classifies what a call returned; ok is what it reports (a Try
 // that found the lock taken returns false and no error).
@@ -205,11 +211,12 @@ type events struct {
 	q       chan Event
 	stop    chan struct{} // closed by close: deliver what is queued and exit
 	started sync.Once
-	done    sync.WaitGroup
 	dropped atomic.Uint64
+	abandon atomic.Bool // close stopped waiting: deliver nothing more
 
 	mu     sync.Mutex
 	closed bool
+	exited chan struct{} // closed when the goroutine returns; nil until it starts
 }
 
 // newEvents returns the queue of a Client with an observer or a logger
@@ -226,7 +233,7 @@ func (q *events) start() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if !q.closed {
-		q.done.Add(1)
+		q.exited = make(chan struct{})
 		go q.run()
 	}
 }
@@ -246,9 +253,10 @@ func (q *events) emit(e Event) {
 	}
 }
 
-// run delivers the queued events until close, then those still queued.
+// run delivers the queued events until close, then those still queued,
+// unless close stopped waiting for them.
 func (q *events) run() {
-	defer q.done.Done()
+	defer close(q.exited)
 	var told uint64 // drops told so far
 	deliver := func(e Event) {
 		q.deliver(e)
@@ -262,7 +270,7 @@ func (q *events) run() {
 		case e := <-q.q:
 			deliver(e)
 		case <-q.stop:
-			for {
+			for !q.abandon.Load() {
 				select {
 				case e := <-q.q:
 					deliver(e)
@@ -270,12 +278,16 @@ func (q *events) run() {
 					return
 				}
 			}
+			return
 		}
 	}
 }
 
-// close delivers what is queued, stops the goroutine and waits for it;
-// later events are never delivered. It is idempotent; q may be nil.
+// close delivers what is queued, stops the goroutine and waits for it,
+// for at most drainWait: an observer or a log handler that blocks does not
+// hold it longer (the goroutine then delivers nothing more, and returns
+// when the call it is in returns). Later events are never delivered. It
+// is idempotent; q may be nil.
 func (q *events) close() {
 	if q == nil {
 		return
@@ -285,8 +297,18 @@ func (q *events) close() {
 		q.closed = true
 		close(q.stop)
 	}
+	exited := q.exited
 	q.mu.Unlock()
-	q.done.Wait()
+	if exited == nil || q.abandon.Load() {
+		return
+	}
+	t := time.NewTimer(drainWait)
+	defer t.Stop()
+	select {
+	case <-exited:
+	case <-t.C:
+		q.abandon.Store(true)
+	}
 }
 
 // deliver tells the logger and the observer about e.

@@ -73,8 +73,11 @@ func (r *Redlock) Close() error {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
-	for _, c := range r.clients {
-		_ = c.Close()
+	// The first node's Client tells the RedMutexes' events: it is closed
+	// last, so that a hold that closing the others ends is told before
+	// its queue stops.
+	for i := len(r.clients) - 1; i >= 0; i-- {
+		_ = r.clients[i].Close()
 	}
 	r.calls.Wait()
 	return nil

@@ -172,9 +172,9 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 	}
 	members := slices.Clone(m.member)
 	if !lost {
-		m.emit(KindHoldReleased, nil)
 		end(h, ErrReleased)
 	}
+	token, taken := h.token, h.taken // how it ended is told below
 	m.forget()
 	m.mu.Unlock()
 
@@ -189,8 +189,16 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 			released++
 		}
 	}
+	unknown := len(failed.Nodes) > len(m.nodes)-m.r.quorum
+	if !lost { // a lost hold was told already
+		kind := KindHoldReleased
+		if !unknown && released < m.r.quorum {
+			kind = KindHoldLost // found gone: lost, not released
+		}
+		m.emitHold(kind, token, taken, nil)
+	}
 	switch {
-	case len(failed.Nodes) > len(m.nodes)-m.r.quorum:
+	case unknown:
 		return m.wrap("unlock", fmt.Errorf("%w: %d of %d nodes not released: %w",
 			ErrQuorum, len(failed.Nodes), len(m.nodes), failed))
 	case lost || released < m.r.quorum:
@@ -316,13 +324,19 @@ func (m *RedMutex) nodeLost(i int) {
 // emit tells the first node's events queue that the current hold was
 // taken or ended. m.mu must be held.
 func (m *RedMutex) emit(kind Kind, err error) {
+	m.emitHold(kind, m.cur.token, m.cur.taken, err)
+}
+
+// emitHold tells the first node's events queue that the hold with token,
+// taken at taken, was taken or ended.
+func (m *RedMutex) emitHold(kind Kind, token int64, taken time.Time, err error) {
 	if m.r.err != nil || m.r.clients[0].events == nil {
 		return
 	}
 	ev := m.r.clients[0].events
-	e := Event{Kind: kind, Primitive: PrimitiveRedMutex, Name: m.name, Token: m.cur.token, Err: err}
+	e := Event{Kind: kind, Primitive: PrimitiveRedMutex, Name: m.name, Token: token, Err: err}
 	if kind != KindHoldTaken {
-		e.Held = time.Since(m.cur.taken)
+		e.Held = time.Since(taken)
 	}
 	ev.emit(e)
 }

@@ -280,7 +280,9 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 		}
 		return s.wrap("release", ErrLockLost)
 	case n == held:
-		s.forgetLocked(h) // before the release: no renewal may outlive it
+		// Before the release: no renewal may outlive it. How it ended
+		// is told once Redis answered (settled).
+		s.forgetUntoldLocked(h)
 	}
 	s.mu.Unlock()
 
@@ -311,6 +313,9 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 func (s *Semaphore) settled(h *hold, n, held int64, sent time.Time, res int64, err error) error {
 	switch {
 	case err == nil && res < 0:
+		if n == held {
+			s.told(h, true) // found gone: lost, not released
+		}
 		s.lose(h)
 		s.drop(h, n)
 		return ErrLockLost
@@ -318,10 +323,12 @@ func (s *Semaphore) settled(h *hold, n, held int64, sent time.Time, res int64, e
 		s.drop(h, n)
 		s.c.wd.rearm(h.ka, sent)
 	case err == nil:
+		s.told(h, false)
 		s.mu.Lock()
 		h.freed = true
 		s.mu.Unlock()
 	case n == held:
+		s.told(h, false)
 		return notConfirmed(err)
 	default:
 		// It may have run or not (even an error reply may answer

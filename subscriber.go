@@ -350,16 +350,34 @@ func (s *subscriber) sync() {
 	}
 	s.mu.Unlock()
 
-	// Errors need no handling here: a failed write fails the shard's next
-	// read, after which its channels are subscribed again.
+	// A write that fails made go-redis replace the connection inside the
+	// call, subscribing on the new one the channels it knew before it: not
+	// those of this write, and no read need fail afterwards. So the shard
+	// is replaced, as after a failed read: its channels are subscribed
+	// anew, and their waiters look again once they are.
+	failed := make(map[*shard]error)
 	for sh, names := range unsub {
-		s.write(sh, false, names)
+		if err := s.write(sh, false, names); err != nil {
+			failed[sh] = err
+		}
 	}
 	for sh, names := range sub {
-		s.write(sh, true, names)
+		if err := s.write(sh, true, names); err != nil {
+			failed[sh] = err
+		}
 	}
 	for _, sh := range empty {
 		_ = sh.ps.Close()
+	}
+	for sh, err := range failed {
+		if s.ctx.Err() != nil || s.isDead(sh) {
+			continue
+		}
+		s.wg.Add(1) // sync runs in a goroutine that s.wg counts
+		go func() {
+			defer s.wg.Done()
+			s.fail(sh, err)
+		}()
 	}
 }
 
@@ -398,29 +416,33 @@ func (s *subscriber) shardFor(addr string) *shard {
 	return sh
 }
 
-// write subscribes (or unsubscribes) the named channels on sh. Sharded
-// channels go one slot per command: Redis refuses a command whose
-// channels hash to different slots.
-func (s *subscriber) write(sh *shard, subscribe bool, names []string) {
+// write subscribes (or unsubscribes) the named channels on sh, and
+// returns the first error. Sharded channels go one slot per command:
+// Redis refuses a command whose channels hash to different slots.
+func (s *subscriber) write(sh *shard, subscribe bool, names []string) error {
 	if s.cluster == nil {
 		if subscribe {
-			_ = sh.ps.Subscribe(s.ctx, names...)
-		} else {
-			_ = sh.ps.Unsubscribe(s.ctx, names...)
+			return sh.ps.Subscribe(s.ctx, names...)
 		}
-		return
+		return sh.ps.Unsubscribe(s.ctx, names...)
 	}
 	bySlot := make(map[uint16][]string)
 	for _, name := range names {
 		bySlot[schema.Slot(name)] = append(bySlot[schema.Slot(name)], name)
 	}
+	var first error
 	for _, group := range bySlot {
+		var err error
 		if subscribe {
-			_ = sh.ps.SSubscribe(s.ctx, group...)
+			err = sh.ps.SSubscribe(s.ctx, group...)
 		} else {
-			_ = sh.ps.SUnsubscribe(s.ctx, group...)
+			err = sh.ps.SUnsubscribe(s.ctx, group...)
+		}
+		if first == nil {
+			first = err
 		}
 	}
+	return first
 }
 
 // wait wakes every waiter, which then returns ErrClosed, closes every

@@ -373,13 +373,14 @@ func (s *waitSet) wait(ctx context.Context, d time.Duration, changed <-chan stru
 
 // consume takes every member's signal, and returns a grant that came with
 // one, if any. A member that took a plain signal counts as woken until
-// used is called.
+// used is called, through later waits that bring none (an attempt that
+// failed for a moment did not use it).
 func (s *waitSet) consume() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	grant := ""
 	for _, w := range s.members {
-		w.woke = w.fired && w.grant == ""
+		w.woke = w.woke || (w.fired && w.grant == "")
 		grant = cmp.Or(grant, w.grant)
 		w.fired, w.grant = false, ""
 	}
