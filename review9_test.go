@@ -150,6 +150,22 @@ func TestReview9SubscribeWriteFailureResubscribes(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rec := &recorder{}
 	c := newClient(t, rdb, WithObserver(rec))
+	// A waiter of another lock first, so that the subscriber's reader
+	// already runs when the SUBSCRIBE write fails: go-redis v9.0.0 races
+	// (in its own code: PubSub.cmd, set by the first ReceiveTimeout and
+	// read by a reconnection inside Subscribe) when the two come at once.
+	warmHolder, warmWaiter := c.NewMutex("warm"), c.NewMutex("warm")
+	if err := warmHolder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	warmDone := make(chan error, 1)
+	go func() { warmDone <- warmWaiter.Lock(ctx) }()
+	for deadline := time.Now().Add(5 * time.Second); confirmedWaiters(c, "redisync:lock:{warm}:ch") != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the warm-up waiter never subscribed")
+		}
+	}
+
 	a, b := c.NewMutex("deaf"), c.NewMutex("deaf")
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -172,6 +188,15 @@ func TestReview9SubscribeWriteFailureResubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := warmHolder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-warmDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := warmWaiter.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.Close()
