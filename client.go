@@ -46,10 +46,15 @@ type Client struct {
 // (SPUBLISH and SSUBSCRIBE, Redis 7 and later): each primary delivers the
 // messages of its own slots, on one connection per primary that serves a
 // lock with waiters. WithPlainPubSub turns it off for older clusters.
-func New(rdb redis.UniversalClient, opts ...Option) *Client {
+func New(rdb redis.UniversalClient, opts ...ClientOption) *Client {
+	return clientWith(rdb, with(defaultConfig(), opts, ClientOption.applyClient))
+}
+
+// clientWith returns a Client of rdb with the defaults cfg.
+func clientWith(rdb redis.UniversalClient, cfg config) *Client {
 	c := &Client{
 		rdb:     rdb,
-		cfg:     defaultConfig().with(opts),
+		cfg:     cfg,
 		id:      uuid.NewString(),
 		publish: "PUBLISH",
 	}

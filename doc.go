@@ -37,6 +37,16 @@
 // people: every hold id starts with it ("host/pid" by default), and
 // "redisync status" shows it.
 //
+// # Options
+//
+// An option's type says where it applies: Option everywhere, LocalOption
+// on one deployment (New, NewMutex, NewSemaphore), FairOption to New and
+// NewMutex, LockOption to locks, SetupOption to what a Client runs (New,
+// NewRedlock), RedOption to a Redlock. Giving one where it has no meaning,
+// such as Fair to a Semaphore, does not compile. Options of New (or
+// NewRedlock) are the defaults of everything it creates; those given to
+// one value override them.
+//
 // # Fencing tokens
 //
 // Every new hold of a lock gets a token strictly larger than every earlier

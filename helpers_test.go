@@ -28,7 +28,7 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *counter) {
 }
 
 // newClient returns a redisync Client closed at the end of the test.
-func newClient(t *testing.T, rdb redis.UniversalClient, opts ...Option) *Client {
+func newClient(t *testing.T, rdb redis.UniversalClient, opts ...ClientOption) *Client {
 	t.Helper()
 	c := New(rdb, opts...)
 	t.Cleanup(func() { _ = c.Close() })

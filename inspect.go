@@ -132,8 +132,8 @@ type SemaphoreWaiter struct {
 // what it returns was true at one instant. opts name the lock's keys
 // (WithKeyPrefix) as for NewMutex; other options do not matter. A key of
 // another type than redisync writes is ErrWrongType.
-func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
-	cfg := c.cfg.with(opts)
+func (c *Client) InspectLock(ctx context.Context, name string, opts ...MutexOption) (*LockState, error) {
+	cfg := with(c.cfg, opts, MutexOption.applyMutex)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
@@ -200,8 +200,8 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 // size, the permits in use, its holders with their leases and its queue
 // in order. It reads as InspectLock does; opts name the keys as for
 // NewSemaphore. A semaphore never used, or idle for an hour, is Empty.
-func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
-	cfg := c.cfg.with(opts)
+func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...SemaphoreOption) (*SemaphoreState, error) {
+	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}

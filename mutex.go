@@ -49,8 +49,12 @@ type Mutex struct {
 //
 // The lock's keys and channel share the hash tag {name}, so that they live
 // in one Redis Cluster slot.
-func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
-	cfg := c.cfg.with(opts)
+func (c *Client) NewMutex(name string, opts ...MutexOption) *Mutex {
+	return c.newMutex(name, with(c.cfg, opts, MutexOption.applyMutex))
+}
+
+// newMutex returns a Mutex for the lock called name with the options cfg.
+func (c *Client) newMutex(name string, cfg config) *Mutex {
 	m := &Mutex{
 		c:     c,
 		name:  name,

@@ -40,11 +40,11 @@ import (
 func BenchmarkMutexLockUnlock(b *testing.B) {
 	for _, tc := range []struct {
 		name string
-		opts []Option
+		opts []ClientOption
 	}{
 		{"default", nil},
-		{"fair", []Option{Fair()}},
-		{"observed", []Option{WithObserver(nopObserver{})}},
+		{"fair", []ClientOption{Fair()}},
+		{"observed", []ClientOption{WithObserver(nopObserver{})}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
@@ -110,10 +110,10 @@ var benchDelIfOwner = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] 
 func BenchmarkMutexTryLockHeld(b *testing.B) {
 	for _, tc := range []struct {
 		name string
-		opts []Option
+		opts []MutexOption
 	}{
 		{"default", nil},
-		{"fair", []Option{Fair()}},
+		{"fair", []MutexOption{Fair()}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
@@ -310,7 +310,7 @@ func benchServerCalls(b *testing.B, ctx context.Context, rdb *redis.Client) int6
 }
 
 // benchClient returns a redisync Client closed when the benchmark ends.
-func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Client {
+func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...ClientOption) *Client {
 	b.Helper()
 	c := New(rdb, opts...)
 	b.Cleanup(func() { _ = c.Close() })

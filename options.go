@@ -19,10 +19,84 @@ const (
 	minDuration = time.Millisecond
 )
 
-// Option configures a Client (as the default for everything it creates) or
-// one Mutex or Semaphore. Options given to NewMutex or NewSemaphore override
-// the Client's.
-type Option func(*config)
+// Each option says by its type where it applies, so that an option given
+// where it has no meaning (Fair to a Semaphore, WithPlainPubSub to a Mutex)
+// does not compile. An option given to New (or NewRedlock) is the default
+// of everything the Client (or Redlock) creates; one given to NewMutex or
+// NewSemaphore overrides it for that value.
+
+// ClientOption configures New.
+type ClientOption interface{ applyClient(*config) }
+
+// MutexOption configures NewMutex (and InspectLock, which uses its key
+// prefix).
+type MutexOption interface{ applyMutex(*config) }
+
+// SemaphoreOption configures NewSemaphore (and ResizeSemaphore and
+// InspectSemaphore, which use its key prefix).
+type SemaphoreOption interface{ applySemaphore(*config) }
+
+// RedlockOption configures NewRedlock.
+type RedlockOption interface{ applyRedlock(*config) }
+
+// RedMutexOption configures Redlock.NewMutex.
+type RedMutexOption interface{ applyRedMutex(*config) }
+
+// Option applies everywhere: New, NewMutex, NewSemaphore, NewRedlock and
+// Redlock.NewMutex.
+type Option interface {
+	ClientOption
+	MutexOption
+	SemaphoreOption
+	RedlockOption
+	RedMutexOption
+}
+
+// LocalOption applies to New, NewMutex and NewSemaphore: to primitives on
+// one Redis deployment, not to a Redlock.
+type LocalOption interface {
+	ClientOption
+	MutexOption
+	SemaphoreOption
+}
+
+// LockOption applies to locks: New, NewMutex, NewRedlock and
+// Redlock.NewMutex.
+type LockOption interface {
+	ClientOption
+	MutexOption
+	RedlockOption
+	RedMutexOption
+}
+
+// FairOption applies to New and NewMutex.
+type FairOption interface {
+	ClientOption
+	MutexOption
+}
+
+// SetupOption applies to what a Client runs for everything it creates (its
+// subscriber, observer and logger): New, and NewRedlock for the Client of
+// each node.
+type SetupOption interface {
+	ClientOption
+	RedlockOption
+}
+
+// RedOption applies to NewRedlock and Redlock.NewMutex.
+type RedOption interface {
+	RedlockOption
+	RedMutexOption
+}
+
+// setting is every option: a change to a config.
+type setting func(*config)
+
+func (s setting) applyClient(cfg *config)    { s(cfg) }
+func (s setting) applyMutex(cfg *config)     { s(cfg) }
+func (s setting) applySemaphore(cfg *config) { s(cfg) }
+func (s setting) applyRedlock(cfg *config)   { s(cfg) }
+func (s setting) applyRedMutex(cfg *config)  { s(cfg) }
 
 // config is the set of options of one primitive.
 type config struct {
@@ -54,11 +128,12 @@ func defaultConfig() config {
 	}
 }
 
-// with returns a copy of cfg with opts applied.
-func (cfg config) with(opts []Option) config {
+// with returns a copy of cfg with opts applied by apply (a nil option is
+// skipped).
+func with[O any](cfg config, opts []O, apply func(O, *config)) config {
 	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
+		if any(o) != nil {
+			apply(o, &cfg)
 		}
 	}
 	return cfg
@@ -89,11 +164,11 @@ func (cfg *config) checkDuration(what string, d time.Duration) bool {
 // The default is no fixed lease: the watchdog keeps a lease of 30 s (see
 // WithWatchdogLease) alive while the lock is held.
 func WithLease(d time.Duration) Option {
-	return func(cfg *config) {
+	return setting(func(cfg *config) {
 		if cfg.checkDuration("lease", d) {
 			cfg.lease = d
 		}
-	}
+	})
 }
 
 // WithWatchdogLease sets the lease that the watchdog keeps alive while a
@@ -102,11 +177,11 @@ func WithLease(d time.Duration) Option {
 //
 // The default is 30 s.
 func WithWatchdogLease(d time.Duration) Option {
-	return func(cfg *config) {
+	return setting(func(cfg *config) {
 		if cfg.checkDuration("watchdog lease", d) && cfg.checkDuration("watchdog lease/3", d/3) {
 			cfg.watchdog = d
 		}
-	}
+	})
 }
 
 // WithMaxHold caps how long the watchdog renews a hold: once d has passed
@@ -125,13 +200,13 @@ func WithWatchdogLease(d time.Duration) Option {
 //
 // The default is no cap.
 func WithMaxHold(d time.Duration) Option {
-	return func(cfg *config) {
+	return setting(func(cfg *config) {
 		if d < 0 {
 			cfg.invalid("max hold %v is negative", d)
 			return
 		}
 		cfg.maxHold = d
-	}
+	})
 }
 
 // WithHeartbeat sets how long a fair waiter stays queued without a
@@ -147,12 +222,12 @@ func WithMaxHold(d time.Duration) Option {
 // loses it at once (safely: Lost closes before anyone else can get in).
 //
 // The default is 3 s.
-func WithHeartbeat(d time.Duration) Option {
-	return func(cfg *config) {
+func WithHeartbeat(d time.Duration) LocalOption {
+	return setting(func(cfg *config) {
 		if cfg.checkDuration("heartbeat", d) && cfg.checkDuration("heartbeat/3", d/3) {
 			cfg.heartbeat = d
 		}
-	}
+	})
 }
 
 // WithRecheck sets the longest a waiter sleeps without asking Redis again
@@ -162,11 +237,11 @@ func WithHeartbeat(d time.Duration) Option {
 //
 // The default is 10 s.
 func WithRecheck(d time.Duration) Option {
-	return func(cfg *config) {
+	return setting(func(cfg *config) {
 		if cfg.checkDuration("recheck interval", d) {
 			cfg.recheck = d
 		}
-	}
+	})
 }
 
 // WithKeyPrefix sets the prefix of every Redis key and channel. It must not
@@ -174,13 +249,13 @@ func WithRecheck(d time.Duration) Option {
 //
 // The default is "redisync".
 func WithKeyPrefix(p string) Option {
-	return func(cfg *config) {
+	return setting(func(cfg *config) {
 		if p == "" || strings.ContainsAny(p, "{}") {
 			cfg.invalid("key prefix %q must be non-empty and without braces", p)
 			return
 		}
 		cfg.prefix = p
-	}
+	})
 }
 
 // Fair makes a Mutex serve its waiters first come, first served across all
@@ -189,8 +264,8 @@ func WithKeyPrefix(p string) Option {
 //
 // The default is not fair: a released lock goes to whichever waiter asks
 // first.
-func Fair() Option {
-	return func(cfg *config) { cfg.fair = true }
+func Fair() FairOption {
+	return setting(func(cfg *config) { cfg.fair = true })
 }
 
 // WithPlainPubSub makes a Client on a Redis Cluster wake waiters with
@@ -199,8 +274,8 @@ func Fair() Option {
 // has an effect as an option of New, and only on a *redis.ClusterClient.
 //
 // The default on a *redis.ClusterClient is sharded pub/sub.
-func WithPlainPubSub() Option {
-	return func(cfg *config) { cfg.plain = true }
+func WithPlainPubSub() SetupOption {
+	return setting(func(cfg *config) { cfg.plain = true })
 }
 
 // checkName validates a primitive's name. The name is its keys' hash tag
@@ -231,13 +306,13 @@ const MaxLabelLen = 64
 // '{' and '}' (which would change a key's hash tag): ErrInvalidOption
 // otherwise. It costs nothing in calls; it makes hold ids longer.
 func WithLabel(label string) Option {
-	return func(cfg *config) {
+	return setting(func(cfg *config) {
 		if err := checkLabel(label); err != "" {
 			cfg.invalid("label %q %s", label, err)
 			return
 		}
 		cfg.label = label
-	}
+	})
 }
 
 // MaxMetadataLen is the longest metadata accepted by WithMetadata, in bytes.
@@ -254,14 +329,14 @@ const MaxMetadataLen = 1024
 //
 // The default is none. It costs no call; it adds its length to each
 // acquisition's request.
-func WithMetadata(meta string) Option {
-	return func(cfg *config) {
+func WithMetadata(meta string) LockOption {
+	return setting(func(cfg *config) {
 		if len(meta) > MaxMetadataLen {
 			cfg.invalid("metadata of %d bytes is longer than %d", len(meta), MaxMetadataLen)
 			return
 		}
 		cfg.metadata = meta
-	}
+	})
 }
 
 // checkLabel says what is wrong with label, or "".

@@ -45,7 +45,8 @@ type Redlock struct {
 
 // NewRedlock returns a Redlock over the nodes rdbs, each a client of an
 // independent Redis deployment (the Redlock never closes them). The options
-// become the defaults of every lock of the Redlock; Fair is not supported.
+// become the defaults of every lock of the Redlock (Fair is not a
+// RedlockOption: a Redlock does not queue its waiters).
 // NewRedlock does no I/O. Bad input is reported by every later call, before
 // any call to Redis: no nodes (ErrNoNodes), a nil one (ErrNilClient), the
 // same node twice (ErrDuplicateNode: the same client value, or two
@@ -54,12 +55,12 @@ type Redlock struct {
 //
 // An even number of nodes is accepted, but tolerates no more failures than
 // one node fewer: 4 nodes need 3, like 5; 2 nodes need both.
-func NewRedlock(rdbs []redis.UniversalClient, opts ...Option) *Redlock {
-	r := &Redlock{cfg: defaultConfig().with(opts), quorum: len(rdbs)/2 + 1}
-	r.err = cmp.Or(checkNodes(rdbs), r.cfg.err, checkRedlockConfig(r.cfg))
+func NewRedlock(rdbs []redis.UniversalClient, opts ...RedlockOption) *Redlock {
+	r := &Redlock{cfg: with(defaultConfig(), opts, RedlockOption.applyRedlock), quorum: len(rdbs)/2 + 1}
+	r.err = cmp.Or(checkNodes(rdbs), r.cfg.err)
 	if r.err == nil {
 		for _, rdb := range rdbs {
-			r.clients = append(r.clients, New(rdb, opts...))
+			r.clients = append(r.clients, clientWith(rdb, r.cfg))
 		}
 	}
 	return r
@@ -141,14 +142,6 @@ func checkNodes(rdbs []redis.UniversalClient) error {
 	return nil
 }
 
-// checkRedlockConfig rejects the options a Redlock does not support.
-func checkRedlockConfig(cfg config) error {
-	if cfg.fair {
-		return fmt.Errorf("%w: a redlock cannot be fair", ErrInvalidOption)
-	}
-	return nil
-}
-
 // WithNodeTimeout sets how long a Redlock waits for one node's reply before
 // it counts the node as failed for this round (the call goes on in the
 // background, and whatever it did is undone when it returns). It should be
@@ -156,10 +149,10 @@ func checkRedlockConfig(cfg config) error {
 // validity. d must be in [1ms, MaxLease]. Only a Redlock uses it.
 //
 // The default is a tenth of the lease, at most 500 ms.
-func WithNodeTimeout(d time.Duration) Option {
-	return func(cfg *config) {
+func WithNodeTimeout(d time.Duration) RedOption {
+	return setting(func(cfg *config) {
 		if cfg.checkDuration("node timeout", d) {
 			cfg.node = d
 		}
-	}
+	})
 }

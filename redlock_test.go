@@ -29,7 +29,7 @@ func newMiniNodes(t *testing.T, n int) ([]*miniredis.Miniredis, []redis.Universa
 }
 
 // newRedlock returns a Redlock closed at the end of the test.
-func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...Option) *Redlock {
+func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...RedlockOption) *Redlock {
 	t.Helper()
 	r := NewRedlock(rdbs, opts...)
 	t.Cleanup(func() { _ = r.Close() })
@@ -44,7 +44,7 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 	cases := []struct {
 		what string
 		rdbs []redis.UniversalClient
-		opts []Option
+		opts []RedlockOption
 		name string
 		want error
 	}{
@@ -54,9 +54,8 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 		{"typed nil node", []redis.UniversalClient{rdbs[0], typedNil}, nil, "a", ErrNilClient},
 		{"same client twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "a", ErrDuplicateNode},
 		{"same address twice", []redis.UniversalClient{rdbs[0], rdbs[1], same}, nil, "a", ErrDuplicateNode},
-		{"fair", rdbs, []Option{Fair()}, "a", ErrInvalidOption},
-		{"bad lease", rdbs, []Option{WithLease(0)}, "a", ErrInvalidOption},
-		{"bad node timeout", rdbs, []Option{WithNodeTimeout(0)}, "a", ErrInvalidOption},
+		{"bad lease", rdbs, []RedlockOption{WithLease(0)}, "a", ErrInvalidOption},
+		{"bad node timeout", rdbs, []RedlockOption{WithNodeTimeout(0)}, "a", ErrInvalidOption},
 		{"empty name", rdbs, nil, "", ErrInvalidName},
 	}
 	for _, tc := range cases {
@@ -79,11 +78,8 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 			t.Errorf("node %d got %d commands, want none", i, n)
 		}
 	}
-	// Fair given to one lock only.
-	r := newRedlock(t, rdbs)
-	if err := r.NewMutex("a", Fair()).Lock(context.Background()); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("Lock of a fair RedMutex: %v, want ErrInvalidOption", err)
-	}
+	// Fair is not a RedlockOption: giving it to a Redlock does not
+	// compile (TestOptionMisuseDoesNotCompile).
 }
 
 func TestRedlockQuorumSizes(t *testing.T) {

@@ -43,8 +43,8 @@ type RedMutex struct {
 // NewMutex returns a RedMutex for the lock called name on every node of r.
 // It does no I/O; bad input (ErrInvalidName, ErrInvalidOption, or the
 // Redlock's own) is reported by every call, before any call to Redis.
-func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
-	cfg := r.cfg.with(opts)
+func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
+	cfg := with(r.cfg, opts, RedMutexOption.applyRedMutex)
 	lease := cmp.Or(cfg.lease, cfg.watchdog)
 	n := len(r.clients)
 	m := &RedMutex{
@@ -53,14 +53,14 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 		lease:       lease,
 		nodeTimeout: cmp.Or(cfg.node, min(lease/10, defaultNodeTimeout)),
 		recheck:     cfg.recheck,
-		err:         cmp.Or(r.err, checkName(name), cfg.err, checkRedlockConfig(cfg)),
+		err:         cmp.Or(r.err, checkName(name), cfg.err),
 		op:          make(chan struct{}, 1),
 		member:      make([]bool, n),
 		alive:       make([]bool, n),
 		busy:        make([]int, n),
 	}
 	for i, c := range r.clients {
-		nm := c.NewMutex(name, opts...)
+		nm := c.newMutex(name, cfg)
 		nm.onLost = func() { m.nodeLost(i) }
 		nm.quiet = true // m tells its own holds
 		m.nodes = append(m.nodes, nm)

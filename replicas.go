@@ -24,8 +24,8 @@ import (
 // n must be in [1, 100] and timeout in [1ms, MaxLease].
 //
 // The default is not to wait for replicas.
-func WithReplicas(n int, timeout time.Duration) Option {
-	return func(cfg *config) {
+func WithReplicas(n int, timeout time.Duration) LocalOption {
+	return setting(func(cfg *config) {
 		if n < 1 || n > 100 {
 			cfg.invalid("replicas %d is outside [1, 100]", n)
 			return
@@ -33,7 +33,7 @@ func WithReplicas(n int, timeout time.Duration) Option {
 		if cfg.checkDuration("replica timeout", timeout) {
 			cfg.replicas, cfg.replicaTimeout = n, timeout
 		}
-	}
+	})
 }
 
 // runAcked runs script and returns its reply as integers. With

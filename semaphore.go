@@ -76,8 +76,8 @@ type Semaphore struct {
 // with another size fails with ErrSizeMismatch. The size is kept while the
 // semaphore is in use and for an hour after its last Acquire; change it
 // with Client.ResizeSemaphore.
-func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphore {
-	cfg := c.cfg.with(opts)
+func (c *Client) NewSemaphore(name string, size int64, opts ...SemaphoreOption) *Semaphore {
+	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
 	var bad error
 	if size <= 0 {
 		bad = fmt.Errorf("%w: size %d is not positive", ErrInvalidPermits, size)
@@ -107,7 +107,7 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphor
 // After a growth the waiters that now fit are granted at once. From then
 // on, Semaphore values of the old size fail with ErrSizeMismatch: open
 // them again with the new one.
-func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...Option) error {
+func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...SemaphoreOption) error {
 	s := c.NewSemaphore(name, to, opts...)
 	var bad error
 	if from <= 0 {

@@ -11,7 +11,7 @@ import (
 func TestNothingLeftWithoutTTL(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	for _, opts := range [][]Option{nil, {Fair()}} {
+	for _, opts := range [][]MutexOption{nil, {Fair()}} {
 		a, b := c.NewMutex("m", opts...), c.NewMutex("m", opts...)
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)

@@ -135,7 +135,7 @@ func (s aclServer) noDenials(t *testing.T) {
 
 // aclClients returns n redisync Clients, each on a go-redis client of its
 // own logged in as user, closed when the test ends.
-func (s aclServer) aclClients(t *testing.T, user string, n int, opts ...redisync.Option) []*redisync.Client {
+func (s aclServer) aclClients(t *testing.T, user string, n int, opts ...redisync.ClientOption) []*redisync.Client {
 	t.Helper()
 	cs := make([]*redisync.Client, n)
 	for i := range cs {
@@ -205,7 +205,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 
 	t.Run("TryLock", func(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 2)
-		for _, opts := range [][]redisync.Option{nil, {redisync.Fair()}} {
+		for _, opts := range [][]redisync.MutexOption{nil, {redisync.Fair()}} {
 			name := redistest.Name(t)
 			a, b := cs[0].NewMutex(name, opts...), cs[1].NewMutex(name, opts...)
 			if ok, err := a.TryLock(ctx); !ok || err != nil {

@@ -15,7 +15,7 @@ import (
 
 // clusterClients returns n redisync Clients on cluster clients of their
 // own, closed at the end of the test.
-func clusterClients(t *testing.T, c *redistest.Cluster, n int, opts ...redisync.Option) []*redisync.Client {
+func clusterClients(t *testing.T, c *redistest.Cluster, n int, opts ...redisync.ClientOption) []*redisync.Client {
 	t.Helper()
 	cs := make([]*redisync.Client, n)
 	for i := range cs {

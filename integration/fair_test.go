@@ -109,7 +109,7 @@ func TestFairStrictArrivalOrder(t *testing.T) {
 
 func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
-	opts := []redisync.Option{redisync.Fair(), redisync.WithHeartbeat(heartbeat)}
+	opts := []redisync.ClientOption{redisync.Fair(), redisync.WithHeartbeat(heartbeat)}
 	cs := newClients(t, 2, opts...)
 	rdb := admin(t)
 	name := redistest.Name(t)

@@ -306,7 +306,7 @@ func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, fair := range []bool{false, true} {
-		var opts []redisync.Option
+		var opts []redisync.MutexOption
 		if fair {
 			opts = append(opts, redisync.Fair())
 		}

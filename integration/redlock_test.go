@@ -32,7 +32,7 @@ func spawnNodes(t *testing.T, n int) []*redistest.Server {
 // newRedlocks returns k Redlocks over the servers, each with go-redis
 // clients of its own (as k processes would have), closed at the end of the
 // test.
-func newRedlocks(t *testing.T, ss []*redistest.Server, k int, opts ...redisync.Option) []*redisync.Redlock {
+func newRedlocks(t *testing.T, ss []*redistest.Server, k int, opts ...redisync.RedlockOption) []*redisync.Redlock {
 	t.Helper()
 	rs := make([]*redisync.Redlock, k)
 	for j := range rs {

@@ -36,7 +36,7 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 
 	for _, fair := range []bool{false, true} {
-		var opts []redisync.Option
+		var opts []redisync.MutexOption
 		if fair {
 			opts = append(opts, redisync.Fair())
 		}

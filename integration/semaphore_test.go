@@ -89,7 +89,7 @@ func TestSemaphoreCrashedHolderFreesPermitsWithinLease(t *testing.T) {
 
 // testCrashedHolder checks that a holder whose Client is closed without
 // Release loses its permits to a waiter within lease + 300ms.
-func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
+func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.ClientOption) {
 	name := redistest.Name(t)
 	cs := newClients(t, 2, opt, redisync.WithRecheck(time.Hour))
 	holder, waiter := cs[0].NewSemaphore(name, 3), cs[1].NewSemaphore(name, 3)

@@ -112,7 +112,7 @@ func noWaitFlags(fs *flag.FlagSet) *bool {
 }
 
 // check validates the flags and returns the library options they give.
-func (f holdFlags) check() ([]redisync.Option, error) {
+func (f holdFlags) check() ([]redisync.ClientOption, error) {
 	if err := checkPrefix(*f.prefix); err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func (f holdFlags) check() ([]redisync.Option, error) {
 	case *f.noWait && *f.wait > 0:
 		return nil, errors.New("--no-wait and --wait: give one")
 	}
-	opts := []redisync.Option{
+	opts := []redisync.ClientOption{
 		redisync.WithKeyPrefix(*f.prefix),
 		redisync.WithWatchdogLease(*f.watchdog),
 		redisync.WithHeartbeat(*f.heartbeat),
@@ -205,7 +205,7 @@ var errBusy = errors.New("taken")
 
 // acquireLock blocks until the lock name is held; with try, it makes one
 // attempt and fails with errBusy.
-func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name string, try bool, opts []redisync.Option) (*hold, error) {
+func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name string, try bool, opts []redisync.ClientOption) (*hold, error) {
 	c := redisync.New(rdb, opts...)
 	m := c.NewMutex(name)
 	var err error

@@ -136,7 +136,7 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 // resizeSem changes the size of the semaphore name from size to to.
-func resizeSem(t target, name string, size, to int64, opts []redisync.Option) int {
+func resizeSem(t target, name string, size, to int64, opts []redisync.ClientOption) int {
 	ctx := context.Background()
 	rdb, err := connect(ctx, t)
 	if err != nil {
@@ -155,7 +155,7 @@ func resizeSem(t target, name string, size, to int64, opts []redisync.Option) in
 
 // acquireSem blocks until n permits of the semaphore name are held; with
 // try, it makes one attempt and fails with errBusy.
-func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name string, size, n int64, try bool, opts []redisync.Option) (*hold, error) {
+func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name string, size, n int64, try bool, opts []redisync.ClientOption) (*hold, error) {
 	c := redisync.New(rdb, opts...)
 	s := c.NewSemaphore(name, size)
 	var err error

@@ -53,28 +53,28 @@ func TestBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		lockName   string
-		clientOpts []redisync.Option
-		mutexOpts  []redisync.Option
+		clientOpts []redisync.ClientOption
+		mutexOpts  []redisync.MutexOption
 		ctx        context.Context
 		want       error
 		closed     bool
 	}{
 		{name: "empty name", lockName: "", want: redisync.ErrInvalidName},
 		{name: "huge name", lockName: huge, want: redisync.ErrInvalidName},
-		{name: "zero lease", mutexOpts: opts(redisync.WithLease(0)), want: redisync.ErrInvalidOption},
-		{name: "negative lease", mutexOpts: opts(redisync.WithLease(-time.Second)), want: redisync.ErrInvalidOption},
-		{name: "sub-ms lease", mutexOpts: opts(redisync.WithLease(999 * time.Microsecond)), want: redisync.ErrInvalidOption},
-		{name: "lease over max", mutexOpts: opts(redisync.WithLease(redisync.MaxLease + 1)), want: redisync.ErrInvalidOption},
-		{name: "overflowing lease", mutexOpts: opts(redisync.WithLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
-		{name: "min int lease", mutexOpts: opts(redisync.WithLease(math.MinInt64)), want: redisync.ErrInvalidOption},
-		{name: "watchdog 2ms", mutexOpts: opts(redisync.WithWatchdogLease(2 * time.Millisecond)), want: redisync.ErrInvalidOption},
-		{name: "negative watchdog", mutexOpts: opts(redisync.WithWatchdogLease(-1)), want: redisync.ErrInvalidOption},
-		{name: "overflowing watchdog", mutexOpts: opts(redisync.WithWatchdogLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
-		{name: "zero heartbeat", mutexOpts: opts(redisync.Fair(), redisync.WithHeartbeat(0)), want: redisync.ErrInvalidOption},
-		{name: "zero recheck", mutexOpts: opts(redisync.WithRecheck(0)), want: redisync.ErrInvalidOption},
-		{name: "recheck over max", mutexOpts: opts(redisync.WithRecheck(redisync.MaxLease + time.Nanosecond)), want: redisync.ErrInvalidOption},
-		{name: "empty prefix", mutexOpts: opts(redisync.WithKeyPrefix("")), want: redisync.ErrInvalidOption},
-		{name: "prefix with brace", mutexOpts: opts(redisync.WithKeyPrefix("a{b")), want: redisync.ErrInvalidOption},
+		{name: "zero lease", mutexOpts: mutexOpts(redisync.WithLease(0)), want: redisync.ErrInvalidOption},
+		{name: "negative lease", mutexOpts: mutexOpts(redisync.WithLease(-time.Second)), want: redisync.ErrInvalidOption},
+		{name: "sub-ms lease", mutexOpts: mutexOpts(redisync.WithLease(999 * time.Microsecond)), want: redisync.ErrInvalidOption},
+		{name: "lease over max", mutexOpts: mutexOpts(redisync.WithLease(redisync.MaxLease + 1)), want: redisync.ErrInvalidOption},
+		{name: "overflowing lease", mutexOpts: mutexOpts(redisync.WithLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
+		{name: "min int lease", mutexOpts: mutexOpts(redisync.WithLease(math.MinInt64)), want: redisync.ErrInvalidOption},
+		{name: "watchdog 2ms", mutexOpts: mutexOpts(redisync.WithWatchdogLease(2 * time.Millisecond)), want: redisync.ErrInvalidOption},
+		{name: "negative watchdog", mutexOpts: mutexOpts(redisync.WithWatchdogLease(-1)), want: redisync.ErrInvalidOption},
+		{name: "overflowing watchdog", mutexOpts: mutexOpts(redisync.WithWatchdogLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
+		{name: "zero heartbeat", mutexOpts: mutexOpts(redisync.Fair(), redisync.WithHeartbeat(0)), want: redisync.ErrInvalidOption},
+		{name: "zero recheck", mutexOpts: mutexOpts(redisync.WithRecheck(0)), want: redisync.ErrInvalidOption},
+		{name: "recheck over max", mutexOpts: mutexOpts(redisync.WithRecheck(redisync.MaxLease + time.Nanosecond)), want: redisync.ErrInvalidOption},
+		{name: "empty prefix", mutexOpts: mutexOpts(redisync.WithKeyPrefix("")), want: redisync.ErrInvalidOption},
+		{name: "prefix with brace", mutexOpts: mutexOpts(redisync.WithKeyPrefix("a{b")), want: redisync.ErrInvalidOption},
 		{name: "invalid client default", clientOpts: opts(redisync.WithLease(-1)), want: redisync.ErrInvalidOption},
 		{name: "cancelled ctx", ctx: cancelled, want: context.Canceled},
 		{name: "expired ctx", ctx: expired, want: context.DeadlineExceeded},
@@ -142,7 +142,9 @@ func TestBadInput(t *testing.T) {
 	})
 }
 
-func opts(o ...redisync.Option) []redisync.Option { return o }
+func opts(o ...redisync.ClientOption) []redisync.ClientOption { return o }
+
+func mutexOpts(o ...redisync.MutexOption) []redisync.MutexOption { return o }
 
 // snapshot returns a lock's keys as DUMP payloads (missing keys as "").
 func snapshot(t *testing.T, rdb *redis.Client, keys []string) []string {
@@ -202,7 +204,7 @@ func TestWrongKeyTypes(t *testing.T) {
 						// acquire reads the waiters' records.
 						rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
 					}
-					var o []redisync.Option
+					var o []redisync.MutexOption
 					if fair {
 						o = append(o, redisync.Fair())
 					}
@@ -277,7 +279,7 @@ func (h *stubHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessP
 // invalid (the sentinel) with no command sent; valid input reaches Redis
 // (errStub comes back) on Lock and TryLock; Unlock of nothing held is
 // ErrNotHeld, with no command.
-func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
+func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.MutexOption) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	hook := &stubHook{}
@@ -340,7 +342,7 @@ func FuzzOptions(f *testing.F) {
 	f.Add(int64(redisync.MaxLease)+1, int64(0), int64(0), int64(0), "x", false)
 	f.Add(int64(math.MaxInt64), int64(math.MinInt64), int64(0), int64(0), "{", false)
 	f.Fuzz(func(t *testing.T, lease, watchdog, heartbeat, recheck int64, prefix string, fair bool) {
-		var o []redisync.Option
+		var o []redisync.MutexOption
 		bad := false
 		inRange := func(v, lo int64) bool { return v >= lo && v <= int64(redisync.MaxLease) }
 		if lease != 0 {

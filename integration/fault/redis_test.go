@@ -34,7 +34,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	srv := redistest.Spawn(t)
 	admin := redistest.NewClient(t, srv.Addr)
 	name := redistest.Name(t)
-	opts := []redisync.Option{redisync.WithWatchdogLease(2 * time.Second), redisync.WithRecheck(2 * time.Second)}
+	opts := []redisync.ClientOption{redisync.WithWatchdogLease(2 * time.Second), redisync.WithRecheck(2 * time.Second)}
 
 	holder := newClient(t, srv.Addr, opts...).NewMutex(name)
 	for i := range 6 { // move the token counter on

@@ -30,12 +30,12 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 	const latency = 150 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
-		opts     []redisync.Option
+		opts     []redisync.MutexOption
 		lease    time.Duration // of the handed-over hold
 		halfOpen bool
 	}{
-		{"fixed-lease", []redisync.Option{redisync.Fair(), redisync.WithLease(600 * time.Millisecond)}, 600 * time.Millisecond, false},
-		{"watchdog-half-open", []redisync.Option{redisync.Fair(), redisync.WithWatchdogLease(1500 * time.Millisecond)}, 1500 * time.Millisecond, true},
+		{"fixed-lease", []redisync.MutexOption{redisync.Fair(), redisync.WithLease(600 * time.Millisecond)}, 600 * time.Millisecond, false},
+		{"watchdog-half-open", []redisync.MutexOption{redisync.Fair(), redisync.WithWatchdogLease(1500 * time.Millisecond)}, 1500 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)

@@ -286,7 +286,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 func TestReview2SemaphoreWaiterBehindDeadHeadSleeps(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
-	opts := []redisync.Option{redisync.WithWatchdogLease(6 * time.Second),
+	opts := []redisync.ClientOption{redisync.WithWatchdogLease(6 * time.Second),
 		redisync.WithHeartbeat(time.Second), redisync.WithRecheck(30 * time.Second)}
 	h := newClient(t, addr, opts...).NewSemaphore(name, 3)
 	if err := h.Acquire(ctx, 1); err != nil {

@@ -135,8 +135,15 @@ const (
 )
 
 // stormOpts are the options of every Client of a storm.
-var stormOpts = []redisync.Option{
+var stormOpts = []redisync.ClientOption{
 	redisync.WithHeartbeat(heartbeat),
+	redisync.WithWatchdogLease(3 * time.Second),
+	redisync.WithRecheck(200 * time.Millisecond),
+}
+
+// stormRedlockOpts are those of every Redlock of a storm (a Redlock has no
+// queue, so no heartbeat).
+var stormRedlockOpts = []redisync.RedlockOption{
 	redisync.WithWatchdogLease(3 * time.Second),
 	redisync.WithRecheck(200 * time.Millisecond),
 }
@@ -267,7 +274,7 @@ func (s *storm) mutexes(fair func(v int) bool) {
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 		for v, n := range shares {
-			var opts []redisync.Option
+			var opts []redisync.MutexOption
 			kind := "plain"
 			if fair(v) {
 				opts, kind = append(opts, redisync.Fair()), "fair"
@@ -310,7 +317,7 @@ func (s *storm) redMutexes() {
 		for _, px := range pxs {
 			nodes = append(nodes, s.goRedis(px.Addr, i))
 		}
-		r := redisync.NewRedlock(nodes, stormOpts...)
+		r := redisync.NewRedlock(nodes, stormRedlockOpts...)
 		t.Cleanup(func() { _ = r.Close() })
 		rls = append(rls, r)
 		for v, n := range shares {

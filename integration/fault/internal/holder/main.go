@@ -106,8 +106,8 @@ func main() {
 	}
 }
 
-func options() []redisync.Option {
-	var opts []redisync.Option
+func options() []redisync.ClientOption {
+	var opts []redisync.ClientOption
 	if *lease > 0 {
 		opts = append(opts, redisync.WithLease(*lease))
 	}

@@ -1,0 +1,20 @@
+// Command misuse gives options where they do not apply: it must not
+// compile (TestOptionMisuseDoesNotCompile checks each line is refused).
+package main
+
+import (
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync"
+)
+
+func main() {
+	rdb := redis.NewClient(&redis.Options{})
+	c := redisync.New(rdb)
+	c.NewSemaphore("s", 1, redisync.Fair())                            // misuse: fair
+	c.NewMutex("m", redisync.WithPlainPubSub())                        // misuse: plain
+	redisync.NewRedlock(nil, redisync.Fair())                          // misuse: redlock-fair
+	c.NewMutex("m", redisync.WithNodeTimeout(1))                       // misuse: node-timeout
+	c.NewSemaphore("s", 1, redisync.WithMetadata("x"))                 // misuse: metadata
+	redisync.NewRedlock(nil).NewMutex("m", redisync.WithObserver(nil)) // misuse: observer
+}
