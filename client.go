@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,15 +40,28 @@ type Client struct {
 // New returns a Client that uses rdb (a *redis.Client, *redis.ClusterClient
 // or *redis.Ring; the Client never closes it). The options become the
 // defaults of every Mutex and Semaphore created by the Client. New does no
-// I/O; a nil rdb or an invalid option makes every later call fail with
-// ErrNilClient or ErrInvalidOption.
+// I/O. It returns ErrNilClient for a nil rdb, and an error wrapping
+// ErrInvalidOption for an invalid option.
 //
 // On a *redis.ClusterClient, waiters are woken through sharded pub/sub
 // (SPUBLISH and SSUBSCRIBE, Redis 7 and later): each primary delivers the
 // messages of its own slots, on one connection per primary that serves a
 // lock with waiters. WithPlainPubSub turns it off for older clusters.
-func New(rdb redis.UniversalClient, opts ...ClientOption) *Client {
-	return clientWith(rdb, with(defaultConfig(), opts, ClientOption.applyClient))
+func New(rdb redis.UniversalClient, opts ...ClientOption) (*Client, error) {
+	if isNil(rdb) {
+		return nil, ErrNilClient
+	}
+	cfg := with(defaultConfig(), opts, ClientOption.applyClient)
+	if cfg.err != nil {
+		return nil, cfg.err
+	}
+	return clientWith(rdb, cfg), nil
+}
+
+// isNil reports whether rdb is nil, or a nil pointer in an interface.
+func isNil(rdb redis.UniversalClient) bool {
+	v := reflect.ValueOf(rdb)
+	return rdb == nil || (v.Kind() == reflect.Pointer && v.IsNil())
 }
 
 // clientWith returns a Client of rdb with the defaults cfg.
@@ -108,20 +122,9 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// valid reports ErrNilClient when the Client has no Redis client.
-func (c *Client) valid() error {
-	if c.rdb == nil {
-		return ErrNilClient
-	}
-	return nil
-}
-
 // usable reports why the Client cannot be used, if it cannot.
 func (c *Client) usable() error {
-	switch {
-	case c.rdb == nil:
-		return ErrNilClient
-	case c.ctx.Err() != nil:
+	if c.ctx.Err() != nil {
 		return ErrClosed
 	}
 	return nil

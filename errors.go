@@ -26,15 +26,17 @@ var (
 	// ErrClosed is returned by every call on a closed Client and by calls
 	// that were waiting when it was closed.
 	ErrClosed = errors.New("redisync: client closed")
-	// ErrNilClient is returned by every call when New was given a nil
-	// Redis client, and by every call of a Redlock given a nil node.
+	// ErrNilClient is returned by New given a nil Redis client, and by
+	// NewRedlock given a nil node.
 	ErrNilClient = errors.New("redisync: nil redis client")
 	// ErrInvalidName is returned for an empty name, one longer than
 	// MaxNameLen bytes, or one that starts with '}'.
 	ErrInvalidName = errors.New("redisync: invalid name")
 	// ErrInvalidOption is returned when an option is out of its range (a
 	// lease that is not positive or longer than MaxLease, a key prefix
-	// with braces, ...), and for such a lease given to Mutex.Extend.
+	// with braces, ...): by New and NewRedlock for their own options, by
+	// every call of a value given one, and for such a lease given to
+	// Mutex.Extend.
 	ErrInvalidOption = errors.New("redisync: invalid option")
 	// ErrNotReplicated is returned, with WithReplicas, when fewer replicas
 	// than asked acknowledged an acquisition in time. The acquisition was
@@ -67,11 +69,11 @@ var (
 	// leases run out. The failed nodes' errors are wrapped with it, in a
 	// *NodeErrors.
 	ErrQuorum = errors.New("redisync: no quorum of redlock nodes")
-	// ErrNoNodes is returned by every call of a Redlock given no nodes.
+	// ErrNoNodes is returned by NewRedlock given no nodes.
 	ErrNoNodes = errors.New("redisync: no redlock nodes")
-	// ErrDuplicateNode is returned by every call of a Redlock given the
-	// same Redis client (or two *redis.Client with the same address and
-	// database) twice: one server counted twice would break the majority.
+	// ErrDuplicateNode is returned by NewRedlock given the same Redis
+	// client (or two *redis.Client with the same address and database)
+	// twice: one server counted twice would break the majority.
 	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
 )
 

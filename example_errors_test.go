@@ -44,8 +44,14 @@ func Example_errors() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
-	other := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	other, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer other.Close()
 
 	held := other.NewMutex("report")

@@ -15,7 +15,10 @@ func ExampleClient_InspectLock() {
 	defer stop()
 	ctx := context.Background()
 
-	client := redisync.New(rdb, redisync.WithLabel("reindexer-7"))
+	client, err := redisync.New(rdb, redisync.WithLabel("reindexer-7"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 	m := client.NewMutex("reindex")
 	if err := m.Lock(ctx); err != nil {

@@ -49,7 +49,10 @@ func ExampleMutex_Lost() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	// A fixed lease of 100 ms that nobody renews stands in for a lease the
@@ -61,7 +64,7 @@ func ExampleMutex_Lost() {
 		log.Fatal(err)
 	}
 	work, cancel := whileHeld(ctx, m)
-	err := reindex(work, m.Token())
+	err = reindex(work, m.Token())
 	cancel()
 	fmt.Println("reindex stopped, lock lost:", errors.Is(err, redisync.ErrLockLost))
 

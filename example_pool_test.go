@@ -68,11 +68,17 @@ func ExampleSemaphore_workerPool() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	// Another host holds both permits for now.
-	otherHost := redisync.New(rdb)
+	otherHost, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer otherHost.Close()
 	theirs := otherHost.NewSemaphore("export", 2)
 	if err := theirs.Acquire(ctx, 2); err != nil {

@@ -20,7 +20,10 @@ func ExampleRedlock() {
 		nodes = append(nodes, rdb)
 	}
 
-	rl := redisync.NewRedlock(nodes) // one per process
+	rl, err := redisync.NewRedlock(nodes) // one per process
+	if err != nil {
+		log.Fatal(err) // no nodes, a nil one, the same twice, a bad option
+	}
 	defer rl.Close()
 
 	m := rl.NewMutex("ledger") // one value per owner, as with Mutex

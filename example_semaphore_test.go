@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +24,10 @@ func ExampleSemaphore() {
 	defer mr.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -62,7 +66,10 @@ func ExampleSemaphore_TryAcquire() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	a := client.NewSemaphore("build-slots", 3)

@@ -37,7 +37,10 @@ func Example_gracefulShutdown() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	m := client.NewMutex("singleton-cron")
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err) // a signal while Lock waits ends it with ctx's error
@@ -57,7 +60,10 @@ func Example_gracefulShutdown() {
 	// Client after Close return ErrClosed.
 	client.Close()
 
-	next := redisync.New(rdb) // another replica
+	next, err := redisync.New(rdb) // another replica
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer next.Close()
 	ok, err := next.NewMutex("singleton-cron").TryLock(context.Background())
 	fmt.Println("next replica takes over at once:", ok, err)

@@ -26,7 +26,10 @@ func ExampleMutex() {
 	defer stop()
 	ctx := context.Background()
 
-	client := redisync.New(rdb) // one per process; shares one subscriber and one watchdog
+	client, err := redisync.New(rdb) // one per process; shares one subscriber and one watchdog
+	if err != nil {
+		log.Fatal(err) // a nil rdb or a bad option; New does no I/O
+	}
 	defer client.Close()
 
 	m := client.NewMutex("nightly-report") // one value per owner, e.g. per goroutine
@@ -53,7 +56,10 @@ func ExampleMutex_TryLock() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	a, b := client.NewMutex("job"), client.NewMutex("job")
@@ -73,7 +79,10 @@ func ExampleFair() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	// Waiters of a fair Mutex are served in arrival order across every
@@ -93,10 +102,13 @@ func ExampleMutex_Do() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
-	client := redisync.New(rdb)
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
-	err := client.NewMutex("nightly-report").Do(ctx, func(ctx context.Context) error {
+	err = client.NewMutex("nightly-report").Do(ctx, func(ctx context.Context) error {
 		// Pass ctx to the work: it is cancelled, with context.Cause
 		// ErrLockLost, if the lock is lost.
 		fmt.Println("reporting under the lock")

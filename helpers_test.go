@@ -30,7 +30,10 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *counter) {
 // newClient returns a redisync Client closed at the end of the test.
 func newClient(t *testing.T, rdb redis.UniversalClient, opts ...ClientOption) *Client {
 	t.Helper()
-	c := New(rdb, opts...)
+	c, err := New(rdb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

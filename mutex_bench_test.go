@@ -312,7 +312,10 @@ func benchServerCalls(b *testing.B, ctx context.Context, rdb *redis.Client) int6
 // benchClient returns a redisync Client closed when the benchmark ends.
 func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...ClientOption) *Client {
 	b.Helper()
-	c := New(rdb, opts...)
+	c, err := New(rdb, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.Cleanup(func() { _ = c.Close() })
 	return c
 }

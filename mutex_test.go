@@ -45,7 +45,6 @@ func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"empty prefix", c.NewMutex("a", WithKeyPrefix("")), ctx, ErrInvalidOption},
 		{"zero replicas", c.NewMutex("a", WithReplicas(0, time.Second)), ctx, ErrInvalidOption},
 		{"zero replica timeout", c.NewMutex("a", WithReplicas(1, 0)), ctx, ErrInvalidOption},
-		{"nil client", New(nil).NewMutex("a"), ctx, ErrNilClient},
 		{"cancelled context", c.NewMutex("a"), cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
@@ -294,7 +293,10 @@ func TestFixedLeaseLostAtDeadline(t *testing.T) {
 
 func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	_, rdb, _ := newMini(t)
-	c := New(rdb, WithRecheck(time.Hour))
+	c, err := New(rdb, WithRecheck(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
 	holder, waiter := c.NewMutex("close"), c.NewMutex("close")
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -407,7 +409,10 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 
 func TestCloseReleasesHolds(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := New(rdb)
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := c.NewMutex("held")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

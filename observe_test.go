@@ -164,7 +164,10 @@ func equalCounts(a, b map[Outcome]int) bool {
 func TestObserverHoldEvents(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c := New(rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
+	c, err := New(rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	m := c.NewMutex("hold")
 	if err := m.Lock(ctx); err != nil {
@@ -276,7 +279,10 @@ func TestLoggerWarnings(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a := New(rdb, WithLogger(log), WithWatchdogLease(300*time.Millisecond), WithHeartbeat(30*time.Millisecond))
+	a, err := New(rdb, WithLogger(log), WithWatchdogLease(300*time.Millisecond), WithHeartbeat(30*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer a.Close()
 	m := a.NewMutex("logged", Fair())
 	for range 3 {
@@ -369,7 +375,10 @@ func TestObserverReconnect(t *testing.T) {
 func TestObserverRedMutex(t *testing.T) {
 	_, rdbs, _ := newMiniNodes(t, 3)
 	rec := &recorder{}
-	r := NewRedlock(rdbs, WithObserver(rec))
+	r, err := NewRedlock(rdbs, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := r.NewMutex("red")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -413,7 +422,10 @@ func (s *syncBuffer) String() string {
 func TestObserverHandoff(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c := New(rdb, WithObserver(rec))
+	c, err := New(rdb, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	giver, taker := c.NewMutex("handed"), c.NewMutex("handed")
 	if err := giver.Lock(ctx); err != nil {

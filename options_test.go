@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Issue 15, point 5: an option given where it does not apply does not
@@ -49,5 +52,35 @@ func TestOptionMisuseDoesNotCompile(t *testing.T) {
 	}
 	if len(refused) != len(want) {
 		t.Errorf("refused lines %v, want exactly %v:\n%s", refused, want, out)
+	}
+}
+
+// Issue 15, point 5: constructors that can meet bad input return an
+// error, instead of deferring it to the first call.
+func TestConstructorsRefuseBadInput(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	var typedNil *redis.Client
+	for _, tc := range []struct {
+		what string
+		rdb  redis.UniversalClient
+		opts []ClientOption
+		want error
+	}{
+		{"nil client", nil, nil, ErrNilClient},
+		{"typed nil client", typedNil, nil, ErrNilClient},
+		{"bad lease", rdb, []ClientOption{WithLease(0)}, ErrInvalidOption},
+		{"bad label", rdb, []ClientOption{WithLabel("a b")}, ErrInvalidOption},
+	} {
+		if c, err := New(tc.rdb, tc.opts...); c != nil || !errors.Is(err, tc.want) {
+			t.Errorf("New, %s: %v, %v; want nil, %v", tc.what, c, err, tc.want)
+		}
+	}
+	c, err := New(rdb)
+	if err != nil || c == nil {
+		t.Fatalf("New of a good client: %v, %v", c, err)
+	}
+	_ = c.Close()
+	if n := cnt.n.Load(); n != 0 {
+		t.Errorf("%d commands sent", n)
 	}
 }

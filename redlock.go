@@ -36,7 +36,6 @@ type Redlock struct {
 	clients []*Client
 	quorum  int
 	cfg     config
-	err     error // invalid nodes or option
 
 	mu     sync.Mutex
 	closed bool
@@ -47,23 +46,22 @@ type Redlock struct {
 // independent Redis deployment (the Redlock never closes them). The options
 // become the defaults of every lock of the Redlock (Fair is not a
 // RedlockOption: a Redlock does not queue its waiters).
-// NewRedlock does no I/O. Bad input is reported by every later call, before
-// any call to Redis: no nodes (ErrNoNodes), a nil one (ErrNilClient), the
-// same node twice (ErrDuplicateNode: the same client value, or two
-// *redis.Client with the same address and database), an invalid option
-// (ErrInvalidOption).
+// NewRedlock does no I/O. It returns an error for bad input: no nodes
+// (ErrNoNodes), a nil one (ErrNilClient), the same node twice
+// (ErrDuplicateNode: the same client value, or two *redis.Client with the
+// same address and database), an invalid option (ErrInvalidOption).
 //
 // An even number of nodes is accepted, but tolerates no more failures than
 // one node fewer: 4 nodes need 3, like 5; 2 nodes need both.
-func NewRedlock(rdbs []redis.UniversalClient, opts ...RedlockOption) *Redlock {
+func NewRedlock(rdbs []redis.UniversalClient, opts ...RedlockOption) (*Redlock, error) {
 	r := &Redlock{cfg: with(defaultConfig(), opts, RedlockOption.applyRedlock), quorum: len(rdbs)/2 + 1}
-	r.err = cmp.Or(checkNodes(rdbs), r.cfg.err)
-	if r.err == nil {
-		for _, rdb := range rdbs {
-			r.clients = append(r.clients, clientWith(rdb, r.cfg))
-		}
+	if err := cmp.Or(checkNodes(rdbs), r.cfg.err); err != nil {
+		return nil, err
 	}
-	return r
+	for _, rdb := range rdbs {
+		r.clients = append(r.clients, clientWith(rdb, r.cfg))
+	}
+	return r, nil
 }
 
 // Close closes the Redlock's Clients (see Client.Close: every hold is
@@ -89,9 +87,6 @@ func (r *Redlock) Quorum() int { return r.quorum }
 
 // usable reports why the Redlock cannot be used, if it cannot.
 func (r *Redlock) usable() error {
-	if r.err != nil {
-		return r.err
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -123,15 +118,14 @@ func checkNodes(rdbs []redis.UniversalClient) error {
 	}
 	seen := make(map[any]int)
 	for i, rdb := range rdbs {
-		v := reflect.ValueOf(rdb)
-		if rdb == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
+		if isNil(rdb) {
 			return fmt.Errorf("%w: redlock node %d", ErrNilClient, i)
 		}
 		var key any = rdb
 		if c, ok := rdb.(*redis.Client); ok {
 			o := c.Options()
 			key = fmt.Sprintf("%s|%s|%d", o.Network, o.Addr, o.DB)
-		} else if !v.Type().Comparable() {
+		} else if !reflect.TypeOf(rdb).Comparable() {
 			continue
 		}
 		if j, ok := seen[key]; ok {

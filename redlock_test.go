@@ -31,7 +31,10 @@ func newMiniNodes(t *testing.T, n int) ([]*miniredis.Miniredis, []redis.Universa
 // newRedlock returns a Redlock closed at the end of the test.
 func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...RedlockOption) *Redlock {
 	t.Helper()
-	r := NewRedlock(rdbs, opts...)
+	r, err := NewRedlock(rdbs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = r.Close() })
 	return r
 }
@@ -57,11 +60,25 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 		{"bad lease", rdbs, []RedlockOption{WithLease(0)}, "a", ErrInvalidOption},
 		{"bad node timeout", rdbs, []RedlockOption{WithNodeTimeout(0)}, "a", ErrInvalidOption},
 		{"empty name", rdbs, nil, "", ErrInvalidName},
+		{"bad lock option", rdbs, nil, "a", ErrInvalidOption},
 	}
 	for _, tc := range cases {
 		t.Run(tc.what, func(t *testing.T) {
-			r := newRedlock(t, tc.rdbs, tc.opts...)
-			m := r.NewMutex(tc.name)
+			// NewRedlock refuses bad nodes and options; a lock's own bad
+			// name or option is reported by each of its calls.
+			r, err := NewRedlock(tc.rdbs, tc.opts...)
+			if r == nil {
+				if !errors.Is(err, tc.want) {
+					t.Errorf("NewRedlock: %v, want %v", err, tc.want)
+				}
+				return
+			}
+			t.Cleanup(func() { _ = r.Close() })
+			var opts []RedMutexOption
+			if tc.what == "bad lock option" {
+				opts = append(opts, WithLease(-1))
+			}
+			m := r.NewMutex(tc.name, opts...)
 			if err := m.Lock(context.Background()); !errors.Is(err, tc.want) {
 				t.Errorf("Lock: %v, want %v", err, tc.want)
 			}

@@ -53,7 +53,7 @@ func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 		lease:       lease,
 		nodeTimeout: cmp.Or(cfg.node, min(lease/10, defaultNodeTimeout)),
 		recheck:     cfg.recheck,
-		err:         cmp.Or(r.err, checkName(name), cfg.err),
+		err:         cmp.Or(checkName(name), cfg.err),
 		op:          make(chan struct{}, 1),
 		member:      make([]bool, n),
 		alive:       make([]bool, n),
@@ -330,7 +330,7 @@ func (m *RedMutex) emit(kind Kind, err error) {
 // emitHold tells the first node's events queue that the hold with token,
 // taken at taken, was taken or ended.
 func (m *RedMutex) emitHold(kind Kind, token int64, taken time.Time, err error) {
-	if m.r.err != nil || m.r.clients[0].events == nil {
+	if m.r.clients[0].events == nil {
 		return
 	}
 	ev := m.r.clients[0].events

@@ -175,7 +175,10 @@ func TestReview3RetriedRotationFailsAcquire(t *testing.T) {
 // say they were given back.
 func TestReview3ReleaseRacingCloseLeavesPermits(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := New(rdb)
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := c.NewSemaphore("s", 2)
 	if err := s.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)

@@ -70,7 +70,10 @@ func TestReview7DoUnlocksAnotherGoroutinesNewHold(t *testing.T) {
 // holds, forgets the hold as released instead: the cause is ErrReleased.
 func TestReview7UnlockDuringCloseEndsAsReleased(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := New(rdb)
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := c.NewMutex("job")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -95,7 +98,10 @@ func TestReview7UnlockDuringCloseEndsAsReleased(t *testing.T) {
 // released.
 func TestReview7UnlockDuringCloseLeavesTheLock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := New(rdb)
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := c.NewMutex("job")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

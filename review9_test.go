@@ -22,7 +22,10 @@ import (
 func TestReview9RedlockCloseTellsHoldReleased(t *testing.T) {
 	_, rdbs, _ := newMiniNodes(t, 3)
 	rec := &recorder{}
-	r := NewRedlock(rdbs, WithObserver(rec))
+	r, err := NewRedlock(rdbs, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := r.NewMutex("red-close")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -52,7 +55,10 @@ func TestReview9RedlockCloseTellsHoldReleased(t *testing.T) {
 func TestReview9UnlockFindingHoldGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c := New(rdb, WithObserver(rec)) // a 30 s lease: no renewal notices it first
+	c, err := New(rdb, WithObserver(rec)) // a 30 s lease: no renewal notices it first
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	m := c.NewMutex("gone")
 	if err := m.Lock(ctx); err != nil {
@@ -76,7 +82,10 @@ func TestReview9UnlockFindingHoldGoneToldLost(t *testing.T) {
 func TestReview9ReleaseFindingPermitsGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c := New(rdb, WithObserver(rec))
+	c, err := New(rdb, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	s := c.NewSemaphore("gone", 2)
 	if err := s.Acquire(ctx, 1); err != nil {
@@ -226,7 +235,10 @@ func (c *failSubscribe) Write(p []byte) (int, error) {
 func TestReview9RedUnlockFindingHoldGoneToldLost(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	rec := &recorder{}
-	r := NewRedlock(rdbs, WithObserver(rec))
+	r, err := NewRedlock(rdbs, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer r.Close()
 	m := r.NewMutex("red-gone")
 	if err := m.Lock(ctx); err != nil {
@@ -248,7 +260,10 @@ func TestReview9RedUnlockFindingHoldGoneToldLost(t *testing.T) {
 func TestReview9HandoffFindingHoldGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c := New(rdb, WithObserver(rec))
+	c, err := New(rdb, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	m := c.NewMutex("gone")
 	if err := m.Lock(ctx); err != nil {
@@ -274,7 +289,10 @@ func TestReview9CloseDoesNotWaitForABlockedObserver(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}
 	rec.gate.Lock()
-	c := New(rdb, WithObserver(rec))
+	c, err := New(rdb, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := c.NewMutex("blocked-close")
 	if err := m.Lock(ctx); err != nil { // an event the observer blocks on
 		t.Fatal(err)

@@ -241,7 +241,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 
 // releaseN is Release, unobserved.
 func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
-	if err := cmp.Or(s.err, s.check(n), s.c.valid()); err != nil {
+	if err := cmp.Or(s.err, s.check(n)); err != nil {
 		return s.wrap("release", err)
 	}
 	wait, cancel := releasing(ctx)

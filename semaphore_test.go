@@ -88,7 +88,6 @@ func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"negative permits", c.NewSemaphore("s", 3), -1, ctx, ErrInvalidPermits},
 		{"more permits than size", c.NewSemaphore("s", 3), 4, ctx, ErrInvalidPermits},
 		{"invalid option", c.NewSemaphore("s", 3, WithLease(0)), 1, ctx, ErrInvalidOption},
-		{"nil client", New(nil).NewSemaphore("s", 3), 1, ctx, ErrNilClient},
 		{"cancelled context", c.NewSemaphore("s", 3), 1, cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
@@ -719,7 +718,10 @@ func (h *cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func TestSemaphoreCloseEndsWaitersAndHoldings(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := New(rdb, WithRecheck(time.Hour))
+	c, err := New(rdb, WithRecheck(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

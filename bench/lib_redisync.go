@@ -37,12 +37,10 @@ func redisyncLibrary(fair bool) library {
 		name:  "redisync",
 		about: "redisync defaults: pub/sub wake-up, watchdog lease 30 s",
 		open: func(addr string, counts *clientCounts) (instance, error) {
-			rdb := newGoRedis(addr, counts)
-			return &redisyncInstance{rdb: rdb, c: redisync.New(rdb), fair: fair}, nil
+			return newRedisyncInstance(newGoRedis(addr, counts), fair)
 		},
 		openCluster: func(addrs []string, counts *clientCounts) (instance, error) {
-			rdb := newGoRedisCluster(addrs, counts)
-			return &redisyncInstance{rdb: rdb, c: redisync.New(rdb), fair: fair}, nil
+			return newRedisyncInstance(newGoRedisCluster(addrs, counts), fair)
 		},
 		redisKey:   func(name string) string { return schema.LockKeys(schema.DefaultPrefix, name).Hash },
 		semaphores: !fair && redisyncSemaphore != nil,
@@ -52,6 +50,16 @@ func redisyncLibrary(fair bool) library {
 		lib.about = "redisync with Fair(): FIFO queue, hand-off inside the release script"
 	}
 	return lib
+}
+
+// newRedisyncInstance returns a redisync Client on rdb.
+func newRedisyncInstance(rdb redis.UniversalClient, fair bool) (instance, error) {
+	c, err := redisync.New(rdb)
+	if err != nil {
+		_ = rdb.Close()
+		return nil, err
+	}
+	return &redisyncInstance{rdb: rdb, c: c, fair: fair}, nil
 }
 
 // redisyncInstance is one redisync Client on its own go-redis client (a

@@ -139,7 +139,10 @@ func (s aclServer) aclClients(t *testing.T, user string, n int, opts ...redisync
 	t.Helper()
 	cs := make([]*redisync.Client, n)
 	for i := range cs {
-		c := redisync.New(s.client(t, user), opts...)
+		c, err := redisync.New(s.client(t, user), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = c.Close() })
 		cs[i] = c
 	}
@@ -334,7 +337,11 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 			for _, n := range nodes {
 				rdbs = append(rdbs, n.client(t, "redisync"))
 			}
-			rls[i] = redisync.NewRedlock(rdbs)
+			nc, err := redisync.NewRedlock(rdbs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rls[i] = nc
 			rl := rls[i]
 			t.Cleanup(func() { _ = rl.Close() })
 		}
@@ -536,7 +543,10 @@ func TestACLCluster(t *testing.T) {
 	for range 2 {
 		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), Username: "redisync", Password: aclPassword})
 		t.Cleanup(func() { _ = rdb.Close() })
-		c := redisync.New(rdb)
+		c, err := redisync.New(rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = c.Close() })
 		cs = append(cs, c)
 	}

@@ -19,7 +19,11 @@ func clusterClients(t *testing.T, c *redistest.Cluster, n int, opts ...redisync.
 	t.Helper()
 	cs := make([]*redisync.Client, n)
 	for i := range cs {
-		cs[i] = redisync.New(c.NewClient(t), opts...)
+		nc, err := redisync.New(c.NewClient(t), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs[i] = nc
 		cl := cs[i]
 		t.Cleanup(func() { _ = cl.Close() })
 	}

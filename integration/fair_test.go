@@ -117,7 +117,10 @@ func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	// The dying waiter's Client has a go-redis client of its own, closed
 	// under it, so that it cannot withdraw: as if its process died.
 	deadRdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	dying := redisync.New(deadRdb, opts...)
+	dying, err := redisync.New(deadRdb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = dying.Close() })
 
 	holder := cs[0].NewMutex(name)

@@ -23,7 +23,11 @@ func newClients(t *testing.T, n int, opts ...redisync.ClientOption) []*redisync.
 	addr := redistest.Addr(t)
 	cs := make([]*redisync.Client, n)
 	for i := range cs {
-		cs[i] = redisync.New(redistest.NewClient(t, addr), opts...)
+		nc, err := redisync.New(redistest.NewClient(t, addr), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs[i] = nc
 		c := cs[i]
 		t.Cleanup(func() { _ = c.Close() })
 	}

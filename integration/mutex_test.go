@@ -64,7 +64,10 @@ func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 	const lease = time.Second
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
-	crashed := redisync.New(redistest.NewClient(t, addr), redisync.WithLease(lease))
+	crashed, err := redisync.New(redistest.NewClient(t, addr), redisync.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
 	holder := crashed.NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -209,7 +212,10 @@ func TestMutexBlockedWaitersDoNotPoll(t *testing.T) {
 func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 	p := redistest.NewProxy(t, redistest.Addr(t))
 	rdb := redistest.NewClient(t, p.Addr)
-	c := redisync.New(rdb)
+	c, err := redisync.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	name := redistest.Name(t)
 	m := c.NewMutex(name)

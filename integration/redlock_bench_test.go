@@ -17,7 +17,10 @@ import (
 func BenchmarkLockUnlock(b *testing.B) {
 	b.Run("mutex-1node", func(b *testing.B) {
 		s := redistest.Spawn(b)
-		c := redisync.New(redistest.NewClient(b, s.Addr))
+		c, err := redisync.New(redistest.NewClient(b, s.Addr))
+		if err != nil {
+			b.Fatal(err)
+		}
 		defer c.Close()
 		m := c.NewMutex("bench")
 		before := evals(b, s)
@@ -60,7 +63,11 @@ func newBenchRedlock(b *testing.B, ss []*redistest.Server) *redisync.Redlock {
 	for i, s := range ss {
 		rdbs[i] = redistest.NewClient(b, s.Addr)
 	}
-	return redisync.NewRedlock(rdbs)
+	r, err := redisync.NewRedlock(rdbs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
 }
 
 // evals counts the EVAL and EVALSHA calls a server has executed.

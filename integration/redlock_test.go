@@ -40,7 +40,10 @@ func newRedlocks(t *testing.T, ss []*redistest.Server, k int, opts ...redisync.R
 		for i, s := range ss {
 			rdbs[i] = redistest.NewClient(t, s.Addr)
 		}
-		r := redisync.NewRedlock(rdbs, opts...)
+		r, err := redisync.NewRedlock(rdbs, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = r.Close() })
 		rs[j] = r
 	}

@@ -32,7 +32,10 @@ func replicated(t *testing.T) (primary, replica *redistest.Server) {
 func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 	primary, replica := replicated(t)
 	pAdmin, rAdmin := redistest.NewClient(t, primary.Addr), redistest.NewClient(t, replica.Addr)
-	c := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
+	c, err := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 
 	for _, fair := range []bool{false, true} {
@@ -80,7 +83,10 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 func TestReplicatedHoldSurvivesFailover(t *testing.T) {
 	primary, replica := replicated(t)
 	rAdmin := redistest.NewClient(t, replica.Addr)
-	c := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
+	c, err := redisync.New(redistest.NewClient(t, primary.Addr), redisync.WithReplicas(1, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	name := redistest.Name(t)
 	m := c.NewMutex(name)
@@ -93,7 +99,10 @@ func TestReplicatedHoldSurvivesFailover(t *testing.T) {
 	if err := rAdmin.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	oc := redisync.New(redistest.NewClient(t, replica.Addr))
+	oc, err := redisync.New(redistest.NewClient(t, replica.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = oc.Close() })
 	other := oc.NewMutex(name)
 	if ok, err := other.TryLock(ctx); ok || err != nil {

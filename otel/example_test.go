@@ -35,7 +35,10 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	client := redisync.New(rdb, redisync.WithObserver(obs))
+	client, err := redisync.New(rdb, redisync.WithObserver(obs))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	ctx, span := tp.Tracer("app").Start(context.Background(), "nightly-report")

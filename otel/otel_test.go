@@ -125,7 +125,10 @@ func outcomeOf(err error) string {
 func TestContendedRunMetrics(t *testing.T) {
 	mr, rdb := newRedis(t)
 	tel := newTelemetry(t)
-	c := redisync.New(rdb, redisync.WithObserver(tel.obs), redisync.WithWatchdogLease(300*time.Millisecond))
+	c, err := redisync.New(rdb, redisync.WithObserver(tel.obs), redisync.WithWatchdogLease(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	ctx := context.Background()
 
@@ -233,7 +236,10 @@ func TestContendedRunMetrics(t *testing.T) {
 func TestSpansAreChildrenOfTheCallersSpan(t *testing.T) {
 	_, rdb := newRedis(t)
 	tel := newTelemetry(t)
-	c := redisync.New(rdb, redisync.WithObserver(tel.obs))
+	c, err := redisync.New(rdb, redisync.WithObserver(tel.obs))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	ctx, parent := tel.tp.Tracer("test").Start(context.Background(), "request")
 	m := c.NewMutex("traced")
@@ -293,7 +299,10 @@ func TestNameAttributeIsOptIn(t *testing.T) {
 			opts = append(opts, redisyncotel.WithNameAttribute())
 		}
 		tel := newTelemetry(t, opts...)
-		c := redisync.New(rdb, redisync.WithObserver(tel.obs))
+		c, err := redisync.New(rdb, redisync.WithObserver(tel.obs))
+		if err != nil {
+			t.Fatal(err)
+		}
 		m := c.NewMutex("per-user-42")
 		if err := m.Lock(context.Background()); err != nil {
 			t.Fatal(err)

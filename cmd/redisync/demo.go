@@ -160,7 +160,10 @@ func runDemo(args []string) int {
 		workers: *workers, hold: *hold, labels: newLabeler(), stats: newDemoStats(),
 	}
 	for range *clients {
-		c := redisync.New(rdb, redisync.WithKeyPrefix(*prefix), redisync.WithObserver(env.stats))
+		c, err := redisync.New(rdb, redisync.WithKeyPrefix(*prefix), redisync.WithObserver(env.stats))
+		if err != nil {
+			return errorf(exitSoftware, "%v", err)
+		}
 		defer func() { _ = c.Close() }()
 		env.clients = append(env.clients, c)
 	}

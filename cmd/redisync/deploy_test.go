@@ -51,7 +51,10 @@ func TestCluster(t *testing.T) {
 
 	// Held by the test: status shows the holder, and a lock with a short
 	// --wait times out.
-	c := redisync.New(crdb)
+	c, err := redisync.New(crdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	for _, name := range names {
 		m := c.NewMutex(name)

@@ -206,9 +206,11 @@ var errBusy = errors.New("taken")
 // acquireLock blocks until the lock name is held; with try, it makes one
 // attempt and fails with errBusy.
 func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name string, try bool, opts []redisync.ClientOption) (*hold, error) {
-	c := redisync.New(rdb, opts...)
+	c, err := redisync.New(rdb, opts...)
+	if err != nil {
+		return nil, err
+	}
 	m := c.NewMutex(name)
-	var err error
 	if try {
 		var ok bool
 		if ok, err = m.TryLock(ctx); err == nil && !ok {

@@ -156,7 +156,10 @@ func uniqueName(t *testing.T) string {
 // released when the test ends.
 func holdLock(t *testing.T, name string, opts ...redisync.MutexOption) *redisync.Mutex {
 	t.Helper()
-	c := redisync.New(redistest.Client(t))
+	c, err := redisync.New(redistest.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	m := c.NewMutex(name, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

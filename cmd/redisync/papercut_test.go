@@ -62,7 +62,10 @@ func TestNoWait(t *testing.T) {
 		t.Error("the command ran without the lock")
 	}
 
-	c := redisync.New(redistest.Client(t))
+	c, err := redisync.New(redistest.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	sem := c.NewSemaphore(name, 1)
 	if err := sem.Acquire(context.Background(), 1); err != nil {
@@ -108,7 +111,10 @@ func TestStatusShowsWhatExists(t *testing.T) {
 	if out := p.stdout.String(); code != exitFree || !strings.Contains(out, `lock "`+name) || strings.Contains(out, "semaphore") {
 		t.Errorf("nothing: exit %d, stdout %q; want %d and the free lock alone", code, out, exitFree)
 	}
-	c := redisync.New(redistest.Client(t))
+	c, err := redisync.New(redistest.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	sem := c.NewSemaphore(name, 2)
 	if err := sem.Acquire(context.Background(), 1); err != nil {

@@ -26,7 +26,10 @@ func TestReview8StatusCountsPlainSubscribersOnCluster(t *testing.T) {
 	name := uniqueName(t)
 	k := schema.LockKeys("redisync", name)
 
-	holder := redisync.New(crdb, redisync.WithPlainPubSub())
+	holder, err := redisync.New(crdb, redisync.WithPlainPubSub())
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = holder.Close() })
 	m := holder.NewMutex(name)
 	if err := m.Lock(ctx); err != nil {
@@ -34,7 +37,10 @@ func TestReview8StatusCountsPlainSubscribersOnCluster(t *testing.T) {
 	}
 	defer func() { _ = m.Unlock(ctx) }()
 
-	waiter := redisync.New(cl.NewClient(t), redisync.WithPlainPubSub(), redisync.WithRecheck(time.Minute))
+	waiter, err := redisync.New(cl.NewClient(t), redisync.WithPlainPubSub(), redisync.WithRecheck(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = waiter.Close() })
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -142,8 +142,12 @@ func resizeSem(t target, name string, size, to int64, opts []redisync.ClientOpti
 	if err != nil {
 		return connectExit(err)
 	}
-	c := redisync.New(rdb, opts...)
-	defer func() { _ = c.Close(); _ = rdb.Close() }()
+	defer func() { _ = rdb.Close() }()
+	c, err := redisync.New(rdb, opts...)
+	if err != nil {
+		return errorf(errorCode(err), "%s", trimPrefix(err))
+	}
+	defer func() { _ = c.Close() }()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := c.ResizeSemaphore(ctx, name, size, to); err != nil {
@@ -156,9 +160,11 @@ func resizeSem(t target, name string, size, to int64, opts []redisync.ClientOpti
 // acquireSem blocks until n permits of the semaphore name are held; with
 // try, it makes one attempt and fails with errBusy.
 func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name string, size, n int64, try bool, opts []redisync.ClientOption) (*hold, error) {
-	c := redisync.New(rdb, opts...)
+	c, err := redisync.New(rdb, opts...)
+	if err != nil {
+		return nil, err
+	}
 	s := c.NewSemaphore(name, size)
-	var err error
 	if try {
 		var ok bool
 		if ok, err = s.TryAcquire(ctx, n); err == nil && !ok {

@@ -241,7 +241,10 @@ func (st *Status) held() bool {
 // is read in one transaction, at one instant. It only reads. A key of
 // another type than redisync uses is an error.
 func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name string) (*Status, error) {
-	c := redisync.New(rdb, redisync.WithKeyPrefix(prefix))
+	c, err := redisync.New(rdb, redisync.WithKeyPrefix(prefix))
+	if err != nil {
+		return nil, err
+	}
 	defer func() { _ = c.Close() }()
 	l, err := c.InspectLock(ctx, name)
 	if err != nil {

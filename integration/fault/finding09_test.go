@@ -77,7 +77,10 @@ func TestFinding9LockRacingCloseStress(t *testing.T) {
 	t.Logf("seed %d", seed)
 	var bad []string
 	for round := range rounds {
-		c := redisync.New(redistest.NewClient(t, addr)) // default 30 s lease: a leftover shows
+		c, err := redisync.New(redistest.NewClient(t, addr)) // default 30 s lease: a leftover shows
+		if err != nil {
+			t.Fatal(err)
+		}
 		prefix := redistest.Name(t)
 		type outcome struct {
 			name string

@@ -29,7 +29,10 @@ func TestFinding11BraceNameRejected(t *testing.T) {
 			}
 			hook := &countingHook{}
 			crdb.AddHook(hook)
-			c := redisync.New(crdb)
+			c, err := redisync.New(crdb)
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { _ = c.Close() })
 			m := c.NewMutex(name)
 			s := c.NewSemaphore(name, 2)

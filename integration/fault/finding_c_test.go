@@ -26,7 +26,10 @@ func TestFindingCUndoOvertakesTheAcquire(t *testing.T) {
 
 	// go-redis gives up on a reply after 200 ms, closes the connection and
 	// leaves the call's outcome unknown.
-	a := redisync.New(redis.NewClient(&redis.Options{Addr: px.Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1}))
+	a, err := redisync.New(redis.NewClient(&redis.Options{Addr: px.Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = a.Close() })
 	m := a.NewMutex(name)
 	// Load the scripts, so that the held request is the acquire itself.

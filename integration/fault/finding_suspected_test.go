@@ -91,7 +91,10 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			return next(ctx, cmd)
 		}))
 		// A long heartbeat and recheck keep A quiet while it waits.
-		c := redisync.New(crdb, redisync.Fair(), redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		c, err := redisync.New(crdb, redisync.Fair(), redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = c.Close() })
 		m := c.NewMutex(name)
 

@@ -192,7 +192,10 @@ func proxiedClient(t *testing.T, px *redistest.Proxy, hook redis.Hook, opts ...r
 	if hook != nil {
 		rdb.AddHook(hook)
 	}
-	c := redisync.New(rdb, opts...)
+	c, err := redisync.New(rdb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -30,7 +30,10 @@ func channel(name string) string { return lockKey(name) + ":ch" }
 // addr, closed (before the go-redis client) when the test ends.
 func newClient(t *testing.T, addr string, opts ...redisync.ClientOption) *redisync.Client {
 	t.Helper()
-	c := redisync.New(redistest.NewClient(t, addr), opts...)
+	c, err := redisync.New(redistest.NewClient(t, addr), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

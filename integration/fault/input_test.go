@@ -87,7 +87,17 @@ func TestBadInput(t *testing.T) {
 			}
 			hook := &countingHook{}
 			rdb.AddHook(hook)
-			c := redisync.New(rdb, tc.clientOpts...)
+			c, err := redisync.New(rdb, tc.clientOpts...)
+			if tc.clientOpts != nil {
+				// New refuses a bad default itself.
+				if c != nil || !errors.Is(err, tc.want) {
+					t.Errorf("New: %v, %v; want nil, %v", c, err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer c.Close()
 			if tc.closed {
 				_ = c.Close()
@@ -119,19 +129,18 @@ func TestBadInput(t *testing.T) {
 	}
 
 	t.Run("nil client", func(t *testing.T) {
-		c := redisync.New(nil)
-		defer c.Close()
-		for op, err := range ops(t, c.NewMutex("x"), ctx) {
-			if !errors.Is(err, redisync.ErrNilClient) {
-				t.Errorf("%s: %v, want ErrNilClient", op, err)
-			}
+		if c, err := redisync.New(nil); c != nil || !errors.Is(err, redisync.ErrNilClient) {
+			t.Errorf("New(nil): %v, %v; want nil, ErrNilClient", c, err)
 		}
 	})
 	t.Run("unlock not held", func(t *testing.T) {
 		rdb := redistest.NewClient(t, redistest.Addr(t))
 		hook := &countingHook{}
 		rdb.AddHook(hook)
-		c := redisync.New(rdb)
+		c, err := redisync.New(rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer c.Close()
 		if err := c.NewMutex(redistest.Name(t)).Unlock(ctx); !errors.Is(err, redisync.ErrNotHeld) {
 			t.Errorf("Unlock: %v, want ErrNotHeld", err)
@@ -284,7 +293,10 @@ func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.MutexOpti
 	defer rdb.Close()
 	hook := &stubHook{}
 	rdb.AddHook(hook)
-	c := redisync.New(rdb)
+	c, err := redisync.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	m := c.NewMutex(name, o...)
 	res := ops(t, m, ctx)

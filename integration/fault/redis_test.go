@@ -182,7 +182,10 @@ func TestShutdownIsQuiet(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &countingHook{}
 	rdb.AddHook(hook)
-	c := redisync.New(rdb, redisync.WithWatchdogLease(lease))
+	c, err := redisync.New(rdb, redisync.WithWatchdogLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 
 	var holds []*redisync.Mutex

@@ -44,7 +44,10 @@ func TestFinding7StalledPrimaryDelaysHealthyRenewals(t *testing.T) {
 		},
 	})
 	t.Cleanup(func() { _ = rdb.Close() })
-	c := redisync.New(rdb, redisync.WithWatchdogLease(lease))
+	c, err := redisync.New(rdb, redisync.WithWatchdogLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	admin := cl.NewClient(t)
 

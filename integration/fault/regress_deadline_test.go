@@ -88,7 +88,10 @@ func TestFinding15CallsReturnByTheirDeadline(t *testing.T) {
 				px := redistest.NewProxy(t, addr)
 				rdb := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: ctxTimeouts})
 				t.Cleanup(func() { _ = rdb.Close() })
-				c := redisync.New(rdb)
+				c, err := redisync.New(rdb)
+				if err != nil {
+					t.Fatal(err)
+				}
 				t.Cleanup(func() { _ = c.Close() })
 				call, after := o.setup(t, c, redistest.Name(t))
 

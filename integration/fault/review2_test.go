@@ -63,7 +63,10 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 	})
 	ra := redistest.NewClient(t, addr)
 	ra.AddHook(hook)
-	a := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	a, err := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = a.Close() })
 	sa := a.NewSemaphore(name, 2)
 
@@ -79,7 +82,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 		t.Fatal("the permit was not lost")
 	}
 	delayRenew.Store(false)
-	err := sa.Release(ctx, 1)
+	err = sa.Release(ctx, 1)
 	t.Logf("Release after the loss: %v", err)
 	if !errors.Is(err, redisync.ErrLockLost) {
 		t.Fatalf("Release of lost permits: %v", err)
@@ -147,7 +150,10 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 			})
 			ra := redistest.NewClient(t, addr)
 			ra.AddHook(hook)
-			a := redisync.New(ra, redisync.Fair())
+			a, err := redisync.New(ra, redisync.Fair())
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { _ = a.Close() })
 			b := newClient(t, addr, redisync.Fair()).NewMutex(name)
 			if err := b.Lock(ctx); err != nil {
@@ -176,7 +182,7 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 				})
 			}
 			defer cancel()
-			err := m.Lock(lctx)
+			err = m.Lock(lctx)
 			late := time.Since(time.Unix(0, ended.Load()))
 			t.Logf("Lock: %v, returned %v after its ctx ended", err, late)
 			if err == nil {
@@ -255,7 +261,10 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 	})
 	ra := redistest.NewClient(t, addr)
 	ra.AddHook(hook)
-	a := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	a, err := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = a.Close() })
 	s := a.NewSemaphore(name, 3)
 	if err := s.Acquire(ctx, 1); err != nil {
@@ -264,7 +273,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 	delayRenew.Store(true) // the next renewals do not come back in time
 	time.Sleep(lease / 3)
 	delayReply.Store(true)
-	err := s.Acquire(ctx, 1) // in flight when the first permit's deadline passes
+	err = s.Acquire(ctx, 1) // in flight when the first permit's deadline passes
 	delayReply.Store(false)
 	delayRenew.Store(false)
 	lost := isClosed(s.Lost())

@@ -105,7 +105,10 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 	ardb := redis.NewClient(&redis.Options{Addr: addr})
 	ardb.AddHook(hook)
 	t.Cleanup(func() { _ = ardb.Close() })
-	ac := redisync.New(ardb)
+	ac, err := redisync.New(ardb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = ac.Close() })
 	a := ac.NewMutex(name, redisync.WithLease(lease))
 
@@ -161,7 +164,10 @@ func TestReviewSiblingTakeMissedWhileAttempting(t *testing.T) {
 	mrdb := redis.NewClient(&redis.Options{Addr: addr})
 	mrdb.AddHook(hook)
 	t.Cleanup(func() { _ = mrdb.Close() })
-	mc := redisync.New(mrdb, redisync.WithRecheck(recheck))
+	mc, err := redisync.New(mrdb, redisync.WithRecheck(recheck))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = mc.Close() })
 	m := mc.NewMutex(name)
 
@@ -225,7 +231,10 @@ func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
 		return d.DialContext(ctx, network, a)
 	}})
 	t.Cleanup(func() { _ = wrdb.Close() })
-	wc := redisync.New(wrdb, redisync.WithRecheck(recheck))
+	wc, err := redisync.New(wrdb, redisync.WithRecheck(recheck))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = wc.Close() })
 	waiter := wc.NewMutex(name)
 	if err := wrdb.Ping(ctx).Err(); err != nil { // a pooled command connection, direct
@@ -298,7 +307,10 @@ func TestReviewRedMutexSwallowsWakeup(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
 	node := redistest.NewClient(t, addr)
-	r := redisync.NewRedlock([]redis.UniversalClient{node}, redisync.WithRecheck(recheck))
+	r, err := redisync.NewRedlock([]redis.UniversalClient{node}, redisync.WithRecheck(recheck))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = r.Close() })
 	x, y := r.NewMutex(name), r.NewMutex(name)
 

@@ -270,7 +270,10 @@ func (s *storm) mutexes(fair func(v int) bool) {
 	var clients []*redisync.Client
 	var workers []func(stop time.Time)
 	for i := range stormClients {
-		c := redisync.New(s.goRedis(px.Addr, i), stormOpts...)
+		c, err := redisync.New(s.goRedis(px.Addr, i), stormOpts...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 		for v, n := range shares {
@@ -317,7 +320,10 @@ func (s *storm) redMutexes() {
 		for _, px := range pxs {
 			nodes = append(nodes, s.goRedis(px.Addr, i))
 		}
-		r := redisync.NewRedlock(nodes, stormRedlockOpts...)
+		r, err := redisync.NewRedlock(nodes, stormRedlockOpts...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = r.Close() })
 		rls = append(rls, r)
 		for v, n := range shares {
@@ -474,7 +480,10 @@ func (s *storm) semaphores() {
 	var clients []*redisync.Client
 	var workers []func(stop time.Time)
 	for i := range stormClients {
-		c := redisync.New(s.goRedis(px.Addr, i), stormOpts...)
+		c, err := redisync.New(s.goRedis(px.Addr, i), stormOpts...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 		for v, n := range shares {

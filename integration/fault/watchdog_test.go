@@ -40,7 +40,10 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 			name := redistest.Name(t)
 			hrdb := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: tc.ctxTimeout})
 			t.Cleanup(func() { _ = hrdb.Close() })
-			hc := redisync.New(hrdb, redisync.WithWatchdogLease(lease))
+			hc, err := redisync.New(hrdb, redisync.WithWatchdogLease(lease))
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { _ = hc.Close() })
 			holder := hc.NewMutex(name)
 			if err := holder.Lock(ctx); err != nil {

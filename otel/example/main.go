@@ -75,7 +75,10 @@ func run(ctx context.Context, exporter, addr, listen string) error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	client := redisync.New(rdb, redisync.WithObserver(obs))
+	client, err := redisync.New(rdb, redisync.WithObserver(obs))
+	if err != nil {
+		return err
+	}
 	defer client.Close()
 	return work(ctx, client)
 }

@@ -9,12 +9,12 @@ import (
 )
 
 func main() {
-	rdb := redis.NewClient(&redis.Options{})
-	c := redisync.New(rdb)
-	c.NewSemaphore("s", 1, redisync.Fair())                            // misuse: fair
-	c.NewMutex("m", redisync.WithPlainPubSub())                        // misuse: plain
-	redisync.NewRedlock(nil, redisync.Fair())                          // misuse: redlock-fair
-	c.NewMutex("m", redisync.WithNodeTimeout(1))                       // misuse: node-timeout
-	c.NewSemaphore("s", 1, redisync.WithMetadata("x"))                 // misuse: metadata
-	redisync.NewRedlock(nil).NewMutex("m", redisync.WithObserver(nil)) // misuse: observer
+	c, _ := redisync.New(redis.NewClient(&redis.Options{}))
+	r, _ := redisync.NewRedlock(nil)
+	c.NewSemaphore("s", 1, redisync.Fair())            // misuse: fair
+	c.NewMutex("m", redisync.WithPlainPubSub())        // misuse: plain
+	_, _ = redisync.NewRedlock(nil, redisync.Fair())   // misuse: redlock-fair
+	c.NewMutex("m", redisync.WithNodeTimeout(1))       // misuse: node-timeout
+	c.NewSemaphore("s", 1, redisync.WithMetadata("x")) // misuse: metadata
+	r.NewMutex("m", redisync.WithObserver(nil))        // misuse: observer
 }

@@ -86,9 +86,12 @@ func main() {
 	_ = flag.CommandLine.Parse(os.Args[2:])
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
-	c := redisync.New(rdb, options()...)
+	c, err := redisync.New(rdb, options()...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	defer c.Close()
-	var err error
 	switch mode {
 	case "serve":
 		err = serve(c, rdb)
