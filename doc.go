@@ -12,9 +12,11 @@
 // waiter of every lock of that Client; one per primary on a Redis Cluster),
 // makes sure the subscription is
 // confirmed, looks at the lock once more, and sleeps. The release that
-// frees the lock publishes on the lock's channel, which wakes one waiter
-// per process (or, for a fair Mutex, hands the lock to the next waiter in
-// the same script). A message is only a hint: every sleep is also bounded
+// frees the lock hands it to the next fair waiter in the same script and
+// publishes the grant on that waiter's Client's own channel of the lock,
+// so that only the grantee's process wakes (a plain Mutex's release
+// publishes on the lock's channel instead, which wakes one waiter per
+// process). A message is only a hint: every sleep is also bounded
 // by the lock's remaining lease and by the recheck interval (WithRecheck),
 // and a reconnect of the subscriber makes every waiter look again.
 //
@@ -40,10 +42,10 @@
 // # Options
 //
 // An option's type says where it applies: Option everywhere, LocalOption
-// on one deployment (New, NewMutex, NewSemaphore), FairOption to New and
+// on one deployment (New, NewMutex, NewSemaphore), BargingOption to New and
 // NewMutex, LockOption to locks, SetupOption to what a Client runs (New,
 // NewRedlock), RedOption to a Redlock. Giving one where it has no meaning,
-// such as Fair to a Semaphore, does not compile. Options of New (or
+// such as Barging to a Semaphore, does not compile. Options of New (or
 // NewRedlock) are the defaults of everything it creates; those given to
 // one value override them.
 //
@@ -72,7 +74,8 @@
 //	redisync:lock:{name}:queue     fair waiters in arrival order (zset)
 //	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
 //	redisync:lock:{name}:withdrawn tickets withdrawn with an unknown outcome (zset, 2 min)
-//	redisync:lock:{name}:ch        the channel releases publish on
+//	redisync:lock:{name}:ch        the channel of plain waiters
+//	redisync:lock:{name}:ch:client the grant channel of one Client's fair waiters
 //
 // The lock hash also holds the field "{layout}", the version of this
 // layout: a call that meets a lock held, or a semaphore in use, under

@@ -75,7 +75,7 @@ func ExampleMutex_TryLock() {
 	// b got it after a let go: true <nil>
 }
 
-func ExampleFair() {
+func Example_fair() {
 	rdb, stop := embeddedRedis()
 	defer stop()
 	ctx := context.Background()
@@ -85,15 +85,34 @@ func ExampleFair() {
 	}
 	defer client.Close()
 
-	// Waiters of a fair Mutex are served in arrival order across every
+	// Waiters of a Mutex are served in arrival order across every
 	// process, and a release hands the lock straight to the next one.
-	m := client.NewMutex("deploy", redisync.Fair())
+	m := client.NewMutex("deploy")
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
 	defer m.Unlock(ctx)
 	fmt.Println("deploying, fenced:", m.Token() > 0)
 	// Output: deploying, fenced: true
+}
+
+func ExampleBarging() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	// A barging Mutex takes a free lock at once, whoever waited longer:
+	// Redisson's behaviour, for a lock that is rarely contended.
+	m := client.NewMutex("cache-refresh", redisync.Barging())
+	ok, err := m.TryLock(ctx)
+	fmt.Println("took it:", ok, err)
+	_ = m.Unlock(ctx)
+	// Output: took it: true <nil>
 }
 
 // Do runs a function under the lock, with a context that ends the moment

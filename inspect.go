@@ -27,11 +27,13 @@ type LockState struct {
 	// Queue is the fair waiters, the next to be served first. A plain
 	// waiter leaves no record in Redis: see Subscribers.
 	Queue []LockWaiter
-	// Subscribers counts the processes subscribed to the lock's channel:
-	// those with waiters, plain or fair, and those whose last waiter left
-	// less than 2 s ago. On a Redis Cluster, those that subscribe with
-	// plain pub/sub (WithPlainPubSub) are counted only on the node that
-	// serves the lock's slot.
+	// Subscribers counts the subscriptions of processes to the lock's
+	// channel (plain waiters) and to their grant channels of the lock
+	// (fair waiters): those with waiters, and those whose last waiter left
+	// less than 2 s ago. A process with waiters of both kinds counts
+	// twice. On a Redis Cluster, those that subscribe with plain pub/sub
+	// (WithPlainPubSub) are counted only on the node that serves the
+	// lock's slot.
 	Subscribers int64
 }
 
@@ -85,8 +87,8 @@ type SemaphoreState struct {
 	InUse   int64
 	Holders []SemaphoreHolder // ordered by ID
 	Queue   []SemaphoreWaiter // the next to be served first
-	// Subscribers counts the processes subscribed to the semaphore's
-	// channel, as for a lock (LockState.Subscribers).
+	// Subscribers counts the processes subscribed to their grant channels
+	// of the semaphore, as for a lock (LockState.Subscribers).
 	Subscribers int64
 }
 
@@ -301,12 +303,28 @@ func (c *Client) readAll(ctx context.Context, queue func(redis.Pipeliner)) error
 // sharded (the default) or not (WithPlainPubSub), whatever this Client
 // does; a process subscribes one way only.
 func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func() int64 {
-	plain := p.PubSubNumSub(ctx, channel)
+	pattern := globEscape(channel) + ":*" // the grant channels (schema.Lock.GrantChannel)
+	plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
 	if _, cluster := c.rdb.(*redis.ClusterClient); !cluster {
-		return func() int64 { return plain.Val()[channel] }
+		return func() int64 { return plain.Val()[channel] + int64(len(grants.Val())) }
 	}
-	sharded := p.PubSubShardNumSub(ctx, channel)
-	return func() int64 { return plain.Val()[channel] + sharded.Val()[channel] }
+	sharded, shardGrants := p.PubSubShardNumSub(ctx, channel), p.PubSubShardChannels(ctx, pattern)
+	return func() int64 {
+		return plain.Val()[channel] + sharded.Val()[channel] + int64(len(grants.Val())+len(shardGrants.Val()))
+	}
+}
+
+// globEscape escapes the characters of s that a Redis glob pattern gives
+// a meaning to.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // since returns the time from a queue score (the server time in µs when a

@@ -13,7 +13,7 @@ import (
 // hand-off (carried in the waiter's place) and through Handoff/Accept.
 func TestMetadataIsStoredWithTheHold(t *testing.T) {
 	_, rdb, _ := newMini(t)
-	c := newClient(t, rdb, Fair())
+	c := newClient(t, rdb)
 	holder := func() *LockHolder {
 		t.Helper()
 		st, err := c.InspectLock(ctx, "job")

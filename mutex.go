@@ -69,8 +69,8 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 // Lock blocks until m holds the lock, ctx ends or the Client is closed. If
 // m already holds it, Lock re-enters at once.
 //
-// A waiter sleeps until a message on the lock's channel says the lock was
-// released (or handed to it, for a fair Mutex), and in any case no longer
+// A waiter sleeps until a message says the lock was handed to it (or, for
+// a barging Mutex, that it was released), and in any case no longer
 // than the lock's remaining lease or the recheck interval (WithRecheck), so
 // no wait depends on a message arriving. When ctx ends first, Lock returns
 // ctx.Err() wrapped within 25 ms, whatever the go-redis
@@ -107,7 +107,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 			return nil
 		}
 		mode := "barge"
-		if m.cfg.fair {
+		if !m.cfg.barging {
 			mode = "queue"
 		}
 		l := m.newCall(mode)
@@ -121,8 +121,8 @@ func (m *Mutex) lock(ctx context.Context) error {
 
 // TryLock makes one attempt to take the lock and never waits: it reports
 // whether m holds the lock now (re-entering if it already did; taking it
-// anew if m's hold was lost, as Lock does). A fair Mutex does not take the
-// lock ahead of queued waiters.
+// anew if m's hold was lost, as Lock does). Unless m barges, it does not
+// take the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	if m.c.obs == nil {
 		return m.tryLock(ctx)
@@ -141,7 +141,7 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	ctx, stop := marked(ctx)
 	defer stop()
 	mode := "barge"
-	if m.cfg.fair {
+	if !m.cfg.barging {
 		mode = "try"
 	}
 	for {
@@ -310,9 +310,16 @@ func (m *Mutex) reenter(ctx context.Context) bool {
 	return true
 }
 
-// post returns where a waiter for m's lock waits: its channel, heard
-// through m's Client.
-func (m *Mutex) post() post { return post{m.c.sub, m.keys.Channel} }
+// post returns where a waiter for m's lock waits, heard through m's
+// Client: a fair waiter on its Client's grant channel of the lock, where
+// only hand-offs to this process are published; a plain one on the lock's
+// channel.
+func (m *Mutex) post() post {
+	if !m.cfg.barging {
+		return post{m.c.sub, m.keys.GrantChannel(m.c.id)}
+	}
+	return post{m.c.sub, m.keys.Channel}
+}
 
 // holdID returns the Redis field of m's hold, or "".
 func (m *Mutex) holdID() string {

@@ -43,7 +43,7 @@ func BenchmarkMutexLockUnlock(b *testing.B) {
 		opts []ClientOption
 	}{
 		{"default", nil},
-		{"fair", []ClientOption{Fair()}},
+		{"barging", []ClientOption{Barging()}},
 		{"observed", []ClientOption{WithObserver(nopObserver{})}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
@@ -113,7 +113,7 @@ func BenchmarkMutexTryLockHeld(b *testing.B) {
 		opts []MutexOption
 	}{
 		{"default", nil},
-		{"fair", []MutexOption{Fair()}},
+		{"barging", []MutexOption{Barging()}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
@@ -151,8 +151,8 @@ func BenchmarkMutexHandoff(b *testing.B) {
 		rdb1, cnt := benchRedis(b)
 		rdb2 := benchSecondClient(b, rdb1, cnt)
 		name := benchKey(b)
-		m1 := benchClient(b, rdb1).NewMutex(name, Fair())
-		m2 := benchClient(b, rdb2).NewMutex(name, Fair())
+		m1 := benchClient(b, rdb1).NewMutex(name)
+		m2 := benchClient(b, rdb2).NewMutex(name)
 		var gaps benchGaps
 		turn := func(ctx context.Context, m *Mutex) error {
 			if err := m.Lock(ctx); err != nil {

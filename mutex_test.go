@@ -303,7 +303,7 @@ func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- waiter.Lock(ctx) }()
-	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return confirmedWaiters(c, waiter.keys.Channel) == 1 })
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return confirmedWaiters(c, waiter.post().channel) == 1 })
 	lost := holder.Lost()
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -324,45 +324,61 @@ func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	}
 }
 
+// A waiter sleeps without polling and is woken by the Unlock: a fair one
+// is handed the lock by the release and returns on its message, with no
+// command of its own; a barging one attempts once more.
 func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
-	_, rdb, cnt := newMini(t)
-	c := newClient(t, rdb, WithRecheck(time.Hour))
-	a, b := c.NewMutex("wake"), c.NewMutex("wake")
-	// A first cycle loads the scripts, so that the count below has no
-	// EVALSHA answered NOSCRIPT in it.
-	if err := a.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	start := cnt.n.Load()
-	done := make(chan error, 1)
-	go func() { done <- b.Lock(ctx) }()
-	// b attempts, subscribes, attempts again once subscribed, then sleeps.
-	eventually(t, 5*time.Second, "the waiter to subscribe and look again", func() bool {
-		return confirmedWaiters(c, b.keys.Channel) == 1 && cnt.n.Load()-start == 2
-	})
-	before := cnt.n.Load()
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter was not woken by the Unlock (recheck is an hour)")
-	}
-	if n := cnt.n.Load() - before; n != 2 {
-		t.Errorf("Unlock + wake-up took %d commands, want 2 (release, acquire)", n)
-	}
-	if err := b.Unlock(ctx); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		opts []MutexOption
+		want int64 // commands from the Unlock to the waiter's return
+		why  string
+	}{
+		{"fair", nil, 1, "the release, which hands the lock over"},
+		{"barging", []MutexOption{Barging()}, 2, "release, acquire"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, rdb, cnt := newMini(t)
+			c := newClient(t, rdb, WithRecheck(time.Hour))
+			a, b := c.NewMutex("wake", tc.opts...), c.NewMutex("wake", tc.opts...)
+			// A first cycle loads the scripts, so that the count below
+			// has no EVALSHA answered NOSCRIPT in it.
+			if err := a.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			start := cnt.n.Load()
+			done := make(chan error, 1)
+			go func() { done <- b.Lock(ctx) }()
+			// b attempts, subscribes, attempts again once subscribed,
+			// then sleeps.
+			eventually(t, 5*time.Second, "the waiter to subscribe and look again", func() bool {
+				return confirmedWaiters(c, b.post().channel) == 1 && cnt.n.Load()-start == 2
+			})
+			before := cnt.n.Load()
+			if err := a.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiter was not woken by the Unlock (recheck is an hour)")
+			}
+			if n := cnt.n.Load() - before; n != tc.want {
+				t.Errorf("Unlock + wake-up took %d commands, want %d (%s)", n, tc.want, tc.why)
+			}
+			if err := b.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

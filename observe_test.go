@@ -225,7 +225,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	rec := &recorder{}
 	rec.gate.Lock()
 	c := newClient(t, rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
-	m := c.NewMutex("blocked", Fair())
+	m := c.NewMutex("blocked")
 	for range 5 {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -238,7 +238,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waiter := c.NewMutex("blocked", Fair())
+	waiter := c.NewMutex("blocked")
 	done := make(chan error, 1)
 	go func() { done <- waiter.Lock(ctx) }()
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return mr.Exists("redisync:lock:{blocked}:queue") })
@@ -284,7 +284,7 @@ func TestLoggerWarnings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	m := a.NewMutex("logged", Fair())
+	m := a.NewMutex("logged")
 	for range 3 {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -303,7 +303,7 @@ func TestLoggerWarnings(t *testing.T) {
 	// when a hand-off goes to a waiter that died): the waiter's heartbeat
 	// finds it free with nobody to announce it.
 	done := make(chan error, 1)
-	w := a.NewMutex("logged", Fair())
+	w := a.NewMutex("logged")
 	go func() { done <- w.Lock(ctx) }()
 	// Its heartbeat is registered once it sleeps, after its last attempt.
 	eventually(t, 5*time.Second, "the waiter to sleep", func() bool {
@@ -349,7 +349,7 @@ func TestObserverReconnect(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- b.Lock(ctx) }()
-	channel := "redisync:lock:{" + name + "}:ch"
+	channel := b.post().channel
 	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
 		return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 1
 	})

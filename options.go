@@ -20,7 +20,7 @@ const (
 )
 
 // Each option says by its type where it applies, so that an option given
-// where it has no meaning (Fair to a Semaphore, WithPlainPubSub to a Mutex)
+// where it has no meaning (Barging to a Semaphore, WithPlainPubSub to a Mutex)
 // does not compile. An option given to New (or NewRedlock) is the default
 // of everything the Client (or Redlock) creates; one given to NewMutex or
 // NewSemaphore overrides it for that value.
@@ -69,8 +69,8 @@ type LockOption interface {
 	RedMutexOption
 }
 
-// FairOption applies to New and NewMutex.
-type FairOption interface {
+// BargingOption applies to New and NewMutex.
+type BargingOption interface {
 	ClientOption
 	MutexOption
 }
@@ -106,9 +106,9 @@ type config struct {
 	maxHold        time.Duration // how long the watchdog renews a hold; 0: no cap
 	heartbeat      time.Duration // fair waiters' liveness deadline and hand-off lease
 	recheck        time.Duration // longest sleep without a message
-	fair           bool
-	plain          bool // plain pub/sub on a Redis Cluster (an option of New)
-	replicas       int  // replicas that must acknowledge an acquisition; 0: none
+	barging        bool          // a Mutex takes a free lock whatever its queue
+	plain          bool          // plain pub/sub on a Redis Cluster (an option of New)
+	replicas       int           // replicas that must acknowledge an acquisition; 0: none
 	replicaTimeout time.Duration
 	node           time.Duration // Redlock: per-node timeout; 0: the default
 	label          string        // the start of every hold id (WithLabel)
@@ -258,14 +258,20 @@ func WithKeyPrefix(p string) Option {
 	})
 }
 
-// Fair makes a Mutex serve its waiters first come, first served across all
-// processes, with the lock handed directly to the next waiter when it is
-// released. See the package documentation.
+// Barging makes a Mutex unfair, as Redisson's RLock and Java's
+// ReentrantLock(false) are: a released lock goes to whichever waiter asks
+// first, and a Lock may take a free lock ahead of waiters that have waited
+// longer. A barging holder that releases and locks again at once can keep
+// the lock from others; in exchange, a lock taken and released by one
+// process at a time never touches a queue. docs/benchmarks.md measures the
+// trade-off.
 //
-// The default is not fair: a released lock goes to whichever waiter asks
-// first.
-func Fair() FairOption {
-	return setting(func(cfg *config) { cfg.fair = true })
+// The default is fair: a Mutex serves its waiters first come, first
+// served across all processes, and the release that frees the lock hands
+// it directly to the next waiter, in the same script. See the package
+// documentation.
+func Barging() BargingOption {
+	return setting(func(cfg *config) { cfg.barging = true })
 }
 
 // WithPlainPubSub makes a Client on a Redis Cluster wake waiters with

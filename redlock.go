@@ -44,8 +44,8 @@ type Redlock struct {
 
 // NewRedlock returns a Redlock over the nodes rdbs, each a client of an
 // independent Redis deployment (the Redlock never closes them). The options
-// become the defaults of every lock of the Redlock (Fair is not a
-// RedlockOption: a Redlock does not queue its waiters).
+// become the defaults of every lock of the Redlock (a RedMutex always
+// barges: it does not queue its waiters, see RedMutex).
 // NewRedlock does no I/O. It returns an error for bad input: no nodes
 // (ErrNoNodes), a nil one (ErrNilClient), the same node twice
 // (ErrDuplicateNode: the same client value, or two *redis.Client with the

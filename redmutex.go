@@ -17,9 +17,11 @@ import (
 // it, and only the last Unlock releases it); give each goroutine that must
 // be excluded its own value. A value is safe for concurrent use.
 //
-// Each node holds the lock as a plain Mutex of the same name would (the
+// Each node holds the lock as a barging Mutex of the same name would (the
 // same keys), under an owner of its own; the node's Client watchdog renews
-// it. The lock is held while a quorum of these node holds is.
+// it. The lock is held while a quorum of these node holds is. A RedMutex
+// is not fair: its waiters are not queued, and a free lock goes to the
+// first to take a quorum (see NewMutex).
 type RedMutex struct {
 	r           *Redlock
 	name        string
@@ -45,6 +47,12 @@ type RedMutex struct {
 // Redlock's own) is reported by every call, before any call to Redis.
 func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 	cfg := with(r.cfg, opts, RedMutexOption.applyRedMutex)
+	// A RedMutex barges: independent nodes keep independent queues, which
+	// may order the same waiters differently, so that each node would hand
+	// its lock to another waiter and none reach a quorum. Ordering waiters
+	// across nodes would take agreement among them, which Redlock does not
+	// have (docs/design.md, "The fair lock").
+	cfg.barging = true
 	lease := cmp.Or(cfg.lease, cfg.watchdog)
 	n := len(r.clients)
 	m := &RedMutex{

@@ -50,7 +50,7 @@ func TestReview10OlderReleaseDropsWaiterWithMetadata(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
 
-	cn := newClient(t, rdb, WithLabel("new-holder"), Fair())
+	cn := newClient(t, rdb, WithLabel("new-holder"))
 	n := cn.NewMutex("job")
 	if err := n.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func TestReview10OlderReleaseDropsWaiterWithMetadata(t *testing.T) {
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// Second: a new-version waiter with metadata; third: one without.
-	c1 := newClient(t, rdb, WithLabel("meta-waiter"), Fair())
+	c1 := newClient(t, rdb, WithLabel("meta-waiter"))
 	m1 := c1.NewMutex("job", WithMetadata("job 7"))
 	done1 := make(chan error, 1)
 	go func() { done1 <- m1.Lock(lctx) }()
@@ -73,7 +73,7 @@ func TestReview10OlderReleaseDropsWaiterWithMetadata(t *testing.T) {
 		m, _ := mr.ZMembers(k.Queue)
 		return len(m) == 2
 	})
-	c2 := newClient(t, rdb, WithLabel("plain-waiter"), Fair())
+	c2 := newClient(t, rdb, WithLabel("plain-waiter"))
 	m2 := c2.NewMutex("job")
 	done2 := make(chan error, 1)
 	go func() { done2 <- m2.Lock(lctx) }()

@@ -41,7 +41,7 @@ func TestReview8HoldHandedOverByLayout1StaysUnmarked(t *testing.T) {
 	k := schema.LockKeys("redisync", "job")
 	lease := 300 * time.Millisecond
 
-	cn := newClient(t, rdb, WithLabel("new-holder"), Fair())
+	cn := newClient(t, rdb, WithLabel("new-holder"))
 	n := cn.NewMutex("job")
 	if err := n.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -54,7 +54,7 @@ func TestReview8HoldHandedOverByLayout1StaysUnmarked(t *testing.T) {
 	mr.SetTTL(k.Waiters, time.Minute)
 
 	// A new-version fair waiter behind it.
-	cb := newClient(t, rdb, WithLabel("new-waiter"), Fair(), WithWatchdogLease(lease))
+	cb := newClient(t, rdb, WithLabel("new-waiter"), WithWatchdogLease(lease))
 	b := cb.NewMutex("job")
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -90,7 +90,7 @@ func TestReview8HoldHandedOverByLayout1StaysUnmarked(t *testing.T) {
 	}
 
 	c := newClient(t, rdb, WithLabel("new-other"))
-	for _, m := range []*Mutex{c.NewMutex("job"), c.NewMutex("job", Fair())} {
+	for _, m := range []*Mutex{c.NewMutex("job"), c.NewMutex("job")} {
 		if ok, err := m.TryLock(ctx); ok || err != nil {
 			t.Errorf("TryLock while a new-version hold is renewed: %v, %v; want false, nil (held), not ErrLayout", ok, err)
 		}
@@ -197,7 +197,7 @@ func TestReview8SelfHandoffHoldOutlivesItsTokenCounter(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
 	a := newClient(t, rdb, WithLabel("a"), WithLease(time.Minute))
-	b := newClient(t, rdb, WithLabel("b"), Fair(), WithWatchdogLease(2*time.Hour),
+	b := newClient(t, rdb, WithLabel("b"), WithWatchdogLease(2*time.Hour),
 		WithMaxHold(10*time.Minute), WithHeartbeat(2*time.Minute), WithRecheck(20*time.Millisecond))
 	ma, mb := a.NewMutex("job"), b.NewMutex("job")
 	if err := ma.Lock(ctx); err != nil {
@@ -294,7 +294,7 @@ func TestReview8QueueOrderSurvivesAClockStepBack(t *testing.T) {
 	k := schema.LockKeys("redisync", "job")
 	now := time.Now()
 	mr.SetTime(now)
-	h := newClient(t, rdb, Fair())
+	h := newClient(t, rdb)
 	mh := h.NewMutex("job")
 	if err := mh.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -304,7 +304,7 @@ func TestReview8QueueOrderSurvivesAClockStepBack(t *testing.T) {
 	var ms []*Mutex
 	errs := make(chan error, 2)
 	for i := range 2 {
-		m := newClient(t, rdb, Fair(), WithLabel("w"+strconv.Itoa(i))).NewMutex("job")
+		m := newClient(t, rdb, WithLabel("w"+strconv.Itoa(i))).NewMutex("job")
 		ms = append(ms, m)
 		go func() { errs <- m.Lock(lctx) }()
 		eventually(t, 5*time.Second, "a waiter to queue", func() bool {

@@ -143,7 +143,7 @@ func TestReview9UnusedWakeupSurvivesAnEmptyWait(t *testing.T) {
 // lives, and the reconnection is not told.
 func TestReview9SubscribeWriteFailureResubscribes(t *testing.T) {
 	mr := miniredis.RunT(t)
-	channel := "redisync:lock:{deaf}:ch"
+	channel := "redisync:lock:{deaf}:ch" // the start of b's grant channel
 	var armed atomic.Bool
 	armed.Store(true)
 	rdb := redis.NewClient(&redis.Options{
@@ -169,7 +169,7 @@ func TestReview9SubscribeWriteFailureResubscribes(t *testing.T) {
 	}
 	warmDone := make(chan error, 1)
 	go func() { warmDone <- warmWaiter.Lock(ctx) }()
-	for deadline := time.Now().Add(5 * time.Second); confirmedWaiters(c, "redisync:lock:{warm}:ch") != 1; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); confirmedWaiters(c, warmWaiter.post().channel) != 1; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the warm-up waiter never subscribed")
 		}
@@ -183,7 +183,7 @@ func TestReview9SubscribeWriteFailureResubscribes(t *testing.T) {
 	go func() { done <- b.Lock(ctx) }()
 	eventually(t, 5*time.Second, "the SUBSCRIBE to fail", func() bool { return !armed.Load() })
 	deadline := time.Now().Add(3 * time.Second)
-	for confirmedWaiters(c, channel) != 1 {
+	for confirmedWaiters(c, b.post().channel) != 1 {
 		if time.Now().After(deadline) {
 			t.Errorf("the channel was never subscribed again after its SUBSCRIBE failed: its waiter is deaf")
 			break

@@ -39,7 +39,7 @@ import (
 // WithWatchdogLease sets the renewed one; WithHeartbeat sets how long a
 // queued waiter stays queued without a heartbeat, and the lease of permits
 // granted to a waiter until its watchdog extends them; WithRecheck bounds
-// every sleep. Fair makes no difference: a Semaphore is always fair.
+// every sleep. A Semaphore is always fair; Barging is no option of it.
 //
 // The guarantees and their limits are those of a Mutex: a holder that
 // pauses longer than its lease, a failover that loses writes or a clock
@@ -171,7 +171,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	}
 	defer func() { <-s.turn }()
 	a := s.newCall(n, "queue")
-	if err := block(ctx, []post{{s.c.sub, s.keys.Channel}}, a); err != nil {
+	if err := block(ctx, []post{{s.c.sub, s.keys.GrantChannel(s.c.id)}}, a); err != nil {
 		return s.wrap("acquire", err)
 	}
 	return nil

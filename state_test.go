@@ -11,14 +11,14 @@ import (
 func TestNothingLeftWithoutTTL(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	for _, opts := range [][]MutexOption{nil, {Fair()}} {
+	for _, opts := range [][]MutexOption{{Barging()}, nil} {
 		a, b := c.NewMutex("m", opts...), c.NewMutex("m", opts...)
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
 		go func() { done <- b.Lock(ctx) }()
-		eventually(t, 5*time.Second, "b to wait", func() bool { return confirmedWaiters(c, b.keys.Channel) == 1 })
+		eventually(t, 5*time.Second, "b to wait", func() bool { return confirmedWaiters(c, b.post().channel) == 1 })
 		if err := a.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}

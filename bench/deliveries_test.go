@@ -75,14 +75,14 @@ func TestPushCounterOnRealConnections(t *testing.T) {
 func TestOfLock(t *testing.T) {
 	name := "rsbench-x:hot:32:redisync:1"
 	for key, want := range map[string]bool{
-		name:                                 true,
-		name + ":17":                         true,
-		"redisync:lock:{" + name + "}":       true,
-		"redisync:lock:{" + name + "}:token": true,
-		"rueidislock:0:" + name:              true,
-		"rsbench-x:hot:32:redisync:10":       false,
-		"rsbench-x:hot:32:redisync-fair:1":   false,
-		"other":                              false,
+		name:                                  true,
+		name + ":17":                          true,
+		"redisync:lock:{" + name + "}":        true,
+		"redisync:lock:{" + name + "}:token":  true,
+		"rueidislock:0:" + name:               true,
+		"rsbench-x:hot:32:redisync:10":        false,
+		"rsbench-x:hot:32:redisync-barging:1": false,
+		"other":                               false,
 	} {
 		if got := ofLock(key, name); got != want {
 			t.Errorf("ofLock(%q) = %v, want %v", key, got, want)

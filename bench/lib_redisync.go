@@ -16,7 +16,8 @@ import (
 // goroutine is one holder. When it is nil, redisync sits out the semaphore
 // scenario.
 //
-// Only redisync (not redisync-fair) runs it: the semaphore is FIFO anyway.
+// Only redisync (not redisync-barging) runs it: Barging is no option of a
+// semaphore.
 var redisyncSemaphore = func(c *redisync.Client, name string, size int64) locker {
 	return semaphoreLocker{c.NewSemaphore(name, size)}
 }
@@ -30,53 +31,52 @@ func (l semaphoreLocker) Lock(ctx context.Context) error { return l.s.Acquire(ct
 // Unlock releases one permit.
 func (l semaphoreLocker) Unlock(ctx context.Context) error { return l.s.Release(ctx, 1) }
 
-// redisyncLibrary is redisync with its default options, or its fair
-// (FIFO, direct hand-off) Mutex when fair is set.
-func redisyncLibrary(fair bool) library {
+// redisyncLibrary is redisync with its default options (a fair Mutex:
+// FIFO queue, hand-off inside the release script), or with Barging when
+// barging is set.
+func redisyncLibrary(barging bool) library {
 	lib := library{
 		name:  "redisync",
-		about: "redisync defaults: pub/sub wake-up, watchdog lease 30 s",
+		about: "redisync defaults: fair, hand-off in the release script, pub/sub wake-up, watchdog lease 30 s",
 		open: func(addr string, counts *clientCounts) (instance, error) {
-			return newRedisyncInstance(newGoRedis(addr, counts), fair)
+			return newRedisyncInstance(newGoRedis(addr, counts), barging)
 		},
 		openCluster: func(addrs []string, counts *clientCounts) (instance, error) {
-			return newRedisyncInstance(newGoRedisCluster(addrs, counts), fair)
+			return newRedisyncInstance(newGoRedisCluster(addrs, counts), barging)
 		},
 		redisKey:   func(name string) string { return schema.LockKeys(schema.DefaultPrefix, name).Hash },
-		semaphores: !fair && redisyncSemaphore != nil,
+		semaphores: !barging && redisyncSemaphore != nil,
 	}
-	if fair {
-		lib.name = "redisync-fair"
-		lib.about = "redisync with Fair(): FIFO queue, hand-off inside the release script"
+	if barging {
+		lib.name = "redisync-barging"
+		lib.about = "redisync with Barging(): Redisson's unfair mode, the release wakes waiters to race for the lock"
 	}
 	return lib
 }
 
 // newRedisyncInstance returns a redisync Client on rdb.
-func newRedisyncInstance(rdb redis.UniversalClient, fair bool) (instance, error) {
-	c, err := redisync.New(rdb)
+func newRedisyncInstance(rdb redis.UniversalClient, barging bool) (instance, error) {
+	var opts []redisync.ClientOption
+	if barging {
+		opts = append(opts, redisync.Barging())
+	}
+	c, err := redisync.New(rdb, opts...)
 	if err != nil {
 		_ = rdb.Close()
 		return nil, err
 	}
-	return &redisyncInstance{rdb: rdb, c: c, fair: fair}, nil
+	return &redisyncInstance{rdb: rdb, c: c}, nil
 }
 
 // redisyncInstance is one redisync Client on its own go-redis client (a
 // *redis.Client, or a *redis.ClusterClient in the cluster scenario).
 type redisyncInstance struct {
-	rdb  redis.UniversalClient
-	c    *redisync.Client
-	fair bool
+	rdb redis.UniversalClient
+	c   *redisync.Client
 }
 
 // Mutex returns a new redisync Mutex value: one owner.
-func (r *redisyncInstance) Mutex(key string) locker {
-	if r.fair {
-		return r.c.NewMutex(key, redisync.Fair())
-	}
-	return r.c.NewMutex(key)
-}
+func (r *redisyncInstance) Mutex(key string) locker { return r.c.NewMutex(key) }
 
 // Semaphore returns a holder of one permit through the redisyncSemaphore
 // hook; the plan calls it only when the hook is set.

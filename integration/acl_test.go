@@ -34,7 +34,7 @@ const (
 	aclCluster = "+spublish +ssubscribe +sunsubscribe +cluster|slots +command +asking"
 	// aclCLI is for the redisync command: status reads in a transaction,
 	// and INFO tells a Redis Cluster node given as one address.
-	aclCLI = "+multi +exec +hgetall +info +pubsub|numsub +pubsub|shardnumsub"
+	aclCLI = "+multi +exec +hgetall +info +pubsub|numsub +pubsub|shardnumsub +pubsub|channels +pubsub|shardchannels"
 	// aclIdentity is for go-redis's CLIENT SETINFO on Redis 7.2 and later.
 	aclIdentity = "+client|setinfo"
 )
@@ -162,7 +162,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 2)
 		res := contend(t, mutexes(cs, redistest.Name(t), 4), 2*time.Millisecond, rounds(10))
 		increasing(t, res.tokens)
-		res = contend(t, mutexes(cs, redistest.Name(t), 4, redisync.Fair()), 2*time.Millisecond, rounds(10))
+		res = contend(t, mutexes(cs, redistest.Name(t), 4), 2*time.Millisecond, rounds(10))
 		increasing(t, res.tokens)
 		st := cnt.stats(t)
 		for _, cmd := range []string{"eval", "evalsha", "subscribe", "publish", "zpopmin"} {
@@ -208,7 +208,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 
 	t.Run("TryLock", func(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 2)
-		for _, opts := range [][]redisync.MutexOption{nil, {redisync.Fair()}} {
+		for _, opts := range [][]redisync.MutexOption{{redisync.Barging()}, nil} {
 			name := redistest.Name(t)
 			a, b := cs[0].NewMutex(name, opts...), cs[1].NewMutex(name, opts...)
 			if ok, err := a.TryLock(ctx); !ok || err != nil {
@@ -237,7 +237,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		const lease = 300 * time.Millisecond
 		cs := s.aclClients(t, "redisync", 2, redisync.WithWatchdogLease(lease), redisync.WithHeartbeat(lease))
 		name := redistest.Name(t)
-		holder, waiter := cs[0].NewMutex(name, redisync.Fair()), cs[1].NewMutex(name, redisync.Fair())
+		holder, waiter := cs[0].NewMutex(name), cs[1].NewMutex(name)
 		sem, semWaiter := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -463,12 +463,12 @@ func TestACLCLI(t *testing.T) {
 	// Held by the library, as the same user: a fair lock from the command
 	// queues behind it, status shows both, and the release hands it over.
 	c := s.aclClients(t, "redisync", 1)[0]
-	m := c.NewMutex(name, redisync.Fair())
+	m := c.NewMutex(name)
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var stdout, stderr strings.Builder
-	waiter := run("lock", "--fair", name, "--", "sh", "-c", `echo "token $REDISYNC_TOKEN"`)
+	waiter := run("lock", name, "--", "sh", "-c", `echo "token $REDISYNC_TOKEN"`)
 	waiter.Stdout, waiter.Stderr = &stdout, &stderr
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
@@ -552,7 +552,7 @@ func TestACLCluster(t *testing.T) {
 	}
 	for i := range 3 {
 		name := fmt.Sprintf("%s-%d", redistest.Name(t), i) // likely on different primaries
-		increasing(t, contend(t, mutexes(cs, name, 4, redisync.Fair()), 2*time.Millisecond, rounds(5)).tokens)
+		increasing(t, contend(t, mutexes(cs, name, 4), 2*time.Millisecond, rounds(5)).tokens)
 	}
 	name := redistest.Name(t)
 	a, b := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)

@@ -224,7 +224,7 @@ func waitGroupDone(wg *sync.WaitGroup) <-chan struct{} {
 }
 
 func testClusterFairOrder(t *testing.T, c *redistest.Cluster) {
-	cs := clusterClients(t, c, 3, redisync.Fair())
+	cs := clusterClients(t, c, 3)
 	admin := c.NewClient(t)
 	for _, name := range namesOnEveryPrimary(t, c, admin, 3) {
 		holder := cs[0].NewMutex(name)
@@ -256,7 +256,7 @@ func testClusterFairOrder(t *testing.T, c *redistest.Cluster) {
 // primary's waiters are served as usual; the failed-over lock's waiters
 // all get it once the replica has taken over.
 func testClusterFailover(t *testing.T, c *redistest.Cluster) {
-	cs := clusterClients(t, c, 2, redisync.Fair(), redisync.WithWatchdogLease(2*time.Second), redisync.WithRecheck(time.Minute))
+	cs := clusterClients(t, c, 2, redisync.WithWatchdogLease(2*time.Second), redisync.WithRecheck(time.Minute))
 	admin := c.NewClient(t)
 	names := namesOnEveryPrimary(t, c, admin, 2)
 	doomed := c.PrimaryFor(t, admin, lockKey(names[0]))

@@ -73,7 +73,7 @@ func assertClean(t *testing.T, rdb redis.UniversalClient, name string) {
 }
 
 func TestFairStrictArrivalOrder(t *testing.T) {
-	cs := newClients(t, 4, redisync.Fair())
+	cs := newClients(t, 4)
 	rdb := admin(t)
 	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
@@ -109,7 +109,7 @@ func TestFairStrictArrivalOrder(t *testing.T) {
 
 func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
-	opts := []redisync.ClientOption{redisync.Fair(), redisync.WithHeartbeat(heartbeat)}
+	opts := []redisync.ClientOption{redisync.WithHeartbeat(heartbeat)}
 	cs := newClients(t, 2, opts...)
 	rdb := admin(t)
 	name := redistest.Name(t)
@@ -165,7 +165,7 @@ func TestFairDeadWaiterIsSkipped(t *testing.T) {
 
 func TestFairLongWaitIsNotEvicted(t *testing.T) {
 	const heartbeat = 150 * time.Millisecond
-	cs := newClients(t, 2, redisync.Fair(), redisync.WithHeartbeat(heartbeat))
+	cs := newClients(t, 2, redisync.WithHeartbeat(heartbeat))
 	rdb := admin(t)
 	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
@@ -199,7 +199,7 @@ func TestFairLongWaitIsNotEvicted(t *testing.T) {
 }
 
 func TestFairCancelInTheMiddle(t *testing.T) {
-	cs := newClients(t, 3, redisync.Fair())
+	cs := newClients(t, 3)
 	rdb := admin(t)
 	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)
@@ -242,7 +242,7 @@ func TestFairCancelInTheMiddle(t *testing.T) {
 }
 
 func TestFairCancelRacingHandOff(t *testing.T) {
-	cs := newClients(t, 2, redisync.Fair())
+	cs := newClients(t, 2)
 	rdb := admin(t)
 	name := redistest.Name(t)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -286,7 +286,7 @@ func TestFairCancelRacingHandOff(t *testing.T) {
 }
 
 func TestFairContentionIsFairAndExclusive(t *testing.T) {
-	cs := newClients(t, 4, redisync.Fair())
+	cs := newClients(t, 4)
 	const workers = 32
 	res := contend(t, mutexes(cs, redistest.Name(t), workers), time.Millisecond, until(time.Now().Add(3*time.Second)))
 	var sum, sq float64
@@ -304,6 +304,6 @@ func TestFairContentionIsFairAndExclusive(t *testing.T) {
 func TestFairAndPlainOnOneNameStayExclusive(t *testing.T) {
 	cs := newClients(t, 4)
 	name := redistest.Name(t)
-	fair, plain := mutexes(cs, name, 8, redisync.Fair()), mutexes(cs, name, 8)
+	fair, plain := mutexes(cs, name, 8), mutexes(cs, name, 8, redisync.Barging())
 	contend(t, append(fair, plain...), 100*time.Microsecond, rounds(20))
 }

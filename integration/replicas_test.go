@@ -40,8 +40,8 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 
 	for _, fair := range []bool{false, true} {
 		var opts []redisync.MutexOption
-		if fair {
-			opts = append(opts, redisync.Fair())
+		if !fair {
+			opts = append(opts, redisync.Barging())
 		}
 		name := redistest.Name(t)
 		m := c.NewMutex(name, opts...)

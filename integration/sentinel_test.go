@@ -31,7 +31,7 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	newFailover := func(opts ...redisync.ClientOption) *redisync.Client {
 		rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{sentinel.Addr}})
 		t.Cleanup(func() { _ = rdb.Close() })
-		c, err := redisync.New(rdb, append(opts, redisync.Fair())...)
+		c, err := redisync.New(rdb, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -142,7 +142,7 @@ func TestContendedRunMetrics(t *testing.T) {
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
-			m := c.NewMutex("hot", redisync.Fair())
+			m := c.NewMutex("hot")
 			s := c.NewSemaphore("hot", 2)
 			for i := range 15 {
 				cctx, cancel := context.WithCancel(ctx)

@@ -177,11 +177,21 @@ local function grant(lock, token, owner, lease, meta)
   return t
 end
 
+-- grant_channel returns the channel on which a grant to id (a ticket, or a
+-- semaphore waiter id, "label/client-n#m") is published: channel, ':' and
+-- the id's client (internal/schema, Client). Only the grantee's process
+-- subscribes to it, so only it is woken.
+local function grant_channel(channel, id)
+  local c = string.match(id, '[^/]*$')
+  c = string.match(c, '^(.*)#') or c
+  return channel .. ':' .. (string.match(c, '^(.*)%-') or c)
+end
+
 -- hand_off gives the free lock to the first live waiter of the queue. Dead
 -- waiters (heartbeat deadline passed) met on the way are dropped. The new
 -- owner gets a hold count of 1, its hand-off lease and a fresh fencing token,
--- and "ticket:token" is published on the channel unless the new owner is
--- self (the caller, who reads the token from the reply). It returns the new
+-- and "ticket:token" is published on its client's grant channel (see
+-- grant_channel) unless the new owner is self (the caller, who reads the token from the reply). It returns the new
 -- owner and its token, or nil when nobody live is waiting.
 local function hand_off(lock, token, queue, waiters, channel, publish, self)
   local now = nil
@@ -200,7 +210,7 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
       if deadline and deadline >= now then
         local t = grant(lock, token, head, handoff, meta)
         if head ~= self then
-          redis.call(publish, channel, head .. ':' .. string.format('%d', t))
+          redis.call(publish, grant_channel(channel, head), head .. ':' .. string.format('%d', t))
         end
         return head, t
       end

@@ -122,12 +122,13 @@ end
 -- sem_serve grants queued waiters from the head, as many as the free permits
 -- cover, in order, dropping dead waiters (heartbeat deadline passed) on the
 -- way; a waiter that does not fit stops it (no overtaking). The granted
--- waiters other than self are named in one message "waiter:permits ...".
+-- waiters other than self are named in one message "waiter:permits ..."
+-- per client, on its grant channel (see lib.lua, grant_channel).
 -- self (a waiter id or false) is granted with lease selflease and call
 -- number seq. It returns the permits in use afterwards and whether self was
 -- granted.
 local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
-  local msg = {}
+  local msgs, order = {}, {} -- grant channel -> its grants; channels in order
   local served = false
   while true do
     local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
@@ -148,15 +149,19 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
         lease, s, served = selflease, seq, true
       else
         s = math.max(s, tonumber(q))
-        msg[#msg + 1] = head .. ':' .. want
+        local ch = grant_channel(channel, head)
+        if not msgs[ch] then
+          msgs[ch], order[#order + 1] = {}, ch
+        end
+        table.insert(msgs[ch], head .. ':' .. want)
       end
       sem_put(k, holder, permits + want, s)
       sem_lease(k, holder, now, lease)
       used = used + want
     end
   end
-  if #msg > 0 then
-    redis.call(publish, channel, table.concat(msg, ' '))
+  for _, ch in ipairs(order) do
+    redis.call(publish, ch, table.concat(msgs[ch], ' '))
   end
   return used, served
 end

@@ -24,6 +24,10 @@ SIGQUIT), then release it and exit 0 (76 if it was lost meanwhile). Once
 held, one line goes to stdout: the lock's Redis key and the fencing token,
 separated by a space ("redisync:lock:{NAME} 7").
 
+Waiters are served first come, first served across every process; with
+--barging, redisync takes the lock whenever it finds it free, ahead of
+processes that waited longer (as Redisson's RLock).
+
 With -n/--no-wait, make one attempt: if the lock is taken, exit 73 at once
 without running CMD (as flock -n). --wait 0, the default, waits forever.
 
@@ -57,8 +61,8 @@ Examples:
   # one nightly backup at a time, across all machines
   redisync lock backup -- ./backup.sh --full
 
-  # first come, first served; give up after 30 seconds (exit 75)
-  redisync lock --fair --wait 30s deploy -- make deploy
+  # give up after 30 seconds of waiting in line (exit 75)
+  redisync lock --wait 30s deploy -- make deploy
 
   # skip this run if another one holds the lock (exit 73)
   redisync lock -n cron-job -- ./job.sh || [ $? -eq 73 ]
@@ -157,7 +161,7 @@ func commandLine(p parsed) (string, []string, error) {
 
 func runLock(args []string) int {
 	fs := newFlags("lock")
-	fair := fs.Bool("fair", false, "first come, first served: wait in a FIFO queue shared by all processes")
+	barging := fs.Bool("barging", false, "take the lock whenever it is free, ahead of processes that waited longer (the default is first come, first served)")
 	hf := addHoldFlags(fs)
 	p, err := parseArgs(fs, lockHelp, args)
 	if errors.Is(err, errHelp) {
@@ -174,8 +178,8 @@ func runLock(args []string) int {
 	if err != nil {
 		return usageError("lock", err)
 	}
-	if *fair {
-		opts = append(opts, redisync.Fair())
+	if *barging {
+		opts = append(opts, redisync.Barging())
 	}
 	prefix, try := *hf.prefix, *hf.noWait
 	j := &job{

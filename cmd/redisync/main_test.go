@@ -214,8 +214,8 @@ func TestLockExcludes(t *testing.T) {
 			var procs []*proc
 			for i := range n {
 				args := []string{"lock", name, "--", "sh", "-c", script, log, fmt.Sprint(i)}
-				if fair {
-					args = append([]string{"lock", "--fair"}, args[1:]...)
+				if !fair {
+					args = append([]string{"lock", "--barging"}, args[1:]...)
 				}
 				procs = append(procs, start(t, addr, args...))
 			}
@@ -295,9 +295,9 @@ func TestWaitExpires(t *testing.T) {
 			name, ran := uniqueName(t), filepath.Join(t.TempDir(), "ran")
 			var opts []redisync.MutexOption
 			args := []string{"lock", "--wait", "300ms"}
-			if fair {
-				opts = append(opts, redisync.Fair())
-				args = append(args, "--fair")
+			if !fair {
+				opts = append(opts, redisync.Barging())
+				args = append(args, "--barging")
 			}
 			holdLock(t, name, opts...)
 			code, p := runCode(t, addr, append(args, name, "--", "touch", ran)...)
@@ -317,8 +317,8 @@ func TestWaitExpires(t *testing.T) {
 func TestInterruptWhileWaiting(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
-	holdLock(t, name, redisync.Fair())
-	p := start(t, addr, "lock", "--fair", name, "--", "true")
+	holdLock(t, name)
+	p := start(t, addr, "lock", name, "--", "true")
 	waitFor(t, "the waiter to queue", func() bool { return queueLen(t, name) == 1 })
 	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -21,12 +22,27 @@ import (
 // subscribed on the very node that serves the lock.
 func TestReview8StatusCountsPlainSubscribersOnCluster(t *testing.T) {
 	cl := redistest.SpawnCluster(t, 3, 0)
+	for _, barging := range []bool{true, false} {
+		t.Run(fmt.Sprintf("barging=%v", barging), func(t *testing.T) {
+			statusCountsPlainSubscriber(t, cl, barging)
+		})
+	}
+}
+
+// statusCountsPlainSubscriber has a waiter with plain pub/sub wait for a
+// lock on cl, barging (on the lock's channel) or fair (on its grant
+// channel), and checks that status counts its process.
+func statusCountsPlainSubscriber(t *testing.T, cl *redistest.Cluster, barging bool) {
 	crdb := cl.NewClient(t)
 	ctx := context.Background()
 	name := uniqueName(t)
 	k := schema.LockKeys("redisync", name)
+	opts := []redisync.ClientOption{redisync.WithPlainPubSub()}
+	if barging {
+		opts = append(opts, redisync.Barging())
+	}
 
-	holder, err := redisync.New(crdb, redisync.WithPlainPubSub())
+	holder, err := redisync.New(crdb, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +53,7 @@ func TestReview8StatusCountsPlainSubscribersOnCluster(t *testing.T) {
 	}
 	defer func() { _ = m.Unlock(ctx) }()
 
-	waiter, err := redisync.New(cl.NewClient(t), redisync.WithPlainPubSub(), redisync.WithRecheck(time.Minute))
+	waiter, err := redisync.New(cl.NewClient(t), append(opts, redisync.WithRecheck(time.Minute))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +71,7 @@ func TestReview8StatusCountsPlainSubscribersOnCluster(t *testing.T) {
 	node := redis.NewClient(&redis.Options{Addr: cl.PrimaryFor(t, crdb, k.Hash).Addr})
 	t.Cleanup(func() { _ = node.Close() })
 	waitFor(t, "the waiter to subscribe on the lock's primary", func() bool {
-		return node.PubSubNumSub(ctx, k.Channel).Val()[k.Channel] == 1
+		return len(node.PubSubChannels(ctx, k.Channel+"*").Val()) == 1
 	})
 
 	st, err := readStatus(ctx, crdb, "redisync", name)

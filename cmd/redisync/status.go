@@ -28,10 +28,11 @@ leases, and its queue in order. Only reads Redis: the lock in one
 transaction, the semaphore in another.
 
 Only what exists is shown: a lock never taken is shown only if there is
-no semaphore NAME either. Plain (not --fair) waiters of a lock leave no
+no semaphore NAME either. Plain (--barging) waiters of a lock leave no
 record in Redis: each process with waiters of the lock (plain or fair) is
-subscribed to its channel, and status counts the subscribed processes (a
-process stays subscribed for 2 s after its last waiter left).
+subscribed to one of its channels, and status counts the subscribed
+processes (a process stays subscribed for 2 s after its last waiter
+left).
 
 With --watch, status reads again every --interval (1s) until interrupted,
 a live view of the holder, the queue and how long each waiter has waited:

@@ -135,7 +135,7 @@ func TestFairQueuedWaiterSIGKILL(t *testing.T) {
 	rdb := redistest.NewClient(t, addr)
 	name := redistest.Name(t)
 	queueLen := func() int64 { return rdb.ZCard(ctx, lockKey(name)+":queue").Val() }
-	opts := []redisync.ClientOption{redisync.Fair(), redisync.WithHeartbeat(hb)}
+	opts := []redisync.ClientOption{redisync.WithHeartbeat(hb)}
 
 	h := newClient(t, addr, opts...).NewMutex(name)
 	if err := h.Lock(ctx); err != nil {

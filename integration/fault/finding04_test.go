@@ -21,7 +21,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 	name := redistest.Name(t)
 	queue := lockKey(name) + ":queue"
 
-	x := newClient(t, addr).NewMutex(name, redisync.Fair())
+	x := newClient(t, addr).NewMutex(name)
 	if err := x.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 		}
 		return err
 	})
-	m := proxiedClient(t, px, hook).NewMutex(name, redisync.Fair(),
+	m := proxiedClient(t, px, hook).NewMutex(name,
 		redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
 
 	// Goroutine A waits on m, queued behind X.

@@ -65,8 +65,8 @@ func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 				}
 			})
 			var o []redisync.MutexOption
-			if tc.fair {
-				o = append(o, redisync.Fair())
+			if !tc.fair {
+				o = append(o, redisync.Barging())
 			}
 			m := newClient(t, addr).NewMutex(name, o...)
 			call := tc.setup(t, rdb, base, m)

@@ -34,12 +34,12 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		px.SetLatency(20 * time.Millisecond)
 		name := redistest.Name(t)
 		base := lockKey(name)
-		x := newClient(t, addr).NewMutex(name, redisync.Fair())
+		x := newClient(t, addr).NewMutex(name)
 		if err := x.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		defer x.Unlock(ctx)
-		c := proxiedClient(t, px, nil, redisync.Fair(), redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		c := proxiedClient(t, px, nil, redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
 		rng := rand.New(rand.NewPCG(1, 2))
 		for i := range 12 {
 			m := c.NewMutex(name)
@@ -49,7 +49,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 				return rdb.ZCard(ctx, base+":queue").Val() == 1 && subscribers(t, rdb, name) == 1
 			})
 			owner := rdb.ZRange(ctx, base+":queue", 0, -1).Val()[0]
-			rdb.Publish(ctx, channel(name), "")                           // A looks again: 20 ms to Redis, 20 ms back
+			wake(t, rdb, name)                                            // A looks again: 20 ms to Redis, 20 ms back
 			time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond) // lands the end of ctx in the attempt (not a wait for a condition)
 			cancel()
 			select {
@@ -71,7 +71,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		rdb := redistest.NewClient(t, addr)
 		name := redistest.Name(t)
 		base := lockKey(name)
-		x := newClient(t, addr).NewMutex(name, redisync.Fair())
+		x := newClient(t, addr).NewMutex(name)
 		if err := x.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			return next(ctx, cmd)
 		}))
 		// A long heartbeat and recheck keep A quiet while it waits.
-		c, err := redisync.New(crdb, redisync.Fair(), redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		c, err := redisync.New(crdb, redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,9 +126,7 @@ func wakeUntil(t *testing.T, rdb *redis.Client, name string, done <-chan struct{
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if err := rdb.Publish(ctx, channel(name), "").Err(); err != nil {
-			t.Fatal(err)
-		}
+		wake(t, rdb, name)
 		select {
 		case <-done:
 			return
@@ -136,6 +134,21 @@ func wakeUntil(t *testing.T, rdb *redis.Client, name string, done <-chan struct{
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("waking waiters: no %s after 5 s", what)
+		}
+	}
+}
+
+// wake publishes an empty message on the lock's channel and on each of its
+// grant channels, which makes one waiter of each Client look again.
+func wake(t *testing.T, rdb *redis.Client, name string) {
+	t.Helper()
+	grants, err := rdb.PubSubChannels(ctx, channel(name)+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range append(grants, channel(name)) {
+		if err := rdb.Publish(ctx, ch, "").Err(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

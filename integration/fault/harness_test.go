@@ -42,14 +42,19 @@ func newClient(t *testing.T, addr string, opts ...redisync.ClientOption) *redisy
 var eventually = redistest.Eventually
 
 // subscribers returns how many connections are subscribed to a lock's
-// channel: one per Client with a confirmed waiter.
+// channels: one per Client with a confirmed waiter, on the lock's channel
+// (barging waiters) or on its own grant channel (fair waiters).
 func subscribers(t *testing.T, rdb *redis.Client, name string) int64 {
 	t.Helper()
 	n, err := rdb.PubSubNumSub(ctx, channel(name)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n[channel(name)]
+	grants, err := rdb.PubSubChannels(ctx, channel(name)+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n[channel(name)] + int64(len(grants))
 }
 
 // result is what a goroutine blocked in Lock ends with.

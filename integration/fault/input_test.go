@@ -70,7 +70,7 @@ func TestBadInput(t *testing.T) {
 		{name: "watchdog 2ms", mutexOpts: mutexOpts(redisync.WithWatchdogLease(2 * time.Millisecond)), want: redisync.ErrInvalidOption},
 		{name: "negative watchdog", mutexOpts: mutexOpts(redisync.WithWatchdogLease(-1)), want: redisync.ErrInvalidOption},
 		{name: "overflowing watchdog", mutexOpts: mutexOpts(redisync.WithWatchdogLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
-		{name: "zero heartbeat", mutexOpts: mutexOpts(redisync.Fair(), redisync.WithHeartbeat(0)), want: redisync.ErrInvalidOption},
+		{name: "zero heartbeat", mutexOpts: mutexOpts(redisync.WithHeartbeat(0)), want: redisync.ErrInvalidOption},
 		{name: "zero recheck", mutexOpts: mutexOpts(redisync.WithRecheck(0)), want: redisync.ErrInvalidOption},
 		{name: "recheck over max", mutexOpts: mutexOpts(redisync.WithRecheck(redisync.MaxLease + time.Nanosecond)), want: redisync.ErrInvalidOption},
 		{name: "empty prefix", mutexOpts: mutexOpts(redisync.WithKeyPrefix("")), want: redisync.ErrInvalidOption},
@@ -214,8 +214,8 @@ func TestWrongKeyTypes(t *testing.T) {
 						rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
 					}
 					var o []redisync.MutexOption
-					if fair {
-						o = append(o, redisync.Fair())
+					if !fair {
+						o = append(o, redisync.Barging())
 					}
 					m := c.NewMutex(name, o...)
 					check := func(op string, call func() error) bool {
@@ -375,8 +375,8 @@ func FuzzOptions(f *testing.F) {
 		}
 		o = append(o, redisync.WithKeyPrefix(prefix))
 		bad = bad || prefix == "" || strings.ContainsAny(prefix, "{}")
-		if fair {
-			o = append(o, redisync.Fair())
+		if !fair {
+			o = append(o, redisync.Barging())
 		}
 		var invalid error
 		if bad {

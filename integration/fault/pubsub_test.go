@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,6 +105,9 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 //   - subscribe-lost: the SUBSCRIBE is never confirmed. The waiter must
 //     still acquire within the recheck interval + 300 ms: joining waits for
 //     the confirmation no longer than that.
+//
+// A barging waiter would miss the release; a fair one, handed the lock by
+// the release, would miss the hand-off's message. Both run.
 func TestGapRace(t *testing.T) {
 	const recheck = 2 * time.Second
 	for _, tc := range []struct {
@@ -111,43 +115,54 @@ func TestGapRace(t *testing.T) {
 		late  bool
 		bound time.Duration
 	}{{"subscribe-late", true, recheck / 2}, {"subscribe-lost", false, recheck + 300*time.Millisecond}} {
-		t.Run(tc.name, func(t *testing.T) {
-			addr := redistest.Addr(t)
-			px := redistest.NewProxy(t, addr)
-			name := redistest.Name(t)
-			holder := newClient(t, addr).NewMutex(name)
-			if err := holder.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			held, letGo := px.HoldNext("$9\r\nsubscribe\r\n") // the command, not a name
-			defer letGo()
-			waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck)).NewMutex(name)
-			done := lockAsync(waiter, ctx)
-			select {
-			case <-held:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the waiter never sent SUBSCRIBE")
-			}
-			released := time.Now()
-			if err := holder.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if n := admin(t, addr).Exists(ctx, lockKey(name)).Val(); n != 0 {
-				t.Fatal("the lock is still held after Unlock")
-			}
-			if tc.late {
-				letGo()
-			}
-			r := await(t, done, recheck+10*time.Second, "waiter")
-			gap := r.at.Sub(released)
-			t.Logf("release to acquire: %v (recheck %v, bound %v)", gap.Round(time.Millisecond), recheck, tc.bound)
-			if gap > tc.bound {
-				t.Fatalf("waiter acquired %v after the release, want <= %v", gap, tc.bound)
-			}
-			if err := waiter.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
-		})
+		for _, barging := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/barging=%v", tc.name, barging), func(t *testing.T) {
+				gapRace(t, tc.late, tc.bound, recheck, barging)
+			})
+		}
+	}
+}
+
+// gapRace is one case of TestGapRace.
+func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool) {
+	var opts []redisync.MutexOption
+	if barging {
+		opts = append(opts, redisync.Barging())
+	}
+	addr := redistest.Addr(t)
+	px := redistest.NewProxy(t, addr)
+	name := redistest.Name(t)
+	holder := newClient(t, addr).NewMutex(name, opts...)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, letGo := px.HoldNext("$9\r\nsubscribe\r\n") // the command, not a name
+	defer letGo()
+	waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck)).NewMutex(name, opts...)
+	done := lockAsync(waiter, ctx)
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter never sent SUBSCRIBE")
+	}
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := admin(t, addr).Exists(ctx, lockKey(name)).Val(); barging && n != 0 {
+		t.Fatal("the lock is still held after Unlock")
+	}
+	if late {
+		letGo()
+	}
+	r := await(t, done, recheck+10*time.Second, "waiter")
+	gap := r.at.Sub(released)
+	t.Logf("release to acquire: %v (recheck %v, bound %v)", gap.Round(time.Millisecond), recheck, bound)
+	if gap > bound {
+		t.Fatalf("waiter acquired %v after the release, want <= %v", gap, bound)
+	}
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -169,11 +184,11 @@ func TestFairHandoffSurvivesSubscriberKill(t *testing.T) {
 	srv := redistest.Spawn(t)
 	admin := redistest.NewClient(t, srv.Addr)
 	name := redistest.Name(t)
-	holder := newClient(t, srv.Addr).NewMutex(name, redisync.Fair())
+	holder := newClient(t, srv.Addr).NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c := newClient(t, srv.Addr, redisync.Fair(), redisync.WithRecheck(10*time.Second))
+	c := newClient(t, srv.Addr, redisync.WithRecheck(10*time.Second))
 	const n = 4
 	order := make(chan int, n)
 	done := make(chan result, n)

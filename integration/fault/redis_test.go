@@ -60,7 +60,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	// them has made its first attempt and is waiting: a Lock whose first
 	// attempt fails returns the error at once, by design.
 	for range clients {
-		c := newClient(t, srv.Addr, append(opts, redisync.Fair())...)
+		c := newClient(t, srv.Addr, opts...)
 		for range perClient {
 			m := c.NewMutex(name)
 			go func() {

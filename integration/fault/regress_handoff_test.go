@@ -34,8 +34,8 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 		lease    time.Duration // of the handed-over hold
 		halfOpen bool
 	}{
-		{"fixed-lease", []redisync.MutexOption{redisync.Fair(), redisync.WithLease(600 * time.Millisecond)}, 600 * time.Millisecond, false},
-		{"watchdog-half-open", []redisync.MutexOption{redisync.Fair(), redisync.WithWatchdogLease(1500 * time.Millisecond)}, 1500 * time.Millisecond, true},
+		{"fixed-lease", []redisync.MutexOption{redisync.WithLease(600 * time.Millisecond)}, 600 * time.Millisecond, false},
+		{"watchdog-half-open", []redisync.MutexOption{redisync.WithWatchdogLease(1500 * time.Millisecond)}, 1500 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
@@ -44,7 +44,7 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 			px.SetLatency(latency)
 			name := redistest.Name(t)
 
-			holder := newClient(t, addr).NewMutex(name, redisync.Fair())
+			holder := newClient(t, addr).NewMutex(name)
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -140,11 +140,11 @@ func testLongQueuedHandoff(t *testing.T, heartbeat time.Duration, keeps bool) {
 	px.SetLatency(latency)
 	name := redistest.Name(t)
 
-	holder := newClient(t, addr).NewMutex(name, redisync.Fair())
+	holder := newClient(t, addr).NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waiter := newClient(t, px.Addr).NewMutex(name, redisync.Fair(),
+	waiter := newClient(t, px.Addr).NewMutex(name,
 		redisync.WithHeartbeat(heartbeat), redisync.WithWatchdogLease(lease))
 	lctx, cancel := context.WithTimeout(ctx, queue+10*time.Second)
 	defer cancel()

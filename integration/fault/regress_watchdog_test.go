@@ -35,11 +35,11 @@ func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
 		b := newClient(t, addr)
 		a := newClient(t, px.Addr)
 
-		bY := b.NewMutex(y, redisync.Fair())
+		bY := b.NewMutex(y)
 		if err := bY.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		aY := a.NewMutex(y, redisync.Fair())
+		aY := a.NewMutex(y)
 		yctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		yDone := lockAsync(aY, yctx)
 		eventually(t, 5*time.Second, "A's waiter to queue on Y", func() bool {

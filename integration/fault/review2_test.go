@@ -150,12 +150,12 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 			})
 			ra := redistest.NewClient(t, addr)
 			ra.AddHook(hook)
-			a, err := redisync.New(ra, redisync.Fair())
+			a, err := redisync.New(ra)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = a.Close() })
-			b := newClient(t, addr, redisync.Fair()).NewMutex(name)
+			b := newClient(t, addr).NewMutex(name)
 			if err := b.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}

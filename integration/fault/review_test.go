@@ -110,7 +110,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ac.Close() })
-	a := ac.NewMutex(name, redisync.WithLease(lease))
+	a := ac.NewMutex(name, redisync.WithLease(lease), redisync.Barging()) // the hook catches a barging attempt
 
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -169,7 +169,7 @@ func TestReviewSiblingTakeMissedWhileAttempting(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mc.Close() })
-	m := mc.NewMutex(name)
+	m := mc.NewMutex(name, redisync.Barging()) // the hook catches a barging attempt
 
 	holder := newClient(t, addr).NewMutex(name)
 	if err := holder.Lock(ctx); err != nil {

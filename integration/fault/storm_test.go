@@ -279,8 +279,8 @@ func (s *storm) mutexes(fair func(v int) bool) {
 		for v, n := range shares {
 			var opts []redisync.MutexOption
 			kind := "plain"
-			if fair(v) {
-				opts, kind = append(opts, redisync.Fair()), "fair"
+			if !fair(v) {
+				opts, kind = append(opts, redisync.Barging()), "plain"
 			}
 			m := c.NewMutex(s.name, opts...)
 			owner := fmt.Sprintf("c%d.%s%d", i, kind, v)

@@ -59,9 +59,16 @@ type Lock struct {
 	// Withdrawn is a zset of tickets withdrawn with an unknown outcome ->
 	// the server time of the withdrawal in ms, pruned after 2 minutes.
 	Withdrawn string
-	// Channel is where releases and hand-offs are published.
+	// Channel is where a release that hands the lock to nobody publishes
+	// an empty message, for plain (barging) waiters. A hand-off to a fair
+	// waiter is published on its client's GrantChannel instead.
 	Channel string
 }
+
+// GrantChannel returns the channel on which grants to the waiters of the
+// client client are published: the lock's channel followed by ":" and the
+// client id, in the lock's slot. Only the grantee's process hears a grant.
+func (k Lock) GrantChannel(client string) string { return k.Channel + ":" + client }
 
 // LockKeys returns the keys of the lock called name under prefix.
 func LockKeys(prefix, name string) Lock {
@@ -141,9 +148,14 @@ type Semaphore struct {
 	// Withdrawn is a zset of waiter ids withdrawn with an unknown outcome,
 	// as a lock's.
 	Withdrawn string
-	// Channel is where grants are published.
+	// Channel prefixes the grant channels (GrantChannel), where grants
+	// are published.
 	Channel string
 }
+
+// GrantChannel returns the channel on which grants to the waiters of the
+// client client are published, as for a lock (Lock.GrantChannel).
+func (k Semaphore) GrantChannel(client string) string { return k.Channel + ":" + client }
 
 // SemaphoreKeys returns the keys of the semaphore called name under prefix.
 func SemaphoreKeys(prefix, name string) Semaphore {
@@ -222,6 +234,22 @@ const HandoffPrefix = "{handoff}"
 func Label(id string) string {
 	id = strings.TrimPrefix(id, HandoffPrefix)
 	i := strings.LastIndexByte(id, '/')
+	if i < 0 {
+		return ""
+	}
+	return id[:i]
+}
+
+// Client returns the client id in a hold id ("label/client-n"), a
+// semaphore waiter id ("label/client-n#m") or a ticket, or "" for an id of
+// another form. The scripts find it the same way (scripts/lib.lua,
+// grant_channel).
+func Client(id string) string {
+	id = id[strings.LastIndexByte(id, '/')+1:]
+	if i := strings.LastIndexByte(id, '#'); i >= 0 {
+		id = id[:i]
+	}
+	i := strings.LastIndexByte(id, '-')
 	if i < 0 {
 		return ""
 	}

@@ -120,7 +120,7 @@ func otlpProviders(ctx context.Context) (*sdkmetric.MeterProvider, *sdktrace.Tra
 func work(ctx context.Context, client *redisync.Client) error {
 	var wg sync.WaitGroup
 	for range 4 {
-		m := client.NewMutex("example", redisync.Fair())
+		m := client.NewMutex("example")
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)

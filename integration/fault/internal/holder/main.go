@@ -123,8 +123,8 @@ func options() []redisync.ClientOption {
 	if *recheck > 0 {
 		opts = append(opts, redisync.WithRecheck(*recheck))
 	}
-	if *fair {
-		opts = append(opts, redisync.Fair())
+	if !*fair {
+		opts = append(opts, redisync.Barging())
 	}
 	return opts
 }
