@@ -1,6 +1,6 @@
 // Package redisync provides distributed synchronization primitives on
 // Redis for Go services: a reentrant, leased Mutex with a blocking
-// Lock(ctx), a fair (FIFO) variant, fencing tokens, and a counting
+// Lock(ctx), fair (FIFO) unless it opts out, fencing tokens, and a counting
 // Semaphore whose permits are leased to their holders. It works on a
 // single Redis, a primary with replicas (WithReplicas), Redis Cluster
 // (sharded pub/sub), and independent Redis nodes (NewRedlock).
@@ -12,11 +12,12 @@
 // waiter of every lock of that Client; one per primary on a Redis Cluster),
 // makes sure the subscription is
 // confirmed, looks at the lock once more, and sleeps. The release that
-// frees the lock hands it to the next fair waiter in the same script and
+// frees the lock hands it to the next queued waiter in the same script and
 // publishes the grant on that waiter's Client's own channel of the lock,
-// so that only the grantee's process wakes (a plain Mutex's release
-// publishes on the lock's channel instead, which wakes one waiter per
-// process). A message is only a hint: every sleep is also bounded
+// so that only the grantee's process wakes. A release that hands the lock
+// to nobody publishes an empty message on the lock's channel instead,
+// which wakes one barging waiter (Barging) per process. A message is only
+// a hint: every sleep is also bounded
 // by the lock's remaining lease and by the recheck interval (WithRecheck),
 // and a reconnect of the subscriber makes every waiter look again.
 //
@@ -42,7 +43,7 @@
 // # Options
 //
 // An option's type says where it applies: Option everywhere, LocalOption
-// on one deployment (New, NewMutex, NewSemaphore), BargingOption to New and
+// on one deployment (New, NewMutex, NewSemaphore), FairnessOption to New and
 // NewMutex, LockOption to locks, SetupOption to what a Client runs (New,
 // NewRedlock), RedOption to a Redlock. Giving one where it has no meaning,
 // such as Barging to a Semaphore, does not compile. Options of New (or

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -179,4 +180,37 @@ func TestClientOfID(t *testing.T) {
 func zcard(mr *miniredis.Miniredis, key string) int {
 	m, _ := mr.ZMembers(key)
 	return len(m)
+}
+
+// InspectLock counts a lock's own grant channels, not the channels of a
+// lock whose name starts with its name and "}:ch:", which its pattern
+// also matches (review 11, finding 4).
+func TestInspectCountsOnlyItsOwnGrantChannels(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	const other = "n}:ch:evil"
+	holder, waiter := c.NewMutex(other, Barging()), c.NewMutex(other, Barging())
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- waiter.Lock(wctx) }()
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return confirmedWaiters(c, waiter.post().channel) == 1 })
+	for name, want := range map[string]int64{"n": 0, other: 1} {
+		st, err := c.InspectLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Subscribers != want {
+			t.Errorf("InspectLock(%q).Subscribers = %d, want %d", name, st.Subscribers, want)
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiter: %v", err)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

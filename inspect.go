@@ -306,12 +306,26 @@ func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) 
 	pattern := globEscape(channel) + ":*" // the grant channels (schema.Lock.GrantChannel)
 	plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
 	if _, cluster := c.rdb.(*redis.ClusterClient); !cluster {
-		return func() int64 { return plain.Val()[channel] + int64(len(grants.Val())) }
+		return func() int64 { return plain.Val()[channel] + grantChannels(channel, grants.Val()) }
 	}
 	sharded, shardGrants := p.PubSubShardNumSub(ctx, channel), p.PubSubShardChannels(ctx, pattern)
 	return func() int64 {
-		return plain.Val()[channel] + sharded.Val()[channel] + int64(len(grants.Val())+len(shardGrants.Val()))
+		return plain.Val()[channel] + sharded.Val()[channel] +
+			grantChannels(channel, grants.Val()) + grantChannels(channel, shardGrants.Val())
 	}
+}
+
+// grantChannels counts the grant channels of channel among names, which
+// match channel + ":*": those that end with a client id, not the channels
+// of another primitive whose name starts with this one's and "}:ch:".
+func grantChannels(channel string, names []string) int64 {
+	var n int64
+	for _, name := range names {
+		if !strings.ContainsAny(name[len(channel)+1:], ":{}") {
+			n++
+		}
+	}
+	return n
 }
 
 // globEscape escapes the characters of s that a Redis glob pattern gives

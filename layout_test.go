@@ -31,7 +31,7 @@ func TestLayoutOfAHeldLockIsChecked(t *testing.T) {
 			}
 			mr.SetTTL(key, time.Minute)
 			before := mr.Dump()
-			for _, m := range []*Mutex{c.NewMutex("job"), c.NewMutex("job")} {
+			for _, m := range []*Mutex{c.NewMutex("job", Barging()), c.NewMutex("job")} {
 				if ok, err := m.TryLock(ctx); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), tt.says) {
 					t.Errorf("TryLock: %v, %v; want ErrLayout naming %s", ok, err, tt.says)
 				}

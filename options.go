@@ -69,8 +69,8 @@ type LockOption interface {
 	RedMutexOption
 }
 
-// BargingOption applies to New and NewMutex.
-type BargingOption interface {
+// FairnessOption applies to New and NewMutex.
+type FairnessOption interface {
 	ClientOption
 	MutexOption
 }
@@ -270,8 +270,14 @@ func WithKeyPrefix(p string) Option {
 // served across all processes, and the release that frees the lock hands
 // it directly to the next waiter, in the same script. See the package
 // documentation.
-func Barging() BargingOption {
+func Barging() FairnessOption {
 	return setting(func(cfg *config) { cfg.barging = true })
+}
+
+// Fair makes a Mutex fair, the default: given to NewMutex, it undoes a
+// Client's Barging for that Mutex. See Barging.
+func Fair() FairnessOption {
+	return setting(func(cfg *config) { cfg.barging = false })
 }
 
 // WithPlainPubSub makes a Client on a Redis Cluster wake waiters with

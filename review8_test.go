@@ -90,7 +90,7 @@ func TestReview8HoldHandedOverByLayout1StaysUnmarked(t *testing.T) {
 	}
 
 	c := newClient(t, rdb, WithLabel("new-other"))
-	for _, m := range []*Mutex{c.NewMutex("job"), c.NewMutex("job")} {
+	for _, m := range []*Mutex{c.NewMutex("job", Barging()), c.NewMutex("job")} {
 		if ok, err := m.TryLock(ctx); ok || err != nil {
 			t.Errorf("TryLock while a new-version hold is renewed: %v, %v; want false, nil (held), not ErrLayout", ok, err)
 		}

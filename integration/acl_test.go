@@ -160,7 +160,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 
 	t.Run("Mutex", func(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 2)
-		res := contend(t, mutexes(cs, redistest.Name(t), 4), 2*time.Millisecond, rounds(10))
+		res := contend(t, mutexes(cs, redistest.Name(t), 4, redisync.Barging()), 2*time.Millisecond, rounds(10))
 		increasing(t, res.tokens)
 		res = contend(t, mutexes(cs, redistest.Name(t), 4), 2*time.Millisecond, rounds(10))
 		increasing(t, res.tokens)

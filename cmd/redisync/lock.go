@@ -162,6 +162,7 @@ func commandLine(p parsed) (string, []string, error) {
 func runLock(args []string) int {
 	fs := newFlags("lock")
 	barging := fs.Bool("barging", false, "take the lock whenever it is free, ahead of processes that waited longer (the default is first come, first served)")
+	fs.Bool("fair", true, "first come, first served: the default, kept so that scripts written for earlier versions run")
 	hf := addHoldFlags(fs)
 	p, err := parseArgs(fs, lockHelp, args)
 	if errors.Is(err, errHelp) {

@@ -92,9 +92,10 @@ type LockStatus struct {
 	Holder    *Holder  `json:"holder"`
 	LastToken int64    `json:"last_token"`
 	Queue     []Waiter `json:"queue"`
-	// SubscribedProcesses counts the processes subscribed to the lock's
-	// channel: those with waiters, plain or fair, and those whose last
-	// waiter left less than 2 s ago.
+	// SubscribedProcesses counts the subscriptions of processes to the
+	// lock's channels (LockState.Subscribers): a process with waiters,
+	// or whose last waiter left less than 2 s ago, counts once, or twice
+	// when it has waiters both fair and barging.
 	SubscribedProcesses int64 `json:"subscribed_processes"`
 }
 
@@ -303,7 +304,7 @@ func (st *Status) print(out io.Writer) {
 			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
 		}
 	}
-	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, plain or fair, or within 2 s of their last)", l.SubscribedProcesses))
+	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, fair or barging, or within 2 s of their last)", l.SubscribedProcesses))
 	if len(l.Queue) == 0 {
 		field(out, "queue", "empty")
 	} else {

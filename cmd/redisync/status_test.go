@@ -49,7 +49,8 @@ func TestStatus(t *testing.T) {
 	// And a plain one, which leaves no record: its process is subscribed.
 	waiters = append(waiters, start(t, addr, "lock", "--barging", name, "--", "true"))
 	waitFor(t, "the plain waiter to subscribe", func() bool {
-		return rdb.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 1 // fair waiters hear their grant channels
+		// Fair waiters hear their grant channels, one per process.
+		return rdb.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 1 && len(rdb.PubSubChannels(ctx, keys.Channel+":*").Val()) == 2
 	})
 
 	code, p = runCode(t, addr, "status", "--json", name)

@@ -138,7 +138,9 @@ func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool
 	}
 	held, letGo := px.HoldNext("$9\r\nsubscribe\r\n") // the command, not a name
 	defer letGo()
-	waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck)).NewMutex(name, opts...)
+	// A fair waiter's heartbeat (a second apart by default) would find
+	// the hand-off too: a long one leaves it to the second look.
+	waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck), redisync.WithHeartbeat(30*time.Second)).NewMutex(name, opts...)
 	done := lockAsync(waiter, ctx)
 	select {
 	case <-held:

@@ -278,7 +278,7 @@ func (s *storm) mutexes(fair func(v int) bool) {
 		clients = append(clients, c)
 		for v, n := range shares {
 			var opts []redisync.MutexOption
-			kind := "plain"
+			kind := "fair"
 			if !fair(v) {
 				opts, kind = append(opts, redisync.Barging()), "plain"
 			}
