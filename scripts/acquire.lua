@@ -37,11 +37,11 @@
 local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
-local t = check_counter(token)
 local count, layout = read_hold(lock, ticket)
 if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
   -- Mutex.Extend has made longer since.
+  local t = check_counter(token)
   keep_alive(lock, lease)
   keep_alive(token, lease) -- as long as the lease: see lib.lua, mint
   if not layout then
@@ -64,14 +64,16 @@ if mode == 'barge' then
   return {1, grant(lock, token, ticket, lease, ARGV[9])}
 end
 
+-- Reads the queue: one of the wrong type fails here. The first write
+-- below is the hand-off's pop (see lib.lua, hand_off), mark_withdrawn's
+-- (after its own reads) or the waiter's record, before the queue's.
 local queued = redis.call('ZSCORE', queue, ticket)
-redis.call('HLEN', waiters) -- a key of the wrong type fails here, before any write
 if not queued and ARGV[8] == '1' then
   mark_withdrawn(gone, ticket)
   return {-3, 0}
 end
 if pttl == -2 then
-  local head, ht = hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], ticket)
+  local head, ht = hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], ticket, false)
   if head == nil then
     return {1, grant(lock, token, ticket, lease, ARGV[9])}
   end
@@ -85,10 +87,10 @@ if pttl == -2 then
 end
 if mode == 'queue' then
   local ttl, us = tonumber(ARGV[4]), now_us()
+  set_waiter(waiters, ticket, math.floor(us / 1000) + ttl, ARGV[5], ARGV[9])
   if not queued then
     join_queue(queue, ticket, us)
   end
-  set_waiter(waiters, ticket, math.floor(us / 1000) + ttl, ARGV[5], ARGV[9])
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end

@@ -31,13 +31,19 @@ local function other_layout(key, found)
   error('LAYOUT redisync: ' .. key .. ' was written in layout ' .. (found or '1') .. ', this redisync reads layout ' .. LAYOUT)
 end
 
--- now_us returns the server clock in microseconds.
+-- now_us returns the server clock in microseconds, as read by the
+-- script's first call: a script reads the clock once (TIME is among the
+-- dearest calls a script makes), and runs in a few microseconds.
+local clock_us = nil
 local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not clock_us then
+    local t = redis.call('TIME')
+    clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock_us
 end
 
--- now_ms returns the server clock in milliseconds.
+-- now_ms returns the server clock in milliseconds (see now_us).
 local function now_ms()
   return math.floor(now_us() / 1000)
 end
@@ -73,13 +79,14 @@ local function waiter_meta_field(ticket)
   return META_FIELD .. ticket
 end
 
--- set_waiter writes a waiter's record and its metadata ('' for none).
+-- set_waiter writes a waiter's record and its metadata ('' for none), in
+-- one call. A call's metadata does not change between its attempts, so a
+-- record written again never leaves a stale metadata field behind.
 local function set_waiter(waiters, ticket, deadline, handoff, meta)
-  redis.call('HSET', waiters, ticket, deadline .. ':' .. handoff)
   if meta == '' then
-    redis.call('HDEL', waiters, waiter_meta_field(ticket))
+    redis.call('HSET', waiters, ticket, deadline .. ':' .. handoff)
   else
-    redis.call('HSET', waiters, waiter_meta_field(ticket), meta)
+    redis.call('HSET', waiters, ticket, deadline .. ':' .. handoff, waiter_meta_field(ticket), meta)
   end
 end
 
@@ -106,13 +113,17 @@ end
 
 -- check_counter returns the fencing token counter's value (0 when absent)
 -- and fails the script, before it writes anything, when the key holds
--- something other than an integer.
+-- something other than an integer. The value is read once per script (see
+-- counters; mint keeps it current).
+local counters = {}
 local function check_counter(token)
-  local v = redis.call('GET', token)
-  if not v then
-    return 0
+  local c = counters[token]
+  if c == nil then
+    local v = redis.call('GET', token)
+    c = v and (integer(v) or wrong(token, 'a counter')) or 0
+    counters[token] = c
   end
-  return integer(v) or wrong(token, 'a counter')
+  return c
 end
 
 -- count_of returns a hold count read from the lock hash (0 for none),
@@ -156,9 +167,9 @@ local state_memory_ms = 3600000
 -- server clock stepped back by more than the time since the last token (at
 -- least state_memory_ms).
 local function mint(token, lease)
-  local c = redis.call('TIME')
-  local t = math.max(tonumber(c[1]) * 1000000 + tonumber(c[2]), check_counter(token) + 1)
+  local t = math.max(now_us(), check_counter(token) + 1)
   redis.call('SET', token, string.format('%d', t), 'PX', math.max(state_memory_ms, lease))
+  counters[token] = t
   return t
 end
 
@@ -191,23 +202,44 @@ end
 -- waiters (heartbeat deadline passed) met on the way are dropped. The new
 -- owner gets a hold count of 1, its hand-off lease and a fresh fencing token,
 -- and "ticket:token" is published on its client's grant channel (see
--- grant_channel) unless the new owner is self (the caller, who reads the token from the reply). It returns the new
--- owner and its token, or nil when nobody live is waiting.
-local function hand_off(lock, token, queue, waiters, channel, publish, self)
-  local now = nil
+-- grant_channel) unless the new owner is self (the caller, who reads the
+-- token from the reply). With vacate set the lock still holds the caller's
+-- hold, which goes just before the grant (and stays when nobody live is
+-- waiting). It returns the new owner and its token, or nil when nobody
+-- live is waiting.
+--
+-- Its pop is the first write of a script that calls it, and needs no
+-- guard: a queue of the wrong type fails it having changed nothing. A
+-- waiters hash or a token counter of the wrong type, met right after the
+-- pop, puts the head back before it fails the script.
+local function hand_off(lock, token, queue, waiters, channel, publish, self, vacate)
+  local first = true
   while true do
-    local head = redis.call('ZPOPMIN', queue)[1]
+    local popped = redis.call('ZPOPMIN', queue)
+    local head = popped[1]
     if not head then
       return nil
     end
-    local v = redis.call('HMGET', waiters, head, waiter_meta_field(head))
+    local ok, v = pcall(function()
+      check_counter(token)
+      return redis.call('HMGET', waiters, head, waiter_meta_field(head))
+    end)
+    if not ok then
+      if first then
+        redis.call('ZADD', queue, popped[2], head)
+      end
+      error(v, 0)
+    end
+    first = false
     local rec = v[1]
     del_waiter(waiters, head)
     if rec then
-      now = now or now_ms()
       local deadline, handoff, meta = parse_waiter(rec)
       meta = v[2] or meta
-      if deadline and deadline >= now then
+      if deadline and deadline >= now_ms() then
+        if vacate then
+          redis.call('DEL', lock)
+        end
         local t = grant(lock, token, head, handoff, meta)
         if head ~= self then
           redis.call(publish, grant_channel(channel, head), head .. ':' .. string.format('%d', t))
@@ -218,16 +250,14 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self)
   end
 end
 
--- join_queue appends id to a fair queue (a zset) unless it is queued
--- already. Its score is the server time in microseconds when it joined
--- (now_us), or the last member's plus one when that is larger: the order
--- of the queue is the order of arrival even if the clock steps back, and
--- the score tells how long a waiter has waited.
+-- join_queue appends id, not queued yet, to a fair queue (a zset). Its
+-- score is the server time in microseconds when it joined (now_us), or the
+-- last member's plus one when that is larger: the order of the queue is
+-- the order of arrival even if the clock steps back, and the score tells
+-- how long a waiter has waited.
 local function join_queue(queue, id, us)
-  if not redis.call('ZSCORE', queue, id) then
-    local last = tonumber(redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]) or 0
-    redis.call('ZADD', queue, string.format('%d', math.max(us, last + 1)), id)
-  end
+  local last = tonumber(redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]) or 0
+  redis.call('ZADD', queue, 'NX', string.format('%d', math.max(us, last + 1)), id)
 end
 
 -- withdrawn_ms is how long a withdrawn ticket (a call that gave up) stays

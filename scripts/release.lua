@@ -25,20 +25,14 @@
 local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, mytoken, mode = ARGV[1], tonumber(ARGV[2]), ARGV[6]
 
--- Read every key that may be written before the first write: a key of the
--- wrong type fails the script here. (SET on the tombstone replaces any
--- type.)
 local count = hold_count(lock, id)
-check_counter(token)
-local queued = redis.call('ZCARD', queue)
-if queued > 0 or mode == 'withdraw' then
+if mode == 'withdraw' then
+  -- Read every key written here before the first write: a key of the
+  -- wrong type fails the script having changed nothing. (The token counter
+  -- too: a hand-off below mints after these writes.)
   redis.call('HLEN', waiters)
-end
-if mode == 'withdraw' then
   redis.call('ZCARD', gone)
-end
-
-if mode == 'withdraw' then
+  check_counter(token)
   redis.call('ZREM', queue, id)
   del_waiter(waiters, id)
   mark_withdrawn(gone, id)
@@ -50,11 +44,13 @@ if count == 0 then
   return 0
 end
 
-redis.call('DEL', lock)
+-- The hand-off's pop is the first write of a release (see lib.lua,
+-- hand_off); the tombstone's SET replaces a key of any type.
+if not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil, true) then
+  redis.call('DEL', lock)
+  redis.call(ARGV[5], ARGV[4], '')
+end
 if mytoken > 0 then
   redis.call('SET', tomb, ARGV[2], 'PX', tonumber(ARGV[3]))
-end
-if queued == 0 or not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil) then
-  redis.call(ARGV[5], ARGV[4], '')
 end
 return 1

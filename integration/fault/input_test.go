@@ -246,6 +246,50 @@ func TestWrongKeyTypes(t *testing.T) {
 	}
 }
 
+// TestWrongKeyTypesOnRelease is TestWrongKeyTypes for the release that
+// hands a fair lock over: the lock is taken cleanly, then a key the
+// hand-off meets after the lock's own (queue, waiters' records, token
+// counter) is given a wrong type, with a waiter queued. Unlock must return
+// ErrWrongType having changed none of the lock's keys: the release writes
+// nothing before the hand-off's pop, and puts the popped waiter back.
+func TestWrongKeyTypesOnRelease(t *testing.T) {
+	addr := redistest.Addr(t)
+	rdb := redistest.NewClient(t, addr)
+	c := newClient(t, addr)
+	wrong := map[string]func(k string) error{
+		":queue":   func(k string) error { return rdb.HSet(ctx, k, "x", "y").Err() },
+		":waiters": func(k string) error { return rdb.Set(ctx, k, "x", 0).Err() },
+		":token":   func(k string) error { return rdb.RPush(ctx, k, "x").Err() },
+	}
+	for _, suffix := range []string{":queue", ":waiters", ":token"} {
+		t.Run("lock"+suffix, func(t *testing.T) {
+			name := redistest.Name(t)
+			base := lockKey(name)
+			keys := []string{base, base + ":token", base + ":queue", base + ":waiters"}
+			t.Cleanup(func() { rdb.Del(ctx, keys...) })
+			m := c.NewMutex(name)
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rdb.Del(ctx, base+suffix)
+			if err := wrong[suffix](base + suffix); err != nil {
+				t.Fatal(err)
+			}
+			if suffix != ":queue" {
+				rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
+			}
+			before := snapshot(t, rdb, keys)
+			err := m.Unlock(ctx)
+			if !errors.Is(err, redisync.ErrWrongType) {
+				t.Fatalf("Unlock: %v, want ErrWrongType", err)
+			}
+			if after := snapshot(t, rdb, keys); !equalStrings(before, after) {
+				t.Fatal("Unlock returned ErrWrongType but changed the lock's keys")
+			}
+		})
+	}
+}
+
 func equalStrings(a, b []string) bool {
 	if len(a) != len(b) {
 		return false
