@@ -122,21 +122,6 @@ func (d distribution) cdf() []cdfPoint {
 	return points
 }
 
-// jain returns Jain's fairness index of the shares x: (Σx)² / (n·Σx²),
-// 1 when all are equal, 1/n when one gets everything. It returns NaN when
-// there are no shares or all are zero.
-func jain(x []int64) float64 {
-	var sum, squares float64
-	for _, v := range x {
-		sum += float64(v)
-		squares += float64(v) * float64(v)
-	}
-	if squares == 0 {
-		return math.NaN()
-	}
-	return sum * sum / (float64(len(x)) * squares)
-}
-
 // perAcquisition divides a counter's growth by the acquisitions made
 // meanwhile; NaN when either is unknown or there were no acquisitions.
 func perAcquisition(delta float64, acquisitions int64) float64 {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/redisync/redisync/internal/fairness"
 )
 
 func TestRotate(t *testing.T) {
@@ -37,7 +39,7 @@ func TestPoolTakesMediansAndMergesSamples(t *testing.T) {
 	hot := shape{clients: 2, goroutines: 2, keys: 1}
 	run := func(round int, rate, cmds, ccpu float64, errors int64, first string, wait distribution, counts []int64) result {
 		return result{scenario: "hot", library: "x", shape: hot, round: round, seconds: 1, acquisitions: int64(rate),
-			rate: rate, cmds: cmds, ccpu: ccpu, wait: wait, counts: counts, jain: jain(counts), conns: int(errors) + 2,
+			rate: rate, cmds: cmds, ccpu: ccpu, wait: wait, counts: counts, jain: fairness.Jain(counts), conns: int(errors) + 2,
 			rounds: 1, errors: errors, firstError: first, left: 2}
 	}
 	a := run(0, 100, 2, 10, 1, "first", distOf(time.Millisecond, 3*time.Millisecond), []int64{50, 50})

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/redisync/redisync/internal/fairness"
 )
 
 // sampleEvery is how often a run samples the server's client connections
@@ -316,7 +318,7 @@ func (r *run) summarize(res *result) {
 	res.delivers = perAcquisition(res.delivers, res.acquisitions)
 	res.subs = perAcquisition(res.subs, res.acquisitions)
 	res.wait, res.op, res.gap = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot()
-	res.jain = jain(r.counts)
+	res.jain = fairness.Jain(r.counts)
 	res.counts, res.rounds = r.counts, 1
 	res.violations, res.errors, res.firstError = r.violations.Load(), r.errors.Load(), r.firstError
 }

@@ -394,20 +394,6 @@ func clip(s string, width int) string {
 	return string(r[:width-1])
 }
 
-// jain is Jain's fairness index of xs: 1 when all are equal, 1/n when
-// one got everything.
-func jain(xs []int64) float64 {
-	var sum, sq float64
-	for _, x := range xs {
-		sum += float64(x)
-		sq += float64(x) * float64(x)
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (float64(len(xs)) * sq)
-}
-
 // labeler names owner ids ("<label>/<client uuid>-<n>") after the simulated
 // clients and workers ("c2.w1"), once a worker has told which is its own.
 // It is safe for concurrent use.

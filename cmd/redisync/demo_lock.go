@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/fairness"
 )
 
 // lockPart is the demo of the fair lock: every worker has its own Mutex
@@ -208,7 +209,7 @@ func (p *lockPart) summary(w io.Writer, elapsed time.Duration, st *Status) []che
 		fmt.Fprintf(w, "  c%-6d %12d  %8v\n", ci+1, n, mw.Round(time.Millisecond))
 	}
 	fmt.Fprintf(w, "  total   %12d  %8v   (%.0f/s; fairness, Jain's index over %d workers: %.3f, 1 is even)\n",
-		total, worst.Round(time.Millisecond), rate(total, elapsed), len(perWorker), jain(perWorker))
+		total, worst.Round(time.Millisecond), rate(total, elapsed), len(perWorker), fairness.Jain(perWorker))
 
 	left := "nothing left in Redis: the lock is free and its queue empty"
 	if st.Lock.Holder != nil || len(st.Lock.Queue) > 0 {
