@@ -158,6 +158,40 @@ func TestMutexWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 	}
 }
 
+// A token counter of the wrong type fails a Lock that finds the lock held
+// by another at once, writing nothing: it does not queue behind the holder
+// (whose release would then fail on the same key, with the waiter inside).
+func TestMutexWrongTypeTokenFailsAWaiterAtOnce(t *testing.T) {
+	for _, fair := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
+			mr, rdb, _ := newMini(t)
+			c := newClient(t, rdb)
+			var o []MutexOption
+			if !fair {
+				o = append(o, Barging())
+			}
+			holder := c.NewMutex("wtt", o...)
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			mr.Del("redisync:lock:{wtt}:token")
+			mr.Lpush("redisync:lock:{wtt}:token", "x")
+			w := c.NewMutex("wtt", o...)
+			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := w.Lock(lctx); !errors.Is(err, ErrWrongType) || lctx.Err() != nil {
+				t.Fatalf("Lock: %v (ctx: %v), want ErrWrongType at once", err, lctx.Err())
+			}
+			if ok, err := w.TryLock(ctx); ok || !errors.Is(err, ErrWrongType) {
+				t.Fatalf("TryLock: %v, %v, want ErrWrongType", ok, err)
+			}
+			if mr.Exists("redisync:lock:{wtt}:queue") || mr.Exists("redisync:lock:{wtt}:waiters") {
+				t.Fatal("the waiter queued although the token key is of the wrong type")
+			}
+		})
+	}
+}
+
 func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)

@@ -37,11 +37,11 @@
 local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
+local t = check_counter(token)
 local count, layout = read_hold(lock, ticket)
 if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
   -- Mutex.Extend has made longer since.
-  local t = check_counter(token)
   keep_alive(lock, lease)
   keep_alive(token, lease) -- as long as the lease: see lib.lua, mint
   if not layout then
@@ -64,9 +64,9 @@ if mode == 'barge' then
   return {1, grant(lock, token, ticket, lease, ARGV[9])}
 end
 
--- Reads the queue: one of the wrong type fails here. The first write
--- below is the hand-off's pop (see lib.lua, hand_off), mark_withdrawn's
--- (after its own reads) or the waiter's record, before the queue's.
+-- Reads the queue: one of the wrong type fails here. The hand-off reads
+-- before it writes (see lib.lua, hand_off), mark_withdrawn too, and the
+-- waiter's record is written before the queue.
 local queued = redis.call('ZSCORE', queue, ticket)
 if not queued and ARGV[8] == '1' then
   mark_withdrawn(gone, ticket)

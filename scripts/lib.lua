@@ -1,10 +1,11 @@
 -- lib.lua: helpers shared by the scripts. scripts.go prepends this file to
 -- each script before loading it, so every script stays one atomic unit.
 --
--- Keys of the wrong type: every script reads each key it may write (or
--- writes it first) before any other write, so that a key of the wrong type,
+-- Keys of the wrong type: every script reads each key it may write, or
+-- writes it first, before any other write, so that a key of the wrong type,
 -- or a value that is not what redisync stores, fails the script before it
--- has changed anything. Such errors carry the word WRONGTYPE.
+-- has changed anything. Such errors carry the word WRONGTYPE. No read is
+-- made only to check a type where the first write checks it.
 --
 -- Waiter records live in a hash (ticket -> "deadline:handoff", and
 -- "{meta}ticket" -> its metadata when it has any: see set_waiter), where
@@ -208,29 +209,18 @@ end
 -- waiting). It returns the new owner and its token, or nil when nobody
 -- live is waiting.
 --
--- Its pop is the first write of a script that calls it, and needs no
--- guard: a queue of the wrong type fails it having changed nothing. A
--- waiters hash or a token counter of the wrong type, met right after the
--- pop, puts the head back before it fails the script.
+-- It reads before it writes: the queue's head (a queue of the wrong type
+-- fails here), the token counter and the head's record, and only then
+-- takes the head out of the queue.
 local function hand_off(lock, token, queue, waiters, channel, publish, self, vacate)
-  local first = true
   while true do
-    local popped = redis.call('ZPOPMIN', queue)
-    local head = popped[1]
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
     if not head then
       return nil
     end
-    local ok, v = pcall(function()
-      check_counter(token)
-      return redis.call('HMGET', waiters, head, waiter_meta_field(head))
-    end)
-    if not ok then
-      if first then
-        redis.call('ZADD', queue, popped[2], head)
-      end
-      error(v, 0)
-    end
-    first = false
+    check_counter(token)
+    local v = redis.call('HMGET', waiters, head, waiter_meta_field(head))
+    redis.call('ZREM', queue, head)
     local rec = v[1]
     del_waiter(waiters, head)
     if rec then

@@ -44,7 +44,7 @@ if count == 0 then
   return 0
 end
 
--- The hand-off's pop is the first write of a release (see lib.lua,
+-- The hand-off reads what it writes before its first write (see lib.lua,
 -- hand_off); the tombstone's SET replaces a key of any type.
 if not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil, true) then
   redis.call('DEL', lock)

@@ -250,8 +250,8 @@ func TestWrongKeyTypes(t *testing.T) {
 // hands a fair lock over: the lock is taken cleanly, then a key the
 // hand-off meets after the lock's own (queue, waiters' records, token
 // counter) is given a wrong type, with a waiter queued. Unlock must return
-// ErrWrongType having changed none of the lock's keys: the release writes
-// nothing before the hand-off's pop, and puts the popped waiter back.
+// ErrWrongType having changed none of the lock's keys, their TTLs
+// included: the hand-off reads what it writes before its first write.
 func TestWrongKeyTypesOnRelease(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
@@ -276,7 +276,10 @@ func TestWrongKeyTypesOnRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			if suffix != ":queue" {
+				// A waiter that died, alone in a queue with the TTL that
+				// queued waiters keep it alive with.
 				rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
+				rdb.PExpire(ctx, base+":queue", time.Minute)
 			}
 			before := snapshot(t, rdb, keys)
 			err := m.Unlock(ctx)
@@ -285,6 +288,11 @@ func TestWrongKeyTypesOnRelease(t *testing.T) {
 			}
 			if after := snapshot(t, rdb, keys); !equalStrings(before, after) {
 				t.Fatal("Unlock returned ErrWrongType but changed the lock's keys")
+			}
+			if suffix != ":queue" {
+				if ttl := rdb.PTTL(ctx, base+":queue").Val(); ttl <= 0 {
+					t.Fatalf("the queue's PTTL after the failed release is %v, was a minute: the release wrote", ttl)
+				}
 			}
 		})
 	}
