@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,9 +32,9 @@ type LockState struct {
 	// channel (plain waiters) and to their grant channels of the lock
 	// (fair waiters): those with waiters, and those whose last waiter left
 	// less than 2 s ago. A process with waiters of both kinds counts
-	// twice. On a Redis Cluster, those that subscribe with plain pub/sub
-	// (WithPlainPubSub) are counted only on the node that serves the
-	// lock's slot.
+	// twice. On a Redis Cluster, a process that subscribes with plain
+	// pub/sub (WithPlainPubSub) may be connected to any node, so every
+	// node is asked.
 	Subscribers int64
 }
 
@@ -146,7 +147,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...MutexOpti
 		token           *redis.StringCmd
 		queue           *redis.ZSliceCmd
 		now             *redis.TimeCmd
-		subs            func() int64
+		subs            func(context.Context) (int64, error)
 	)
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		owners = p.HGetAll(ctx, k.Hash)
@@ -160,7 +161,11 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...MutexOpti
 	if err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: subs(), Queue: []LockWaiter{}}
+	nsubs, err := subs(ctx)
+	if err != nil {
+		return nil, wrapOp("inspect lock", name, err)
+	}
+	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: nsubs, Queue: []LockWaiter{}}
 	if v := token.Val(); v != "" {
 		if st.LastToken, err = strconv.ParseInt(v, 10, 64); err != nil {
 			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Token + " does not hold a counter"})
@@ -213,7 +218,7 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Sema
 		expiry, queue    *redis.ZSliceCmd
 		size             *redis.StringCmd
 		now              *redis.TimeCmd
-		subs             func() int64
+		subs             func(context.Context) (int64, error)
 	)
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		holders = p.HGetAll(ctx, k.Holders)
@@ -227,7 +232,11 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Sema
 	if err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: subs(),
+	nsubs, err := subs(ctx)
+	if err != nil {
+		return nil, wrapOp("inspect semaphore", name, err)
+	}
+	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: nsubs,
 		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}}
 	if v := size.Val(); v != "" {
 		var ok bool
@@ -298,20 +307,38 @@ func (c *Client) readAll(ctx context.Context, queue func(redis.Pipeliner)) error
 	return nil
 }
 
-// numSub queues the count of the processes subscribed to channel. On a
-// Redis Cluster both ways are counted: the lock's users may subscribe
-// sharded (the default) or not (WithPlainPubSub), whatever this Client
-// does; a process subscribes one way only.
-func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func() int64 {
+// numSub queues the count of the processes subscribed to channel, and
+// returns the function that sums it once the transaction ran. On a Redis
+// Cluster both ways are counted: the lock's users may subscribe sharded
+// (the default) or not (WithPlainPubSub), whatever this Client does; a
+// process subscribes one way only. Sharded subscribers are on the node
+// that serves the channel's slot, counted in the transaction; a plain
+// one may be on any node (PUBLISH reaches every node), so each is asked.
+func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func(context.Context) (int64, error) {
 	pattern := globEscape(channel) + ":*" // the grant channels (schema.Lock.GrantChannel)
-	plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
-	if _, cluster := c.rdb.(*redis.ClusterClient); !cluster {
-		return func() int64 { return plain.Val()[channel] + grantChannels(channel, grants.Val()) }
+	cc, cluster := c.rdb.(*redis.ClusterClient)
+	if !cluster {
+		plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
+		return func(context.Context) (int64, error) {
+			return plain.Val()[channel] + grantChannels(channel, grants.Val()), nil
+		}
 	}
-	sharded, shardGrants := p.PubSubShardNumSub(ctx, channel), p.PubSubShardChannels(ctx, pattern)
-	return func() int64 {
-		return plain.Val()[channel] + sharded.Val()[channel] +
-			grantChannels(channel, grants.Val()) + grantChannels(channel, shardGrants.Val())
+	sharded, grants := p.PubSubShardNumSub(ctx, channel), p.PubSubShardChannels(ctx, pattern)
+	return func(ctx context.Context) (int64, error) {
+		var plain atomic.Int64
+		err := cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+			subs, err := node.PubSubNumSub(ctx, channel).Result()
+			if err != nil {
+				return err
+			}
+			names, err := node.PubSubChannels(ctx, pattern).Result()
+			plain.Add(subs[channel] + grantChannels(channel, names))
+			return err
+		})
+		if err != nil {
+			return 0, redisError(err)
+		}
+		return plain.Load() + sharded.Val()[channel] + grantChannels(channel, grants.Val()), nil
 	}
 }
 
