@@ -62,9 +62,9 @@ type LockWaiter struct {
 	ID     string        // the call's ticket: label "/" client id "-" number
 	Label  string        // whose call, for people (see WithLabel)
 	Waited time.Duration // since it joined the queue, by the server's clock
-	// Heartbeat is the time left before the waiter is skipped unless it
-	// sends a heartbeat (the Client sends one every third of WithHeartbeat);
-	// negative when overdue.
+	// Heartbeat is the time left before the waiter is skipped unless its
+	// Client sends a heartbeat (one for all its waiters of the lock, every
+	// third of WithHeartbeat); negative when overdue.
 	Heartbeat time.Duration
 	// HandoffLease is the lease of a hold handed to it, until its watchdog
 	// takes over.
@@ -190,7 +190,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...MutexOpti
 		id := fmt.Sprint(z.Member)
 		w := LockWaiter{ID: id, Label: schema.Label(id), Waited: since(nowUS, z.Score)}
 		if rec, ok := schema.ParseLockWaiter(waiters.Val()[id]); ok {
-			w.Heartbeat = msUntil(rec.Deadline, st.ServerTime)
+			w.Heartbeat = msUntil(alive(rec.Deadline, waiters.Val(), id), st.ServerTime)
 			w.HandoffLease = time.Duration(rec.Handoff) * time.Millisecond
 			w.Alive = w.Heartbeat >= 0
 			w.Metadata = rec.Metadata
@@ -273,7 +273,7 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Sema
 		w := SemaphoreWaiter{ID: id, Holder: holder, Label: schema.Label(holder), Waited: since(nowUS, z.Score)}
 		if rec, ok := schema.ParseSemWaiter(waiters.Val()[id]); ok {
 			w.Permits = rec.Permits
-			w.Heartbeat = msUntil(rec.Deadline, st.ServerTime)
+			w.Heartbeat = msUntil(alive(rec.Deadline, waiters.Val(), id), st.ServerTime)
 			w.GrantLease = time.Duration(rec.Grant) * time.Millisecond
 			w.Alive = w.Heartbeat >= 0
 		}
@@ -377,6 +377,16 @@ func since(nowUS int64, score float64) time.Duration {
 		return 0
 	}
 	return max(time.Duration(nowUS-int64(score))*time.Microsecond, 0)
+}
+
+// alive returns until when (server time in ms) the waiter id is alive:
+// its own deadline, or its Client's in the waiters hash when that is later
+// (scripts/lib.lua, alive).
+func alive(deadline int64, waiters map[string]string, id string) int64 {
+	if c, err := strconv.ParseInt(waiters[schema.ClientField(id)], 10, 64); err == nil {
+		return max(deadline, c)
+	}
+	return deadline
 }
 
 // msUntil returns the time from now to deadline, in ms by the server clock.

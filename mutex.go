@@ -417,16 +417,17 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 }
 
 // adopt takes the hold that a release handed to the ticket, announced by
-// the message grant ("ticket:token"). Its hand-off lease was set after the
-// last time Redis confirmed the ticket was queued.
+// the message grant ("ticket:token:ms"). Its hand-off lease was set after
+// the last call that Redis ran before the hand-off was sent (see
+// place.confirmed).
 func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
-	token, ours := parseGrant(grant, l.ticket)
+	token, ms, ours := parseGrant(grant, l.ticket)
 	if !ours || l.m.cfg.replicas > 0 {
 		// Not a grant of this call, or one to confirm with the
 		// replicas: the attempt will tell, and take it if it is ours.
 		return false, nil
 	}
-	ok, _, err := l.take(ctx, token, l.confirmed(), l.m.handoffLease(), true)
+	ok, _, err := l.take(ctx, token, l.confirmed(ms), l.m.handoffLease(), true)
 	return ok, err
 }
 
@@ -436,7 +437,7 @@ func (l *lockCall) outlasts(err error) bool { return l.m.c.outlasts(err) }
 // sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(ws *waitSet) {
 	m := l.m
-	l.keepAlive("wait", l.ticket, m.name, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, ws)
+	l.keepAlive("wait", l.ticket, m.name, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, m.handoffLease(), ws)
 }
 
 // changed is closed when another call of the same value takes a hold.

@@ -309,12 +309,7 @@ func TestLoggerWarnings(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to sleep", func() bool {
 		a.wd.mu.Lock()
 		defer a.wd.mu.Unlock()
-		for e := range a.wd.entries {
-			if e.kind == "wait" {
-				return true
-			}
-		}
-		return false
+		return len(a.wd.waiting) == 1
 	})
 	lost := m.Lost()
 	mr.Del("redisync:lock:{logged}")

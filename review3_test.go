@@ -141,11 +141,7 @@ func TestReview3RetriedRotationFailsAcquire(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
 	// Dropped as dead; its next attempt is retried by go-redis.
 	cnt.armReplay(semAcquireScript)
-	waiter := mustHKeys(t, mr, semKey+":waiters")[0]
-	if _, err := mr.ZRem(semKey+":queue", waiter); err != nil {
-		t.Fatal(err)
-	}
-	mr.HDel(semKey+":waiters", waiter)
+	dropAsDead(t, mr, queuedWaiter(t, mr))
 	eventually(t, 5*time.Second, "the waiter to queue again", func() bool {
 		select {
 		case err := <-done:

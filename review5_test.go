@@ -88,11 +88,7 @@ func TestReview5RetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 	if _, err := mr.ZAdd(semKey+":expiry", 1, x.holdID()); err != nil {
 		t.Fatal(err)
 	}
-	waiter := mustHKeys(t, mr, semKey+":waiters")[0]
-	if _, err := mr.ZRem(semKey+":queue", waiter); err != nil {
-		t.Fatal(err)
-	}
-	mr.HDel(semKey+":waiters", waiter)
+	dropAsDead(t, mr, queuedWaiter(t, mr))
 	select {
 	case <-hit:
 	case <-time.After(5 * time.Second):

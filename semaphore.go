@@ -573,10 +573,11 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 }
 
 // adopt takes the permits that a release granted to the call, announced
-// by the message grant ("waiter:permits"). Their grant lease was set after
-// the last time Redis confirmed the call was queued.
+// by the message grant ("waiter:permits:ms"). Their grant lease was set
+// after the last call that Redis ran before the grant was sent (see
+// place.confirmed).
 func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
-	n, ours := parseGrant(grant, a.waiter)
+	n, ms, ours := parseGrant(grant, a.waiter)
 	if !ours || n != a.n || a.s.cfg.replicas > 0 || (a.onto != nil && a.s.current() != a.onto) {
 		// Not a grant of this call, one to confirm with the replicas,
 		// or one to the holding of the value that ended meanwhile
@@ -585,7 +586,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 		// it if it is ours.
 		return false, nil
 	}
-	ok, _, err := a.granted(ctx, n, a.confirmed(), a.s.grantLease())
+	ok, _, err := a.granted(ctx, n, a.confirmed(ms), a.s.grantLease())
 	return ok, err
 }
 
@@ -595,7 +596,7 @@ func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(ws *waitSet) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, s.name, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, ws)
+	a.keepAlive("swait", a.waiter, s.name, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, s.grantLease(), ws)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // contender is one blocking call (Mutex.Lock, Semaphore.Acquire or
@@ -19,8 +21,8 @@ type contender interface {
 	// restarting or failing over), rather than returning err.
 	outlasts(err error) bool
 	// sleeping is called before every sleep: it keeps the call's place
-	// in the queue alive (a heartbeat that nudges ws when it finds the
-	// place gone).
+	// in the queue alive (a heartbeat, shared with the process's other
+	// waiters there, that nudges ws when it must look again).
 	sleeping(ws *waitSet)
 	// adopt takes what a message addressed to the call handed to it. It
 	// reports false when the call must attempt again.
@@ -172,7 +174,8 @@ type place struct {
 	since     time.Time  // when the last call that found it queued was sent
 	unsure    bool       // an attempt may have run without its reply arriving
 	abandoned bool       // an attempt was given up on; its late reply cleans up
-	hb        *keepalive // the heartbeat, while registered
+	hb        *keepalive // the heartbeat of the process's waiters, while joined
+	ws        *waitSet   // the call's waiter set in hb
 }
 
 // joined records an attempt, sent at sent, that queued the call.
@@ -191,29 +194,34 @@ func (p *place) mustWithdraw(err error) bool {
 	return err != nil && !p.abandoned && (p.queued || p.unsure)
 }
 
-// confirmed returns when the last call that found the call queued was
-// sent: the attempt that queued it, or a later heartbeat.
-func (p *place) confirmed() time.Time {
-	if p.hb != nil {
-		return later(p.since, p.wd.confirmed(p.hb))
+// confirmed returns a time before a grant made at the server time ms (0:
+// unknown) to the call: when the last call that Redis ran before it, and
+// that found the call queued, was sent. That is the attempt that queued
+// the call, or a later heartbeat of the process's waiters that ran before
+// the grant (the call was queued until the grant).
+func (p *place) confirmed(ms int64) time.Time {
+	if p.hb != nil && ms > 0 {
+		return later(p.since, p.wd.ranBefore(p.hb, ms))
 	}
 	return p.since
 }
 
-// keepAlive registers the heartbeat of a queued call (kind: "wait" for a
-// fair lock's waiter, "swait" for a semaphore's; owner: its address;
-// name: of what it waits for, for events; keys: its queue, its waiters'
-// records, and what it waits for), unless it runs already. The watchdog
-// nudges ws when it finds the call dequeued (granted, or dropped), or what
-// it waits for free with nobody to announce it.
-func (p *place) keepAlive(kind, owner, name string, keys []string, ttl time.Duration, ws *waitSet) {
-	if !p.queued || (p.hb != nil && p.wd.registered(p.hb)) {
+// keepAlive keeps a queued call alive while it sleeps (kind: "wait" for a
+// fair lock's waiter, "swait" for a semaphore's; address: its ticket or
+// waiter id; name: of what it waits for, for events; keys: its queue, its
+// waiters' records, and what it waits for; ttl: its heartbeat; grant: the
+// lease of what is handed to it), unless it does already. One heartbeat
+// serves all the process's waiters of one queue (watchdog.join), at a
+// third of the shorter of ttl and grant: a grant's lease counts from the
+// last heartbeat before it (see confirmed). It nudges ws when the call
+// must look again: a release may have dropped it as dead, or what it waits
+// for is free with nobody to announce it.
+func (p *place) keepAlive(kind, address, name string, keys []string, ttl, grant time.Duration, ws *waitSet) {
+	if !p.queued || p.hb != nil {
 		return
 	}
-	p.stop() // dropped by the watchdog: the attempt queued the call again
-	hb := &keepalive{kind: kind, owner: owner, name: name, keys: keys, ttl: ttl, renew: true, gone: ws.nudge, free: ws.nudge}
-	if p.wd.add(hb, p.since, ttl) {
-		p.hb = hb
+	if hb := p.wd.join(kind, schema.Client(address), name, keys, ttl, min(ttl, grant)/3, p.since, ws); hb != nil {
+		p.hb, p.ws = hb, ws
 	}
 }
 
@@ -224,20 +232,39 @@ func (p *place) left() {
 	p.stop()
 }
 
-// stop stops the heartbeat, if any.
+// stop stops keeping the call alive, if it was.
 func (p *place) stop() {
 	if p.hb != nil {
-		p.wd.remove(p.hb)
-		p.hb = nil
+		p.wd.leave(p.hb, p.ws)
+		p.hb, p.ws = nil, nil
 	}
 }
 
-// parseGrant splits a grant message "address:value" and reports whether
-// it is addressed to address.
-func parseGrant(grant, address string) (int64, bool) {
+// splitGrant splits a grant message, "address:value:ms" (ms: the server
+// time of the grant), into its parts. A grant published by an earlier
+// version, "address:value", has ms 0. An address has no ':' after its
+// last '/' (see internal/schema, Client).
+func splitGrant(grant string) (address string, value, ms int64, ok bool) {
 	i := strings.LastIndexByte(grant, ':')
-	v, err := strconv.ParseInt(grant[i+1:], 10, 64)
-	return v, err == nil && i >= 0 && grant[:i] == address
+	if i < 0 {
+		return "", 0, 0, false
+	}
+	last, err := strconv.ParseInt(grant[i+1:], 10, 64)
+	if err != nil {
+		return "", 0, 0, false
+	}
+	if j := strings.LastIndexByte(grant[:i], ':'); j > strings.LastIndexByte(grant, '/') {
+		v, err := strconv.ParseInt(grant[j+1:i], 10, 64)
+		return grant[:j], v, last, err == nil
+	}
+	return grant[:i], last, 0, true
+}
+
+// parseGrant returns the value and server time of a grant message, and
+// reports whether it is addressed to address.
+func parseGrant(grant, address string) (value, ms int64, ok bool) {
+	a, v, ms, ok := splitGrant(grant)
+	return v, ms, ok && a == address
 }
 
 // flag is a boolean as a script argument: "1" or "0".

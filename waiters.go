@@ -185,12 +185,12 @@ func (r *registry) deliver(name, payload string) {
 		return
 	}
 	for _, grant := range strings.Fields(payload) {
-		i := strings.LastIndexByte(grant, ':')
-		if i < 0 {
+		address, _, _, ok := splitGrant(grant)
+		if !ok {
 			continue
 		}
 		for _, w := range ch.waiters {
-			if w.ticket == grant[:i] {
+			if w.ticket == address {
 				w.fire(grant)
 			}
 		}

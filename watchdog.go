@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,8 +16,9 @@ const watchdogBatch = 256
 
 // watchdog is the one goroutine of a Client that keeps holds and fair
 // waiters alive: it renews every watchdog-managed lease at a third of its
-// length, heartbeats every queued fair waiter at a third of its heartbeat,
-// and notices when a hold is lost. Entries due at about the same time are
+// length, heartbeats the Client's fair waiters at a third of their
+// heartbeat (one entry per lock or semaphore on which it has waiters, not
+// one per waiter: see join), and notices when a hold is lost. Entries due at about the same time are
 // renewed together in one script call (one per hash slot on a cluster).
 // A hold with a fixed lease is never renewed; the watchdog only reports it
 // lost when its lease has run out.
@@ -43,29 +45,43 @@ type watchdog struct {
 	started bool
 	stopped bool
 	entries map[*keepalive]struct{}
+	waiting map[string]*keepalive   // the waiters' entries, by kind and queue key
 	held    []func(context.Context) // the releases of the holds registered when it stopped
 	next    time.Time               // when run will look next
 }
 
 // keepalive is one entry of the watchdog: a hold (of a lock, or of a
-// semaphore's permits) or a queued waiter.
+// semaphore's permits), or the Client's queued waiters on one lock or
+// semaphore.
 type keepalive struct {
 	kind  string        // the entry's kind in renew.lua: "hold", "sem", "wait" or "swait"
-	owner string        // owner id
-	name  string        // waiter: of its lock or semaphore, for events
+	owner string        // owner id; the Client's id for waiters
+	name  string        // waiters: of their lock or semaphore, for events
 	keys  []string      // its keys in renew.lua, in order
 	ttl   time.Duration // lease of a hold, heartbeat of a waiter
+	every time.Duration // waiters: how often they are heartbeated; for a hold, ttl/3
 	hold  bool          // lost when its deadline passes unrenewed
 	renew bool          // false for a hold with a fixed lease, or past until
 	until time.Time     // hold: no renewal is sent from then on (WithMaxHold); zero: no cap
 
 	due       time.Time             // next renewal
 	deadline  time.Time             // when it runs out in Redis at the earliest; a hold is lost then unless renewed
-	confirmed time.Time             // waiter: when the last call that found it queued was sent
+	confirmed time.Time             // when the last call that set its lease (or heartbeat) was sent
 	busy      bool                  // a renewal of it is in flight
-	gone      func()                // called once, without locks, when dropped by the watchdog
-	free      func()                // waiter: called, without locks, when its lock is found free
+	gone      func()                // hold: called once, without locks, when lost
 	release   func(context.Context) // hold: releases it in Redis, when the Client is closed
+
+	waiters  map[*waitSet]struct{} // waiters: the calls kept alive, nudged when they must look again
+	ran      [4]stamp              // waiters: the last heartbeats, in the order they were sent
+	beat     bool                  // waiters: a heartbeat was sent, which may have written the Client's deadline
+	farewell bool                  // waiters: all have left; the next call removes the Client's deadline
+}
+
+// stamp is a heartbeat of waiters: when it was sent, and the server time
+// (ms) at which it ran.
+type stamp struct {
+	sent time.Time
+	ms   int64
 }
 
 func newWatchdog(rdb redis.UniversalClient, ctx context.Context, ev *events) *watchdog {
@@ -77,6 +93,7 @@ func newWatchdog(rdb redis.UniversalClient, ctx context.Context, ev *events) *wa
 		ev:      ev,
 		poke:    make(chan struct{}, 1),
 		entries: make(map[*keepalive]struct{}),
+		waiting: make(map[string]*keepalive),
 	}
 }
 
@@ -97,10 +114,19 @@ func (e *keepalive) set(sent time.Time, ttl time.Duration) {
 	e.deadline = maxTime(e.deadline, sent.Add(ttl-drift(ttl)))
 	e.confirmed = sent
 	if e.renew {
-		e.due = sent.Add(ttl / 3)
+		e.due = sent.Add(e.interval(ttl))
 	} else {
 		e.due = e.deadline
 	}
+}
+
+// interval returns how long after a call that set e's lease (or
+// heartbeat) to ttl the next is due.
+func (e *keepalive) interval(ttl time.Duration) time.Duration {
+	if e.every > 0 {
+		return e.every
+	}
+	return ttl / 3
 }
 
 // add registers e, scheduled after a call sent at sent set its lease (or
@@ -169,21 +195,97 @@ func (w *watchdog) remove(e *keepalive) {
 	delete(w.entries, e)
 }
 
-// confirmed returns when the last call that found the waiter e queued was
-// sent: a hand-off to it came later.
-func (w *watchdog) confirmed(e *keepalive) time.Time {
+// join keeps the queued call of ws alive, with the Client's other waiters
+// on the same queue (kind "wait" for a fair lock's, "swait" for a
+// semaphore's; owner: the Client's id; name: of what they wait for, for
+// events; keys: the queue, the waiters' records, and what they wait for).
+// One heartbeat serves them all: it moves the Client's deadline in the
+// waiters hash (scripts/lib.lua, CLIENT_FIELD) every ttl/3, and nudges
+// them all when they must look again. every is how often: at most ttl/3,
+// and less when a hold handed to them has a shorter lease (see
+// place.confirmed). sent is when the attempt that queued the call was sent:
+// its own deadline in Redis lasts ttl from then. It returns the entry, or
+// nil when the Client is closed.
+func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time.Duration, sent time.Time, ws *waitSet) *keepalive {
+	key := kind + " " + keys[0]
+	w.mu.Lock()
+	e := w.waiting[key]
+	if e != nil {
+		e.waiters[ws] = struct{}{}
+		e.ttl, e.every = min(e.ttl, ttl), min(e.every, every)
+		// The call's own deadline lasts ttl from sent; the Client's
+		// must be moved before it passes.
+		if due := sent.Add(every); due.Before(e.due) {
+			e.due = due
+			w.pokeIfBefore(e)
+		}
+		w.mu.Unlock()
+		return e
+	}
+	w.mu.Unlock()
+	e = &keepalive{kind: kind, owner: owner, name: name, keys: keys, ttl: ttl, every: every, renew: true,
+		waiters: map[*waitSet]struct{}{ws: {}}}
+	if !w.add(e, sent, ttl) {
+		return nil
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return e.confirmed
+	if other := w.waiting[key]; other != nil {
+		// Another call of the Client joined meanwhile: share its entry.
+		delete(w.entries, e)
+		other.waiters[ws] = struct{}{}
+		other.ttl, other.every = min(other.ttl, ttl), min(other.every, every)
+		if due := sent.Add(every); due.Before(other.due) {
+			other.due = due
+			w.pokeIfBefore(other)
+		}
+		return other
+	}
+	w.waiting[key] = e
+	return e
 }
 
-// registered reports whether e is still an entry: neither removed nor
-// dropped as gone.
-func (w *watchdog) registered(e *keepalive) bool {
+// leave stops keeping ws's call alive on e. The entry goes with its last
+// call; if a heartbeat wrote the Client's deadline, it is removed from
+// Redis by one more call in the next batch (a farewell), so that a lock
+// in constant use does not gather the deadlines of Clients that waited on
+// it once. (A Client that dies between its last waiter leaving and the
+// farewell leaves its deadline until the lock is idle for two
+// heartbeats; one that dies with waiters queued has it removed by the
+// release that drops them.)
+func (w *watchdog) leave(e *keepalive, ws *waitSet) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	_, ok := w.entries[e]
-	return ok
+	delete(e.waiters, ws)
+	key := e.kind + " " + e.keys[0]
+	if len(e.waiters) > 0 || w.waiting[key] != e {
+		return
+	}
+	delete(w.waiting, key)
+	if !e.beat {
+		delete(w.entries, e)
+		return
+	}
+	e.farewell, e.due = true, time.Now()
+	w.pokeIfBefore(e)
+}
+
+// ranBefore returns the send time of the last heartbeat of e that Redis
+// ran before the server time ms, or the zero time if none is known. A
+// hand-off (or grant) at ms came later than that heartbeat was sent: the
+// lease it gave lasts at least that long from then. (Redis expires keys by
+// the same clock, so if the clock stepped back and a heartbeat that ran
+// after the hand-off seems earlier, the lease ends later by as much.)
+func (w *watchdog) ranBefore(e *keepalive, ms int64) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var t time.Time
+	for _, s := range e.ran {
+		if !s.sent.IsZero() && s.ms < ms && s.sent.After(t) {
+			t = s.sent
+		}
+	}
+	return t
 }
 
 // run sends the renewals that are due, and reports lost what is past its
@@ -224,7 +326,7 @@ func (w *watchdog) collect(now time.Time) []renewal {
 			// Renewed for as long as it may be: from now on it is
 			// a hold with a fixed lease, lost at its deadline.
 			e.renew, e.due = false, e.deadline
-		case e.renew && !e.busy && !now.Before(e.due.Add(-e.ttl/18)):
+		case e.renew && !e.busy && !now.Before(e.due.Add(-e.interval(e.ttl)/6)):
 			// A hold's renewal is of use until its lease runs out; a
 			// waiter's heartbeat for as long as Redis keeps its record
 			// (a late one still refreshes it), which is at least a
@@ -234,7 +336,12 @@ func (w *watchdog) collect(now time.Time) []renewal {
 			if e.hold {
 				limit = e.deadline
 			}
-			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: e.ttl, limit: limit})
+			ttl := e.ttl
+			if e.farewell {
+				ttl = 0 // see renew.lua
+			}
+			e.beat = e.beat || e.waiters != nil
+			batch = append(batch, renewal{e: e, kind: e.kind, owner: e.owner, keys: e.keys, ttl: ttl, limit: limit})
 		}
 	}
 	w.mu.Unlock()
@@ -251,8 +358,8 @@ func (w *watchdog) sleep(now time.Time) time.Duration {
 	defer w.mu.Unlock()
 	next := now.Add(time.Hour)
 	for e := range w.entries {
-		if e.renew && !e.busy && e.due.Add(-e.ttl/18).Before(next) {
-			next = e.due.Add(-e.ttl / 18)
+		if e.renew && !e.busy && e.due.Add(-e.interval(e.ttl)/6).Before(next) {
+			next = e.due.Add(-e.interval(e.ttl) / 6)
 		}
 		if e.hold && e.deadline.Before(next) {
 			next = e.deadline
@@ -332,6 +439,9 @@ func (w *watchdog) renew(batch []renewal) {
 	}
 
 	now := time.Now()
+	if err == nil && len(res) != len(batch)+1 {
+		err = fmt.Errorf("redisync: %d replies from the renew script for %d entries", len(res), len(batch))
+	}
 	w.told(batch, res, err, now.Sub(sent))
 	var gone []func()
 	w.mu.Lock()
@@ -342,11 +452,22 @@ func (w *watchdog) renew(batch []renewal) {
 			continue // released or lost meanwhile
 		}
 		switch {
-		case err == nil && i < len(res) && res[i] == 1:
+		case e.farewell && r.ttl == 0:
+			delete(w.entries, e) // sent once, whatever came of it
+		case e.farewell:
+			// A heartbeat sent before the last waiter left: the farewell
+			// goes next.
+		case err == nil && e.waiters != nil:
 			e.set(sent, e.ttl)
-		case err == nil && i < len(res) && res[i] == 2:
+			copy(e.ran[:], e.ran[1:])
+			e.ran[len(e.ran)-1] = stamp{sent: sent, ms: res[len(batch)]}
+			if res[i] != 1 {
+				for ws := range e.waiters {
+					gone = append(gone, ws.nudge)
+				}
+			}
+		case err == nil && res[i] == 1:
 			e.set(sent, e.ttl)
-			gone = append(gone, e.free)
 		case err == nil:
 			delete(w.entries, e)
 			gone = append(gone, e.gone)
@@ -365,7 +486,7 @@ func (w *watchdog) renew(batch []renewal) {
 
 // told tells the events queue about a renewal call of batch that took
 // latency: its success or failure, and the waiters it found with nobody
-// to wake them (once per lock or semaphore).
+// to wake them (once per lock or semaphore: reply 2).
 func (w *watchdog) told(batch []renewal, res []int64, err error, latency time.Duration) {
 	if w.ev == nil {
 		return
@@ -379,7 +500,7 @@ func (w *watchdog) told(batch []renewal, res []int64, err error, latency time.Du
 	w.ev.emit(Event{Kind: KindRenewal, Count: len(batch), Latency: latency})
 	var seen map[string]bool
 	for i, r := range batch {
-		if i >= len(res) || res[i] != 2 || seen[r.keys[2]] {
+		if res[i] != 2 || seen[r.keys[2]] {
 			continue
 		}
 		if seen == nil {
@@ -424,20 +545,28 @@ func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, er
 }
 
 // stop reports every hold still registered as lost, after the Client was
-// closed, keeps their releases for Close, and makes later adds fail.
+// closed, keeps their releases for Close (and the farewells of the
+// waiters' entries whose deadline a heartbeat wrote: see leave), and makes
+// later adds fail.
 func (w *watchdog) stop() {
 	var gone []func()
 	w.mu.Lock()
 	w.stopped = true
 	for e := range w.entries {
-		if e.hold {
+		switch {
+		case e.hold:
 			gone = append(gone, e.gone)
 			if e.release != nil {
 				w.held = append(w.held, e.release)
 			}
+		case e.waiters != nil && e.beat: // left or not
+			w.held = append(w.held, func(ctx context.Context) {
+				_ = renewScript.Run(ctx, w.rdb, e.keys, e.kind, e.owner, 0).Err()
+			})
 		}
 	}
 	clear(w.entries)
+	clear(w.waiting)
 	w.mu.Unlock()
 	for _, f := range gone {
 		f()
@@ -445,7 +574,7 @@ func (w *watchdog) stop() {
 }
 
 // wait waits for run to exit after the Client was closed, and returns the
-// releases of the holds it dropped.
+// releases of the holds it dropped (and the waiters' farewells).
 func (w *watchdog) wait() []func(context.Context) {
 	// From now on no add starts run: an Add racing Wait on a WaitGroup
 	// whose count is zero is a race.

@@ -9,8 +9,10 @@
 --
 -- Waiter records live in a hash (ticket -> "deadline:handoff", and
 -- "{meta}ticket" -> its metadata when it has any: see set_waiter), where
--- deadline is the server time in ms by which the waiter must heartbeat again
--- and handoff is the lease in ms it is given when the lock is handed to it.
+-- deadline is the server time in ms until which the waiter is alive on its
+-- own (set by its attempts) and handoff is the lease in ms it is given when
+-- the lock is handed to it. Beyond its own deadline a waiter lives as long
+-- as its Client's: see CLIENT_FIELD.
 
 -- LAYOUT is the version of the stored layout that these scripts read and
 -- write (internal/schema.Layout). A lock's hash carries it in the field
@@ -78,6 +80,36 @@ end
 -- waiters hash, whose TTL only queued waiters keep alive.
 local function waiter_meta_field(ticket)
   return META_FIELD .. ticket
+end
+
+-- CLIENT_FIELD starts the field of a waiters hash (a lock's, or a
+-- semaphore's) that holds a Client's liveness deadline there:
+-- CLIENT_FIELD .. client -> server time in ms. The Client's watchdog moves
+-- it forward (renew.lua), once per lock or semaphore on which it has
+-- waiters, whatever their number: a waiter is alive while its own deadline
+-- or its Client's has not passed. No ticket or waiter id starts with '{'.
+local CLIENT_FIELD = '{client}'
+
+-- client_of returns the client id in a ticket ("label/client-n"), a hold
+-- id, or a semaphore waiter id ("label/client-n#m") (internal/schema,
+-- Client).
+local function client_of(id)
+  local c = string.match(id, '[^/]*$')
+  c = string.match(c, '^(.*)#') or c
+  return string.match(c, '^(.*)%-') or c
+end
+
+-- client_field returns the field of the waiters hash that holds the
+-- liveness deadline of id's Client.
+local function client_field(id)
+  return CLIENT_FIELD .. client_of(id)
+end
+
+-- alive reports whether a waiter is alive at now (ms): its own deadline,
+-- or its Client's (a value read from client_field, or false), has not
+-- passed.
+local function alive(deadline, client, now)
+  return (deadline and deadline >= now) or (tonumber(client) or -1) >= now
 end
 
 -- set_waiter writes a waiter's record and its metadata ('' for none), in
@@ -194,17 +226,17 @@ end
 -- the id's client (internal/schema, Client). Only the grantee's process
 -- subscribes to it, so only it is woken.
 local function grant_channel(channel, id)
-  local c = string.match(id, '[^/]*$')
-  c = string.match(c, '^(.*)#') or c
-  return channel .. ':' .. (string.match(c, '^(.*)%-') or c)
+  return channel .. ':' .. client_of(id)
 end
 
--- hand_off gives the free lock to the first live waiter of the queue. Dead
--- waiters (heartbeat deadline passed) met on the way are dropped. The new
--- owner gets a hold count of 1, its hand-off lease and a fresh fencing token,
--- and "ticket:token" is published on its client's grant channel (see
--- grant_channel) unless the new owner is self (the caller, who reads the
--- token from the reply). With vacate set the lock still holds the caller's
+-- hand_off gives the free lock to the first live waiter of the queue (see
+-- alive). Dead waiters met on the way are dropped, with their Client's
+-- deadline. The new owner gets a
+-- hold count of 1, its hand-off lease and a fresh fencing token, and
+-- "ticket:token:ms" (ms: the server time of the hand-off, which tells the
+-- grantee which of its Client's heartbeats ran before it) is published on
+-- its client's grant channel (see grant_channel) unless the new owner is
+-- self (the caller, who reads the token from the reply). With vacate set the lock still holds the caller's
 -- hold, which goes just before the grant (and stays when nobody live is
 -- waiting). It returns the new owner and its token, or nil when nobody
 -- live is waiting.
@@ -219,23 +251,29 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self, vac
       return nil
     end
     check_counter(token)
-    local v = redis.call('HMGET', waiters, head, waiter_meta_field(head))
+    local v = redis.call('HMGET', waiters, head, waiter_meta_field(head), client_field(head))
     redis.call('ZREM', queue, head)
     local rec = v[1]
     del_waiter(waiters, head)
     if rec then
       local deadline, handoff, meta = parse_waiter(rec)
       meta = v[2] or meta
-      if deadline and deadline >= now_ms() then
+      if handoff and alive(deadline, v[3], now_ms()) then
         if vacate then
           redis.call('DEL', lock)
         end
         local t = grant(lock, token, head, handoff, meta)
         if head ~= self then
-          redis.call(publish, grant_channel(channel, head), head .. ':' .. string.format('%d', t))
+          redis.call(publish, grant_channel(channel, head), head .. ':' .. string.format('%d', t) .. ':' .. now_ms())
         end
         return head, t
       end
+    end
+    if v[3] and not alive(false, v[3], now_ms()) then
+      -- Its Client's deadline has passed: that Client is dead, or its
+      -- heartbeats stalled (its next one finds the deadline gone, which
+      -- tells the same as passed). Either way it goes with its waiter.
+      redis.call('HDEL', waiters, client_field(head))
     end
   end
 end

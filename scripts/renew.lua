@@ -1,3 +1,34 @@
+-- renew.lua: the watchdog's batch: extend held leases and keep Clients'
+-- fair waiters alive, for many locks in one call.
+--
+-- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for the fair
+-- waiters of a lock or "swait" for those of a semaphore), owner (the hold's
+-- or semaphore holder's id; for waiters, the Client's id), ms (the lease of
+-- a hold, the heartbeat ttl of waiters; 0 for waiters is a farewell: the
+-- Client has no waiters there any more, and its deadline goes). KEYS holds the entries' keys in the
+-- same order: two for a hold (its lock hash and its fencing token counter,
+-- kept as long as the lease: see lib.lua, mint), three for a semaphore
+-- holder (its holders hash, expiry zset and size, which live as long as it
+-- holds), three for waiters (the queue, the waiters hash, and the lock hash
+-- or the semaphore's holders hash).
+--
+-- A hold is extended only while its owner still holds the lock, and never
+-- shortened (a longer lease set by Mutex.Extend stays); a semaphore
+-- holder only while it holds permits whose lease has not ended (an ended one
+-- is left for the semaphore's next script to reclaim). Waiters are kept
+-- alive by their Client's deadline (lib.lua, CLIENT_FIELD), one entry per
+-- lock and Client however many of its waiters are queued: its cost does not
+-- grow with the queue. A key of the wrong type counts as gone for its entry
+-- alone.
+--
+-- Reply: one integer per entry, then the server time in ms. For a hold: 1
+-- renewed, 0 gone (lost). For waiters: 1 kept alive; otherwise each of them
+-- must look again itself, since its wake-up may never come: 3 kept alive,
+-- but the Client's deadline had passed (or was not there yet), so a
+-- release may have dropped some of them as dead; 2 kept alive, but the
+-- lock or semaphore is held by nobody (a hand-off to a waiter that died
+-- ran out), or (a semaphore) a dead waiter heads its queue; 0 the waiters
+-- hash is of the wrong type.
 -- renew.lua: the watchdog's batch: extend held leases and refresh fair
 -- waiters' heartbeats, for many locks in one call.
 --
@@ -26,7 +57,6 @@
 -- ran out), or a dead waiter heads its queue.
 local out = {}
 local k = 1
-local now = nil
 for i = 1, #ARGV, 3 do
   local kind, owner, ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local ok = 0
@@ -47,7 +77,7 @@ for i = 1, #ARGV, 3 do
   elseif kind == 'sem' then
     local holders, expiry, size = KEYS[k], KEYS[k + 1], KEYS[k + 2]
     k = k + 3
-    now = now or now_ms()
+    local now = now_ms()
     local rec = redis.pcall('HGET', holders, owner)
     local e = redis.pcall('ZSCORE', expiry, owner)
     if type(rec) == 'string' and type(e) == 'string' and tonumber(e) > now then
@@ -64,33 +94,45 @@ for i = 1, #ARGV, 3 do
   else
     local queue, waiters, lock = KEYS[k], KEYS[k + 1], KEYS[k + 2]
     k = k + 3
-    local rec = redis.pcall('HGET', waiters, owner)
-    if type(rec) == 'string' then
-      now = now or now_ms()
-      redis.call('HSET', waiters, owner, (now + ms) .. (string.match(rec, '^%d+(:.*)$') or ''))
-      if redis.pcall('TYPE', queue)['ok'] == 'zset' then
+    local field = CLIENT_FIELD .. owner
+    local d = redis.pcall('HGET', waiters, field)
+    if ms == 0 then
+      -- A farewell: the Client has no waiters here any more.
+      if type(d) == 'string' then
+        redis.call('HDEL', waiters, field)
+      end
+      ok = 1
+    elseif type(d) ~= 'table' then -- not an error: a hash, or no key
+      local now = now_ms()
+      redis.call('HSET', waiters, field, now + ms)
+      keep_alive(waiters, 2 * ms)
+      local zset = redis.pcall('TYPE', queue)['ok'] == 'zset'
+      if zset then
         keep_alive(queue, 2 * ms)
       end
-      keep_alive(waiters, 2 * ms)
       ok = 1
       if redis.call('EXISTS', lock) == 0 then
         ok = 2
-      elseif kind == 'swait' and redis.pcall('TYPE', queue)['ok'] == 'zset' then
-        -- A dead waiter at the head (its heartbeat deadline passed) is
-        -- dropped only by a script that serves the queue: a semaphore's
-        -- waiter behind it whose request fits would sleep on until a
-        -- lease ends. Tell it to look again; its attempt serves the queue.
-        -- (A fair lock's release drops dead waiters as it hands over.)
+      elseif kind == 'swait' and zset then
+        -- A dead waiter at the head is dropped only by a script that
+        -- serves the queue: a semaphore's waiter behind it whose request
+        -- fits would sleep on until a lease ends. Have them look again;
+        -- an attempt serves the queue. (A fair lock's release drops dead
+        -- waiters as it hands over.)
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
-        if head and head ~= owner then
-          local d = tonumber(string.match(redis.pcall('HGET', waiters, head) or '', '^(%d+):'))
-          if not d or d < now then
+        if head and client_of(head) ~= owner then
+          local v = redis.call('HMGET', waiters, head, client_field(head))
+          if not alive(tonumber(string.match(v[1] or '', '^(%d+):')), v[2], now) then
             ok = 2
           end
         end
+      end
+      if ok == 1 and (tonumber(d) or -1) < now then
+        ok = 3
       end
     end
   end
   out[#out + 1] = ok
 end
+out[#out + 1] = now_ms()
 return out

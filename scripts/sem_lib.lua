@@ -13,10 +13,12 @@
 --            Acquire (see lib.lua)
 --   queue:   zset waiter id -> when it joined (lib.lua, join_queue); a waiter id is
 --            "holder id#call number", one per blocked Acquire
---   waiters: hash waiter id -> "deadline:lease:permits:seq": heartbeat
---            deadline (ms of server time), the lease its permits get when
---            granted, how many it wants, and the number of the call that
---            queued it (or last found it queued): a grant applies that call
+--   waiters: hash waiter id -> "deadline:lease:permits:seq": the deadline
+--            (ms of server time) until which it is alive on its own, the
+--            lease its permits get when granted, how many it wants, and the
+--            number of the call that queued it (or last found it queued): a
+--            grant applies that call; and a Client's liveness deadline (see
+--            lib.lua, CLIENT_FIELD)
 -- Holders whose lease has ended are removed by every script call before it
 -- does anything else.
 
@@ -120,10 +122,11 @@ local function sem_used(k)
 end
 
 -- sem_serve grants queued waiters from the head, as many as the free permits
--- cover, in order, dropping dead waiters (heartbeat deadline passed) on the
--- way; a waiter that does not fit stops it (no overtaking). The granted
--- waiters other than self are named in one message "waiter:permits ..."
--- per client, on its grant channel (see lib.lua, grant_channel).
+-- cover, in order, dropping dead waiters (see lib.lua, alive) on the way; a
+-- waiter that does not fit stops it (no overtaking). The granted waiters
+-- other than self are named in one message "waiter:permits:ms ..." per
+-- client, on its grant channel (see lib.lua, grant_channel; ms is the
+-- server time of the grant).
 -- self (a waiter id or false) is granted with lease selflease and call
 -- number seq. It returns the permits in use afterwards and whether self was
 -- granted.
@@ -135,14 +138,19 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
     if not head then
       break
     end
-    local d, l, w, q = string.match(redis.call('HGET', k.waiters, head) or '', '^(%d+):(%d+):(%d+):(%d+)$')
-    local deadline, lease, want = tonumber(d), tonumber(l), tonumber(w)
-    if want and deadline >= now and used + want > size then
+    local v = redis.call('HMGET', k.waiters, head, client_field(head))
+    local d, l, w, q = string.match(v[1] or '', '^(%d+):(%d+):(%d+):(%d+)$')
+    local lease, want = tonumber(l), tonumber(w)
+    local live = want and alive(tonumber(d), v[2], now)
+    if live and used + want > size then
       break
     end
     redis.call('ZREM', k.queue, head)
     redis.call('HDEL', k.waiters, head)
-    if want and deadline >= now then
+    if v[2] and not alive(false, v[2], now) then
+      redis.call('HDEL', k.waiters, client_field(head)) -- as in lib.lua, hand_off
+    end
+    if live then
       local holder = sem_holder(head)
       local permits, s = sem_parse(redis.call('HGET', k.holders, holder))
       if head == self then
@@ -153,7 +161,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
         if not msgs[ch] then
           msgs[ch], order[#order + 1] = {}, ch
         end
-        table.insert(msgs[ch], head .. ':' .. want)
+        table.insert(msgs[ch], head .. ':' .. want .. ':' .. now)
       end
       sem_put(k, holder, permits + want, s)
       sem_lease(k, holder, now, lease)

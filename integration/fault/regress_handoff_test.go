@@ -57,7 +57,7 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 			})
 			// Let it finish its attempts, so that the release reaches it as
 			// a message (the path of the finding).
-			settle(t, px, 3*latency, 5*time.Second)
+			settle(t, admin, name, 3*latency, 5*time.Second)
 			if tc.halfOpen {
 				px.SetBlackholeRequests(true)
 			}

@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
-	"github.com/redisync/redisync/internal/redistest"
 )
 
 // Helpers of the regression tests named TestFinding*: each of those
@@ -58,13 +58,29 @@ func grab(t *testing.T, m *redisync.Mutex, lost <-chan struct{}, d time.Duration
 	return time.Time{}, false
 }
 
-// settle waits until px has read nothing from its clients for quiet: a
-// waiter behind it has made its attempts and sleeps (it sends nothing but
-// heartbeats, which the callers space further apart than quiet).
-func settle(t *testing.T, px *redistest.Proxy, quiet, d time.Duration) {
+// settle waits until the fair waiters of the lock name have made their
+// attempts and sleep: their records in the lock's waiters hash, which
+// every attempt writes and heartbeats leave alone (those move their
+// Client's deadline), stay as they are for quiet.
+func settle(t *testing.T, rdb *redis.Client, name string, quiet, d time.Duration) {
 	t.Helper()
-	eventually(t, d, "the clients behind the proxy to fall quiet", func() bool {
-		return time.Since(px.LastRead(true)) > quiet
+	var last map[string]string
+	changed := time.Now()
+	eventually(t, d, "the waiters to make their attempts", func() bool {
+		all, err := rdb.HGetAll(ctx, lockKey(name)+":waiters").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		records := map[string]string{}
+		for field, v := range all {
+			if !strings.HasPrefix(field, "{") {
+				records[field] = v
+			}
+		}
+		if !maps.Equal(records, last) {
+			last, changed = records, time.Now()
+		}
+		return time.Since(changed) > quiet
 	})
 }
 

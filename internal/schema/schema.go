@@ -223,6 +223,13 @@ const MetaField = "{meta}"
 // with '{'.
 func WaiterMetaField(ticket string) string { return MetaField + ticket }
 
+// ClientField returns the field of a waiters hash (a lock's or a
+// semaphore's) that holds the liveness deadline of the Client of id (a
+// ticket or a semaphore waiter id): the server time in ms until which its
+// waiters are alive, whatever their own records say. No ticket or waiter
+// id starts with '{'.
+func ClientField(id string) string { return "{client}" + Client(id) }
+
 // HandoffPrefix starts every hand-off handle: the hold id under which a
 // hold waits, in the lock's hash, for the process it is handed to. No hold
 // id starts with '{'.

@@ -1,0 +1,320 @@
+package redisync
+
+import (
+	"errors"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/redisync/redisync/internal/schema"
+)
+
+// queuedTickets returns the tickets in the queue of the lock keys k.
+func queuedTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []string {
+	t.Helper()
+	if !mr.Exists(k.Queue) {
+		return nil
+	}
+	m, err := mr.ZMembers(k.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// lockAsync runs m.Lock in a goroutine and returns its outcome's channel.
+func lockAsync(m *Mutex) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- m.Lock(ctx) }()
+	return done
+}
+
+// The fair waiters of one Client on one lock are kept alive by one
+// heartbeat, which moves the Client's deadline and leaves their own
+// records alone: its cost does not grow with their number.
+func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	k := schema.LockKeys("redisync", "shared")
+	holder := c.NewMutex("shared")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	var ms []*Mutex
+	var dones []<-chan error
+	for range n {
+		m := c.NewMutex("shared")
+		ms = append(ms, m)
+		dones = append(dones, lockAsync(m))
+	}
+	eventually(t, 5*time.Second, "the waiters to queue and sleep", func() bool {
+		return len(queuedTickets(t, mr, k)) == n && asleep(c) == n
+	})
+	c.wd.mu.Lock()
+	entries := len(c.wd.waiting)
+	c.wd.mu.Unlock()
+	if entries != 1 {
+		t.Fatalf("%d watchdog entries for %d waiters of one Client on one lock; want 1", entries, n)
+	}
+	// The first heartbeat finds no deadline of the Client yet, and has them
+	// all look again once (a release may have dropped them); from then on
+	// their records stay as they are while the Client's deadline moves.
+	field := schema.ClientField(queuedTickets(t, mr, k)[0])
+	records := func() map[string]string {
+		m := map[string]string{}
+		for _, ticket := range queuedTickets(t, mr, k) {
+			m[ticket] = mr.HGet(k.Waiters, ticket)
+		}
+		return m
+	}
+	before, seen := records(), map[string]bool{}
+	eventually(t, 5*time.Second, "three heartbeats that leave the waiters' records alone", func() bool {
+		if now := records(); !maps.Equal(now, before) {
+			before, seen = now, map[string]bool{}
+		}
+		if v := mr.HGet(k.Waiters, field); v != "" {
+			seen[v] = true
+		}
+		return len(seen) >= 3
+	})
+	// Their own deadlines have passed; the Client's keeps them alive, and
+	// each is served in turn.
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	served := merge(dones)
+	for range n {
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a live waiter was not served")
+		}
+		for _, m := range ms {
+			if m.current() != nil {
+				if err := m.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// With its last waiter gone, the Client's deadline goes too.
+	eventually(t, 5*time.Second, "the waiters hash to go", func() bool { return !mr.Exists(k.Waiters) })
+}
+
+// A Client closed while its waiters are queued removes its deadline.
+func TestClosedClientRemovesItsDeadline(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	a := newClient(t, rdb)
+	b := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	k := schema.LockKeys("redisync", "closed")
+	holder := a.NewMutex("closed")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := lockAsync(b.NewMutex("closed"))
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return len(queuedTickets(t, mr, k)) == 1 })
+	field := schema.ClientField(queuedTickets(t, mr, k)[0])
+	eventually(t, 5*time.Second, "a heartbeat", func() bool { return mr.HGet(k.Waiters, field) != "" })
+	_ = b.Close()
+	if err := result(t, done); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Lock: %v, want ErrClosed", err)
+	}
+	if mr.Exists(k.Waiters) && mr.HGet(k.Waiters, field) != "" {
+		t.Fatalf("the closed Client left its deadline: %v", mustHKeys(t, mr, k.Waiters))
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// merge returns a channel that receives from any of chans.
+func merge(chans []<-chan error) <-chan error {
+	out := make(chan error, len(chans))
+	for _, ch := range chans {
+		go func() {
+			if err, ok := <-ch; ok {
+				out <- err
+			}
+		}()
+	}
+	return out
+}
+
+// A fair waiter dropped as dead by a release (its own deadline and its
+// Client's had passed: its heartbeats stalled) is told by the next
+// heartbeat, which finds the Client's deadline passed, and queues again.
+func TestMutexWaiterDroppedAsDeadQueuesAgain(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	k := schema.LockKeys("redisync", "dropped")
+	holder, w := c.NewMutex("dropped"), c.NewMutex("dropped")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := lockAsync(w)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool {
+		return len(queuedTickets(t, mr, k)) == 1 && asleep(c) == 1
+	})
+	ticket := queuedTickets(t, mr, k)[0]
+	if _, err := mr.ZRem(k.Queue, ticket); err != nil {
+		t.Fatal(err)
+	}
+	mr.HDel(k.Waiters, ticket)
+	mr.HSet(k.Waiters, schema.ClientField(ticket), "1")
+	eventually(t, 5*time.Second, "the waiter to queue again", func() bool {
+		q := queuedTickets(t, mr, k)
+		return len(q) == 1 && q[0] != ticket
+	})
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A hand-off's lease counts from the hand-off. A waiter that waited many
+// heartbeats longer than that lease still takes the hold from its grant
+// message: its deadline counts from the last heartbeat of its Client that
+// ran before the hand-off, not from when it queued (which would find the
+// lease run out, give the hold back and queue again under a new ticket).
+func TestHandoffAfterLongWaitIsAdoptedFromItsMessage(t *testing.T) {
+	for _, sem := range []bool{false, true} {
+		t.Run(map[bool]string{false: "mutex", true: "semaphore"}[sem], func(t *testing.T) {
+			mr, rdb, _ := newMini(t)
+			const hb = 30 * time.Millisecond
+			c := newClient(t, rdb, WithHeartbeat(hb), WithRecheck(time.Hour))
+			if sem {
+				adoptsAfterLongWaitSemaphore(t, mr, c, hb)
+			} else {
+				adoptsAfterLongWaitMutex(t, mr, c, hb)
+			}
+		})
+	}
+}
+
+func adoptsAfterLongWaitMutex(t *testing.T, mr *miniredis.Miniredis, c *Client, hb time.Duration) {
+	k := schema.LockKeys("redisync", "long")
+	holder, w := c.NewMutex("long"), c.NewMutex("long")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := lockAsync(w)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool {
+		return len(queuedTickets(t, mr, k)) == 1 && asleep(c) == 1
+	})
+	ticket := queuedTickets(t, mr, k)[0]
+	waitHeartbeats(t, mr, k.Waiters, schema.ClientField(ticket), 10*hb)
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.holdID(); got != ticket {
+		t.Errorf("the hold is %s, not the ticket %s it was handed to: the hand-off was given back", got, ticket)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func adoptsAfterLongWaitSemaphore(t *testing.T, mr *miniredis.Miniredis, c *Client, hb time.Duration) {
+	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	if err := holder.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(ctx, w, 1)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
+	waiter := queuedWaiter(t, mr)
+	waitHeartbeats(t, mr, semKey+":waiters", schema.ClientField(waiter), 10*hb)
+	withdrawn := mr.Exists(semKey + ":withdrawn")
+	if err := holder.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if !withdrawn && mr.Exists(semKey+":withdrawn") {
+		members, _ := mr.ZMembers(semKey + ":withdrawn")
+		t.Errorf("withdrawn after the grant: %v; the grant was given back", members)
+	}
+	if err := w.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitHeartbeats waits until the Client deadline in field of the waiters
+// hash has moved for at least d.
+func waitHeartbeats(t *testing.T, mr *miniredis.Miniredis, waiters, field string, d time.Duration) {
+	t.Helper()
+	start := time.Now()
+	seen := map[string]bool{}
+	eventually(t, 5*time.Second, "heartbeats for "+d.String(), func() bool {
+		if v := mr.HGet(waiters, field); v != "" {
+			seen[v] = true
+		}
+		return time.Since(start) >= d && len(seen) >= 3
+	})
+}
+
+// A grant message names its address, its value and the server time of the
+// grant; one of an earlier version has no time.
+func TestSplitGrant(t *testing.T) {
+	for _, tc := range []struct {
+		grant, address string
+		value, ms      int64
+		ok             bool
+	}{
+		{"app:x/c-1-2-3-4:17:1700000000000", "app:x/c-1-2-3-4", 17, 1700000000000, true},
+		{"app:x/c-1-2-3-4:17", "app:x/c-1-2-3-4", 17, 0, true},
+		{"a/b/c-9#3:2:1700000000001", "a/b/c-9#3", 2, 1700000000001, true},
+		{"a/c-9#3:2", "a/c-9#3", 2, 0, true},
+		{"a/c-9:x", "", 0, 0, false},
+		{"nocolon", "", 0, 0, false},
+	} {
+		a, v, ms, ok := splitGrant(tc.grant)
+		if ok != tc.ok || (ok && (a != tc.address || v != tc.value || ms != tc.ms)) {
+			t.Errorf("splitGrant(%q) = %q, %d, %d, %v; want %q, %d, %d, %v", tc.grant, a, v, ms, ok, tc.address, tc.value, tc.ms, tc.ok)
+		}
+	}
+	if _, _, ok := parseGrant("a/c-1:5:9", "a/c-2"); ok {
+		t.Error("a grant to a/c-1 taken as a/c-2's")
+	}
+}
+
+// A release that drops a dead waiter drops its Client's deadline with it,
+// so that a lock in constant use does not gather those of dead Clients.
+func TestReleaseDropsDeadClientsDeadline(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	k := schema.LockKeys("redisync", "dead")
+	m := c.NewMutex("dead")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const dead = "app/deadclient-1"
+	if _, err := mr.ZAdd(k.Queue, 1, dead); err != nil {
+		t.Fatal(err)
+	}
+	mr.HSet(k.Waiters, dead, "1:3000")
+	mr.HSet(k.Waiters, schema.ClientField(dead), "1")
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if mr.Exists(k.Waiters) {
+		t.Fatalf("left in the waiters hash: %v", mustHKeys(t, mr, k.Waiters))
+	}
+	if mr.Exists(k.Hash) {
+		t.Fatal("the lock was handed to a dead waiter")
+	}
+}
