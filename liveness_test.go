@@ -36,7 +36,7 @@ func lockAsync(m *Mutex) <-chan error {
 // records alone: its cost does not grow with their number.
 func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithHeartbeat(150*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "shared")
 	holder := c.NewMutex("shared")
 	if err := holder.Lock(ctx); err != nil {
@@ -191,7 +191,9 @@ func TestHandoffAfterLongWaitIsAdoptedFromItsMessage(t *testing.T) {
 	for _, sem := range []bool{false, true} {
 		t.Run(map[bool]string{false: "mutex", true: "semaphore"}[sem], func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
-			const hb = 30 * time.Millisecond
+			// Long enough that a loaded machine delivers the grant well
+			// within the hand-off lease (the heartbeat).
+			const hb = 500 * time.Millisecond
 			c := newClient(t, rdb, WithHeartbeat(hb), WithRecheck(time.Hour))
 			if sem {
 				adoptsAfterLongWaitSemaphore(t, mr, c, hb)
@@ -213,7 +215,7 @@ func adoptsAfterLongWaitMutex(t *testing.T, mr *miniredis.Miniredis, c *Client, 
 		return len(queuedTickets(t, mr, k)) == 1 && asleep(c) == 1
 	})
 	ticket := queuedTickets(t, mr, k)[0]
-	waitHeartbeats(t, mr, k.Waiters, schema.ClientField(ticket), 10*hb)
+	waitHeartbeats(t, mr, k.Waiters, schema.ClientField(ticket), 4*hb)
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func adoptsAfterLongWaitSemaphore(t *testing.T, mr *miniredis.Miniredis, c *Clie
 	done := acquireAsync(ctx, w, 1)
 	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
 	waiter := queuedWaiter(t, mr)
-	waitHeartbeats(t, mr, semKey+":waiters", schema.ClientField(waiter), 10*hb)
+	waitHeartbeats(t, mr, semKey+":waiters", schema.ClientField(waiter), 4*hb)
 	withdrawn := mr.Exists(semKey + ":withdrawn")
 	if err := holder.Release(ctx, 1); err != nil {
 		t.Fatal(err)
