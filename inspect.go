@@ -383,7 +383,8 @@ func since(nowUS int64, score float64) time.Duration {
 // its own deadline, or its Client's in the waiters hash when that is later
 // (scripts/lib.lua, alive).
 func alive(deadline int64, waiters map[string]string, id string) int64 {
-	if c, err := strconv.ParseInt(waiters[schema.ClientField(id)], 10, 64); err == nil {
+	v, _, _ := strings.Cut(waiters[schema.ClientField(id)], ":") // "ms", or "ms:L" (scripts/renew.lua)
+	if c, err := strconv.ParseInt(v, 10, 64); err == nil {
 		return max(deadline, c)
 	}
 	return deadline

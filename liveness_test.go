@@ -320,3 +320,84 @@ func TestReleaseDropsDeadClientsDeadline(t *testing.T) {
 		t.Fatal("the lock was handed to a dead waiter")
 	}
 }
+
+// A heartbeat that finds its Client's deadline passed reports it twice in
+// a row: when go-redis runs it again after losing its reply, the run whose
+// reply arrives still tells the waiters to look again.
+func TestLapseReportedByTwoHeartbeats(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	k := schema.LockKeys("redisync", "lapse")
+	mr.HSet(k.Hash, "app/other-1", "1")
+	field := schema.ClientField("app/me-1")
+	mr.HSet(k.Waiters, field, "1") // passed long ago
+	beat := func() int64 {
+		t.Helper()
+		res, err := renewScript.Run(ctx, rdb, []string{k.Queue, k.Waiters, k.Hash}, "wait", "me", 3000).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	if r1, r2, r3 := beat(), beat(), beat(); r1 != 3 || r2 != 3 || r3 != 1 {
+		t.Fatalf("heartbeats after a lapse replied %d, %d, %d; want 3, 3, 1", r1, r2, r3)
+	}
+	mr.HSet(k.Waiters, "app/me-2", "1:3000") // its own deadline passed too
+	if _, err := mr.ZAdd(k.Queue, 1, "app/me-2"); err != nil {
+		t.Fatal(err)
+	}
+	var ins *LockState
+	ins, err := newClient(t, rdb).InspectLock(ctx, "lapse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ins.Queue) != 1 || !ins.Queue[0].Alive {
+		t.Fatalf("inspect: %+v; want the waiter alive by its Client's deadline", ins.Queue)
+	}
+}
+
+// ranBefore takes only heartbeats that ran strictly before the grant.
+func TestRanBeforeSkipsHeartbeatsAfterTheGrant(t *testing.T) {
+	w := &watchdog{}
+	t0 := time.Now()
+	e := &keepalive{ran: [4]stamp{{}, {sent: t0, ms: 100}, {sent: t0.Add(time.Second), ms: 200}, {sent: t0.Add(2 * time.Second), ms: 300}}}
+	if got := w.ranBefore(e, 200); !got.Equal(t0) {
+		t.Fatalf("ranBefore(200) = %v, want the heartbeat that ran at 100 (sent %v)", got, t0)
+	}
+	if got := w.ranBefore(e, 100); !got.IsZero() {
+		t.Fatalf("ranBefore(100) = %v, want none", got)
+	}
+}
+
+// Once a waiter's own deadline has passed, its Client's alone keeps it
+// alive: the release hands the lock to that very ticket.
+func TestClientDeadlineAloneKeepsWaiterAlive(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithHeartbeat(150*time.Millisecond), WithRecheck(time.Hour))
+	k := schema.LockKeys("redisync", "alone")
+	holder, m := c.NewMutex("alone"), c.NewMutex("alone")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := lockAsync(m)
+	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool {
+		return len(queuedTickets(t, mr, k)) == 1 && asleep(c) == 1
+	})
+	ticket := queuedTickets(t, mr, k)[0]
+	eventually(t, 5*time.Second, "its own deadline to pass", func() bool {
+		rec, ok := schema.ParseLockWaiter(mr.HGet(k.Waiters, ticket))
+		q := queuedTickets(t, mr, k)
+		return ok && time.Now().UnixMilli() > rec.Deadline+50 && len(q) == 1 && q[0] == ticket
+	})
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.holdID(); got != ticket {
+		t.Fatalf("held under %s, not %s: the waiter was dropped though its Client's deadline was current", got, ticket)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

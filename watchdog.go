@@ -249,10 +249,10 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 // call; if a heartbeat wrote the Client's deadline, it is removed from
 // Redis by one more call in the next batch (a farewell), so that a lock
 // in constant use does not gather the deadlines of Clients that waited on
-// it once. (A Client that dies between its last waiter leaving and the
-// farewell leaves its deadline until the lock is idle for two
-// heartbeats; one that dies with waiters queued has it removed by the
-// release that drops them.)
+// it once. (A release that drops a dead Client's waiter removes that
+// Client's deadline; one that dies between its last waiter leaving and the
+// farewell, or whose live-looking waiter is handed the lock, leaves it
+// until the lock is idle for two heartbeats: see docs/design.md.)
 func (w *watchdog) leave(e *keepalive, ws *waitSet) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -473,8 +473,13 @@ func (w *watchdog) renew(batch []renewal) {
 			gone = append(gone, e.gone)
 		default:
 			// Try again soon; run reports the hold lost if its
-			// deadline passes first.
+			// deadline passes first. A heartbeat of waiters may have run
+			// without its reply arriving: they look again, in case it
+			// found their Client's deadline passed.
 			e.due = now.Add(min(max(e.ttl/10, time.Millisecond), time.Second))
+			for ws := range e.waiters {
+				gone = append(gone, ws.nudge)
+			}
 		}
 		w.pokeIfBefore(e)
 	}

@@ -105,11 +105,18 @@ local function client_field(id)
   return CLIENT_FIELD .. client_of(id)
 end
 
+-- deadline_of returns the deadline in a Client's field ("ms", or "ms:L"
+-- while a lapse is being reported: see renew.lua), or nil.
+local function deadline_of(v)
+  local ms = type(v) == 'string' and string.match(v, '^(%d+)')
+  return ms and tonumber(ms) or nil
+end
+
 -- alive reports whether a waiter is alive at now (ms): its own deadline,
 -- or its Client's (a value read from client_field, or false), has not
 -- passed.
 local function alive(deadline, client, now)
-  return (deadline and deadline >= now) or (tonumber(client) or -1) >= now
+  return (deadline and deadline >= now) or (deadline_of(client) or -1) >= now
 end
 
 -- set_waiter writes a waiter's record and its metadata ('' for none), in

@@ -25,36 +25,10 @@
 -- renewed, 0 gone (lost). For waiters: 1 kept alive; otherwise each of them
 -- must look again itself, since its wake-up may never come: 3 kept alive,
 -- but the Client's deadline had passed (or was not there yet), so a
--- release may have dropped some of them as dead; 2 kept alive, but the
+-- release may have dropped some of them as dead (told twice: see below); 2 kept alive, but the
 -- lock or semaphore is held by nobody (a hand-off to a waiter that died
 -- ran out), or (a semaphore) a dead waiter heads its queue; 0 the waiters
 -- hash is of the wrong type.
--- renew.lua: the watchdog's batch: extend held leases and refresh fair
--- waiters' heartbeats, for many locks in one call.
---
--- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for a fair
--- lock's waiter or "swait" for a semaphore's), owner id,
--- ms (the lease of a hold, the heartbeat ttl of a waiter). KEYS holds the
--- entries' keys in the same order: two for a hold (its lock hash and its
--- fencing token counter, kept as long as the lease: see lib.lua, mint),
--- three for a semaphore holder (its holders hash, expiry zset and size,
--- which live as long as it holds), three for a
--- waiter (its queue, its waiters hash, and the lock hash or the
--- semaphore's holders hash).
---
--- A hold is extended only while its owner still holds the lock, and never
--- shortened (a longer lease set by Mutex.Extend stays); a semaphore
--- holder only while it holds permits whose lease has not ended (an ended one
--- is left for the semaphore's next script to reclaim); a waiter's deadline
--- is moved only while it is still queued (the rest of its record, such as
--- its hand-off lease, is kept). A key of the wrong type counts as gone for
--- its entry alone.
---
--- Reply: one integer per entry: 1 renewed, 0 gone (a lost hold, or a waiter
--- no longer queued: handed the lock or its permits, or dropped as dead), 2 a
--- waiter renewed that must look again itself, since nobody will publish:
--- its lock or semaphore is held by nobody (a hand-off to a waiter that died
--- ran out), or a dead waiter heads its queue.
 local out = {}
 local k = 1
 for i = 1, #ARGV, 3 do
@@ -104,7 +78,13 @@ for i = 1, #ARGV, 3 do
       ok = 1
     elseif type(d) ~= 'table' then -- not an error: a hash, or no key
       local now = now_ms()
-      redis.call('HSET', waiters, field, now + ms)
+      -- A lapse is reported by two heartbeats in a row (the field keeps a
+      -- mark, ':L', until the second): the reply of one may be lost (a
+      -- retry by go-redis runs it again, and would otherwise find nothing
+      -- wrong), and the waiters it tells would sleep on, dropped.
+      local lapsed = (deadline_of(d) or -1) < now
+      local told = type(d) == 'string' and string.sub(d, -2) == ':L'
+      redis.call('HSET', waiters, field, (now + ms) .. (lapsed and ':L' or ''))
       keep_alive(waiters, 2 * ms)
       local zset = redis.pcall('TYPE', queue)['ok'] == 'zset'
       if zset then
@@ -127,7 +107,7 @@ for i = 1, #ARGV, 3 do
           end
         end
       end
-      if ok == 1 and (tonumber(d) or -1) < now then
+      if ok == 1 and (lapsed or told) then
         ok = 3
       end
     end
