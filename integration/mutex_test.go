@@ -223,6 +223,25 @@ func blockedWaitersDoNotPoll(t *testing.T, barging bool) {
 		}
 		return counter.total(t) - callsOf(t, counter, "info") - callsOf(t, counter, "ping")
 	}
+	if !barging {
+		// Fair waiters are kept alive per Client: the first heartbeat of
+		// each Client finds no deadline of it yet, reports a lapse twice
+		// (two heartbeats), and its waiters look again each time, once
+		// per wait. Count from when every Client's heartbeat is steady.
+		eventually(t, 10*time.Second, "every Client's heartbeat to be steady", func() bool {
+			fields, err := rdb.HGetAll(ctx, lockKey(name)+":waiters").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			steady := 0
+			for f, v := range fields {
+				if strings.HasPrefix(f, "{client}") && !strings.HasSuffix(v, ":L") {
+					steady++
+				}
+			}
+			return steady == clients
+		})
+	}
 	// Let every waiter make its attempts and go to sleep: wait until
 	// Redis is quiet (an INFO per look) over 100 ms windows.
 	last := busy()
