@@ -144,8 +144,21 @@ local function set_meta(lock, meta)
   end
 end
 
--- keep_alive extends a key's TTL to at least ms, never shortening it.
+-- keep_alive extends a key's TTL to at least ms, never shortening it. A
+-- key that has a TTL shorter than ms takes one call (PEXPIRE GT, Redis 7).
+-- The TTL is read only when that call did not set it: the key has a
+-- longer TTL, or none yet (GT leaves a key without a TTL as it is), or the
+-- server's PEXPIRE has no GT (before Redis 7: then the script reads the
+-- TTL first from then on).
+local expire_gt = true
 local function keep_alive(key, ms)
+  if expire_gt then
+    local set = redis.pcall('PEXPIRE', key, ms, 'GT')
+    if set == 1 then
+      return
+    end
+    expire_gt = type(set) == 'number'
+  end
   if redis.call('PTTL', key) < ms then
     redis.call('PEXPIRE', key, ms)
   end
