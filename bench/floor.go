@@ -16,7 +16,9 @@ import (
 // nothing (what any lock's one script call costs at least), and a PUBLISH
 // until the message reaches a subscriber (what any wake-up by pub/sub,
 // and so any hand-off, costs at least). Each is a result of scenario
-// floorScenario, the round trips in op.
+// floorScenario, the round trips in op, with the Redis CPU time each took
+// in cpu: what a request, a script call and a delivery cost the server at
+// least, against which a library's Redis CPU per acquisition is weighed.
 const (
 	floorScenario = "floor"
 	floorPing     = "PING"
@@ -31,12 +33,12 @@ const (
 	floorWarmup  = 100
 )
 
-// measureFloor measures the floor of the Redis at addr with a go-redis
+// measureFloor measures the floor of the Redis srv with a go-redis
 // client with default options, as the libraries' own: the round trips go
 // one after another, nothing else running. channel names the PUBLISH's
 // channel.
-func measureFloor(ctx context.Context, addr, channel string) (_ []result, err error) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+func measureFloor(ctx context.Context, srv *server, channel string) (_ []result, err error) {
+	rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
 	defer func() { err = errors.Join(err, rdb.Close()) }()
 	noop := redis.NewScript("return 1")
 	if err := noop.Load(ctx, rdb).Err(); err != nil {
@@ -57,14 +59,23 @@ func measureFloor(ctx context.Context, addr, channel string) (_ []result, err er
 	}
 	var floor []result
 	for _, f := range figures {
+		before, err := srv.snapshot(ctx)
+		if err != nil {
+			return nil, err
+		}
 		t0 := time.Now()
 		d, err := roundTrips(f.trip)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.name, err)
 		}
 		took := time.Since(t0).Seconds()
+		after, err := srv.snapshot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cpu := after.since(before, 0).cpu * 1e6 / float64(floorWarmup+floorSamples)
 		floor = append(floor, result{scenario: floorScenario, library: f.name, seconds: took,
-			acquisitions: d.total, rate: float64(d.total) / took, op: d, conns: -1, rounds: 1})
+			acquisitions: d.total, rate: float64(d.total) / took, op: d, cpu: cpu, conns: -1, rounds: 1})
 	}
 	return floor, nil
 }

@@ -11,7 +11,12 @@ import (
 func TestMeasureFloor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	floor, err := measureFloor(ctx, redistest.Addr(t), redistest.Name(t))
+	srv, err := connectServer(ctx, redistest.Addr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close(ctx, "")
+	floor, err := measureFloor(ctx, srv, redistest.Name(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,6 +26,11 @@ func TestMeasureFloor(t *testing.T) {
 		if r.scenario != floorScenario || r.op.total != floorSamples || r.op.quantile(0.5) <= 0 {
 			t.Errorf("%s: scenario %q, %d samples, p50 %v; want %q, %d, > 0",
 				r.library, r.scenario, r.op.total, r.op.quantile(0.5), floorScenario, floorSamples)
+		}
+		// A round trip costs the server a read and a write: more than a
+		// microsecond and less than the round trip itself.
+		if r.cpu < 1 || r.cpu > float64(r.op.quantile(0.5).Microseconds()) {
+			t.Errorf("%s: Redis CPU %.1f µs per round trip, want between 1 µs and its p50 %v", r.library, r.cpu, r.op.quantile(0.5))
 		}
 	}
 	if len(names) != 3 || names[0] != floorPing || names[1] != floorEvalsha || names[2] != floorPublish {

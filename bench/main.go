@@ -299,7 +299,7 @@ func runJobs(ctx context.Context, tg targets, jobs []job, token string, settle t
 			prefix = fmt.Sprintf("round %d/%d: ", j.round+1, rounds)
 		}
 		if i == 0 || j.round != jobs[i-1].round {
-			floor, err := measureFloor(ctx, tg.any().nodes[0].addr, token+":floor")
+			floor, err := measureFloor(ctx, tg.any().nodes[0], token+":floor")
 			if err != nil {
 				return nil, fmt.Errorf("floor: %w", err)
 			}

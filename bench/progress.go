@@ -54,7 +54,7 @@ func (p *progress) floor(prefix string, floor []result) {
 		if i > 0 {
 			fmt.Fprint(p.w, ",")
 		}
-		fmt.Fprintf(p.w, " %s p50 %s", r.library, fmtDur(r.op.quantile(0.5)))
+		fmt.Fprintf(p.w, " %s p50 %s (Redis CPU %s)", r.library, fmtDur(r.op.quantile(0.5)), fmtMicros(r.cpu))
 	}
 	fmt.Fprintln(p.w)
 }

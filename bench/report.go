@@ -18,7 +18,8 @@ const legend = `Columns:
   floor      the Redis's own floor, measured at the start of every round with a go-redis
              client, one round trip after another: PING, EVALSHA of a script that only
              returns, and PUBLISH→deliver (from sending a PUBLISH to a subscriber's
-             goroutine, on a connection of its own, having read the message)
+             goroutine, on a connection of its own, having read the message); cpu/op: the
+             Redis CPU time each round trip took (the PUBLISH's request and its delivery)
   acq/s      acquisitions per second in the window; xlim: divided by the in-process limit's
   cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
              commands its script runs are not counted. Counted in the clients (go-redis
@@ -178,10 +179,10 @@ func inSeconds(figure func(result) time.Duration) func(result) float64 {
 // printFloor writes the floor's table: one row per figure.
 func printFloor(w io.Writer, rows []result) {
 	fmt.Fprintf(w, "\n== floor: round trips to Redis one after another, %d per round%s\n", floorSamples, roundsNote(rows[0]))
-	t := [][]string{{"round trip", "p50", "p99", "max", "samples"}}
+	t := [][]string{{"round trip", "p50", "p99", "max", "cpu/op", "samples"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, midDur(r, opAt(0.5)), midDur(r, opAt(0.99)), midDur(r, opMax),
-			strconv.FormatInt(r.acquisitions, 10)})
+			fmtMicros(r.cpu), strconv.FormatInt(r.acquisitions, 10)})
 	}
 	writeTable(w, t)
 }
