@@ -1,0 +1,191 @@
+package redisync
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/schema"
+)
+
+// renewal is one entry of a batch, with what the call needs of it, read
+// under w.mu when the batch was collected.
+type renewal struct {
+	e     *keepalive
+	kind  string
+	owner string
+	keys  []string
+	ttl   time.Duration
+	limit time.Time // when a reply is of no more use
+}
+
+// split cuts a batch into script calls of at most watchdogBatch entries.
+// On a Redis Cluster each call holds entries of one hash slot only, as a
+// script may only touch keys of one slot.
+func (w *watchdog) split(batch []renewal) [][]renewal {
+	if len(batch) == 0 {
+		return nil
+	}
+	groups := [][]renewal{batch}
+	if w.cluster {
+		bySlot := make(map[uint16][]renewal)
+		for _, r := range batch {
+			slot := schema.Slot(r.keys[0])
+			bySlot[slot] = append(bySlot[slot], r)
+		}
+		groups = groups[:0]
+		for _, g := range bySlot {
+			groups = append(groups, g)
+		}
+	}
+	var parts [][]renewal
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(len(g), watchdogBatch)
+			parts = append(parts, g[:n])
+			g = g[n:]
+		}
+	}
+	return parts
+}
+
+// send renews a batch in one script call, from a goroutine of its own, and
+// applies the result.
+func (w *watchdog) send(batch []renewal) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.renew(batch)
+	}()
+}
+
+// renew renews a batch in one script call and applies the result.
+func (w *watchdog) renew(batch []renewal) {
+	var keys []string
+	args := make([]any, 0, 3*len(batch))
+	sent := time.Now()
+	limit := sent.Add(time.Hour)
+	for _, r := range batch {
+		keys = append(keys, r.keys...)
+		limit = minTime(limit, r.limit)
+		args = append(args, r.kind, r.owner, r.ttl.Milliseconds())
+	}
+	res, err := w.call(limit, keys, args)
+	if err != nil && w.cluster {
+		// The slot's primary may have failed over: have go-redis look
+		// for the new one before the retry.
+		w.rdb.(*redis.ClusterClient).ReloadState(w.ctx)
+	}
+
+	now := time.Now()
+	if err == nil && len(res) != len(batch)+1 {
+		err = fmt.Errorf("redisync: %d replies from the renew script for %d entries", len(res), len(batch))
+	}
+	w.told(batch, res, err, now.Sub(sent))
+	var gone []func()
+	w.mu.Lock()
+	for i, r := range batch {
+		e := r.e
+		e.busy = false
+		if _, ok := w.entries[e]; !ok {
+			continue // released or lost meanwhile
+		}
+		switch {
+		case e.farewell && r.ttl == 0:
+			delete(w.entries, e) // sent once, whatever came of it
+		case e.farewell:
+			// A heartbeat sent before the last waiter left: the farewell
+			// goes next.
+		case err == nil && e.waiters != nil:
+			e.set(sent, e.ttl)
+			copy(e.ran[:], e.ran[1:])
+			e.ran[len(e.ran)-1] = stamp{sent: sent, ms: res[len(batch)]}
+			if res[i] != 1 {
+				for ws := range e.waiters {
+					gone = append(gone, ws.nudge)
+				}
+			}
+		case err == nil && res[i] == 1:
+			e.set(sent, e.ttl)
+		case err == nil:
+			delete(w.entries, e)
+			gone = append(gone, e.gone)
+		default:
+			// Try again soon; run reports the hold lost if its
+			// deadline passes first. A heartbeat of waiters may have run
+			// without its reply arriving: they look again, in case it
+			// found their Client's deadline passed.
+			e.due = now.Add(min(max(e.ttl/10, time.Millisecond), time.Second))
+			for ws := range e.waiters {
+				gone = append(gone, ws.nudge)
+			}
+		}
+		w.pokeIfBefore(e)
+	}
+	w.mu.Unlock()
+	for _, f := range gone {
+		f()
+	}
+}
+
+// told tells the events queue about a renewal call of batch that took
+// latency: its success or failure, and the waiters it found with nobody
+// to wake them (once per lock or semaphore: reply 2).
+func (w *watchdog) told(batch []renewal, res []int64, err error, latency time.Duration) {
+	if w.ev == nil {
+		return
+	}
+	if err != nil {
+		if w.ctx.Err() == nil { // not the Client's Close
+			w.ev.emit(Event{Kind: KindRenewalFailed, Count: len(batch), Latency: latency, Err: err})
+		}
+		return
+	}
+	w.ev.emit(Event{Kind: KindRenewal, Count: len(batch), Latency: latency})
+	var seen map[string]bool
+	for i, r := range batch {
+		if res[i] != 2 || seen[r.keys[2]] {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]bool)
+		}
+		seen[r.keys[2]] = true
+		prim := PrimitiveMutex
+		if r.kind == "swait" {
+			prim = PrimitiveSemaphore
+		}
+		w.ev.emit(Event{Kind: KindDeadWaiter, Primitive: prim, Name: r.e.name})
+	}
+}
+
+// call runs the renew script, giving up at limit: a renewal that has not
+// answered by the first deadline of its batch is of no use. go-redis
+// bounds a call by its context only when the go-redis client was built
+// with ContextTimeoutEnabled, so the call runs in a goroutine of its own
+// and the watchdog stops waiting for it at limit; go-redis's own timeouts
+// end it later (Close waits for it). A renewal that reaches Redis after
+// limit only delays other owners.
+func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, error) {
+	ctx, cancel := context.WithDeadline(w.ctx, limit)
+	type reply struct {
+		res []int64
+		err error
+	}
+	done := make(chan reply, 1)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer cancel()
+		res, err := renewScript.Run(ctx, w.rdb, keys, args...).Int64Slice()
+		done <- reply{res, err}
+	}()
+	select {
+	case r := <-done:
+		return r.res, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
