@@ -1,0 +1,38 @@
+package redisync
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+)
+
+// ResizeSemaphore changes the size of the semaphore called name from
+// from to to, if from is the size stored in Redis (or to is already; when
+// none is stored, the semaphore is idle and to is stored). It fails with
+// ErrSizeMismatch, changing nothing, when another size is stored. opts
+// name the semaphore's keys (WithKeyPrefix) as for NewSemaphore.
+//
+// It never lets more permits out than the new size: holders keep theirs,
+// so after a shrink more may be in use than to until they give them back,
+// and nobody is granted one until the permits in use leave room under to.
+// After a growth the waiters that now fit are granted at once. From then
+// on, Semaphore values of the old size fail with ErrSizeMismatch: open
+// them again with the new one.
+func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...SemaphoreOption) error {
+	s := c.NewSemaphore(name, to, opts...)
+	var bad error
+	if from <= 0 {
+		bad = fmt.Errorf("%w: size %d is not positive", ErrInvalidPermits, from)
+	}
+	if err := cmp.Or(s.err, bad, c.usable(), ctx.Err()); err != nil {
+		return s.wrap("resize", err)
+	}
+	res, err := semResizeScript.Run(ctx, c.rdb, []string{s.keys.Holders, s.keys.Expiry, s.keys.Size, s.keys.Queue, s.keys.Waiters}, from, to, s.keys.Channel, c.publish).Int64Slice()
+	switch {
+	case err != nil:
+		return s.wrap("resize", redisError(err))
+	case res[0] == 0:
+		return s.wrap("resize", fmt.Errorf("%w: resizing from %d, stored size %d", ErrSizeMismatch, from, res[1]))
+	}
+	return nil
+}
