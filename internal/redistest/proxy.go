@@ -1,5 +1,21 @@
 package redistest
 
+// The fault proxy is written here rather than embedded from Shopify's
+// toxiproxy (github.com/Shopify/toxiproxy/v2). Weighed against it:
+// toxiproxy's toxics cover latency with jitter, a stalled direction
+// (timeout 0, until removed), resets (reset_peer), slicing and bandwidth,
+// each per direction, which would replace SetLatency, SetBlackhole,
+// SetBlackholeRequests and the reset here. They do not cover what the
+// safety tests are built on: holding the next chunk that contains a given
+// command (HoldNext: a SUBSCRIBE or one script call stalled while the
+// rest of the connection's traffic waits behind it), learning when such
+// a chunk passes (Watch), swallowing exactly the next n replies, each
+// closing its connection so that go-redis retries a command that ran
+// (DropReplies), and chaos drawn from a seeded source so that a failing
+// stress run replays (SetChaos). Those would still be written here, on
+// top of a proxy server with an HTTP API, metrics and a logger of its own
+// in the tests' module graph; this file does all of it in one type.
+
 import (
 	"bytes"
 	"math/rand/v2"
