@@ -19,7 +19,8 @@ const legend = `Columns:
              client, one round trip after another: PING, EVALSHA of a script that only
              returns, and PUBLISH→deliver (from sending a PUBLISH to a subscriber's
              goroutine, on a connection of its own, having read the message); cpu/op: the
-             Redis CPU time each round trip took (the PUBLISH's request and its delivery)
+             Redis CPU time each isolated round trip took (the PUBLISH's request and its
+             delivery); under load a request can cost Redis less
   acq/s      acquisitions per second in the window; xlim: divided by the in-process limit's
   cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
              commands its script runs are not counted. Counted in the clients (go-redis
