@@ -76,10 +76,10 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	// The arguments are read here, not in the call's goroutine (see
 	// lockCall.attempt).
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
-	args := []any{holder, n, s.size, held, s.seq, s.lease().Milliseconds(), a.mode, waiter, flag(a.queued || a.unsure),
-		s.cfg.heartbeat.Milliseconds(), s.grantLease().Milliseconds(), s.keys.Channel, s.c.publish}
+	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.lease(), mode: a.mode,
+		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.grantLease(), publish: s.c.publish}.call(s.keys)
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return s.c.runAcked(ctx, s.cfg, semAcquireScript, []string{s.keys.Holders, s.keys.Expiry, s.keys.Size, s.keys.Queue, s.keys.Waiters, s.keys.Withdrawn, s.keys.Released}, args, granted)
+		return s.c.runAcked(ctx, s.cfg, acquire, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
 		// the call, then let s's next call talk to Redis.
@@ -157,7 +157,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	}
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n}
-	e := &keepalive{kind: "sem", owner: a.holder, keys: []string{s.keys.Holders, s.keys.Expiry, s.keys.Size}, ttl: s.lease(),
+	e := &keepalive{kind: "sem", owner: a.holder, keys: semRenewKeys(s.keys), ttl: s.lease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
 		e.until = since.Add(s.cfg.maxHold)
@@ -201,7 +201,7 @@ func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(ws *waitSet) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, s.name, []string{s.keys.Queue, s.keys.Waiters, s.keys.Holders}, s.cfg.heartbeat, s.grantLease(), ws)
+	a.keepAlive("swait", a.waiter, s.name, swaitRenewKeys(s.keys), s.cfg.heartbeat, s.grantLease(), ws)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for

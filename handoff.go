@@ -60,8 +60,8 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	wait, cancel := releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		res, err := handoffScript.Run(ctx, m.c.rdb, []string{m.keys.Hash, m.keys.Token, m.keys.Tombstone(h.id)},
-			"give", h.id, handle, m.lease().Milliseconds(), h.token, tombstoneTTL.Milliseconds()).Int64Slice()
+		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.lease(), token: h.token}
+		res, err := give.call(m.keys).run(ctx, m.c.rdb).Int64Slice()
 		if err != nil {
 			return 0, err
 		}
@@ -107,11 +107,10 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
-	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Withdrawn}
-	args := []any{"take", handle, l.ticket, m.lease().Milliseconds(), m.cfg.metadata}
+	take := handoffTakeArgs{handle: handle, ticket: l.ticket, lease: m.lease(), metadata: m.cfg.metadata}.call(m.keys)
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, handoffScript, keys, args, granted)
+		return m.c.runAcked(ctx, m.cfg, take, granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:

@@ -49,7 +49,7 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 	ms := lease.Milliseconds() // Redis counts whole ms; so does the deadline
 	sent := time.Now()
 	res, _, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, extendScript, []string{m.keys.Hash, m.keys.Token}, []any{h.id, ms}, granted)
+		return m.c.runAcked(ctx, m.cfg, extendArgs{id: h.id, lease: lease}.call(m.keys), granted)
 	}, nil)
 	switch {
 	case err != nil:
@@ -85,7 +85,7 @@ func (m *Mutex) TTL(ctx context.Context) (time.Duration, error) {
 		return 0, m.wrap("ttl", err)
 	}
 	res, _, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return ttlScript.Run(ctx, m.c.rdb, []string{m.keys.Hash}, h.id).Int64Slice()
+		return ttlArgs{id: h.id}.call(m.keys).run(ctx, m.c.rdb).Int64Slice()
 	}, nil)
 	switch {
 	case err != nil:

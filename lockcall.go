@@ -31,11 +31,10 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	sent := time.Now()
 	// The arguments are read here, not in the call's goroutine, which an
 	// abandoned call leaves running while the call's fields change.
-	keys := []string{m.keys.Hash, m.keys.Token, m.keys.Queue, m.keys.Waiters, m.keys.Withdrawn, m.keys.Tombstone(l.ticket)}
-	args := []any{l.ticket, m.lease().Milliseconds(), l.mode, m.cfg.heartbeat.Milliseconds(),
-		m.handoffLease().Milliseconds(), m.keys.Channel, m.c.publish, flag(l.queued), m.cfg.metadata}
+	acquire := acquireArgs{ticket: l.ticket, lease: m.lease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
+		handoff: m.handoffLease(), publish: m.c.publish, queued: l.queued, metadata: m.cfg.metadata}.call(m.keys)
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, acquireScript, keys, args, granted)
+		return m.c.runAcked(ctx, m.cfg, acquire, granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:
@@ -69,7 +68,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
-	e := &keepalive{kind: "hold", owner: l.ticket, keys: []string{m.keys.Hash, m.keys.Token},
+	e := &keepalive{kind: "hold", owner: l.ticket, keys: holdRenewKeys(m.keys),
 		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
 		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
 	if m.cfg.maxHold > 0 {
@@ -112,7 +111,7 @@ func (l *lockCall) outlasts(err error) bool { return l.m.c.outlasts(err) }
 // sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(ws *waitSet) {
 	m := l.m
-	l.keepAlive("wait", l.ticket, m.name, []string{m.keys.Queue, m.keys.Waiters, m.keys.Hash}, m.cfg.heartbeat, m.handoffLease(), ws)
+	l.keepAlive("wait", l.ticket, m.name, waitRenewKeys(m.keys), m.cfg.heartbeat, m.handoffLease(), ws)
 }
 
 // changed is closed when another call of the same value takes a hold.

@@ -334,9 +334,8 @@ func (m *Mutex) holdID() string {
 // release runs the release script for the hold (or ticket) id, in mode
 // "release" or "withdraw" (see release.lua).
 func (m *Mutex) release(ctx context.Context, id string, token int64, mode string) (int64, error) {
-	res, err := releaseScript.Run(ctx, m.c.rdb,
-		[]string{m.keys.Hash, m.keys.Token, m.keys.Queue, m.keys.Waiters, m.keys.Tombstone(id), m.keys.Withdrawn},
-		id, token, tombstoneTTL.Milliseconds(), m.keys.Channel, m.c.publish, mode).Int64()
+	release := releaseArgs{id: id, token: token, publish: m.c.publish, mode: mode}
+	res, err := release.call(m.keys).run(ctx, m.c.rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}

@@ -120,7 +120,7 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 	res := m.fanOut(ctx, mask(len(m.nodes), got), func(ctx context.Context, i int) nodeResult {
 		n := m.nodes[i]
-		v, err := redlockRaiseScript.Run(ctx, n.c.rdb, []string{n.keys.Hash, n.keys.Token}, n.holdID(), token).Int64()
+		v, err := redlockRaiseArgs{id: n.holdID(), token: token}.call(n.keys).run(ctx, n.c.rdb).Int64()
 		if err != nil {
 			return nodeResult{err: redisError(err)}
 		}

@@ -63,16 +63,12 @@ func (w *watchdog) send(batch []renewal) {
 
 // renew renews a batch in one script call and applies the result.
 func (w *watchdog) renew(batch []renewal) {
-	var keys []string
-	args := make([]any, 0, 3*len(batch))
 	sent := time.Now()
 	limit := sent.Add(time.Hour)
 	for _, r := range batch {
-		keys = append(keys, r.keys...)
 		limit = minTime(limit, r.limit)
-		args = append(args, r.kind, r.owner, r.ttl.Milliseconds())
 	}
-	res, err := w.call(limit, keys, args)
+	res, err := w.call(limit, renewCall(batch))
 	if err != nil && w.cluster {
 		// The slot's primary may have failed over: have go-redis look
 		// for the new one before the retry.
@@ -168,7 +164,7 @@ func (w *watchdog) told(batch []renewal, res []int64, err error, latency time.Du
 // and the watchdog stops waiting for it at limit; go-redis's own timeouts
 // end it later (Close waits for it). A renewal that reaches Redis after
 // limit only delays other owners.
-func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, error) {
+func (w *watchdog) call(limit time.Time, renew scriptCall) ([]int64, error) {
 	ctx, cancel := context.WithDeadline(w.ctx, limit)
 	type reply struct {
 		res []int64
@@ -179,7 +175,7 @@ func (w *watchdog) call(limit time.Time, keys []string, args []any) ([]int64, er
 	go func() {
 		defer w.wg.Done()
 		defer cancel()
-		res, err := renewScript.Run(ctx, w.rdb, keys, args...).Int64Slice()
+		res, err := renew.run(ctx, w.rdb).Int64Slice()
 		done <- reply{res, err}
 	}()
 	select {

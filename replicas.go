@@ -38,21 +38,22 @@ func WithReplicas(n int, timeout time.Duration) LocalOption {
 
 // runAcked runs script and returns its reply as integers. With
 // WithReplicas, it runs on a connection of its own to the primary that
-// serves keys[0] and, when granted says the reply took something, waits
-// for the replicas on that connection; too few acknowledgements fail with
-// ErrNotReplicated, which is not a reply from Redis, so the caller undoes
-// the acquisition as it would after a lost reply.
-func (c *Client) runAcked(ctx context.Context, cfg config, script *redis.Script, keys []string, args []any, granted func([]int64) bool) ([]int64, error) {
+// serves the script's first key and, when granted says the reply took
+// something, waits for the replicas on that connection; too few
+// acknowledgements fail with ErrNotReplicated, which is not a reply from
+// Redis, so the caller undoes the acquisition as it would after a lost
+// reply.
+func (c *Client) runAcked(ctx context.Context, cfg config, script scriptCall, granted func([]int64) bool) ([]int64, error) {
 	if cfg.replicas == 0 {
-		return script.Run(ctx, c.rdb, keys, args...).Int64Slice()
+		return script.run(ctx, c.rdb).Int64Slice()
 	}
-	node, err := c.primary(ctx, keys[0])
+	node, err := c.primary(ctx, script.keys[0])
 	if err != nil {
 		return nil, err
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	res, err := script.Run(ctx, conn, keys, args...).Int64Slice()
+	res, err := script.run(ctx, conn).Int64Slice()
 	if err != nil || !granted(res) {
 		return res, err
 	}

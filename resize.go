@@ -27,7 +27,7 @@ func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int6
 	if err := cmp.Or(s.err, bad, c.usable(), ctx.Err()); err != nil {
 		return s.wrap("resize", err)
 	}
-	res, err := semResizeScript.Run(ctx, c.rdb, []string{s.keys.Holders, s.keys.Expiry, s.keys.Size, s.keys.Queue, s.keys.Waiters}, from, to, s.keys.Channel, c.publish).Int64Slice()
+	res, err := semResizeArgs{from: from, to: to, publish: c.publish}.call(s.keys).run(ctx, c.rdb).Int64Slice()
 	switch {
 	case err != nil:
 		return s.wrap("resize", redisError(err))

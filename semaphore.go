@@ -385,10 +385,9 @@ func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter
 // release runs the release script for holder as call number seq. s.op
 // must be held.
 func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
-	res, err := semReleaseScript.Run(ctx, s.c.rdb,
-		[]string{s.keys.Holders, s.keys.Expiry, s.keys.Queue, s.keys.Waiters, s.keys.Released, s.keys.Withdrawn, s.keys.Size},
-		holder, n, held, seq, mode, waiter, s.lease().Milliseconds(), s.size,
-		tombstoneTTL.Milliseconds(), s.keys.Channel, s.c.publish).Int64()
+	release := semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
+		lease: s.lease(), size: s.size, publish: s.c.publish}
+	res, err := release.call(s.keys).run(ctx, s.c.rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}

@@ -283,7 +283,8 @@ func (w *watchdog) stop() {
 			}
 		case e.waiters != nil && e.beat: // left or not
 			w.held = append(w.held, func(ctx context.Context) {
-				_ = renewScript.Run(ctx, w.rdb, e.keys, e.kind, e.owner, 0).Err()
+				farewell := []renewal{{kind: e.kind, owner: e.owner, keys: e.keys}} // ttl 0: a farewell
+				_ = renewCall(farewell).run(ctx, w.rdb).Err()
 			})
 		}
 	}
