@@ -4,7 +4,8 @@
 // the formats of the records the scripts write. The library, the command
 // line and the benchmark all name keys through it; the Lua scripts in
 // scripts/ read and write the same records (each script's header says
-// which keys it takes, in the order of the Keys methods here).
+// which keys it takes; scriptargs.go in the root package is the one place
+// that passes them in that order).
 package schema
 
 import (
