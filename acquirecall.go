@@ -76,8 +76,8 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	// The arguments are read here, not in the call's goroutine (see
 	// lockCall.attempt).
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
-	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.lease(), mode: a.mode,
-		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.grantLease(), publish: s.c.publish}.call(s.keys)
+	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
+		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish}.call(s.keys)
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, acquire, granted)
 	}, func([]int64, error) {
@@ -97,7 +97,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	}
 	switch res[0] {
 	case 1:
-		return a.granted(ctx, a.n, sent, s.lease())
+		return a.granted(ctx, a.n, sent, s.cfg.holdLease())
 	case -1:
 		s.lose(h)
 		return false, 0, ErrLockLost
@@ -139,7 +139,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		h.n += n
 		s.mu.Unlock()
 		noteHold(ctx, h)
-		if lease >= s.lease() { // a shorter grant lease did not shorten it
+		if lease >= s.cfg.holdLease() { // a shorter grant lease did not shorten it
 			s.c.wd.rearm(h.ka, since)
 		}
 		a.left()
@@ -157,7 +157,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 	}
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n}
-	e := &keepalive{kind: "sem", owner: a.holder, keys: semRenewKeys(s.keys), ttl: s.lease(),
+	e := &keepalive{kind: "sem", owner: a.holder, keys: semRenewKeys(s.keys), ttl: s.cfg.holdLease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
 		e.until = since.Add(s.cfg.maxHold)
@@ -191,7 +191,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 		// it if it is ours.
 		return false, nil
 	}
-	ok, _, err := a.granted(ctx, n, a.confirmed(ms), a.s.grantLease())
+	ok, _, err := a.granted(ctx, n, a.confirmed(ms), a.s.cfg.grantLease())
 	return ok, err
 }
 
@@ -201,7 +201,7 @@ func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(ws *waitSet) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, s.name, swaitRenewKeys(s.keys), s.cfg.heartbeat, s.grantLease(), ws)
+	a.keepAlive("swait", a.waiter, s.name, swaitRenewKeys(s.keys), s.cfg.heartbeat, s.cfg.grantLease(), ws)
 }
 
 // changed: nothing else in the process changes what an Acquire waits for

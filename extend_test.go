@@ -431,7 +431,7 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 	k := m.keys
 	res, err := acquireScript.Run(ctx, rdb, []string{k.Hash, k.Token, k.Queue, k.Waiters, k.Withdrawn},
 		m.holdID(), time.Second.Milliseconds(), "barge", m.cfg.heartbeat.Milliseconds(),
-		m.handoffLease().Milliseconds(), m.keys.Channel, "PUBLISH", "0").Int64Slice()
+		m.cfg.grantLease().Milliseconds(), m.keys.Channel, "PUBLISH", "0").Int64Slice()
 	if err != nil || res[0] != 1 {
 		t.Fatalf("the late copy: %v, %v; want it to find its ticket holding", res, err)
 	}

@@ -60,7 +60,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	wait, cancel := releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.lease(), token: h.token}
+		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.cfg.holdLease(), token: h.token}
 		res, err := give.call(m.keys).run(ctx, m.c.rdb).Int64Slice()
 		if err != nil {
 			return 0, err
@@ -107,7 +107,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
-	take := handoffTakeArgs{handle: handle, ticket: l.ticket, lease: m.lease(), metadata: m.cfg.metadata}.call(m.keys)
+	take := handoffTakeArgs{handle: handle, ticket: l.ticket, lease: m.cfg.holdLease(), metadata: m.cfg.metadata}.call(m.keys)
 	sent := time.Now()
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, take, granted)
@@ -122,7 +122,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	case res[0] == 0:
 		return m.wrap("accept", ErrNotHeld)
 	}
-	ok, _, err := l.take(ctx, res[1], sent, m.lease(), true)
+	ok, _, err := l.take(ctx, res[1], sent, m.cfg.holdLease(), true)
 	switch {
 	case errors.Is(err, errHeld): // a Lock of m won the race; given back
 		return m.wrap("accept", ErrHeld)

@@ -31,8 +31,8 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	sent := time.Now()
 	// The arguments are read here, not in the call's goroutine, which an
 	// abandoned call leaves running while the call's fields change.
-	acquire := acquireArgs{ticket: l.ticket, lease: m.lease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
-		handoff: m.handoffLease(), publish: m.c.publish, queued: l.queued, metadata: m.cfg.metadata}.call(m.keys)
+	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
+		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued, metadata: m.cfg.metadata}.call(m.keys)
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquire, granted)
 	}, l.late(l.ticket))
@@ -44,7 +44,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		l.failed(err, false)
 		return false, 0, redisError(err)
 	case res[0] == 1:
-		return l.take(ctx, res[1], sent, m.lease(), false)
+		return l.take(ctx, res[1], sent, m.cfg.holdLease(), false)
 	case res[0] == -2 || res[0] == -3:
 		// The ticket left the queue (handed the lock, lost since; or
 		// dropped as dead), or was withdrawn (by a retry of the attempt
@@ -69,7 +69,7 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
 	e := &keepalive{kind: "hold", owner: l.ticket, keys: holdRenewKeys(m.keys),
-		ttl: m.lease(), hold: true, renew: m.cfg.lease == 0,
+		ttl: m.cfg.holdLease(), hold: true, renew: m.cfg.lease == 0,
 		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
 	if m.cfg.maxHold > 0 {
 		e.until = since.Add(m.cfg.maxHold)
@@ -101,7 +101,7 @@ func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
 		// replicas: the attempt will tell, and take it if it is ours.
 		return false, nil
 	}
-	ok, _, err := l.take(ctx, token, l.confirmed(ms), l.m.handoffLease(), true)
+	ok, _, err := l.take(ctx, token, l.confirmed(ms), l.m.cfg.grantLease(), true)
 	return ok, err
 }
 
@@ -111,7 +111,7 @@ func (l *lockCall) outlasts(err error) bool { return l.m.c.outlasts(err) }
 // sleeping keeps a queued ticket alive while the call sleeps.
 func (l *lockCall) sleeping(ws *waitSet) {
 	m := l.m
-	l.keepAlive("wait", l.ticket, m.name, waitRenewKeys(m.keys), m.cfg.heartbeat, m.handoffLease(), ws)
+	l.keepAlive("wait", l.ticket, m.name, waitRenewKeys(m.keys), m.cfg.heartbeat, m.cfg.grantLease(), ws)
 }
 
 // changed is closed when another call of the same value takes a hold.

@@ -361,21 +361,6 @@ func (m *Mutex) usable(ctx context.Context) error {
 	return cmp.Or(m.err, m.c.usable(), ctx.Err())
 }
 
-// lease is the lease set by an acquire.
-func (m *Mutex) lease() time.Duration {
-	return cmp.Or(m.cfg.lease, m.cfg.watchdog)
-}
-
-// handoffLease is the lease of a hold handed to m by a release: short under
-// the watchdog, which extends it, so that a hand-off to a waiter that just
-// died costs little.
-func (m *Mutex) handoffLease() time.Duration {
-	if m.cfg.lease > 0 {
-		return m.cfg.lease
-	}
-	return min(m.cfg.heartbeat, m.cfg.watchdog)
-}
-
 // sleepFor is how long a waiter sleeps, at most, after an attempt found
 // the lock held with the given PTTL.
 func (m *Mutex) sleepFor(pttl int64) time.Duration {

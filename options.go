@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"os"
@@ -126,6 +127,21 @@ func defaultConfig() config {
 		heartbeat: 3 * time.Second,
 		recheck:   10 * time.Second,
 	}
+}
+
+// holdLease is the lease set by an acquisition.
+func (cfg *config) holdLease() time.Duration {
+	return cmp.Or(cfg.lease, cfg.watchdog)
+}
+
+// grantLease is the lease of a hold handed over, or permits granted, to a
+// waiter by another call's release: short under the watchdog, which
+// extends it, so that a grant to a waiter that just died costs little.
+func (cfg *config) grantLease() time.Duration {
+	if cfg.lease > 0 {
+		return cfg.lease
+	}
+	return min(cfg.heartbeat, cfg.watchdog)
 }
 
 // with returns a copy of cfg with opts applied by apply (a nil option is

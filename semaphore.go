@@ -386,7 +386,7 @@ func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter
 // must be held.
 func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	release := semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
-		lease: s.lease(), size: s.size, publish: s.c.publish}
+		lease: s.cfg.holdLease(), size: s.size, publish: s.c.publish}
 	res, err := release.call(s.keys).run(ctx, s.c.rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
@@ -462,21 +462,6 @@ func (s *Semaphore) lockOp(ctx context.Context) error {
 
 // end gives back s's turn to talk to Redis.
 func (s *Semaphore) end() { <-s.op }
-
-// lease is the lease set by an acquire.
-func (s *Semaphore) lease() time.Duration {
-	return cmp.Or(s.cfg.lease, s.cfg.watchdog)
-}
-
-// grantLease is the lease of permits granted to a waiter of s by another
-// call: short under the watchdog, which extends it, so that a grant to a
-// waiter that just died costs little.
-func (s *Semaphore) grantLease() time.Duration {
-	if s.cfg.lease > 0 {
-		return s.cfg.lease
-	}
-	return min(s.cfg.heartbeat, s.cfg.watchdog)
-}
 
 // sleepFor is how long a waiter sleeps, at most, after an attempt found
 // the earliest lease ending in next ms (-1: no holder).
