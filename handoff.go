@@ -28,7 +28,7 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 	if m.c.obs == nil {
 		return m.handoff(ctx)
 	}
-	ctx, o := observe(m.c.obs, ctx, OpHandoff, PrimitiveMutex, m.name, 0)
+	ctx, o := observe(m.c.obs, ctx, Call{Op: OpHandoff, Primitive: PrimitiveMutex, Name: m.name})
 	handle, err := m.handoff(ctx)
 	o.end(ctx, true, err, 0)
 	return handle, err
@@ -84,13 +84,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 // Redis, when m holds the lock already, and the errors of Redis. Like
 // Lock, it returns within 25 ms of ctx's end and leaves nothing behind.
 func (m *Mutex) Accept(ctx context.Context, handle string) error {
-	if m.c.obs == nil {
-		return m.accept(ctx, handle)
-	}
-	ctx, o := observe(m.c.obs, ctx, OpAccept, PrimitiveMutex, m.name, 0)
-	err := m.accept(ctx, handle)
-	o.end(ctx, true, err, m.Token())
-	return err
+	return observed(m.c.obs, ctx, Call{Op: OpAccept, Primitive: PrimitiveMutex, Name: m.name}, func(ctx context.Context) error { return m.accept(ctx, handle) }, m.Token)
 }
 
 // accept is Accept, unobserved.

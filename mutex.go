@@ -86,13 +86,7 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 // outlives Redis being unreachable or failing over, looking again with a
 // growing pause until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
-	if m.c.obs == nil {
-		return m.lock(ctx)
-	}
-	ctx, o := observe(m.c.obs, ctx, OpLock, PrimitiveMutex, m.name, 0)
-	err := m.lock(ctx)
-	o.end(ctx, true, err, m.Token())
-	return err
+	return observed(m.c.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveMutex, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
@@ -124,13 +118,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 // anew if m's hold was lost, as Lock does). Unless m barges, it does not
 // take the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
-	if m.c.obs == nil {
-		return m.tryLock(ctx)
-	}
-	ctx, o := observe(m.c.obs, ctx, OpTryLock, PrimitiveMutex, m.name, 0)
-	ok, err := m.tryLock(ctx)
-	o.end(ctx, ok, err, m.Token())
-	return ok, err
+	return observedTry(m.c.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveMutex, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
@@ -181,13 +169,7 @@ func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
 // renewed, so when the release fails, or ctx ends before it is confirmed,
 // the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	if m.c.obs == nil {
-		return m.unlock(ctx)
-	}
-	ctx, o := observe(m.c.obs, ctx, OpUnlock, PrimitiveMutex, m.name, 0)
-	err := m.unlock(ctx)
-	o.end(ctx, true, err, 0)
-	return err
+	return observed(m.c.obs, ctx, Call{Op: OpUnlock, Primitive: PrimitiveMutex, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved: a RedMutex releases its node holds with it.

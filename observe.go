@@ -183,10 +183,34 @@ type observation struct {
 	call Call
 }
 
-// observe tells obs, which must not be nil, that a call starts, and
+// observed runs call, the body of a public method, telling obs of it as
+// the call c when there is an observer; token (nil: none) gives the token
+// of the hold the call took.
+func observed(obs Observer, ctx context.Context, c Call, call func(context.Context) error, token func() int64) error {
+	_, err := observedTry(obs, ctx, c, func(ctx context.Context) (bool, error) { return true, call(ctx) }, token)
+	return err
+}
+
+// observedTry is observed for a call that reports whether it took
+// something.
+func observedTry(obs Observer, ctx context.Context, c Call, call func(context.Context) (bool, error), token func() int64) (bool, error) {
+	if obs == nil {
+		return call(ctx)
+	}
+	ctx, o := observe(obs, ctx, c)
+	ok, err := call(ctx)
+	var t int64
+	if token != nil {
+		t = token()
+	}
+	o.end(ctx, ok, err, t)
+	return ok, err
+}
+
+// observe tells obs, which must not be nil, that the call starts, and
 // returns the context the call goes on with.
-func observe(obs Observer, ctx context.Context, op Op, prim Primitive, name string, permits int64) (context.Context, observation) {
-	call := Call{Op: op, Primitive: prim, Name: name, Permits: permits, Start: time.Now()}
+func observe(obs Observer, ctx context.Context, call Call) (context.Context, observation) {
+	call.Start = time.Now()
 	return obs.CallStart(ctx, call), observation{obs, call}
 }
 

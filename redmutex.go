@@ -98,13 +98,7 @@ func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 // ErrClosed after Close, and ctx.Err() wrapped when ctx ends first; it
 // leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) error {
-	if m.r.cfg.obs == nil {
-		return m.lock(ctx)
-	}
-	ctx, o := observe(m.r.cfg.obs, ctx, OpLock, PrimitiveRedMutex, m.name, 0)
-	err := m.lock(ctx)
-	o.end(ctx, true, err, m.Token())
-	return err
+	return observed(m.r.cfg.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
@@ -120,13 +114,7 @@ func (m *RedMutex) lock(ctx context.Context) error {
 // lost, as Lock does). When fewer than a quorum of
 // nodes answered, it returns false and an error wrapping ErrQuorum.
 func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
-	if m.r.cfg.obs == nil {
-		return m.tryLock(ctx)
-	}
-	ctx, o := observe(m.r.cfg.obs, ctx, OpTryLock, PrimitiveRedMutex, m.name, 0)
-	ok, err := m.tryLock(ctx)
-	o.end(ctx, ok, err, m.Token())
-	return ok, err
+	return observedTry(m.r.cfg.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
@@ -147,13 +135,7 @@ func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
 // told: their holds then stay until their leases run out. m forgets the
 // hold in every case.
 func (m *RedMutex) Unlock(ctx context.Context) error {
-	if m.r.cfg.obs == nil {
-		return m.unlock(ctx)
-	}
-	ctx, o := observe(m.r.cfg.obs, ctx, OpUnlock, PrimitiveRedMutex, m.name, 0)
-	err := m.unlock(ctx)
-	o.end(ctx, true, err, 0)
-	return err
+	return observed(m.r.cfg.obs, ctx, Call{Op: OpUnlock, Primitive: PrimitiveRedMutex, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved.

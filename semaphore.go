@@ -117,13 +117,7 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...SemaphoreOption) 
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
-	if s.c.obs == nil {
-		return s.acquire(ctx, n)
-	}
-	ctx, o := observe(s.c.obs, ctx, OpAcquire, PrimitiveSemaphore, s.name, n)
-	err := s.acquire(ctx, n)
-	o.end(ctx, true, err, 0)
-	return err
+	return observed(s.c.obs, ctx, Call{Op: OpAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.acquire(ctx, n) }, nil)
 }
 
 // acquire is Acquire, unobserved.
@@ -149,13 +143,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 // anyone is queued, even if the free permits would cover n, and when
 // another Acquire of s is under way.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
-	if s.c.obs == nil {
-		return s.tryAcquire(ctx, n)
-	}
-	ctx, o := observe(s.c.obs, ctx, OpTryAcquire, PrimitiveSemaphore, s.name, n)
-	ok, err := s.tryAcquire(ctx, n)
-	o.end(ctx, ok, err, 0)
-	return ok, err
+	return observedTry(s.c.obs, ctx, Call{Op: OpTryAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) (bool, error) { return s.tryAcquire(ctx, n) }, nil)
 }
 
 // tryAcquire is TryAcquire, unobserved.
@@ -197,13 +185,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 // renew permits it cannot count. When ctx ends before such a release is
 // confirmed, Release returns and its outcome is applied when it comes.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
-	if s.c.obs == nil {
-		return s.releaseN(ctx, n)
-	}
-	ctx, o := observe(s.c.obs, ctx, OpRelease, PrimitiveSemaphore, s.name, n)
-	err := s.releaseN(ctx, n)
-	o.end(ctx, true, err, 0)
-	return err
+	return observed(s.c.obs, ctx, Call{Op: OpRelease, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.releaseN(ctx, n) }, nil)
 }
 
 // releaseN is Release, unobserved.
