@@ -10,9 +10,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// keepAliveScript runs lib.lua's keep_alive(KEYS[1], ARGV[1]) and replies
-// the key's PTTL afterwards. With ARGV[2] "6" it runs as on a Redis before
-// 7, whose PEXPIRE has no GT option and fails when given one.
+// keepAliveScript runs lib.lua's keep_alive(KEYS[1], ARGV[1]), or
+// keep_longer when ARGV[3] is "longer", and replies the key's PTTL
+// afterwards. With ARGV[2] "6" it runs as on a Redis before 7, whose
+// PEXPIRE has no GT option and fails when given one.
 var keepAliveScript = redis.NewScript(`
 if ARGV[2] == '6' then
   local pcall = redis.pcall
@@ -24,7 +25,11 @@ if ARGV[2] == '6' then
   end
 end
 ` + luaLib + `
-keep_alive(KEYS[1], tonumber(ARGV[1]))
+if ARGV[3] == 'longer' then
+  keep_longer(KEYS[1], tonumber(ARGV[1]))
+else
+  keep_alive(KEYS[1], tonumber(ARGV[1]))
+end
 return redis.call('PTTL', KEYS[1])`)
 
 // keep_alive extends a TTL to at least its argument and never shortens
@@ -35,21 +40,25 @@ func TestKeepAliveNeverShortens(t *testing.T) {
 	// Redis 6 here; Redis 7 does not.
 	mini := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	t.Cleanup(func() { mini.Close() })
+	rdb := redistest.Client(t)
 	for _, tc := range []struct {
 		name    string
 		rdb     redis.Cmdable
 		version string
+		fn      string
 	}{
-		{"redis", redistest.Client(t), "7"},
-		{"miniredis", mini, "7"},
-		{"without PEXPIRE GT", mini, "6"},
+		{"redis", rdb, "7", "alive"},
+		{"miniredis", mini, "7", "alive"},
+		{"without PEXPIRE GT", mini, "6", "alive"},
+		{"keep_longer", rdb, "7", "longer"},
+		{"keep_longer on miniredis", mini, "7", "longer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			key := redistest.Name(t)
 			keep := func(ms int64) int64 {
 				t.Helper()
-				pttl, err := keepAliveScript.Run(ctx, tc.rdb, []string{key}, ms, tc.version).Int64()
+				pttl, err := keepAliveScript.Run(ctx, tc.rdb, []string{key}, ms, tc.version, tc.fn).Int64()
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -43,7 +43,7 @@ if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
   -- Mutex.Extend has made longer since.
   keep_alive(lock, lease)
-  keep_alive(token, lease) -- as long as the lease: see lib.lua, mint
+  keep_longer(token, lease) -- as long as the lease: see lib.lua, mint
   if not layout then
     redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT) -- handed over by layout 1 (see renew.lua)
   end
@@ -79,7 +79,7 @@ if pttl == -2 then
   end
   if head == ticket then
     redis.call('PEXPIRE', lock, lease)
-    keep_alive(token, lease) -- minted for the hand-off lease
+    keep_longer(token, lease) -- minted for the hand-off lease
     return {1, ht}
   end
   pttl = redis.call('PTTL', lock)

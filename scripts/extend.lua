@@ -19,5 +19,5 @@ if redis.pcall('HEXISTS', lock, id) ~= 1 then
   return {0}
 end
 keep_alive(lock, ms)
-keep_alive(KEYS[2], ms)
+keep_longer(KEYS[2], ms)
 return {1}

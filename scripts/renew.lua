@@ -39,7 +39,7 @@ for i = 1, #ARGV, 3 do
     k = k + 2
     if redis.pcall('HEXISTS', lock, owner) == 1 then
       keep_alive(lock, ms)
-      keep_alive(KEYS[k - 1], ms)
+      keep_longer(KEYS[k - 1], ms)
       if not redis.call('HGET', lock, LAYOUT_FIELD) then
         -- This version's hold in a hash that layout 1 wrote (its release
         -- handed the lock over): mark it, so that this version's calls
@@ -61,7 +61,7 @@ for i = 1, #ARGV, 3 do
       keep_alive(holders, ms)
       keep_alive(expiry, ms)
       if redis.pcall('TYPE', size)['ok'] == 'string' then
-        keep_alive(size, ms)
+        keep_longer(size, ms)
       end
       ok = 1
     end

@@ -88,7 +88,7 @@ local function sem_lease(k, holder, now, ms)
   end
   keep_alive(k.holders, ms)
   keep_alive(k.expiry, ms)
-  keep_alive(k.size, ms)
+  keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
 end
 
 -- sem_rearm makes a holder's lease end at now + ms exactly (a holder that
@@ -98,7 +98,7 @@ local function sem_rearm(k, holder, now, ms)
   redis.call('ZADD', k.expiry, now + ms, holder)
   keep_alive(k.holders, ms)
   keep_alive(k.expiry, ms)
-  keep_alive(k.size, ms)
+  keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
 end
 
 -- sem_reclaim removes the holders whose lease ended by now.
