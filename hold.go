@@ -153,7 +153,8 @@ func (s *holds) loseLocked(h *hold) {
 		return
 	}
 	h.isLost = true
-	close(h.lost)
+	// Told before Lost is closed: a caller that closes its Client once
+	// Lost is closed still has the event delivered.
 	switch {
 	case h.given:
 		// Handoff tells how it ended once Redis answered (see told).
@@ -162,6 +163,7 @@ func (s *holds) loseLocked(h *hold) {
 	default:
 		s.emit(KindHoldLost, h, nil)
 	}
+	close(h.lost)
 	end(h, ErrLockLost)
 	s.c.wd.remove(h.ka)
 	if s.onLost != nil {

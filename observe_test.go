@@ -279,7 +279,7 @@ func TestLoggerWarnings(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := New(rdb, WithLogger(log), WithWatchdogLease(300*time.Millisecond), WithHeartbeat(30*time.Millisecond))
+	a, err := New(rdb, WithLogger(log), WithWatchdogLease(2*time.Second), WithHeartbeat(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
