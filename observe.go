@@ -56,6 +56,9 @@ const (
 	OpRelease    Op = "release"    // Semaphore.Release
 	OpHandoff    Op = "handoff"    // Mutex.Handoff
 	OpAccept     Op = "accept"     // Mutex.Accept
+	OpRLock      Op = "rlock"      // RWMutex.RLock
+	OpTryRLock   Op = "tryrlock"   // RWMutex.TryRLock
+	OpRUnlock    Op = "runlock"    // RWMutex.RUnlock
 )
 
 // Primitive names the kind of lock an event is about.
@@ -66,6 +69,7 @@ const (
 	PrimitiveMutex     Primitive = "mutex"
 	PrimitiveSemaphore Primitive = "semaphore"
 	PrimitiveRedMutex  Primitive = "redmutex"
+	PrimitiveRWMutex   Primitive = "rwmutex"
 )
 
 // Outcome is how a call ended.
