@@ -48,9 +48,9 @@ type Op string
 
 // The calls told to an Observer.
 const (
-	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock
-	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock
-	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock
+	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
 	OpRelease    Op = "release"    // Semaphore.Release

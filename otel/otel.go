@@ -177,13 +177,14 @@ func (b *builder) keep(err error) {
 
 // waits reports whether op waits for a lock or permits.
 func waits(op redisync.Op) bool {
-	return op == redisync.OpLock || op == redisync.OpAcquire
+	return op == redisync.OpLock || op == redisync.OpAcquire || op == redisync.OpRLock
 }
 
 // takes reports whether op takes a lock or permits.
 func takes(op redisync.Op) bool {
 	switch op {
-	case redisync.OpLock, redisync.OpTryLock, redisync.OpAcquire, redisync.OpTryAcquire, redisync.OpAccept:
+	case redisync.OpLock, redisync.OpTryLock, redisync.OpAcquire, redisync.OpTryAcquire, redisync.OpAccept,
+		redisync.OpRLock, redisync.OpTryRLock:
 		return true
 	}
 	return false
