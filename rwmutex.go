@@ -284,3 +284,21 @@ func (rw *RWMutex) wrap(op Op, err error) error {
 	}
 	return wrapOp(string(op), rw.s.name, err)
 }
+
+// RWMutexWrite is the number of permits a write holds, or waits for, in
+// the state InspectRWMutex reads; a read holds 1. It is the size of the
+// semaphore under a RWMutex.
+const RWMutexWrite = schema.RWMutexSize
+
+// InspectRWMutex reads the state of the read-write lock called name, as
+// InspectSemaphore reads a semaphore's (a RWMutex is one, see RWMutex): a
+// holder or waiter with RWMutexWrite permits is a write, one with 1 a
+// read. opts name the keys as for NewRWMutex. A lock never used, or idle
+// for an hour, is Empty.
+func (c *Client) InspectRWMutex(ctx context.Context, name string, opts ...SemaphoreOption) (*SemaphoreState, error) {
+	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
+	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
+		return nil, wrapOp("inspect rwmutex", name, err)
+	}
+	return c.inspectSemaphore(ctx, name, schema.RWMutexKeys(cfg.prefix, name))
+}

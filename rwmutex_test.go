@@ -110,6 +110,14 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 	if ok, err := c.NewRWMutex("rw").TryRLock(ctx); ok || err != nil {
 		t.Fatalf("TryRLock ahead of a queued writer: %v, %v, want false", ok, err)
 	}
+	st, err := c.InspectRWMutex(ctx, "rw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Holders) != 2 || st.Holders[0].Permits != 1 || st.Holders[1].Permits != 1 ||
+		len(st.Queue) != 1 || st.Queue[0].Permits != RWMutexWrite {
+		t.Fatalf("InspectRWMutex: holders %+v, queue %+v; want 2 reads and a write queued", st.Holders, st.Queue)
+	}
 	if err := r1.RUnlock(ctx); err != nil {
 		t.Fatal(err)
 	}
