@@ -3,6 +3,8 @@ package redisync
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -320,5 +322,53 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	}
 	if err := reader.RUnlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("RUnlock of the lost read: %v, want ErrLockLost", err)
+	}
+}
+
+func TestRWMutexWrongTypeTokenIsAnErrorAndWritesNothing(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	mr.HSet(rwKey+":token", "x", "1")
+	before := mr.Keys()
+	if err := c.NewRWMutex("rw").RLock(ctx); !errors.Is(err, ErrWrongType) {
+		t.Fatalf("RLock with a token counter of the wrong type: %v, want ErrWrongType", err)
+	}
+	if err := c.NewRWMutex("rw").Lock(ctx); !errors.Is(err, ErrWrongType) {
+		t.Fatalf("Lock with a token counter of the wrong type: %v, want ErrWrongType", err)
+	}
+	if after := mr.Keys(); !slices.Equal(before, after) {
+		t.Fatalf("keys %v after the failed calls, want %v", after, before)
+	}
+}
+
+// TestRWMutexRetriedWriteKeepsItsToken: go-redis runs a write's acquire
+// twice (a retry after a lost reply); the retry is applied once and
+// answers the token the first run minted.
+func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	w := c.NewRWMutex("rw")
+	if err := w.Lock(ctx); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cnt.armReplay(semAcquireScript)
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := strconv.ParseInt(mustGet(t, mr, rwKey+":token"), 10, 64)
+	if err != nil || w.Token() != stored {
+		t.Fatalf("token %d after a replayed acquire, counter %d (%v)", w.Token(), stored, err)
+	}
+	if got := mustHKeys(t, mr, rwKey); len(got) != 1 {
+		t.Fatalf("holders %v, want one", got)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if mr.Exists(rwKey) {
+		t.Fatalf("holders left after Unlock: %v", mustHKeys(t, mr, rwKey))
 	}
 }
