@@ -32,7 +32,10 @@ import (
 // is a downgrade: the write ends and one read stays, in one script call
 // that lets the readers queued at the head in. Lock while it holds only
 // reads is an upgrade, which it refuses with ErrUpgrade at once (two
-// readers upgrading would wait for each other for good).
+// readers upgrading would wait for each other for good). Since a level is
+// added without queueing, goroutines that share a value and keep its reads
+// overlapping keep it reading, ahead of a queued writer: fairness is
+// between values, so give each goroutine a value of its own.
 //
 // A write carries a fencing token (Token), minted in Redis by the script
 // that grants it, by the same rule as a Mutex's; a read has none.

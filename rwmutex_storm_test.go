@@ -45,8 +45,9 @@ func (h *rwHistory) add(s rwSpan) {
 }
 
 // check fails the test when a write overlaps any hold of another owner,
-// or when write tokens do not increase in the order the writes started.
-// It returns how many pairs of reads of different owners overlapped.
+// or when write tokens do not increase in the order the writes started
+// (writes of one owner that overlap share its token). It returns how many
+// pairs of reads of different owners overlapped.
 func (h *rwHistory) check(t *testing.T) (sharedReads int) {
 	t.Helper()
 	h.mu.Lock()
@@ -54,12 +55,13 @@ func (h *rwHistory) check(t *testing.T) (sharedReads int) {
 	s := slices.Clone(h.spans)
 	slices.SortFunc(s, func(a, b rwSpan) int { return a.start.Compare(b.start) })
 	var lastToken int64
+	lastOwner := -1
 	for i, a := range s {
 		if a.write {
-			if a.token <= lastToken {
+			if a.token < lastToken || (a.token == lastToken && a.owner != lastOwner) {
 				t.Errorf("write of owner %d started after a write with token %d but has token %d", a.owner, lastToken, a.token)
 			}
-			lastToken = a.token
+			lastToken, lastOwner = a.token, a.owner
 		}
 		for _, b := range s[i+1:] {
 			if !b.start.Before(a.end) {
@@ -87,31 +89,50 @@ func stormDeadline(rng *rand.Rand) time.Duration {
 	return time.Duration(rng.IntN(5000)) * time.Microsecond
 }
 
-// TestRWMutexCancellationStorm: 3 Clients and 12 goroutines, each with a
-// RWMutex value of its own, call RLock, Lock, TryRLock and TryLock on one
-// name again and again with deadlines of 0-5 ms (some 100 ms), hold a
-// little, re-enter, and downgrade writes to reads. No write may overlap
-// another owner's hold, write tokens must increase, and afterwards the
-// lock must be free and its queue empty.
+// TestRWMutexCancellationStorm: 3 Clients and 12 goroutines call RLock,
+// Lock, TryRLock and TryLock on one name again and again with deadlines of
+// 0-5 ms (some 100 ms), hold a little, re-enter, and downgrade writes to
+// reads: in "own", each goroutine with a RWMutex value of its own; in
+// "shared", 4 of them share a value by two (an owner: its levels add up,
+// and a write asked for while the other goroutine reads is refused with
+// ErrUpgrade). No write may overlap another owner's hold, write tokens
+// must increase, and afterwards the lock must be free and its queue empty.
 func TestRWMutexCancellationStorm(t *testing.T) {
-	rdb := newReal(t)
-	name := uniqueName(t)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("REDISYNC_STORM_SEED"); s != "" {
 		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
+	t.Run("own", func(t *testing.T) { rwStorm(t, seed, 12) })
+	t.Run("shared", func(t *testing.T) { rwStorm(t, seed, 10) })
+}
+
+// rwStorm runs the storm with 12 goroutines on values RWMutex values:
+// goroutine g uses value g%values.
+func rwStorm(t *testing.T, seed uint64, values int) {
+	rdb := newReal(t)
+	name := uniqueName(t)
 	t.Logf("seed %d (REDISYNC_STORM_SEED replays it)", seed)
 	clients := []*Client{newClient(t, rdb), newClient(t, rdb), newClient(t, rdb)}
 	var h rwHistory
-	var cancelled, writes, downgrades atomic.Int64
+	var cancelled, writes, downgrades, upgrades atomic.Int64
 	stop := time.Now().Add(3 * time.Second)
 	var wg sync.WaitGroup
+	vs := make([]*RWMutex, values)
+	for v := range vs {
+		vs[v] = clients[v%len(clients)].NewRWMutex(name, WithHeartbeat(300*time.Millisecond))
+	}
+	shared := 12 - values // values 0..shared-1 have two goroutines
 	for g := range 12 {
-		rw := clients[g%len(clients)].NewRWMutex(name, WithHeartbeat(300*time.Millisecond))
+		owner := g % values
 		rng := rand.New(rand.NewPCG(seed, uint64(g)))
 		wg.Go(func() {
 			for time.Now().Before(stop) {
-				if err := stormRound(rw, g, rng, &h, &cancelled, &writes, &downgrades); err != nil {
+				err := stormRound(vs[owner], owner, rng, &h, &cancelled, &writes, &downgrades)
+				if errors.Is(err, ErrUpgrade) && owner < shared {
+					upgrades.Add(1)
+					continue
+				}
+				if err != nil {
 					t.Error(err)
 					return
 				}
@@ -119,10 +140,10 @@ func TestRWMutexCancellationStorm(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	shared := h.check(t)
-	t.Logf("%d holds, %d writes, %d downgrades, %d calls cancelled, %d overlapping reads",
-		len(h.spans), writes.Load(), downgrades.Load(), cancelled.Load(), shared)
-	if writes.Load() == 0 || downgrades.Load() == 0 || cancelled.Load() == 0 || shared == 0 {
+	reads := h.check(t)
+	t.Logf("%d holds, %d writes, %d downgrades, %d upgrades refused, %d calls cancelled, %d overlapping reads",
+		len(h.spans), writes.Load(), downgrades.Load(), upgrades.Load(), cancelled.Load(), reads)
+	if writes.Load() == 0 || downgrades.Load() == 0 || cancelled.Load() == 0 || reads == 0 || (shared > 0 && upgrades.Load() == 0) {
 		t.Error("the storm exercised too little")
 	}
 	keys := schema.RWMutexKeys(schema.DefaultPrefix, name)
