@@ -372,3 +372,71 @@ func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
 		t.Fatalf("holders left after Unlock: %v", mustHKeys(t, mr, rwKey))
 	}
 }
+
+func TestRWMutexHoldContextOutlivesADowngrade(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	rw := c.NewRWMutex("rw")
+	hctx, cancel := rw.HoldContext(ctx)
+	if !errors.Is(context.Cause(hctx), ErrNotHeld) {
+		t.Fatalf("hold context of nothing: cause %v, want ErrNotHeld", context.Cause(hctx))
+	}
+	cancel()
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel = rw.HoldContext(ctx)
+	defer cancel()
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Unlock(ctx); err != nil { // the downgrade
+		t.Fatal(err)
+	}
+	if hctx.Err() != nil {
+		t.Fatalf("the downgrade ended the hold's context: %v", context.Cause(hctx))
+	}
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(hctx), ErrReleased) {
+		t.Fatalf("after the last release: cause %v, want ErrReleased", context.Cause(hctx))
+	}
+}
+
+func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	holder, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	r := holder.NewRWMutex("rw")
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := r.Lost()
+	w := c.NewRWMutex("rw")
+	locked := async(func() error { return w.Lock(ctx) })
+	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 1 })
+	waiter := holder.NewRWMutex("rw")
+	read := async(func() error { return waiter.RLock(ctx) })
+	eventually(t, 5*time.Second, "the reader to queue", func() bool { return rwQueueLen(t, mr) == 2 })
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Close left the read's Lost open")
+	}
+	if err := result(t, read); !errors.Is(err, ErrClosed) {
+		t.Fatalf("RLock queued at Close: %v, want ErrClosed", err)
+	}
+	if err := result(t, locked); err != nil { // the read was released
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
