@@ -440,3 +440,43 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestRWMutexLostHoldIsReportedUntilReleased(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	rw := c.NewRWMutex("rw")
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := rw.Lost()
+	mr.Del(rwKey) // the holders, removed behind rw's back
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost did not close")
+	}
+	if err := rw.RLock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RLock on a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := rw.Lock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Lock on a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := rw.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock of a lost write: %v, want ErrLockLost", err)
+	}
+	if err := rw.RUnlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RUnlock of a lost read: %v, want ErrLockLost", err)
+	}
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatalf("Lock once the lost hold was released: %v", err)
+	}
+	if rw.Lost() == lost || rw.Token() == 0 {
+		t.Fatal("the new write is the lost hold")
+	}
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
