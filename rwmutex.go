@@ -163,7 +163,9 @@ func (rw *RWMutex) observedRelease(ctx context.Context, op Op, write bool) error
 }
 
 // call describes a call op of rw to an Observer.
-func (rw *RWMutex) call(op Op) Call { return Call{Op: op, Primitive: PrimitiveRWMutex, Name: rw.s.name} }
+func (rw *RWMutex) call(op Op) Call {
+	return Call{Op: op, Primitive: PrimitiveRWMutex, Name: rw.s.name}
+}
 
 // acquire takes a level, a write or a read, waiting for it or not.
 func (rw *RWMutex) acquire(ctx context.Context, op Op, write, wait bool) (bool, error) {
