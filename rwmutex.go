@@ -11,7 +11,7 @@ import (
 // RWMutex is a read-write lock shared by every process that uses the same
 // name and key prefix on the same Redis: many readers or one writer.
 //
-// It is a Semaphore of a fixed, very large size (schema.RWMutexSize) under
+// It is a Semaphore of a fixed, very large size (RWMutexWrite) under
 // keys of its own, so that it never shares a key with a Semaphore of the
 // same name: a read holds one permit, a write all of them. So it has a
 // Semaphore's guarantees. Arrival order is decided in Redis and served
@@ -41,7 +41,7 @@ import (
 // that grants it, by the same rule as a Mutex's; a read has none.
 //
 // The options are those of a Semaphore (WithLease, WithWatchdogLease,
-// WithHeartbeat, WithRecheck, WithMaxHold, WithLabel, WithPrefix...).
+// WithHeartbeat, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
 type RWMutex struct {
 	s    *Semaphore
 	turn chan struct{} // held by the call of the value that takes its first level
