@@ -77,7 +77,8 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	// lockCall.attempt).
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
 	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
-		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish}.call(s.keys)
+		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish,
+		fence: s.fence}.call(s.keys)
 	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, acquire, granted)
 	}, func([]int64, error) {
@@ -97,7 +98,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	}
 	switch res[0] {
 	case 1:
-		return a.granted(ctx, a.n, sent, s.cfg.holdLease())
+		return a.granted(ctx, a.n, res[1], sent, s.cfg.holdLease())
 	case -1:
 		s.lose(h)
 		return false, 0, ErrLockLost
@@ -122,10 +123,11 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	return false, s.sleepFor(res[1]), nil
 }
 
-// granted records n permits granted to the call, their lease of length
-// lease set no earlier than since. When s cannot take them they are given
-// back: if their lease may have run out already, the call goes on waiting.
-func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lease time.Duration) (bool, time.Duration, error) {
+// granted records n permits granted to the call with the fencing token
+// token (a RWMutex's write; else 0), their lease of length lease set no
+// earlier than since. When s cannot take them they are given back: if
+// their lease may have run out already, the call goes on waiting.
+func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Time, lease time.Duration) (bool, time.Duration, error) {
 	s := a.s
 	s.mu.Lock()
 	if h := s.cur; h != nil {
@@ -137,6 +139,9 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 			return false, 0, ErrLockLost
 		}
 		h.n += n
+		if token != 0 {
+			h.token = token
+		}
 		s.mu.Unlock()
 		noteHold(ctx, h)
 		if lease >= s.cfg.holdLease() { // a shorter grant lease did not shorten it
@@ -156,7 +161,7 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 		return false, 0, nil
 	}
 	s.mu.Unlock()
-	h := &hold{id: a.holder, n: n}
+	h := &hold{id: a.holder, n: n, token: token}
 	e := &keepalive{kind: "sem", owner: a.holder, keys: semRenewKeys(s.keys), ttl: s.cfg.holdLease(),
 		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
@@ -178,11 +183,15 @@ func (a *acquireCall) granted(ctx context.Context, n int64, since time.Time, lea
 }
 
 // adopt takes the permits that a release granted to the call, announced
-// by the message grant ("waiter:permits:ms"). Their grant lease was set
-// after the last call that Redis ran before the grant was sent (see
-// place.confirmed).
+// by the message grant ("waiter:permits:ms", or "waiter:token:ms" for a
+// RWMutex's write). Their grant lease was set after the last call that
+// Redis ran before the grant was sent (see place.confirmed).
 func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 	n, ms, ours := parseGrant(grant, a.waiter)
+	var token int64
+	if a.s.fence && a.n == a.s.size {
+		n, token = a.n, n
+	}
 	if !ours || n != a.n || a.s.cfg.replicas > 0 || (a.onto != nil && a.s.current() != a.onto) {
 		// Not a grant of this call, one to confirm with the replicas,
 		// or one to the holding of the value that ended meanwhile
@@ -191,7 +200,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 		// it if it is ours.
 		return false, nil
 	}
-	ok, _, err := a.granted(ctx, n, a.confirmed(ms), a.s.cfg.grantLease())
+	ok, _, err := a.granted(ctx, n, token, a.confirmed(ms), a.s.cfg.grantLease())
 	return ok, err
 }
 

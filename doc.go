@@ -1,7 +1,9 @@
 // Package redisync provides distributed synchronization primitives on
 // Redis for Go services: a reentrant, leased Mutex with a blocking
-// Lock(ctx), fair (FIFO) unless it opts out, fencing tokens, and a counting
-// Semaphore whose permits are leased to their holders. It works on a
+// Lock(ctx), fair (FIFO) unless it opts out, fencing tokens, a counting
+// Semaphore whose permits are leased to their holders, and a fair RWMutex
+// (many readers or one writer, each reader on a lease of its own). It
+// works on a
 // single Redis, a primary with replicas (WithReplicas), Redis Cluster
 // (sharded pub/sub), and independent Redis nodes (NewRedlock).
 //
@@ -83,7 +85,9 @@
 // another layout (another version of redisync on the same Redis) fails
 // with ErrLayout and holds nothing (docs/upgrading.md).
 //
-// A semaphore's keys are "redisync:sem:{name}..." in the same way. The
+// A semaphore's keys are "redisync:sem:{name}...", and a read-write
+// lock's (RWMutex, a semaphore underneath) "redisync:rw:{name}...", in the
+// same way. The
 // prefix "redisync" is set with WithKeyPrefix. Every key has a TTL: nothing
 // is left in Redis for good. docs/design.md describes every key and script.
 package redisync

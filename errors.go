@@ -75,6 +75,11 @@ var (
 	// client (or two *redis.Client with the same address and database)
 	// twice: one server counted twice would break the majority.
 	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
+	// ErrUpgrade is returned at once by RWMutex.Lock and TryLock when the
+	// RWMutex holds only reads: a read is never upgraded to a write (two
+	// readers upgrading would wait for each other for good). Release the
+	// reads first.
+	ErrUpgrade = errors.New("redisync: read lock held, not upgraded to a write")
 )
 
 // NodeErrors lists the nodes of a Redlock that failed in one call, each

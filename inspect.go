@@ -212,7 +212,11 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Sema
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	k := schema.SemaphoreKeys(cfg.prefix, name)
+	return c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
+}
+
+// inspectSemaphore reads the semaphore called name whose keys are k.
+func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Semaphore) (*SemaphoreState, error) {
 	var (
 		holders, waiters *redis.MapStringStringCmd
 		expiry, queue    *redis.ZSliceCmd

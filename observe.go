@@ -48,14 +48,17 @@ type Op string
 
 // The calls told to an Observer.
 const (
-	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock
-	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock
-	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock
+	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
 	OpRelease    Op = "release"    // Semaphore.Release
 	OpHandoff    Op = "handoff"    // Mutex.Handoff
 	OpAccept     Op = "accept"     // Mutex.Accept
+	OpRLock      Op = "rlock"      // RWMutex.RLock
+	OpTryRLock   Op = "tryrlock"   // RWMutex.TryRLock
+	OpRUnlock    Op = "runlock"    // RWMutex.RUnlock
 )
 
 // Primitive names the kind of lock an event is about.
@@ -66,6 +69,7 @@ const (
 	PrimitiveMutex     Primitive = "mutex"
 	PrimitiveSemaphore Primitive = "semaphore"
 	PrimitiveRedMutex  Primitive = "redmutex"
+	PrimitiveRWMutex   Primitive = "rwmutex"
 )
 
 // Outcome is how a call ended.

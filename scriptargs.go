@@ -159,14 +159,15 @@ type semAcquireArgs struct {
 	heartbeat time.Duration // the waiter's heartbeat ttl
 	grant     time.Duration // the lease of a grant to a waiter
 	publish   string        // PUBLISH or SPUBLISH
+	fence     bool          // a RWMutex's: a write is granted a fencing token
 }
 
 // call returns the script's call on the semaphore k.
 func (a semAcquireArgs) call(k schema.Semaphore) scriptCall {
 	return scriptCall{semAcquireScript,
-		[]string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters, k.Withdrawn, k.Released},
+		[]string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters, k.Withdrawn, k.Released, k.Token},
 		[]any{a.holder, a.n, a.size, a.held, a.seq, a.lease.Milliseconds(), a.mode, a.waiter, flag(a.queued),
-			a.heartbeat.Milliseconds(), a.grant.Milliseconds(), k.Channel, a.publish}}
+			a.heartbeat.Milliseconds(), a.grant.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
 }
 
 // semReleaseArgs are the arguments of scripts/sem_release.lua. The memory
@@ -181,14 +182,15 @@ type semReleaseArgs struct {
 	lease   time.Duration // re-armed while the holder keeps permits
 	size    int64         // as the caller knows it
 	publish string        // PUBLISH or SPUBLISH
+	fence   bool          // a RWMutex's (semAcquireArgs.fence)
 }
 
 // call returns the script's call on the semaphore k.
 func (a semReleaseArgs) call(k schema.Semaphore) scriptCall {
 	return scriptCall{semReleaseScript,
-		[]string{k.Holders, k.Expiry, k.Queue, k.Waiters, k.Released, k.Withdrawn, k.Size},
+		[]string{k.Holders, k.Expiry, k.Queue, k.Waiters, k.Released, k.Withdrawn, k.Size, k.Token},
 		[]any{a.holder, a.n, a.held, a.seq, a.mode, a.waiter, a.lease.Milliseconds(), a.size,
-			tombstoneTTL.Milliseconds(), k.Channel, a.publish}}
+			tombstoneTTL.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
 }
 
 // semResizeArgs are the arguments of scripts/sem_resize.lua.

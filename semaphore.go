@@ -49,6 +49,9 @@ type Semaphore struct {
 	cfg  config
 	keys schema.Semaphore
 	err  error // invalid name, size or option
+	// fence is set on a RWMutex's semaphore: a grant of all its permits
+	// (a write) carries a fencing token, kept in the hold.
+	fence bool
 
 	turn chan struct{} // held by the Acquire or TryAcquire of this value under way
 	op   chan struct{} // held by the call of this value that talks to Redis
@@ -76,6 +79,12 @@ type Semaphore struct {
 // with Client.ResizeSemaphore.
 func (c *Client) NewSemaphore(name string, size int64, opts ...SemaphoreOption) *Semaphore {
 	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
+	return c.newSemaphore(name, size, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
+}
+
+// newSemaphore returns a Semaphore of the kind prim (a Semaphore's or a
+// RWMutex's) whose keys are keys.
+func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitive, keys schema.Semaphore) *Semaphore {
 	var bad error
 	if size <= 0 {
 		bad = fmt.Errorf("%w: size %d is not positive", ErrInvalidPermits, size)
@@ -88,8 +97,8 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...SemaphoreOption) 
 		turn:  make(chan struct{}, 1),
 		op:    make(chan struct{}, 1),
 		err:   cmp.Or(checkName(name), bad, cfg.err),
-		holds: newHolds(c, PrimitiveSemaphore, name),
-		keys:  schema.SemaphoreKeys(cfg.prefix, name),
+		holds: newHolds(c, prim, name),
+		keys:  keys,
 	}
 }
 
@@ -368,7 +377,7 @@ func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter
 // must be held.
 func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	release := semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
-		lease: s.cfg.holdLease(), size: s.size, publish: s.c.publish}
+		lease: s.cfg.holdLease(), size: s.size, publish: s.c.publish, fence: s.fence}
 	res, err := release.call(s.keys).run(ctx, s.c.rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)

@@ -44,6 +44,22 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 	if err := w.Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	// A read-write lock's write handed to a queued writer: its token.
+	rw, rw2 := c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	locked := async(func() error { return rw2.Lock(ctx) })
+	eventually(t, 5*time.Second, "rw2 to queue", func() bool { return rwQueueLen(t, mr) == 1 })
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, locked); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range mr.Keys() {
 		if mr.TTL(k) <= 0 {
 			t.Errorf("key %q has no TTL", k)

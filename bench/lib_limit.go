@@ -8,19 +8,21 @@ import (
 )
 
 // limitLibrary is the in-process limit: a sync.Mutex (or, for semaphores,
-// a semaphore.Weighted) per key, shared by every goroutine and instance
+// a semaphore.Weighted; for read-write locks, a sync.RWMutex) per key, shared by every goroutine and instance
 // of the run. It sends nothing to Redis.
 func limitLibrary() library {
 	reg := &limitRegistry{
 		mutexes:    map[string]*sync.Mutex{},
 		semaphores: map[string]*semaphore.Weighted{},
+		rwmutexes:  map[string]*sync.RWMutex{},
 	}
 	return library{
 		name:        "limit",
-		about:       "in-process sync.Mutex (semaphore.Weighted for semaphores), shared by all goroutines",
+		about:       "in-process sync.Mutex (semaphore.Weighted for semaphores, sync.RWMutex for rw), shared by all goroutines",
 		open:        func(string, *clientCounts) (instance, error) { return reg, nil },
 		openCluster: func([]string, *clientCounts) (instance, error) { return reg, nil },
 		semaphores:  true,
+		rwmutexes:   true,
 	}
 }
 
@@ -31,6 +33,7 @@ type limitRegistry struct {
 	mu         sync.Mutex
 	mutexes    map[string]*sync.Mutex
 	semaphores map[string]*semaphore.Weighted
+	rwmutexes  map[string]*sync.RWMutex
 }
 
 // Mutex returns the sync.Mutex of key.
@@ -63,6 +66,7 @@ func (r *limitRegistry) Close() error {
 	defer r.mu.Unlock()
 	clear(r.mutexes)
 	clear(r.semaphores)
+	clear(r.rwmutexes)
 	return nil
 }
 

@@ -46,6 +46,7 @@ func redisyncLibrary(barging bool) library {
 		},
 		redisKey:   func(name string) string { return schema.LockKeys(schema.DefaultPrefix, name).Hash },
 		semaphores: !barging && redisyncSemaphore != nil,
+		rwmutexes:  !barging, // Barging is no option of a RWMutex
 	}
 	if barging {
 		lib.name = "redisync-barging"

@@ -53,6 +53,8 @@ type library struct {
 
 	// semaphores says whether open returns a semaphoreInstance.
 	semaphores bool
+	// rwmutexes says whether open returns an rwInstance.
+	rwmutexes bool
 }
 
 // connect opens one instance of l on t.

@@ -80,7 +80,7 @@ func parseFlags() options {
 	flag.StringVar(&o.libs, "libs", "all", "comma-separated libraries: "+names(libNames))
 	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios: "+names(scNames)+"; all: every one but cluster")
 	flag.IntVar(&o.clients, "p", 0, "client instances (connection pools, as processes) (default: each scenario's own)")
-	flag.IntVar(&o.perClient, "g", 0, "goroutines per client in hot, hot0 and semaphore, per client and lock in cluster (default: each scenario's own)")
+	flag.IntVar(&o.perClient, "g", 0, "goroutines per client in hot, hot0, semaphore and rw, per client and lock in cluster (default: each scenario's own)")
 	flag.DurationVar(&o.hold, "hold", 0, "how long a holder keeps the lock (default: each scenario's own)")
 	flag.DurationVar(&o.base, "d", 8*time.Second, "the hot scenario's measuring window; the others' scale from it")
 	quick := flag.Bool("quick", false, "a run of about a minute: -d 1.5s unless -d is given")
@@ -138,7 +138,7 @@ func plan(o options) ([]job, error) {
 		for _, sc := range scs {
 			for _, s := range sc.shapes(o.settings) {
 				for _, lib := range rotate(libs, round) {
-					if (s.size == 0 || lib.semaphores) && (!sc.cluster || lib.openCluster != nil) {
+					if (s.size == 0 || lib.semaphores) && (!s.rw || lib.rwmutexes) && (!sc.cluster || lib.openCluster != nil) {
 						jobs = append(jobs, job{scenario: sc.name, cluster: sc.cluster, shape: s, lib: lib, round: round})
 					}
 				}

@@ -124,14 +124,15 @@ func (r *run) contend(ctx context.Context, id int, next func() (locker, *lockSta
 		}
 		t1 := r.now()
 		prev := st.lastRelease.Load()
-		if st.inside.Add(1) > r.allowed {
+		weight, violated := r.enter(l, st)
+		if violated {
 			r.violations.Add(1)
 		}
 		r.acquired.Add(1)
 		if r.hold > 0 && ctx.Err() == nil {
 			time.Sleep(r.hold)
 		}
-		st.inside.Add(-1)
+		st.inside.Add(-weight)
 		st.lastRelease.Store(r.now())
 		call.active.Store(true)
 		err = l.Unlock(unlockCtx)
@@ -144,7 +145,7 @@ func (r *run) contend(ctx context.Context, id int, next func() (locker, *lockSta
 			r.counts[id]++
 			r.wait.record(time.Duration(t1 - t0))
 			r.op.record(time.Duration(t3 - t0))
-			if r.size == 0 && !r.perEntity && prev > 0 {
+			if r.size == 0 && !r.perEntity && !r.rw && prev > 0 {
 				r.gap.record(time.Duration(t1 - prev))
 			}
 		}
@@ -224,6 +225,14 @@ func (r *run) pickers(instances []instance, names []string) ([]func() (locker, *
 		k := min(i/perKey, r.keys-1)
 		l := locker(nil)
 		switch si, ok := in.(semaphoreInstance); {
+		case r.rw:
+			ri, ok := in.(rwInstance)
+			if !ok {
+				return nil, errors.New("no read-write lock")
+			}
+			read, write := ri.RWMutex(names[k])
+			pickers[i] = rwPicker(read, write, &r.locks[k])
+			continue
 		case r.size == 0:
 			l = in.Mutex(names[k])
 		case !ok:

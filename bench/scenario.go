@@ -16,8 +16,11 @@ type shape struct {
 	// with an owner made for it (as a service locks the entity a request
 	// is about), instead of each contender keeping its own lock.
 	perEntity bool
-	warmup    time.Duration // contention before the window opens
-	measure   time.Duration // the window
+	// rw makes the lock a read-write lock: one acquisition in ten
+	// writes (rwWrites), the others read.
+	rw      bool
+	warmup  time.Duration // contention before the window opens
+	measure time.Duration // the window
 }
 
 // label describes s in a few words, for the progress line and the tables.
@@ -31,6 +34,9 @@ func (s shape) label() string {
 	}
 	if s.size > 0 {
 		what = fmt.Sprintf("semaphore(%d)", s.size)
+	}
+	if s.rw {
+		what = fmt.Sprintf("rwlock (%d%% writes)", rwWrites*10)
 	}
 	return fmt.Sprintf("%dx%d on %s, hold %v", s.clients, s.goroutines/s.clients, what, s.hold)
 }
@@ -136,6 +142,14 @@ func scenarios() []scenario {
 			shapes: func(set settings) []shape {
 				p, g := pick(set.clients, 4), pick(set.perClient, 8)
 				return []shape{window(set, 1, shape{clients: p, goroutines: p * g, keys: 1, size: 4, hold: holdOr(set, time.Millisecond)})}
+			},
+		},
+		{
+			name:  "rw",
+			about: "one read-write lock, 4 clients x 8 goroutines, 90% reads and 10% writes, 1 ms hold",
+			shapes: func(set settings) []shape {
+				p, g := pick(set.clients, 4), pick(set.perClient, 8)
+				return []shape{window(set, 1, shape{clients: p, goroutines: p * g, keys: 1, rw: true, hold: holdOr(set, time.Millisecond)})}
 			},
 		},
 		{

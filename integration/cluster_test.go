@@ -51,6 +51,7 @@ func TestCluster(t *testing.T) {
 	t.Run("FairOrder", func(t *testing.T) { testClusterFairOrder(t, c) })
 	t.Run("PlainPubSub", func(t *testing.T) { testClusterPlainPubSub(t, c) })
 	t.Run("Semaphore", func(t *testing.T) { testClusterSemaphore(t, c) })
+	t.Run("RWMutex", func(t *testing.T) { testClusterRWMutex(t, c) })
 	t.Run("Failover", func(t *testing.T) { testClusterFailover(t, c) })
 }
 

@@ -11,9 +11,9 @@
 //
 // Metrics (units as the OpenTelemetry semantic conventions write them):
 //
-//	redisync.lock.wait.duration      histogram, s       Lock, TryLock, Acquire, TryAcquire, Accept: how long the call took, by outcome
+//	redisync.lock.wait.duration      histogram, s       Lock, TryLock, Acquire, TryAcquire, Accept, RLock, TryRLock: how long the call took, by outcome
 //	redisync.lock.acquisitions       counter            the same calls, by outcome (acquired, busy, timeout, cancelled, lost, error)
-//	redisync.lock.waiters            updowncounter      Lock and Acquire calls under way
+//	redisync.lock.waiters            updowncounter      Lock, RLock and Acquire calls under way
 //	redisync.lock.hold.duration      histogram, s       how long holds lasted, by outcome (released, lost)
 //	redisync.lock.holds.lost         counter            holds lost: the lease ran out unrenewed, or Redis no longer had it
 //	redisync.lock.renewal.duration   histogram, s       the watchdog's renewal calls (each renews a batch of holds and heartbeats), by outcome (ok, error)
@@ -22,7 +22,7 @@
 //	redisync.lock.dead_waiters       counter            waiters found with nobody to wake them (a hand-off to a waiter that died ran out)
 //	redisync.events.dropped          counter            events the observer could not take in time
 //
-// Their attributes are redisync.primitive (mutex, semaphore, redmutex),
+// Their attributes are redisync.primitive (mutex, semaphore, redmutex, rwmutex),
 // redisync.operation and redisync.outcome, all of few values. The lock's
 // name (redisync.lock.name) is added only with WithNameAttribute: names
 // are often per entity (a user, an order), and every distinct name makes
@@ -30,7 +30,7 @@
 // pays for in memory and money.
 //
 // Spans: one per Lock, TryLock, Unlock, Acquire, TryAcquire, Release,
-// Handoff and Accept, named "redisync.<operation>", a child of the span in
+// Handoff, Accept, RLock, TryRLock and RUnlock, named "redisync.<operation>", a child of the span in
 // the caller's context and the parent of the Redis commands the call
 // sends (if go-redis is instrumented too). They carry redisync.primitive,
 // redisync.lock.name (a span is one call, so the name costs nothing
@@ -177,13 +177,14 @@ func (b *builder) keep(err error) {
 
 // waits reports whether op waits for a lock or permits.
 func waits(op redisync.Op) bool {
-	return op == redisync.OpLock || op == redisync.OpAcquire
+	return op == redisync.OpLock || op == redisync.OpAcquire || op == redisync.OpRLock
 }
 
 // takes reports whether op takes a lock or permits.
 func takes(op redisync.Op) bool {
 	switch op {
-	case redisync.OpLock, redisync.OpTryLock, redisync.OpAcquire, redisync.OpTryAcquire, redisync.OpAccept:
+	case redisync.OpLock, redisync.OpTryLock, redisync.OpAcquire, redisync.OpTryAcquire, redisync.OpAccept,
+		redisync.OpRLock, redisync.OpTryRLock:
 		return true
 	}
 	return false

@@ -2,7 +2,9 @@
 --
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
 -- KEYS[5] waiters (see sem_lib.lua), KEYS[6] withdrawn calls (see lib.lua,
--- mark_withdrawn), KEYS[7] released (see sem_release.lua)
+-- mark_withdrawn), KEYS[7] released (see sem_release.lua), KEYS[8] the
+-- fencing token counter of a RWMutex's writes (see lib.lua, mint; touched
+-- only with ARGV[14])
 -- ARGV[1] holder id
 -- ARGV[2] n: permits wanted
 -- ARGV[3] size of the semaphore as the caller knows it
@@ -23,11 +25,14 @@
 --         call goes on under a new waiter id.
 -- ARGV[10] heartbeat ttl in ms, ARGV[11] lease of a grant to a waiter in ms
 -- ARGV[12] channel, ARGV[13] publish command (PUBLISH or SPUBLISH)
+-- ARGV[14] "1" for a RWMutex: a grant of the whole size (a write) mints a
+--          fencing token (sem_lib.lua, sem_serve)
 --
 -- Permits are granted only when nobody is queued ahead: first the queue is
 -- served (reclaimed permits may cover its head), then the caller.
 --
--- Reply: {1, 0}      the caller holds n more permits
+-- Reply: {1, token}  the caller holds n more permits; token is the fencing
+--                    token of a RWMutex's write, else 0
 --        {0, ms}     not granted (queued in mode "queue"); ms until the
 --                    earliest lease ends (-1: no holder)
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
@@ -39,10 +44,24 @@
 local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[3], queue = KEYS[4], waiters = KEYS[5]}
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+if ARGV[14] == '1' then
+  k.fence = KEYS[8]
+end
+-- token returns the fencing token of a write applied earlier (the
+-- counter's value: nobody else can have taken one since), else 0.
+local function token()
+  if k.fence and n == size then
+    return check_counter(k.fence)
+  end
+  return 0
+end
 
 -- Every key is read before anything is written: one of the wrong type
 -- fails the script here, having changed nothing.
 local stored = sem_size(k)
+if k.fence then
+  check_counter(k.fence)
+end
 if is_withdrawn(KEYS[6], waiter) then
   return {-3, 0}
 end
@@ -65,7 +84,7 @@ if mine > 0 and mseq == seq then
   -- A retry: this call was applied, perhaps by a release that granted its
   -- waiter with the short grant lease; the caller counts on a full lease.
   sem_lease(k, holder, now, lease)
-  return {1, 0}
+  return {1, token()}
 end
 if mine > 0 and mseq > seq then
   return {-3, 0} -- a stale copy: a later call of the holder was applied
@@ -78,7 +97,7 @@ if ARGV[9] == '1' and not queued and mine >= held + n then
   -- grant lease: the caller counts on a full lease from now.
   sem_put(k, holder, mine, seq)
   sem_lease(k, holder, now, lease)
-  return {1, 0}
+  return {1, token()}
 end
 if ARGV[9] == '1' and not queued then
   mark_withdrawn(KEYS[6], waiter)
@@ -100,15 +119,18 @@ if queued then
   redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
 end
 
-local used, served = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
+local used, served, t = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
 if served then
-  return {1, 0}
+  return {1, t}
 end
 queued = redis.call('ZSCORE', k.queue, waiter)
 mine = sem_parse(redis.call('HGET', k.holders, holder)) -- serving may have added to it
 if not queued and used + n <= size and redis.call('ZCARD', k.queue) == 0 then
   sem_put(k, holder, mine + n, seq)
   sem_lease(k, holder, now, lease)
+  if k.fence and n == size then
+    return {1, mint(k.fence, lease)}
+  end
   return {1, 0}
 end
 if mode == 'queue' then

@@ -128,11 +128,14 @@ end
 -- client, on its grant channel (see lib.lua, grant_channel; ms is the
 -- server time of the grant).
 -- self (a waiter id or false) is granted with lease selflease and call
--- number seq. It returns the permits in use afterwards and whether self was
--- granted.
+-- number seq. A semaphore with a fencing token counter (k.fence: a
+-- RWMutex's) mints a token for every waiter granted the whole size (a
+-- write), sent in the message in place of the permits. It returns the
+-- permits in use afterwards, whether self was granted, and self's token
+-- (0 for none).
 local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
   local msgs, order = {}, {} -- grant channel -> its grants; channels in order
-  local served = false
+  local served, selftoken = false, 0
   while true do
     local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
     if not head then
@@ -155,13 +158,20 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
       local permits, s = sem_parse(redis.call('HGET', k.holders, holder))
       if head == self then
         lease, s, served = selflease, seq, true
+      end
+      local token = 0
+      if k.fence and want == size then
+        token = mint(k.fence, lease)
+      end
+      if head == self then
+        selftoken = token
       else
         s = math.max(s, tonumber(q))
         local ch = grant_channel(channel, head)
         if not msgs[ch] then
           msgs[ch], order[#order + 1] = {}, ch
         end
-        table.insert(msgs[ch], head .. ':' .. want .. ':' .. now)
+        table.insert(msgs[ch], head .. ':' .. string.format('%d', token > 0 and token or want) .. ':' .. now)
       end
       sem_put(k, holder, permits + want, s)
       sem_lease(k, holder, now, lease)
@@ -171,7 +181,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
   for _, ch in ipairs(order) do
     redis.call(publish, ch, table.concat(msgs[ch], ' '))
   end
-  return used, served
+  return used, served, selftoken
 end
 
 -- sem_next returns how long until the earliest lease ends, in ms (at least

@@ -6,7 +6,8 @@
 --         time until which a release that emptied the holder is remembered,
 --         so that a retry of it knows it was applied; and "holder" -> the
 --         same, which retires the holder id (see sem_acquire.lua)
--- KEYS[6] withdrawn calls (see lib.lua, mark_withdrawn), KEYS[7] size
+-- KEYS[6] withdrawn calls (see lib.lua, mark_withdrawn), KEYS[7] size,
+-- KEYS[8] the fencing token counter of a RWMutex's writes (sem_acquire.lua)
 -- ARGV[1] holder id
 -- ARGV[2] n: permits to give back ("release"), or wanted by the waiter
 --         ("withdraw")
@@ -26,6 +27,7 @@
 -- ARGV[8] size as the caller knows it (the stored one rules), ARGV[9]
 --         memory of a full release in ms
 -- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
+-- ARGV[12] "1" for a RWMutex (sem_acquire.lua, ARGV[14])
 --
 -- Freed permits go to the queue's head waiters, as many as they cover
 -- (sem_serve), named in one message.
@@ -40,6 +42,10 @@ local holder, n, held, seq, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 -- The stored size rules (it may have been resized since the caller read
 -- it); the caller's is for a semaphore whose size key has expired.
 local size = sem_size(k) or tonumber(ARGV[8])
+if ARGV[12] == '1' then
+  k.fence = KEYS[8]
+  check_counter(k.fence)
+end
 
 -- Every key is read before anything is written (see sem_acquire.lua).
 redis.call('ZSCORE', k.expiry, holder)

@@ -22,20 +22,24 @@ import (
 
 const demoHelp = `Usage: redisync demo [flags]
 
-Watch simulated clients contend for a fair lock and a semaphore. The demo
+Watch simulated clients contend for a fair lock, a semaphore and a
+read-write lock. The demo
 starts an embedded, in-process Redis (unless --redis, $REDIS_URL or
 $REDIS_ADDR names a real one) and --clients redisync Clients, standing for
 as many processes, each with --workers goroutines that take the fair lock
 NAME, hold it for a few milliseconds, let go and come back, and as many
-that do the same with 1 or 2 of the 3 permits of the semaphore NAME. The
+that do the same with 1 or 2 of the 3 permits of the semaphore NAME, and
+as many that read the read-write lock NAME, or one time in 5 write it. The
 terminal shows, live, who holds the lock and the permits and who waits, in
 queue order, read from Redis as "redisync status" reads it.
 
 After --duration (or Ctrl-C) it prints a summary: acquisitions per client,
 the longest wait, how evenly the lock was shared, and checks that no two
 workers ever held the lock at once, that fencing tokens only grew, that
-never more than 3 permits were in use, that every worker (lock) and every
-client (semaphore) got its turn and that nothing was left in Redis. Exit 0
+never more than 3 permits were in use, that no reader was ever beside a
+writer nor two writers together, that every worker (lock) and every client
+(semaphore, read-write lock) got its turn and that nothing was left in
+Redis. Exit 0
 when every check passes, 70 when one fails.
 
 Live figures come from the library's Observer (what an application would
@@ -70,7 +74,8 @@ type demoEnv struct {
 }
 
 // demoPart is one primitive shown by the demo: the fair lock
-// (demo_lock.go) and the semaphore (demo_sem.go).
+// (demo_lock.go), the semaphore (demo_sem.go) and the read-write lock
+// (demo_rw.go).
 type demoPart interface {
 	// title names the primitive, for the header.
 	title(env *demoEnv) string
@@ -89,7 +94,7 @@ type demoPart interface {
 }
 
 // demoParts make the parts of a demo, in display order.
-var demoParts = []func() demoPart{newLockPart, newSemPart}
+var demoParts = []func() demoPart{newLockPart, newSemPart, newRWPart}
 
 // check is the outcome of one of the demo's checks.
 type check struct {
@@ -104,7 +109,7 @@ func runDemo(args []string) int {
 	clients := fs.Int("clients", 4, "`number` of redisync Clients (simulated processes)")
 	workers := fs.Int("workers", 2, "`number` of goroutines per client and primitive, each with its own Mutex or Semaphore")
 	hold := durationFlag(fs, "hold", 30*time.Millisecond, "longest simulated hold (a `duration`); each hold takes a random time up to it")
-	name := fs.String("name", "demo", "`name` of the lock and of the semaphore")
+	name := fs.String("name", "demo", "`name` of the lock, of the semaphore and of the read-write lock")
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	plain := fs.Bool("plain", false, "print progress lines, even on a terminal")
 	metricsOut := fs.String("metrics-out", "", "write the live figures to `file` as CSV at every refresh")
@@ -371,8 +376,11 @@ func (d *demo) figures(w io.Writer, prim redisync.Primitive) check {
 	p50, p99, lost := d.env.stats.overall(prim)
 	fmt.Fprintf(w, "  observed wait of the acquisitions: p50 %s, p99 %s; holds lost %d\n", msText(p50), msText(p99), lost)
 	what := "lock"
-	if prim == redisync.PrimitiveSemaphore {
+	switch prim {
+	case redisync.PrimitiveSemaphore:
 		what = "semaphore"
+	case redisync.PrimitiveRWMutex:
+		what = "rwmutex"
 	}
 	return check{lost == 0, fmt.Sprintf("%s: no hold lost (%d lost)", what, lost)}
 }

@@ -67,9 +67,9 @@ func (s *demoStats) of(prim redisync.Primitive) *primStats {
 	return p
 }
 
-// CallStart counts a Lock or Acquire that starts waiting.
+// CallStart counts a Lock, RLock or Acquire that starts waiting.
 func (s *demoStats) CallStart(ctx context.Context, c redisync.Call) context.Context {
-	if c.Op == redisync.OpLock || c.Op == redisync.OpAcquire {
+	if waits(c.Op) {
 		s.mu.Lock()
 		s.of(c.Primitive).waiting++
 		s.mu.Unlock()
@@ -77,9 +77,9 @@ func (s *demoStats) CallStart(ctx context.Context, c redisync.Call) context.Cont
 	return ctx
 }
 
-// CallEnd records the wait of a Lock or Acquire.
+// CallEnd records the wait of a Lock, RLock or Acquire.
 func (s *demoStats) CallEnd(_ context.Context, c redisync.Call) {
-	if c.Op != redisync.OpLock && c.Op != redisync.OpAcquire {
+	if !waits(c.Op) {
 		return
 	}
 	s.mu.Lock()
@@ -91,6 +91,11 @@ func (s *demoStats) CallEnd(_ context.Context, c redisync.Call) {
 		p.all = append(p.all, c.Duration)
 		p.acquired++
 	}
+}
+
+// waits reports whether op is a call that waits for a hold.
+func waits(op redisync.Op) bool {
+	return op == redisync.OpLock || op == redisync.OpAcquire || op == redisync.OpRLock
 }
 
 // Event counts the holds lost.

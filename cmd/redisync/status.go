@@ -24,8 +24,11 @@ Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
 waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
 its size, the permits available, the holders with their permits and
-leases, and its queue in order. Only reads Redis: the lock in one
-transaction, the semaphore in another.
+leases, and its queue in order; and of the read-write lock NAME
+(redisync.RWMutex), if there is one: its writer or its readers with
+their leases, and its queue of readers and writers in order. Only reads
+Redis: the lock in one transaction, the semaphore in another, the
+read-write lock in a third.
 
 Only what exists is shown: a lock never taken is shown only if there is
 no semaphore NAME either. Plain (--barging) waiters of a lock leave no
@@ -41,8 +44,9 @@ output is not a terminal, each reading is printed after the last (JSON:
 one object per line). A reading that fails is reported and the next one
 tried.
 
-Exit codes: 0 the lock NAME or a permit of the semaphore NAME is held;
-1 neither is held (free); 64 usage; 69 Redis unreachable; 70 Redis error.
+Exit codes: 0 the lock NAME, a permit of the semaphore NAME or the read-write
+lock NAME is held; 1 none is held (free); 64 usage; 69 Redis unreachable;
+70 Redis error.
 With --watch: 0 when interrupted.
 
 Times come from the Redis server's clock. An owner id is the holder's
@@ -67,7 +71,11 @@ JSON (--json): {"name", "prefix", "server_time_ms",
   "semaphore": {"size", "available", "holders": [{"owner", "label",
                 "permits", "lease_ms"}], "queue": [{"position", "waiter",
                 "owner", "label", "waited_ms", "permits", "heartbeat_ms",
-                "grant_lease_ms", "alive"}]} | null}
+                "grant_lease_ms", "alive"}]} | null,
+  "rwmutex": {"writer": {"owner", "label", "permits", "lease_ms"} | null,
+              "readers": [{"owner", "label", "permits", "lease_ms"}],
+              "queue": [{"position", "waiter", "owner", "label", "write",
+              "waited_ms", "heartbeat_ms", "alive"}]} | null}
 lease_ms is -1 for a lock key without expiry; a semaphore holder's lease_ms
 of 0 or less means its lease ended and the next call reclaims its permits.
 heartbeat_ms is the time left before a waiter that stops sending
@@ -84,6 +92,7 @@ type Status struct {
 	ServerTimeMS int64      `json:"server_time_ms"`
 	Lock         LockStatus `json:"lock"`
 	Semaphore    *SemStatus `json:"semaphore"`
+	RWMutex      *RWStatus  `json:"rwmutex"`
 }
 
 // LockStatus is the state of a lock.
@@ -235,7 +244,7 @@ func (st *Status) held() bool {
 			}
 		}
 	}
-	return false
+	return st.RWMutex != nil && st.RWMutex.held()
 }
 
 // readStatus reads the lock name and the semaphore of that name through
@@ -269,6 +278,13 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	if !s.Empty() {
 		st.Semaphore = semaphoreStatus(s)
 	}
+	rw, err := c.InspectRWMutex(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if !rw.Empty() {
+		st.RWMutex = rwStatus(rw)
+	}
 	return st, nil
 }
 
@@ -284,8 +300,13 @@ func leaseMS(d time.Duration) int64 {
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
 	l := st.Lock
-	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && st.Semaphore != nil {
-		printSemaphore(out, st)
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil) {
+		if st.Semaphore != nil {
+			printSemaphore(out, st)
+		}
+		if st.RWMutex != nil {
+			printRW(out, st)
+		}
 		return
 	}
 	fmt.Fprintf(out, "lock %q (prefix %q)\n", st.Name, st.Prefix)
@@ -321,6 +342,9 @@ func (st *Status) print(out io.Writer) {
 	}
 	if st.Semaphore != nil {
 		printSemaphore(out, st)
+	}
+	if st.RWMutex != nil {
+		printRW(out, st)
 	}
 }
 

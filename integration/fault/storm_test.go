@@ -94,6 +94,7 @@ func TestStorm(t *testing.T) {
 		{"MutexPlain", func(s *storm) { s.mutexes(func(int) bool { return false }) }},
 		{"MutexMixed", func(s *storm) { s.mutexes(func(v int) bool { return v%2 == 0 }) }},
 		{"Semaphore", (*storm).semaphores},
+		{"RWMutex", (*storm).rwMutexes},
 		{"RedMutex", (*storm).redMutexes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

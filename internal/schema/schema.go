@@ -152,6 +152,10 @@ type Semaphore struct {
 	// Channel prefixes the grant channels (GrantChannel), where grants
 	// are published.
 	Channel string
+	// Token is the last fencing token issued to a write of a RWMutex
+	// (a decimal integer), kept an hour after it was issued, as a lock's;
+	// a semaphore never writes it.
+	Token string
 }
 
 // GrantChannel returns the channel on which grants to the waiters of the
@@ -159,10 +163,25 @@ type Semaphore struct {
 func (k Semaphore) GrantChannel(client string) string { return k.Channel + ":" + client }
 
 // SemaphoreKeys returns the keys of the semaphore called name under prefix.
-func SemaphoreKeys(prefix, name string) Semaphore {
-	b := base(prefix, "sem", name)
+func SemaphoreKeys(prefix, name string) Semaphore { return semKeys(prefix, "sem", name) }
+
+// RWMutexKeys returns the keys of the read-write lock called name under
+// prefix: those of a semaphore (a RWMutex is one of a fixed size, see
+// RWMutexSize) of their own kind, "rw", so that a RWMutex never shares a
+// key with a Semaphore of the same name.
+func RWMutexKeys(prefix, name string) Semaphore { return semKeys(prefix, "rw", name) }
+
+// RWMutexSize is the size of the semaphore under a RWMutex: a read holds
+// one permit, a write all of them. It is exact in Lua's numbers (below
+// 2^53) with any number of readers a Redis can hold.
+const RWMutexSize = 1 << 40
+
+// semKeys returns the keys of a semaphore of kind kind.
+func semKeys(prefix, kind, name string) Semaphore {
+	b := base(prefix, kind, name)
 	return Semaphore{Holders: b, Expiry: b + ":expiry", Size: b + ":size", Queue: b + ":queue",
-		Waiters: b + ":waiters", Released: b + ":released", Withdrawn: b + ":withdrawn", Channel: b + ":ch"}
+		Waiters: b + ":waiters", Released: b + ":released", Withdrawn: b + ":withdrawn", Channel: b + ":ch",
+		Token: b + ":token"}
 }
 
 // SemHolder is a semaphore holder's record, stored as "permits:seq".

@@ -12,6 +12,9 @@
 //	acquire <n>  -> "acquired <n>": n permits of the semaphore -name of
 //	                size -sem (blocks until held)
 //	release <n>  -> "released <n>" or "error <msg>"
+//	rlock, runlock, wlock, wunlock -> "rlocked", "runlocked", "wlocked
+//	                <token>", "wunlocked": a read or the write of the
+//	                read-write lock -name (blocks until held)
 //	write <v>    -> "write ok <token>" or "write rejected <token>": v offered to
 //	                the fenced register (-register) with the token of the last
 //	                hold, as a client that paused would still do
@@ -166,6 +169,16 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 			default:
 				emit("write rejected %d", token)
 			}
+		case "rlock", "runlock", "wlock", "wunlock":
+			if err := rwLock(ctx, c, cmd); err != nil {
+				emit("error %v", err)
+				continue
+			}
+			if cmd == "wlock" {
+				emit("wlocked %d", rw.Token())
+			} else {
+				emit("%sed", cmd)
+			}
 		case "acquire", "release":
 			if err := semaphore(ctx, c, cmd, arg); err != nil {
 				emit("error %v", err)
@@ -179,6 +192,26 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 		}
 	}
 	return nil
+}
+
+// rw is the read-write lock of serve's rlock, runlock, wlock and wunlock
+// commands.
+var rw *redisync.RWMutex
+
+// rwLock runs one of those commands on the read-write lock -name.
+func rwLock(ctx context.Context, c *redisync.Client, cmd string) error {
+	if rw == nil {
+		rw = c.NewRWMutex(*name)
+	}
+	switch cmd {
+	case "rlock":
+		return rw.RLock(ctx)
+	case "runlock":
+		return rw.RUnlock(ctx)
+	case "wlock":
+		return rw.Lock(ctx)
+	}
+	return rw.Unlock(ctx)
 }
 
 // sem is the semaphore of serve's acquire and release commands.

@@ -1,0 +1,104 @@
+// The read-write lock part of "redisync status".
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/redisync/redisync"
+)
+
+// RWStatus is the state of a read-write lock (redisync.RWMutex): its
+// writer or its readers, and its queue.
+type RWStatus struct {
+	Writer  *SemHolder  `json:"writer"` // null when nobody writes
+	Readers []SemHolder `json:"readers"`
+	Queue   []RWWaiter  `json:"queue"`
+}
+
+// RWWaiter is a queued reader or writer: one blocked RLock or Lock of the
+// owner Owner.
+type RWWaiter struct {
+	Position    int    `json:"position"`
+	Waiter      string `json:"waiter"` // "owner#call"
+	Owner       string `json:"owner"`
+	Label       string `json:"label"`
+	Write       bool   `json:"write"`
+	WaitedMS    int64  `json:"waited_ms"` // since it joined the queue
+	HeartbeatMS int64  `json:"heartbeat_ms"`
+	Alive       bool   `json:"alive"`
+}
+
+// rwStatus converts what InspectRWMutex read.
+func rwStatus(s *redisync.SemaphoreState) *RWStatus {
+	st := &RWStatus{Readers: []SemHolder{}, Queue: []RWWaiter{}}
+	for _, h := range s.Holders {
+		sh := SemHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits, LeaseMS: h.Lease.Milliseconds()}
+		if h.Permits >= redisync.RWMutexWrite {
+			st.Writer = &sh
+		} else {
+			st.Readers = append(st.Readers, sh)
+		}
+	}
+	for i, w := range s.Queue {
+		st.Queue = append(st.Queue, RWWaiter{Position: i + 1, Waiter: w.ID, Owner: w.Holder, Label: w.Label,
+			Write: w.Permits == redisync.RWMutexWrite, WaitedMS: w.Waited.Milliseconds(),
+			HeartbeatMS: w.Heartbeat.Milliseconds(), Alive: w.Alive})
+	}
+	return st
+}
+
+// held reports whether a read or the write is held by a holder whose
+// lease has not ended.
+func (s *RWStatus) held() bool {
+	if s.Writer != nil && s.Writer.LeaseMS > 0 {
+		return true
+	}
+	for _, r := range s.Readers {
+		if r.LeaseMS > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// printRW writes the read-write lock part of st for people.
+func printRW(out io.Writer, st *Status) {
+	s := st.RWMutex
+	fmt.Fprintf(out, "rwmutex %q\n", st.Name)
+	lease := func(h SemHolder) string {
+		if h.LeaseMS <= 0 {
+			return "ended (reclaimed on the next call)"
+		}
+		return ms(h.LeaseMS) + " left"
+	}
+	switch {
+	case s.Writer != nil:
+		field(out, "writer", s.Writer.Owner+", lease "+lease(*s.Writer))
+	case len(s.Readers) == 0:
+		field(out, "holders", "none (free)")
+	default:
+		field(out, "readers", strconv.Itoa(len(s.Readers)))
+		rows := [][]string{{"owner", "lease"}}
+		for _, r := range s.Readers {
+			rows = append(rows, []string{r.Owner, lease(r)})
+		}
+		table(out, rows)
+	}
+	if len(s.Queue) == 0 {
+		field(out, "queue", "empty")
+		return
+	}
+	field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(s.Queue)))
+	rows := [][]string{{"#", "waiter", "wants", "heartbeat due"}}
+	for _, q := range s.Queue {
+		wants := "read"
+		if q.Write {
+			wants = "write"
+		}
+		rows = append(rows, []string{strconv.Itoa(q.Position), q.Waiter, wants, heartbeatText(Waiter{HeartbeatMS: q.HeartbeatMS, Alive: q.Alive})})
+	}
+	table(out, rows)
+}

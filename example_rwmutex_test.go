@@ -1,0 +1,69 @@
+package redisync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+)
+
+// A read-write lock guards a configuration that many processes read and
+// one at a time rewrites. Here, on an embedded Redis.
+func ExampleRWMutex() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Readers share the lock.
+	r1, r2 := client.NewRWMutex("config"), client.NewRWMutex("config")
+	if err := r1.RLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	ok, _ := r2.TryRLock(ctx)
+	fmt.Println("two readers at once:", ok)
+
+	// A writer waits for them; readers that come after it queue behind it.
+	w := client.NewRWMutex("config")
+	ok, _ = w.TryLock(ctx)
+	fmt.Println("writer beside readers:", ok)
+	_ = r1.RUnlock(ctx)
+	_ = r2.RUnlock(ctx)
+	if err := w.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("the write has a fencing token:", w.Token() > 0)
+
+	// The writer may read too, and downgrade: Unlock ends the write and
+	// keeps the read, so other readers come in but no writer.
+	_ = w.RLock(ctx)
+	_ = w.Unlock(ctx)
+	ok, _ = r1.TryRLock(ctx)
+	fmt.Println("a reader beside the downgraded writer:", ok)
+	_ = r1.RUnlock(ctx)
+
+	// A read is never upgraded to a write: that could deadlock.
+	fmt.Println(errors.Is(w.Lock(ctx), redisync.ErrUpgrade))
+	_ = w.RUnlock(ctx)
+	// Output:
+	// two readers at once: true
+	// writer beside readers: false
+	// the write has a fencing token: true
+	// a reader beside the downgraded writer: true
+	// true
+}

@@ -1,0 +1,482 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+)
+
+const rwKey = "redisync:rw:{rw}"
+
+// rwQueueLen returns the number of waiters queued for the RWMutex "rw".
+func rwQueueLen(t *testing.T, mr *miniredis.Miniredis) int {
+	t.Helper()
+	if !mr.Exists(rwKey + ":queue") {
+		return 0
+	}
+	m, err := mr.ZMembers(rwKey + ":queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m)
+}
+
+// async runs f in a goroutine and returns its error on a channel.
+func async(f func() error) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	return done
+}
+
+// pending fails the test if done has delivered.
+func pending(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned: %v", what, err)
+	default:
+	}
+}
+
+func TestRWMutexInvalidInputFailsBeforeRedis(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	cases := []struct {
+		name string
+		rw   *RWMutex
+		ctx  context.Context
+		want error
+	}{
+		{"empty name", c.NewRWMutex(""), ctx, ErrInvalidName},
+		{"name without a hash tag", c.NewRWMutex("}rw"), ctx, ErrInvalidName},
+		{"invalid option", c.NewRWMutex("rw", WithLease(0)), ctx, ErrInvalidOption},
+		{"cancelled context", c.NewRWMutex("rw"), cancelled, context.Canceled},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.rw.RLock(tc.ctx); !errors.Is(err, tc.want) {
+				t.Errorf("RLock: got %v, want %v", err, tc.want)
+			}
+			if err := tc.rw.Lock(tc.ctx); !errors.Is(err, tc.want) {
+				t.Errorf("Lock: got %v, want %v", err, tc.want)
+			}
+			if ok, err := tc.rw.TryRLock(tc.ctx); ok || !errors.Is(err, tc.want) {
+				t.Errorf("TryRLock: got %v, %v, want false, %v", ok, err, tc.want)
+			}
+			if ok, err := tc.rw.TryLock(tc.ctx); ok || !errors.Is(err, tc.want) {
+				t.Errorf("TryLock: got %v, %v, want false, %v", ok, err, tc.want)
+			}
+			want := tc.want
+			if want == context.Canceled {
+				want = ErrNotHeld // nothing held: nothing to release
+			}
+			if err := tc.rw.RUnlock(tc.ctx); !errors.Is(err, want) {
+				t.Errorf("RUnlock: got %v, want %v", err, want)
+			}
+			if err := tc.rw.Unlock(tc.ctx); !errors.Is(err, want) {
+				t.Errorf("Unlock: got %v, want %v", err, want)
+			}
+		})
+	}
+	if n := cnt.n.Load(); n != 0 {
+		t.Errorf("%d commands reached Redis, want 0", n)
+	}
+}
+
+func TestRWMutexReadersShareWritersExclude(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	r1, r2, w := c.NewRWMutex("rw"), c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	if err := r1.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r2.TryRLock(ctx); !ok || err != nil {
+		t.Fatalf("TryRLock beside a reader: %v, %v", ok, err)
+	}
+	if r1.Token() != 0 || r2.Token() != 0 {
+		t.Fatalf("a read has a token: %d, %d", r1.Token(), r2.Token())
+	}
+	if ok, err := w.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock beside readers: %v, %v, want false", ok, err)
+	}
+	locked := async(func() error { return w.Lock(ctx) })
+	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 1 })
+	// A reader that comes after a waiting writer queues behind it.
+	if ok, err := c.NewRWMutex("rw").TryRLock(ctx); ok || err != nil {
+		t.Fatalf("TryRLock ahead of a queued writer: %v, %v, want false", ok, err)
+	}
+	st, err := c.InspectRWMutex(ctx, "rw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Holders) != 2 || st.Holders[0].Permits != 1 || st.Holders[1].Permits != 1 ||
+		len(st.Queue) != 1 || st.Queue[0].Permits != RWMutexWrite {
+		t.Fatalf("InspectRWMutex: holders %+v, queue %+v; want 2 reads and a write queued", st.Holders, st.Queue)
+	}
+	if err := r1.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pending(t, locked, "Lock with a reader left")
+	if err := r2.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, locked); err != nil {
+		t.Fatal(err)
+	}
+	first := w.Token()
+	if first <= 0 {
+		t.Fatalf("write token %d", first)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w.Token() <= first {
+		t.Fatalf("second write's token %d, not above the first's %d", w.Token(), first)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if mr.Exists(rwKey) {
+		t.Fatalf("holders left: %v", mustHKeys(t, mr, rwKey))
+	}
+}
+
+func TestRWMutexReentryDowngradeAndUpgrade(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	rw, other, writer := c.NewRWMutex("rw"), c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	token := rw.Token()
+	// Reentry, both ways, without Redis.
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := rw.TryRLock(ctx); !ok || err != nil {
+		t.Fatalf("TryRLock under the write: %v, %v", ok, err)
+	}
+	// other reads and writer writes: both queue, in that order.
+	read := async(func() error { return other.RLock(ctx) })
+	eventually(t, 5*time.Second, "the reader to queue", func() bool { return rwQueueLen(t, mr) == 1 })
+	write := async(func() error { return writer.Lock(ctx) })
+	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 2 })
+	if err := rw.Unlock(ctx); err != nil { // one write level of two
+		t.Fatal(err)
+	}
+	if rw.Token() != token {
+		t.Fatalf("token %d after an inner Unlock, want %d", rw.Token(), token)
+	}
+	pending(t, read, "RLock under a write")
+	lost := rw.Lost()
+	if err := rw.Unlock(ctx); err != nil { // the downgrade
+		t.Fatal(err)
+	}
+	if err := result(t, read); err != nil {
+		t.Fatalf("the reader queued behind the write: %v", err)
+	}
+	if rw.Token() != 0 {
+		t.Fatalf("token %d after the downgrade, want 0", rw.Token())
+	}
+	if rw.Lost() != lost {
+		t.Fatal("the downgrade ended the hold")
+	}
+	pending(t, write, "Lock beside readers")
+	if err := rw.Lock(ctx); !errors.Is(err, ErrUpgrade) {
+		t.Fatalf("Lock holding reads: %v, want ErrUpgrade", err)
+	}
+	if ok, err := rw.TryLock(ctx); ok || !errors.Is(err, ErrUpgrade) {
+		t.Fatalf("TryLock holding reads: %v, %v, want ErrUpgrade", ok, err)
+	}
+	if err := rw.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Unlock with no write: %v, want ErrNotHeld", err)
+	}
+	for range 2 {
+		if err := rw.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending(t, write, "Lock beside a reader")
+	if err := other.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, write); err != nil {
+		t.Fatal(err)
+	}
+	if writer.Token() <= token {
+		t.Fatalf("handed-over write's token %d, not above %d", writer.Token(), token)
+	}
+	if err := writer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.RUnlock(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("RUnlock of nothing: %v, want ErrNotHeld", err)
+	}
+}
+
+// TestRWMutexFIFOAcrossClients queues a mix of readers and writers, each
+// on a Client of its own (a process of its own), behind a writer, and
+// checks that they get the lock in their exact order of arrival: each run
+// of consecutive readers together, each writer alone.
+func TestRWMutexFIFOAcrossClients(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	first := newClient(t, rdb).NewRWMutex("rw")
+	if err := first.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	order := "RRWRWWRR"
+	type waiter struct {
+		rw    *RWMutex
+		write bool
+		done  <-chan error
+	}
+	ws := make([]waiter, len(order))
+	for i, kind := range order {
+		w := waiter{rw: newClient(t, rdb, WithRecheck(time.Hour)).NewRWMutex("rw"), write: kind == 'W'}
+		if w.write {
+			w.done = async(func() error { return w.rw.Lock(ctx) })
+		} else {
+			w.done = async(func() error { return w.rw.RLock(ctx) })
+		}
+		ws[i] = w
+		eventually(t, 5*time.Second, "the waiter to queue", func() bool { return rwQueueLen(t, mr) == i+1 })
+	}
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(ws); {
+		// The next group: one writer, or the run of readers.
+		j := i + 1
+		for !ws[i].write && j < len(ws) && !ws[j].write {
+			j++
+		}
+		for k := i; k < j; k++ {
+			if err := result(t, ws[k].done); err != nil {
+				t.Fatalf("waiter %d: %v", k, err)
+			}
+		}
+		if j < len(ws) {
+			pending(t, ws[j].done, "a waiter behind the holders")
+		}
+		for k := i; k < j; k++ {
+			release := ws[k].rw.RUnlock
+			if ws[k].write {
+				release = ws[k].rw.Unlock
+			}
+			if err := release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		i = j
+	}
+}
+
+// TestRWMutexCrashedReaderBlocksForItsLease: a reader that never releases
+// (its process gone; here its fixed lease is left to run out unrenewed)
+// keeps a writer out for no longer than its lease.
+func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
+	rdb := newReal(t)
+	name := uniqueName(t)
+	const lease = 300 * time.Millisecond
+	reader := newClient(t, rdb).NewRWMutex(name, WithLease(lease))
+	if err := reader.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	other := newClient(t, rdb).NewRWMutex(name, WithLease(time.Hour))
+	if err := other.RLock(ctx); err != nil { // a live reader, released at once
+		t.Fatal(err)
+	}
+	if err := other.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	writer := newClient(t, rdb, WithRecheck(time.Hour)).NewRWMutex(name)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := writer.Lock(wctx); err != nil {
+		t.Fatalf("the writer waited past the crashed reader's lease: %v", err)
+	}
+	if took := time.Since(start); took < lease-50*time.Millisecond || took > lease+time.Second {
+		t.Fatalf("the writer got in after %v, want about the reader's lease %v", took, lease)
+	}
+	select {
+	case <-reader.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the crashed reader's Lost did not close")
+	}
+	if err := writer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.RUnlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RUnlock of the lost read: %v, want ErrLockLost", err)
+	}
+}
+
+func TestRWMutexWrongTypeTokenIsAnErrorAndWritesNothing(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	mr.HSet(rwKey+":token", "x", "1")
+	before := mr.Keys()
+	if err := c.NewRWMutex("rw").RLock(ctx); !errors.Is(err, ErrWrongType) {
+		t.Fatalf("RLock with a token counter of the wrong type: %v, want ErrWrongType", err)
+	}
+	if err := c.NewRWMutex("rw").Lock(ctx); !errors.Is(err, ErrWrongType) {
+		t.Fatalf("Lock with a token counter of the wrong type: %v, want ErrWrongType", err)
+	}
+	if after := mr.Keys(); !slices.Equal(before, after) {
+		t.Fatalf("keys %v after the failed calls, want %v", after, before)
+	}
+}
+
+// TestRWMutexRetriedWriteKeepsItsToken: go-redis runs a write's acquire
+// twice (a retry after a lost reply); the retry is applied once and
+// answers the token the first run minted.
+func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	w := c.NewRWMutex("rw")
+	if err := w.Lock(ctx); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cnt.armReplay(semAcquireScript)
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := strconv.ParseInt(mustGet(t, mr, rwKey+":token"), 10, 64)
+	if err != nil || w.Token() != stored {
+		t.Fatalf("token %d after a replayed acquire, counter %d (%v)", w.Token(), stored, err)
+	}
+	if got := mustHKeys(t, mr, rwKey); len(got) != 1 {
+		t.Fatalf("holders %v, want one", got)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if mr.Exists(rwKey) {
+		t.Fatalf("holders left after Unlock: %v", mustHKeys(t, mr, rwKey))
+	}
+}
+
+func TestRWMutexHoldContextOutlivesADowngrade(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	rw := c.NewRWMutex("rw")
+	hctx, cancel := rw.HoldContext(ctx)
+	if !errors.Is(context.Cause(hctx), ErrNotHeld) {
+		t.Fatalf("hold context of nothing: cause %v, want ErrNotHeld", context.Cause(hctx))
+	}
+	cancel()
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel = rw.HoldContext(ctx)
+	defer cancel()
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Unlock(ctx); err != nil { // the downgrade
+		t.Fatal(err)
+	}
+	if hctx.Err() != nil {
+		t.Fatalf("the downgrade ended the hold's context: %v", context.Cause(hctx))
+	}
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(hctx), ErrReleased) {
+		t.Fatalf("after the last release: cause %v, want ErrReleased", context.Cause(hctx))
+	}
+}
+
+func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	holder, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	r := holder.NewRWMutex("rw")
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := r.Lost()
+	w := c.NewRWMutex("rw")
+	locked := async(func() error { return w.Lock(ctx) })
+	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 1 })
+	waiter := holder.NewRWMutex("rw")
+	read := async(func() error { return waiter.RLock(ctx) })
+	eventually(t, 5*time.Second, "the reader to queue", func() bool { return rwQueueLen(t, mr) == 2 })
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Close left the read's Lost open")
+	}
+	if err := result(t, read); !errors.Is(err, ErrClosed) {
+		t.Fatalf("RLock queued at Close: %v, want ErrClosed", err)
+	}
+	if err := result(t, locked); err != nil { // the read was released
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRWMutexLostHoldIsReportedUntilReleased(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	rw := c.NewRWMutex("rw")
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := rw.Lost()
+	mr.Del(rwKey) // the holders, removed behind rw's back
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost did not close")
+	}
+	if err := rw.RLock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RLock on a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := rw.Lock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Lock on a lost hold: %v, want ErrLockLost", err)
+	}
+	if err := rw.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock of a lost write: %v, want ErrLockLost", err)
+	}
+	if err := rw.RUnlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RUnlock of a lost read: %v, want ErrLockLost", err)
+	}
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatalf("Lock once the lost hold was released: %v", err)
+	}
+	if rw.Lost() == lost || rw.Token() == 0 {
+		t.Fatal("the new write is the lost hold")
+	}
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
