@@ -1,0 +1,189 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/schema"
+)
+
+func TestMultiMutexBadInputFailsBeforeRedis(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	cases := []struct {
+		name string
+		m    *MultiMutex
+		want error
+	}{
+		{"no names", c.NewMultiMutex(nil), ErrNoNames},
+		{"duplicate", c.NewMultiMutex([]string{"a", "b", "a"}), ErrDuplicateName},
+		{"empty name", c.NewMultiMutex([]string{"a", ""}), ErrInvalidName},
+		{"name without a hash tag", c.NewMultiMutex([]string{"}a"}), ErrInvalidName},
+		{"bad option", c.NewMultiMutex([]string{"a", "b"}, WithLease(0)), ErrInvalidOption},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.m.Lock(ctx); !errors.Is(err, tc.want) {
+				t.Errorf("Lock: got %v, want %v", err, tc.want)
+			}
+			if ok, err := tc.m.TryLock(ctx); ok || !errors.Is(err, tc.want) {
+				t.Errorf("TryLock: got %v, %v, want false, %v", ok, err, tc.want)
+			}
+			if err := tc.m.Unlock(ctx); !errors.Is(err, tc.want) {
+				t.Errorf("Unlock: got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if n := cnt.n.Load(); n != 0 {
+		t.Errorf("%d commands reached Redis, want 0", n)
+	}
+}
+
+func TestMultiMutexOrderIsGlobal(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	a := c.NewMultiMutex([]string{"x", "acct:1", "acct:2"}).Names()
+	b := c.NewMultiMutex([]string{"acct:2", "x", "acct:1"}).Names()
+	if !slices.Equal(a, b) {
+		t.Fatalf("orders differ: %q and %q", a, b)
+	}
+	slot := func(n string) uint16 { return schema.Slot(schema.LockKeys(schema.DefaultPrefix, n).Hash) }
+	for i := 1; i < len(a); i++ {
+		if s, p := slot(a[i]), slot(a[i-1]); s < p || s == p && a[i] < a[i-1] {
+			t.Fatalf("%q is not ordered by slot, then name", a)
+		}
+	}
+}
+
+// TestMultiMutexOneCall checks which sets one script call can take: all on
+// one Redis; on a Cluster only names that share a slot (a common hash
+// tag), on a Ring only names that share a hash tag.
+func TestMultiMutexOneCall(t *testing.T) {
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _, _, _ = cluster.Close(), ring.Close(), single.Close() })
+	keys := func(names ...string) []schema.Lock {
+		var ks []schema.Lock
+		for _, n := range names {
+			ks = append(ks, schema.LockKeys(schema.DefaultPrefix, n))
+		}
+		return ks
+	}
+	for _, tc := range []struct {
+		rdb   redis.UniversalClient
+		names []string
+		want  bool
+	}{
+		{single, []string{"a", "b"}, true},
+		{cluster, []string{"a", "b"}, false},
+		{cluster, []string{"{acct}1", "{acct}2"}, true},
+		{ring, []string{"a", "b"}, false},
+		{ring, []string{"{acct}1", "{acct}2"}, true},
+		{cluster, []string{"a"}, true},
+	} {
+		if got := oneCall(tc.rdb, keys(tc.names...)); got != tc.want {
+			t.Errorf("%T %q: oneCall %v, want %v", tc.rdb, tc.names, got, tc.want)
+		}
+	}
+}
+
+// TestMultiMutexFastPath checks that free names sharing a slot are taken
+// in one script call, with a token each, and released all.
+func TestMultiMutexFastPath(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMultiMutex([]string{"b", "a", "c"})
+	// Load the script first: the first run of a script is EVALSHA, then
+	// EVAL.
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := cnt.n.Load()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := cnt.n.Load() - before; n != 1 {
+		t.Errorf("Lock of three free names sent %d commands, want 1", n)
+	}
+	tokens := m.Tokens()
+	for _, name := range []string{"a", "b", "c"} {
+		k := schema.LockKeys(schema.DefaultPrefix, name)
+		if ids := holdIDs(t, mr, k.Hash); len(ids) != 1 {
+			t.Errorf("%s holds %q, want one hold", name, ids)
+		}
+		if tokens[name] == 0 || m.Token(name) != tokens[name] {
+			t.Errorf("%s: token %d, Token %d", name, tokens[name], m.Token(name))
+		}
+	}
+	// A Mutex of one of the names is excluded, and excludes in turn.
+	other := c.NewMutex("b")
+	if ok, err := other.TryLock(ctx); ok || err != nil {
+		t.Fatalf("a Mutex took a name of the held set: %v, %v", ok, err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m.Tokens() != nil || m.Lost() != nil {
+		t.Error("Tokens or Lost not nil after Unlock")
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("second Unlock: %v, want ErrNotHeld", err)
+	}
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("the released name was not free: %v, %v", ok, err)
+	}
+	if ok, err := m.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock took a set with a name held: %v, %v", ok, err)
+	}
+	for _, name := range []string{"a", "c"} {
+		if mr.Exists(schema.LockKeys(schema.DefaultPrefix, name).Hash) {
+			t.Errorf("TryLock that failed left %s held", name)
+		}
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMultiMutexReentrantAndDo checks levels, HoldContext and Do.
+func TestMultiMutexReentrantAndDo(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMultiMutex([]string{"a", "b"})
+	for range 2 {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hctx, cancel := m.HoldContext(ctx)
+	defer cancel()
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if hctx.Err() != nil || m.Tokens() == nil {
+		t.Fatal("the first of two Unlocks ended the hold")
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(hctx), ErrReleased) {
+		t.Fatalf("hold context cause %v, want ErrReleased", context.Cause(hctx))
+	}
+	ran := false
+	if err := m.Do(ctx, func(ctx context.Context) error {
+		ran = m.Tokens() != nil && ctx.Err() == nil
+		return nil
+	}); err != nil || !ran {
+		t.Fatalf("Do: %v, ran %v", err, ran)
+	}
+	if m.Lost() != nil {
+		t.Fatal("Do left the set held")
+	}
+}
