@@ -2,6 +2,8 @@ package redisync
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -63,4 +65,72 @@ func (m *MultiMutex) withdraw(ctx context.Context, ticket string, locks []*Mutex
 	for _, l := range locks {
 		_, _ = l.release(ctx, ticket, 0, "withdraw")
 	}
+}
+
+// releaseAll releases the hold of every name of m: in one script call
+// where they share a slot (multi_release.lua), else one call per name,
+// all at once (giveBack). As Mutex.Unlock does, each name's hold is
+// forgotten before the release is sent: no longer renewed, it runs out
+// within its lease if the release fails. A script that fails on one
+// name's keys (of the wrong type) is followed by a release of each name
+// alone, so that the others are released all the same.
+func (m *MultiMutex) releaseAll(ctx context.Context) error {
+	if !m.fast || m.c.usable() != nil {
+		return m.giveBack(ctx, m.locks)
+	}
+	n := len(m.locks)
+	args := multiReleaseArgs{ids: make([]string, n), tokens: make([]int64, n), publish: m.c.publish}
+	told := make([]*hold, n) // the holds whose end is told once Redis answered
+	var lost error
+	for i, l := range m.locks {
+		l.mu.Lock()
+		if h := l.cur; h != nil {
+			args.ids[i], args.tokens[i] = h.id, h.token
+			if h.isLost { // told already; its release takes no tombstone
+				args.tokens[i], lost = 0, ErrLockLost
+			} else {
+				told[i] = h
+			}
+			l.forgetUntoldLocked(h)
+		}
+		l.mu.Unlock()
+	}
+	release := args.call(m.keys)
+	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		var res []int64
+		err := m.c.persist(ctx, func() (err error) {
+			res, err = release.run(ctx, m.c.rdb).Int64Slice()
+			return err
+		})
+		return res, err
+	}, nil)
+	if err == nil && len(res) != n {
+		err = fmt.Errorf("redisync: multi_release.lua replied %v", res)
+	}
+	if err != nil && !abandoned && !transient(err) {
+		res, err = m.releaseEach(ctx, args)
+	}
+	for i, h := range told {
+		gone := err == nil && res[i] == 0
+		if h != nil {
+			m.locks[i].told(h, gone)
+		}
+		if gone {
+			lost = ErrLockLost
+		}
+	}
+	if err != nil {
+		return errors.Join(lost, notConfirmed(redisError(err)))
+	}
+	return lost
+}
+
+// releaseEach releases the holds args names, one call per name, in turn:
+// the replies of release.lua, and the errors joined.
+func (m *MultiMutex) releaseEach(ctx context.Context, args multiReleaseArgs) ([]int64, error) {
+	res, errs := make([]int64, len(m.locks)), make([]error, len(m.locks))
+	for i, l := range m.locks {
+		res[i], errs[i] = l.release(ctx, args.ids[i], args.tokens[i], "release")
+	}
+	return res, errors.Join(errs...)
 }

@@ -216,7 +216,7 @@ func (m *MultiMutex) Unlock(ctx context.Context) error {
 	end(h, ErrReleased) // a lost hold ended already, as lost
 	m.cur = nil
 	m.mu.Unlock()
-	err := m.giveBack(wait, m.locks)
+	err := m.releaseAll(wait)
 	if lost {
 		err = errors.Join(ErrLockLost, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/schema"
@@ -127,8 +128,12 @@ func TestMultiMutexFastPath(t *testing.T) {
 	if ok, err := other.TryLock(ctx); ok || err != nil {
 		t.Fatalf("a Mutex took a name of the held set: %v, %v", ok, err)
 	}
+	before = cnt.n.Load()
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if n := cnt.n.Load() - before; n != 1 {
+		t.Errorf("Unlock of three names sent %d commands, want 1", n)
 	}
 	if m.Tokens() != nil || m.Lost() != nil {
 		t.Error("Tokens or Lost not nil after Unlock")
@@ -186,4 +191,39 @@ func TestMultiMutexReentrantAndDo(t *testing.T) {
 	if m.Lost() != nil {
 		t.Fatal("Do left the set held")
 	}
+}
+
+// TestMultiMutexReleaseOfOneNameFails breaks one name's token counter
+// while the set is held, which fails the one-call release on that name:
+// Unlock reports it, and still releases the other names.
+func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMultiMutex([]string{"a", "b", "c"})
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The hand-off reads the counter only when someone waits: queue a
+	// waiter on b, then make b's counter a hash.
+	w := c.NewMutex("b")
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Lock(wctx) }()
+	kb := schema.LockKeys(schema.DefaultPrefix, "b")
+	eventually(t, 5*time.Second, "a waiter on b", func() bool { ms, _ := mr.ZMembers(kb.Queue); return len(ms) == 1 })
+	mr.Del(kb.Token)
+	mr.HSet(kb.Token, "x", "y")
+	err := m.Unlock(ctx)
+	if !errors.Is(err, ErrWrongType) {
+		t.Errorf("Unlock: %v, want ErrWrongType", err)
+	}
+	for _, name := range []string{"a", "c"} {
+		if mr.Exists(schema.LockKeys(schema.DefaultPrefix, name).Hash) {
+			t.Errorf("%s still held after Unlock", name)
+		}
+	}
+	cancel()
+	<-done
+	mr.Del(kb.Token)
+	mr.Del(kb.Hash)
 }

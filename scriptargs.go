@@ -230,3 +230,22 @@ func (a multiAcquireArgs) call(ks []schema.Lock) scriptCall {
 	}
 	return scriptCall{multiAcquireScript, keys, []any{a.ticket, a.lease.Milliseconds(), a.metadata}}
 }
+
+// multiReleaseArgs are the arguments of scripts/multi_release.lua. Its
+// release tombstones last tombstoneTTL.
+type multiReleaseArgs struct {
+	ids     []string // the hold id on each lock
+	tokens  []int64  // the hold's token on each lock; 0 when unknown
+	publish string   // PUBLISH or SPUBLISH
+}
+
+// call returns the script's call on the locks ks, which share a slot.
+func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
+	keys := make([]string, 0, 5*len(ks))
+	args := []any{tombstoneTTL.Milliseconds(), a.publish}
+	for i, k := range ks {
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ids[i]))
+		args = append(args, a.ids[i], a.tokens[i], k.Channel)
+	}
+	return scriptCall{multiReleaseScript, keys, args}
+}

@@ -26,6 +26,8 @@ var (
 	luaHandoff string
 	//go:embed scripts/multi_acquire.lua
 	luaMultiAcquire string
+	//go:embed scripts/multi_release.lua
+	luaMultiRelease string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -43,6 +45,7 @@ var (
 	handoffScript = redis.NewScript(luaLib + luaHandoff)
 
 	multiAcquireScript = redis.NewScript(luaLib + luaMultiAcquire)
+	multiReleaseScript = redis.NewScript(luaLib + luaMultiRelease)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)
