@@ -134,11 +134,11 @@ func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 func (m *MultiMutex) Lock(ctx context.Context) error {
 	ctx, stop := marked(ctx)
 	defer stop()
-	if err := m.begin(ctx, true); err != nil {
+	if err := m.begin(ctx, true, true); err != nil {
 		return m.wrap("lock", err)
 	}
 	defer m.end()
-	if m.reenter(ctx) {
+	if m.reenter(ctx, true) {
 		return nil
 	}
 	if m.fast {
@@ -157,7 +157,9 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 }
 
 // TryLock makes one attempt to take every lock of m and never waits: it
-// reports whether m holds them all now (re-entering if it already did).
+// reports whether m holds them all now (re-entering if it already did;
+// false, with no call to Redis, while another call of m is taking or
+// releasing the set).
 // It does not take a lock ahead of its queued waiters. Where the names
 // share a slot it is one script call; otherwise it tries the names one at
 // a time in the global order, and gives back those it took when one is
@@ -165,11 +167,17 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 	ctx, stop := marked(ctx)
 	defer stop()
-	if err := m.begin(ctx, true); err != nil {
+	if m.reenter(ctx, false) {
+		return true, nil
+	}
+	switch err := m.begin(ctx, true, false); {
+	case errors.Is(err, errBusy):
+		return false, nil // another call of m is taking or releasing the set
+	case err != nil:
 		return false, m.wrap("trylock", err)
 	}
 	defer m.end()
-	if m.reenter(ctx) {
+	if m.reenter(ctx, true) {
 		return true, nil
 	}
 	if m.fast {
@@ -203,7 +211,7 @@ func (m *MultiMutex) Unlock(ctx context.Context) error {
 	}
 	wait, cancel := releasing(ctx)
 	defer cancel()
-	if err := m.begin(wait, false); err != nil {
+	if err := m.begin(wait, false, true); err != nil {
 		return m.wrap("unlock", err)
 	}
 	defer m.end()
@@ -304,12 +312,13 @@ func (m *MultiMutex) current() *hold {
 
 // reenter adds a level to m's hold, if m has one. A hold that was lost is
 // dropped instead (its Lost channel stays closed), and what is left of it
-// released, so that the caller takes the set anew.
-func (m *MultiMutex) reenter(ctx context.Context) bool {
+// released, so that the caller takes the set anew; unless the caller does
+// not have m's turn (turn false): then it is left as it is.
+func (m *MultiMutex) reenter(ctx context.Context, turn bool) bool {
 	m.mu.Lock()
 	h := m.cur
 	switch {
-	case h == nil:
+	case h == nil || h.isLost && !turn:
 		m.mu.Unlock()
 		return false
 	case h.isLost:
@@ -381,15 +390,28 @@ func (m *MultiMutex) giveBack(ctx context.Context, locks []*Mutex) error {
 	return errors.Join(errs...)
 }
 
+// errBusy is returned by begin, not waiting, when another call of the
+// value has its turn.
+var errBusy = errors.New("redisync: another call of the value is under way")
+
 // begin checks that m can be used (usable: and its Client, for a call
-// that takes) and takes m's turn to take or release.
-func (m *MultiMutex) begin(ctx context.Context, usable bool) error {
+// that takes) and takes m's turn to take or release: waiting for it, or
+// else failing with errBusy when another call of m has it.
+func (m *MultiMutex) begin(ctx context.Context, usable, wait bool) error {
 	if m.err != nil {
 		return m.err
 	}
 	if usable {
 		if err := cmp.Or(m.c.usable(), ctx.Err()); err != nil {
 			return err
+		}
+	}
+	if !wait {
+		select {
+		case m.op <- struct{}{}:
+			return nil
+		default:
+			return errBusy
 		}
 	}
 	select {

@@ -227,3 +227,56 @@ func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
 	mr.Del(kb.Token)
 	mr.Del(kb.Hash)
 }
+
+// TestMultiMutexTryLockDuringLock checks that TryLock does not wait for a
+// Lock of the same value under way, and re-enters once it holds the set;
+// and that a Lock whose ctx ends while it waits leaves nothing behind.
+func TestMultiMutexTryLockDuringLock(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	other := c.NewMutex("b")
+	if err := other.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := c.NewMultiMutex([]string{"a", "b"})
+	kb := schema.LockKeys(schema.DefaultPrefix, "b")
+	queued := func() bool { ms, _ := mr.ZMembers(kb.Queue); return len(ms) == 1 }
+
+	// A Lock that gives up while it waits for b holds nothing after.
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Lock(lctx) }()
+	eventually(t, 5*time.Second, "the Lock to queue for b", queued)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock: %v, want context.Canceled", err)
+	}
+	for _, k := range []schema.Lock{schema.LockKeys(schema.DefaultPrefix, "a"), kb} {
+		if k != kb && mr.Exists(k.Hash) || k == kb && len(holdIDs(t, mr, k.Hash)) != 1 {
+			t.Errorf("%s: the Lock that gave up left a hold", k.Hash)
+		}
+		if ms, _ := mr.ZMembers(k.Queue); len(ms) != 0 {
+			t.Errorf("%s queues %q after the Lock gave up", k.Queue, ms)
+		}
+	}
+
+	go func() { done <- m.Lock(ctx) }()
+	eventually(t, 5*time.Second, "the Lock to queue for b", queued)
+	if ok, err := m.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock during a Lock: %v, %v, want false, nil", ok, err)
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock of a held set: %v, %v, want true", ok, err)
+	}
+	for range 2 {
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
