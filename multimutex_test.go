@@ -228,30 +228,34 @@ func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
 	mr.Del(kb.Hash)
 }
 
-// TestMultiMutexTryLockDuringLock checks that TryLock does not wait for a
-// Lock of the same value under way, and re-enters once it holds the set;
-// and that a Lock whose ctx ends while it waits leaves nothing behind.
+// TestMultiMutexTryLockDuringLock checks that a Lock whose ctx ends while
+// it waits, holding the first name, leaves nothing behind; and that
+// TryLock does not wait for a Lock of the same value under way, and
+// re-enters once it holds the set.
 func TestMultiMutexTryLockDuringLock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	other := c.NewMutex("b")
+	m := c.NewMultiMutex([]string{"a", "b"})
+	// The second name in the order is held: a Lock takes the first, then
+	// waits for it.
+	second := m.Names()[1]
+	other := c.NewMutex(second)
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	m := c.NewMultiMutex([]string{"a", "b"})
-	kb := schema.LockKeys(schema.DefaultPrefix, "b")
+	kb := schema.LockKeys(schema.DefaultPrefix, second)
 	queued := func() bool { ms, _ := mr.ZMembers(kb.Queue); return len(ms) == 1 }
 
 	// A Lock that gives up while it waits for b holds nothing after.
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- m.Lock(lctx) }()
-	eventually(t, 5*time.Second, "the Lock to queue for b", queued)
+	eventually(t, 5*time.Second, "the Lock to queue for the second name", queued)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock: %v, want context.Canceled", err)
 	}
-	for _, k := range []schema.Lock{schema.LockKeys(schema.DefaultPrefix, "a"), kb} {
+	for _, k := range []schema.Lock{schema.LockKeys(schema.DefaultPrefix, m.Names()[0]), kb} {
 		if k != kb && mr.Exists(k.Hash) || k == kb && len(holdIDs(t, mr, k.Hash)) != 1 {
 			t.Errorf("%s: the Lock that gave up left a hold", k.Hash)
 		}
@@ -261,7 +265,7 @@ func TestMultiMutexTryLockDuringLock(t *testing.T) {
 	}
 
 	go func() { done <- m.Lock(ctx) }()
-	eventually(t, 5*time.Second, "the Lock to queue for b", queued)
+	eventually(t, 5*time.Second, "the Lock to queue for the second name", queued)
 	if ok, err := m.TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock during a Lock: %v, %v, want false, nil", ok, err)
 	}
