@@ -47,8 +47,7 @@ func (m *MultiMutex) takeAll(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	m.commit(ctx)
-	return true, nil
+	return m.commit(ctx), nil
 }
 
 // cleanup withdraws ticket from locks, as a Lock call that gives up does

@@ -128,8 +128,9 @@ func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 // them all in one script call where they share a slot. When ctx ends or
 // an error occurs part-way, Lock releases the names it took and withdraws
 // from the queue it waited in, and returns the error: it holds all or
-// none. When m's hold was lost, Lock releases what is left of it and
-// takes the set anew. It returns ErrClosed after Close, and the errors of
+// none. When m's hold was lost, or a name's hold was lost before the last
+// name was taken (under WithLease, a lease shorter than the wait), Lock
+// releases what is left of it and takes the set anew. It returns ErrClosed after Close, and the errors of
 // Redis, as Mutex.Lock does.
 func (m *MultiMutex) Lock(ctx context.Context) error {
 	ctx, stop := marked(ctx)
@@ -141,18 +142,31 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 	if m.reenter(ctx, true) {
 		return nil
 	}
-	if m.fast {
-		if ok, err := m.takeAll(ctx); ok || err != nil {
-			return m.wrapIf("lock", err)
+	for {
+		if m.fast {
+			if ok, err := m.takeAll(ctx); ok || err != nil {
+				return m.wrapIf("lock", err)
+			}
 		}
-	}
-	for i, l := range m.locks {
-		if err := l.Lock(ctx); err != nil {
-			m.giveBack(ctx, m.locks[:i])
+		if err := m.lockEach(ctx); err != nil {
 			return m.wrap("lock", err)
 		}
+		if m.commit(ctx) {
+			return nil
+		}
 	}
-	m.commit(ctx)
+}
+
+// lockEach takes every name of m, one at a time in the global order, each
+// as a fair Mutex's Lock takes it. When one fails, it gives back those it
+// took.
+func (m *MultiMutex) lockEach(ctx context.Context) error {
+	for i, l := range m.locks {
+		if err := l.Lock(ctx); err != nil {
+			_ = m.giveBack(ctx, m.locks[:i])
+			return err
+		}
+	}
 	return nil
 }
 
@@ -186,12 +200,11 @@ func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 	}
 	for i, l := range m.locks {
 		if ok, err := l.TryLock(ctx); !ok || err != nil {
-			m.giveBack(ctx, m.locks[:i])
+			_ = m.giveBack(ctx, m.locks[:i])
 			return false, m.wrapIf("trylock", err)
 		}
 	}
-	m.commit(ctx)
-	return true, nil
+	return m.commit(ctx), nil
 }
 
 // Unlock releases one level of m's hold; the last level releases every
@@ -333,21 +346,28 @@ func (m *MultiMutex) reenter(ctx context.Context, turn bool) bool {
 	return true
 }
 
-// commit makes the holds of every name m's hold, one level deep.
-func (m *MultiMutex) commit(ctx context.Context) {
+// commit makes the holds of every name m's hold, one level deep, unless
+// one of them was lost already (a lease that ran out while the call waited
+// for a later name): then it gives them all back and reports false.
+func (m *MultiMutex) commit(ctx context.Context) bool {
 	h := &hold{n: 1, lost: make(chan struct{}), taken: time.Now()}
 	m.mu.Lock()
 	m.cur = h
 	m.mu.Unlock()
-	// A name's hold lost before the commit was not told to m (partLost).
+	// A name's hold lost before m.cur was set was not told to m.
 	for _, l := range m.locks {
 		select {
 		case <-l.Lost():
-			m.partLost()
+			m.mu.Lock()
+			m.cur = nil
+			m.mu.Unlock()
+			_ = m.giveBack(ctx, m.locks)
+			return false
 		default:
 		}
 	}
 	noteHold(ctx, h)
+	return true
 }
 
 // partLost records that a name's hold was lost: so is m's. It is called by

@@ -302,3 +302,44 @@ func TestMultiMutexCrashFreesAll(t *testing.T) {
 		})
 	}
 }
+
+// TestMultiMutexLeaseRunsOutWhileWaiting has a MultiMutex under a fixed
+// lease wait for its second name longer than the lease: its hold of the
+// first name is lost meanwhile. Lock must not return a set with a lost
+// name: it gives back what it holds and takes the set anew.
+func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
+	c := newClient(t, redistest.Client(t))
+	base := redistest.Name(t)
+	m := c.NewMultiMutex([]string{base + ":a", base + ":b"}, WithLease(500*time.Millisecond))
+	other := c.NewMutex(m.Names()[1])
+	if err := other.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Lock(ctx) }()
+	var lost <-chan struct{}
+	eventually(t, 5*time.Second, "the first name taken", func() bool { lost = m.locks[0].Lost(); return lost != nil })
+	first := m.locks[0].Token()
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first name's fixed lease did not run out")
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Lost():
+		t.Fatal("Lock returned a set whose hold is lost")
+	default:
+	}
+	if tok := m.Token(m.Names()[0]); tok <= first {
+		t.Errorf("the first name's token %d, want a new one above %d", tok, first)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
