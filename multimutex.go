@@ -133,6 +133,11 @@ func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 // releases what is left of it and takes the set anew. It returns ErrClosed after Close, and the errors of
 // Redis, as Mutex.Lock does.
 func (m *MultiMutex) Lock(ctx context.Context) error {
+	return observed(m.c.obs, ctx, m.call(OpLock), m.lock, nil)
+}
+
+// lock is Lock, unobserved.
+func (m *MultiMutex) lock(ctx context.Context) error {
 	ctx, stop := marked(ctx)
 	defer stop()
 	if err := m.begin(ctx, true, true); err != nil {
@@ -162,7 +167,7 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 // took.
 func (m *MultiMutex) lockEach(ctx context.Context) error {
 	for i, l := range m.locks {
-		if err := l.Lock(ctx); err != nil {
+		if err := l.lock(ctx); err != nil {
 			_ = m.giveBack(ctx, m.locks[:i])
 			return err
 		}
@@ -179,6 +184,11 @@ func (m *MultiMutex) lockEach(ctx context.Context) error {
 // a time in the global order, and gives back those it took when one is
 // not free.
 func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
+	return observedTry(m.c.obs, ctx, m.call(OpTryLock), m.tryLock, nil)
+}
+
+// tryLock is TryLock, unobserved.
+func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
 	ctx, stop := marked(ctx)
 	defer stop()
 	if m.reenter(ctx, false) {
@@ -199,7 +209,7 @@ func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 		return ok, m.wrapIf("trylock", err)
 	}
 	for i, l := range m.locks {
-		if ok, err := l.TryLock(ctx); !ok || err != nil {
+		if ok, err := l.tryLock(ctx); !ok || err != nil {
 			_ = m.giveBack(ctx, m.locks[:i])
 			return false, m.wrapIf("trylock", err)
 		}
@@ -216,6 +226,11 @@ func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 // name is freed by Redis within its lease, no longer renewed. Like
 // Mutex.Unlock, it releases even when ctx has ended already.
 func (m *MultiMutex) Unlock(ctx context.Context) error {
+	return observed(m.c.obs, ctx, m.call(OpUnlock), m.unlock, nil)
+}
+
+// unlock is Unlock, unobserved.
+func (m *MultiMutex) unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.wrap("unlock", m.err)
 	}
@@ -401,7 +416,7 @@ func (m *MultiMutex) giveBack(ctx context.Context, locks []*Mutex) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := l.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+			if err := l.unlock(ctx); !errors.Is(err, ErrNotHeld) {
 				errs[i] = err
 			}
 		}()
@@ -445,9 +460,17 @@ func (m *MultiMutex) begin(ctx context.Context, usable, wait bool) error {
 // end gives back m's turn.
 func (m *MultiMutex) end() { <-m.op }
 
+// label names m in errors and to an Observer: its names joined with "+".
+func (m *MultiMutex) label() string { return strings.Join(m.names, "+") }
+
+// call is how a call of m is told to an Observer.
+func (m *MultiMutex) call(op Op) Call {
+	return Call{Op: op, Primitive: PrimitiveMultiMutex, Name: m.label()}
+}
+
 // wrap adds the operation and the names to err.
 func (m *MultiMutex) wrap(op string, err error) error {
-	return wrapOp(op, strings.Join(m.names, "+"), err)
+	return wrapOp(op, m.label(), err)
 }
 
 // wrapIf is wrap, and nil for a nil err.

@@ -48,9 +48,9 @@ type Op string
 
 // The calls told to an Observer.
 const (
-	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock
-	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock
-	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, MultiMutex.Lock
+	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, MultiMutex.TryLock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, MultiMutex.Unlock
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
 	OpRelease    Op = "release"    // Semaphore.Release
@@ -66,6 +66,9 @@ const (
 	PrimitiveMutex     Primitive = "mutex"
 	PrimitiveSemaphore Primitive = "semaphore"
 	PrimitiveRedMutex  Primitive = "redmutex"
+	// PrimitiveMultiMutex is a MultiMutex's calls (named by its names
+	// joined with "+"); the holds of its names are told as a Mutex's.
+	PrimitiveMultiMutex Primitive = "multimutex"
 )
 
 // Outcome is how a call ended.
