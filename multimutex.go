@@ -52,7 +52,10 @@ type MultiMutex struct {
 }
 
 // NewMultiMutex returns a MultiMutex for the locks called names, with the
-// options of a Mutex, which apply to each name. It does no I/O. Bad input
+// options of a Mutex, which apply to each name: each name's hold has the
+// lease, label and metadata they set. Barging makes each name barge, as a
+// Mutex would: then a stream of single-name holders can starve the set.
+// It does no I/O. Bad input
 // is reported by every call of the MultiMutex, before any call to Redis:
 // ErrNoNames for no names, ErrDuplicateName for a name given twice,
 // ErrInvalidName and ErrInvalidOption as NewMutex reports them.
