@@ -343,3 +343,38 @@ func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMultiMutexLateReplyUndone delays Redis's replies to a holder past
+// its Lock's deadline: the one-call take of the free set runs in Redis,
+// the call gives up on it, and the reply, when it comes, has the names
+// withdrawn: none stays held (they would stay a whole lease otherwise).
+func TestMultiMutexLateReplyUndone(t *testing.T) {
+	addr := redistest.Addr(t)
+	px := redistest.NewProxy(t, addr)
+	rdb := redistest.Client(t)
+	c := newClient(t, redistest.NewClient(t, px.Addr))
+	base := redistest.Name(t)
+	m := c.NewMultiMutex([]string{base + ":a", base + ":b"})
+	if err := m.Lock(ctx); err != nil { // loads the scripts
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	px.DelayReplies(200 * time.Millisecond)
+	lctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := m.Lock(lctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock: %v, want its deadline", err)
+	}
+	held := func() bool {
+		n, err := rdb.Exists(ctx, m.locks[0].keys.Hash, m.locks[1].keys.Hash).Result()
+		return err != nil || n > 0
+	}
+	eventually(t, 5*time.Second, "the late take to run", held)
+	eventually(t, 5*time.Second, "the late take to be undone", func() bool { return !held() })
+	px.DelayReplies(0)
+	if m.Lost() != nil {
+		t.Error("the MultiMutex holds a set after its Lock failed")
+	}
+}
