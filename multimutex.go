@@ -133,8 +133,10 @@ func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 // from the queue it waited in, and returns the error: it holds all or
 // none. When m's hold was lost, or a name's hold was lost before the last
 // name was taken (under WithLease, a lease shorter than the wait), Lock
-// releases what is left of it and takes the set anew. It returns ErrClosed after Close, and the errors of
-// Redis, as Mutex.Lock does.
+// releases what is left of it and takes the set anew. It returns
+// ErrClosed after Close, and the errors of Redis, as Mutex.Lock does. It
+// is safe for concurrent use: a call waits for another call of m under
+// way (another goroutine's Lock or Unlock) to end.
 func (m *MultiMutex) Lock(ctx context.Context) error {
 	return observed(m.c.obs, ctx, m.call(OpLock), m.lock, nil)
 }
@@ -181,11 +183,10 @@ func (m *MultiMutex) lockEach(ctx context.Context) error {
 // TryLock makes one attempt to take every lock of m and never waits: it
 // reports whether m holds them all now (re-entering if it already did;
 // false, with no call to Redis, while another call of m is taking or
-// releasing the set).
-// It does not take a lock ahead of its queued waiters. Where the names
-// share a slot it is one script call; otherwise it tries the names one at
-// a time in the global order, and gives back those it took when one is
-// not free.
+// releasing the set). It does not take a lock ahead of its queued
+// waiters. Where the names share a slot it is one script call; otherwise
+// it tries the names one at a time in the global order, and gives back
+// those it took when one is not free.
 func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 	return observedTry(m.c.obs, ctx, m.call(OpTryLock), m.tryLock, nil)
 }
