@@ -284,3 +284,40 @@ func TestMultiMutexTryLockDuringLock(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiMutexObserved checks that a MultiMutex's calls are told as one
+// call each (not one per name), and the holds of its names as a Mutex's,
+// one per name.
+func TestMultiMutexObserved(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c := newClient(t, rdb, WithObserver(rec))
+	for _, fast := range []bool{true, false} {
+		m := c.NewMultiMutex([]string{"a", "b"})
+		m.fast = fast
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.Close()
+	rec.mu.Lock()
+	for _, call := range rec.calls {
+		if call.Primitive != PrimitiveMultiMutex || call.Name != "b+a" && call.Name != "a+b" {
+			t.Errorf("call told: %+v", call)
+		}
+	}
+	rec.mu.Unlock()
+	if got := rec.outcomes(OpLock); got[OutcomeAcquired] != 2 || len(got) != 1 {
+		t.Errorf("Lock outcomes %v", got)
+	}
+	if got := rec.outcomes(OpUnlock); got[OutcomeReleased] != 2 || len(got) != 1 {
+		t.Errorf("Unlock outcomes %v", got)
+	}
+	taken, released := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased)
+	if len(taken) != 4 || len(released) != 4 || taken[0].Primitive != PrimitiveMutex {
+		t.Errorf("holds told: taken %+v, released %+v", taken, released)
+	}
+}
