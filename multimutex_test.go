@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -319,5 +320,40 @@ func TestMultiMutexObserved(t *testing.T) {
 	taken, released := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased)
 	if len(taken) != 4 || len(released) != 4 || taken[0].Primitive != PrimitiveMutex {
 		t.Errorf("holds told: taken %+v, released %+v", taken, released)
+	}
+}
+
+// TestMultiMutexRetriedTake replays the one-call take, as go-redis does
+// after a lost reply: the second run finds the ticket holding every name
+// and reports the same tokens, and nothing more is sent.
+func TestMultiMutexRetriedTake(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMultiMutex([]string{"a", "b"})
+	if err := m.Lock(ctx); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cnt.armReplay(multiAcquireScript)
+	before := cnt.n.Load()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := cnt.n.Load() - before; n != 2 {
+		t.Errorf("a replayed take sent %d commands, want 2 (the take and its copy)", n)
+	}
+	for name, tok := range m.Tokens() {
+		k := schema.LockKeys(schema.DefaultPrefix, name)
+		if stored, _ := mr.Get(k.Token); stored != strconv.FormatInt(tok, 10) {
+			t.Errorf("%s: token %d, counter %s", name, tok, stored)
+		}
+		if ids := holdIDs(t, mr, k.Hash); len(ids) != 1 {
+			t.Errorf("%s holds %q, want one hold", name, ids)
+		}
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

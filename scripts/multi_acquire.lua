@@ -49,7 +49,7 @@ if held == n then
   -- A retry of a call that took them all: as acquire.lua, never shorten.
   for i = 0, n - 1 do
     keep_alive(KEYS[5 * i + 1], lease)
-    keep_alive(KEYS[5 * i + 2], lease)
+    keep_longer(KEYS[5 * i + 2], lease) -- as acquire.lua: see lib.lua, mint
     reply[i + 2] = check_counter(KEYS[5 * i + 2])
   end
   return reply
