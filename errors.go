@@ -235,3 +235,14 @@ func quote(name string) string {
 	}
 	return `"` + name + `"`
 }
+
+// Bad input to Client.NewMultiMutex, reported by every call of the
+// MultiMutex before any call to Redis (as ErrInvalidName is).
+var (
+	// ErrNoNames is returned by the calls of a MultiMutex made with no
+	// names.
+	ErrNoNames = errors.New("redisync: no lock names")
+	// ErrDuplicateName is returned by the calls of a MultiMutex given the
+	// same name twice: a set holds each name once.
+	ErrDuplicateName = errors.New("redisync: duplicate lock name")
+)

@@ -48,9 +48,9 @@ type Op string
 
 // The calls told to an Observer.
 const (
-	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock
-	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock
-	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock, MultiMutex.Lock
+	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock, MultiMutex.TryLock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock, MultiMutex.Unlock
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
 	OpRelease    Op = "release"    // Semaphore.Release
@@ -70,6 +70,9 @@ const (
 	PrimitiveSemaphore Primitive = "semaphore"
 	PrimitiveRedMutex  Primitive = "redmutex"
 	PrimitiveRWMutex   Primitive = "rwmutex"
+	// PrimitiveMultiMutex is a MultiMutex's calls (named by its names
+	// joined with "+"); the holds of its names are told as a Mutex's.
+	PrimitiveMultiMutex Primitive = "multimutex"
 )
 
 // Outcome is how a call ended.

@@ -216,3 +216,38 @@ type redlockRaiseArgs struct {
 func (a redlockRaiseArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{redlockRaiseScript, []string{k.Hash, k.Token}, []any{a.id, a.token}}
 }
+
+// multiAcquireArgs are the arguments of scripts/multi_acquire.lua.
+type multiAcquireArgs struct {
+	ticket   string        // the call's own id, under which every hold is stored
+	lease    time.Duration // of the holds it takes
+	metadata string        // stored with every hold; "" for none
+}
+
+// call returns the script's call on the locks ks, which share a slot.
+func (a multiAcquireArgs) call(ks []schema.Lock) scriptCall {
+	keys := make([]string, 0, 5*len(ks))
+	for _, k := range ks {
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Withdrawn, k.Tombstone(a.ticket))
+	}
+	return scriptCall{multiAcquireScript, keys, []any{a.ticket, a.lease.Milliseconds(), a.metadata}}
+}
+
+// multiReleaseArgs are the arguments of scripts/multi_release.lua. Its
+// release tombstones last tombstoneTTL.
+type multiReleaseArgs struct {
+	ids     []string // the hold id on each lock
+	tokens  []int64  // the hold's token on each lock; 0 when unknown
+	publish string   // PUBLISH or SPUBLISH
+}
+
+// call returns the script's call on the locks ks, which share a slot.
+func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
+	keys := make([]string, 0, 5*len(ks))
+	args := []any{tombstoneTTL.Milliseconds(), a.publish}
+	for i, k := range ks {
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ids[i]))
+		args = append(args, a.ids[i], a.tokens[i], k.Channel)
+	}
+	return scriptCall{multiReleaseScript, keys, args}
+}

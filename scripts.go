@@ -24,6 +24,10 @@ var (
 	luaTTL string
 	//go:embed scripts/handoff.lua
 	luaHandoff string
+	//go:embed scripts/multi_acquire.lua
+	luaMultiAcquire string
+	//go:embed scripts/multi_release.lua
+	luaMultiRelease string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -39,6 +43,9 @@ var (
 	extendScript  = redis.NewScript(luaLib + luaExtend)
 	ttlScript     = redis.NewScript(luaLib + luaTTL)
 	handoffScript = redis.NewScript(luaLib + luaHandoff)
+
+	multiAcquireScript = redis.NewScript(luaLib + luaMultiAcquire)
+	multiReleaseScript = redis.NewScript(luaLib + luaMultiRelease)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

@@ -336,3 +336,31 @@ end
 local function is_withdrawn(gone, ticket)
   return redis.call('ZSCORE', gone, ticket) ~= false
 end
+
+-- release_hold ends a hold of count levels (read by the caller: 0 when the
+-- hold id does not hold the lock), whatever its count (the holder keeps
+-- the count of levels): the lock goes to the first live fair waiter (see
+-- hand_off), or is deleted and an empty message published so that one
+-- plain waiter per process tries again. A hold with a token (mytoken, a
+-- string; '0' when unknown) leaves a tombstone holding it for tomb_ms, so
+-- that a retried release knows it applied. It returns 1 when released
+-- (now or by an earlier try of the call), 0 when not held by the hold id.
+-- The hand-off reads what it writes before its first write; the
+-- tombstone's SET replaces a key of any type.
+local function release_hold(count, lock, token, queue, waiters, tomb, mytoken, tomb_ms, channel, publish)
+  local fenced = tonumber(mytoken) > 0
+  if count == 0 then
+    if fenced and redis.call('GET', tomb) == mytoken then
+      return 1
+    end
+    return 0
+  end
+  if not hand_off(lock, token, queue, waiters, channel, publish, nil, true) then
+    redis.call('DEL', lock)
+    redis.call(publish, channel, '')
+  end
+  if fenced then
+    redis.call('SET', tomb, mytoken, 'PX', tonumber(tomb_ms))
+  end
+  return 1
+end

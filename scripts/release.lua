@@ -23,7 +23,7 @@
 -- Reply: 1 released (now or in an earlier try of this call)
 --        0 not held by the hold id
 local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local id, mytoken, mode = ARGV[1], tonumber(ARGV[2]), ARGV[6]
+local id, mode = ARGV[1], ARGV[6]
 
 local count = hold_count(lock, id)
 if mode == 'withdraw' then
@@ -37,20 +37,4 @@ if mode == 'withdraw' then
   del_waiter(waiters, id)
   mark_withdrawn(gone, id)
 end
-if count == 0 then
-  if mytoken > 0 and redis.call('GET', tomb) == ARGV[2] then
-    return 1
-  end
-  return 0
-end
-
--- The hand-off reads what it writes before its first write (see lib.lua,
--- hand_off); the tombstone's SET replaces a key of any type.
-if not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil, true) then
-  redis.call('DEL', lock)
-  redis.call(ARGV[5], ARGV[4], '')
-end
-if mytoken > 0 then
-  redis.call('SET', tomb, ARGV[2], 'PX', tonumber(ARGV[3]))
-end
-return 1
+return release_hold(count, lock, token, queue, waiters, tomb, ARGV[2], ARGV[3], ARGV[4], ARGV[5])

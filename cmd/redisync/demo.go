@@ -22,14 +22,16 @@ import (
 
 const demoHelp = `Usage: redisync demo [flags]
 
-Watch simulated clients contend for a fair lock, a semaphore and a
-read-write lock. The demo
+Watch simulated clients contend for a fair lock, a semaphore, a
+read-write lock and a multi-lock. The demo
 starts an embedded, in-process Redis (unless --redis, $REDIS_URL or
 $REDIS_ADDR names a real one) and --clients redisync Clients, standing for
 as many processes, each with --workers goroutines that take the fair lock
 NAME, hold it for a few milliseconds, let go and come back, and as many
 that do the same with 1 or 2 of the 3 permits of the semaphore NAME, and
-as many that read the read-write lock NAME, or one time in 5 write it. The
+as many that read the read-write lock NAME, or one time in 5 write it, and
+as many that move money between two of 4 accounts (NAME:acct1 to
+NAME:acct4) under a multi-lock of both, named in a random order. The
 terminal shows, live, who holds the lock and the permits and who waits, in
 queue order, read from Redis as "redisync status" reads it.
 
@@ -37,9 +39,10 @@ After --duration (or Ctrl-C) it prints a summary: acquisitions per client,
 the longest wait, how evenly the lock was shared, and checks that no two
 workers ever held the lock at once, that fencing tokens only grew, that
 never more than 3 permits were in use, that no reader was ever beside a
-writer nor two writers together, that every worker (lock) and every client
-(semaphore, read-write lock) got its turn and that nothing was left in
-Redis. Exit 0
+writer nor two writers together, that no account was in two transfers at
+once and no money was lost, that every worker (lock, multi-lock) and every
+client (semaphore, read-write lock) got its turn and that nothing was left
+in Redis. Exit 0
 when every check passes, 70 when one fails.
 
 Live figures come from the library's Observer (what an application would
@@ -74,8 +77,8 @@ type demoEnv struct {
 }
 
 // demoPart is one primitive shown by the demo: the fair lock
-// (demo_lock.go), the semaphore (demo_sem.go) and the read-write lock
-// (demo_rw.go).
+// (demo_lock.go), the semaphore (demo_sem.go), the read-write lock
+// (demo_rw.go) and the multi-lock (demo_multi.go).
 type demoPart interface {
 	// title names the primitive, for the header.
 	title(env *demoEnv) string
@@ -94,7 +97,7 @@ type demoPart interface {
 }
 
 // demoParts make the parts of a demo, in display order.
-var demoParts = []func() demoPart{newLockPart, newSemPart, newRWPart}
+var demoParts = []func() demoPart{newLockPart, newSemPart, newRWPart, newMultiPart}
 
 // check is the outcome of one of the demo's checks.
 type check struct {
@@ -381,6 +384,8 @@ func (d *demo) figures(w io.Writer, prim redisync.Primitive) check {
 		what = "semaphore"
 	case redisync.PrimitiveRWMutex:
 		what = "rwmutex"
+	case redisync.PrimitiveMultiMutex:
+		what = "multi-lock"
 	}
 	return check{lost == 0, fmt.Sprintf("%s: no hold lost (%d lost)", what, lost)}
 }

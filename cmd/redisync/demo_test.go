@@ -84,7 +84,7 @@ func TestDemoLiveFigures(t *testing.T) {
 	}
 	for _, l := range lines[1:] {
 		f := strings.Split(l, ",")
-		if len(f) != 7 || (f[1] != "mutex" && f[1] != "semaphore" && f[1] != "rwmutex") {
+		if len(f) != 7 || (f[1] != "mutex" && f[1] != "semaphore" && f[1] != "rwmutex" && f[1] != "multimutex") {
 			t.Errorf("bad line %q", l)
 		}
 	}

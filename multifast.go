@@ -1,0 +1,135 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// takeAll makes one attempt to take every lock of m in one script call
+// (multi_acquire.lua: their keys share a slot), which succeeds when each
+// is free and nobody queues for it. It reports whether m holds them all
+// now; when it does not, it leaves nothing behind.
+func (m *MultiMutex) takeAll(ctx context.Context) (bool, error) {
+	first := m.locks[0]
+	ticket := m.c.ticket(first.cfg.label)
+	acquire := multiAcquireArgs{ticket: ticket, lease: first.cfg.holdLease(), metadata: first.cfg.metadata}.call(m.keys)
+	sent := time.Now()
+	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return m.c.runAcked(ctx, first.cfg, acquire, granted)
+	}, func([]int64, error) {
+		ctx, cancel := detached(context.Background())
+		defer cancel()
+		m.withdraw(ctx, ticket, m.locks)
+	})
+	switch {
+	case abandoned:
+		return false, err
+	case err != nil:
+		if mayHaveRun(err) {
+			m.cleanup(ctx, ticket, m.locks)
+		}
+		return false, redisError(err)
+	case res[0] == 0:
+		return false, nil
+	case res[0] != 1 || len(res) != 1+len(m.locks):
+		m.cleanup(ctx, ticket, m.locks) // not on a new ticket; but leave nothing
+		return false, nil
+	}
+	for i, l := range m.locks {
+		call := &lockCall{m: l, ticket: ticket, mode: "try", place: place{wd: m.c.wd}}
+		if ok, _, err := call.take(ctx, res[1+i], sent, l.cfg.holdLease(), false); !ok {
+			// take gave back this name (its lease may have run out
+			// already, or the Client is closed): give back the rest.
+			_ = m.giveBack(ctx, m.locks[:i])
+			m.cleanup(ctx, ticket, m.locks[i+1:])
+			return false, err
+		}
+	}
+	return m.commit(ctx), nil
+}
+
+// cleanup withdraws ticket from locks, as a Lock call that gives up does
+// (lockCall.withdraw), waiting for it at most until graceEnd(ctx).
+func (m *MultiMutex) cleanup(ctx context.Context, ticket string, locks []*Mutex) {
+	m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		m.withdraw(ctx, ticket, locks)
+		return nil, nil
+	})
+}
+
+// withdraw withdraws ticket from each of locks, releasing what it holds.
+func (m *MultiMutex) withdraw(ctx context.Context, ticket string, locks []*Mutex) {
+	for _, l := range locks {
+		_, _ = l.release(ctx, ticket, 0, "withdraw")
+	}
+}
+
+// releaseAll releases the hold of every name of m: in one script call
+// where they share a slot (multi_release.lua), else one call per name,
+// all at once (giveBack). As Mutex.Unlock does, each name's hold is
+// forgotten before the release is sent: no longer renewed, it runs out
+// within its lease if the release fails. A script that fails on one
+// name's keys (of the wrong type) is followed by a release of each name
+// alone, so that the others are released all the same.
+func (m *MultiMutex) releaseAll(ctx context.Context) error {
+	if !m.fast || m.c.usable() != nil {
+		return m.giveBack(ctx, m.locks)
+	}
+	n := len(m.locks)
+	args := multiReleaseArgs{ids: make([]string, n), tokens: make([]int64, n), publish: m.c.publish}
+	told := make([]*hold, n) // the holds whose end is told once Redis answered
+	var lost error
+	for i, l := range m.locks {
+		l.mu.Lock()
+		if h := l.cur; h != nil {
+			args.ids[i], args.tokens[i] = h.id, h.token
+			if h.isLost { // told already; its release takes no tombstone
+				args.tokens[i], lost = 0, ErrLockLost
+			} else {
+				told[i] = h
+			}
+			l.forgetUntoldLocked(h)
+		}
+		l.mu.Unlock()
+	}
+	release := args.call(m.keys)
+	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		var res []int64
+		err := m.c.persist(ctx, func() (err error) {
+			res, err = release.run(ctx, m.c.rdb).Int64Slice()
+			return err
+		})
+		return res, err
+	}, nil)
+	if err == nil && len(res) != n {
+		err = fmt.Errorf("redisync: multi_release.lua replied %v", res)
+	}
+	if err != nil && !abandoned && !transient(err) {
+		res, err = m.releaseEach(ctx, args)
+	}
+	for i, h := range told {
+		gone := err == nil && res[i] == 0
+		if h != nil {
+			m.locks[i].told(h, gone)
+		}
+		if gone {
+			lost = ErrLockLost
+		}
+	}
+	if err != nil {
+		return errors.Join(lost, notConfirmed(redisError(err)))
+	}
+	return lost
+}
+
+// releaseEach releases the holds args names, one call per name, in turn:
+// the replies of release.lua, and the errors joined.
+func (m *MultiMutex) releaseEach(ctx context.Context, args multiReleaseArgs) ([]int64, error) {
+	res, errs := make([]int64, len(m.locks)), make([]error, len(m.locks))
+	for i, l := range m.locks {
+		res[i], errs[i] = l.release(ctx, args.ids[i], args.tokens[i], "release")
+	}
+	return res, errors.Join(errs...)
+}
