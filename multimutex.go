@@ -103,8 +103,10 @@ func lockOrder(prefix string, names []string) ([]string, error) {
 }
 
 // oneCall reports whether one script call can take the locks ks on rdb:
-// on one Redis always; on a Cluster when they share a slot; on a Ring
-// when they share a hash tag (a Ring places keys by their tag).
+// on one Redis always; on a Ring when they share a hash tag (a Ring places
+// keys by their tag); on a Cluster, or a client redisync does not know (a
+// wrapper of another), when they share a slot, which reaches them all on
+// any deployment.
 func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 	same := func(f func(string) string) bool {
 		for _, k := range ks[1:] {
@@ -115,12 +117,12 @@ func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 		return true
 	}
 	switch rdb.(type) {
-	case *redis.ClusterClient:
-		return same(func(key string) string { return fmt.Sprint(schema.Slot(key)) })
+	case *redis.Client:
+		return true
 	case *redis.Ring:
 		return same(schema.Tag)
 	}
-	return true
+	return same(func(key string) string { return fmt.Sprint(schema.Slot(key)) })
 }
 
 // Lock blocks until m holds every one of its locks, ctx ends or the Client
@@ -367,24 +369,30 @@ func (m *MultiMutex) reenter(ctx context.Context, turn bool) bool {
 
 // commit makes the holds of every name m's hold, one level deep, unless
 // one of them was lost already (a lease that ran out while the call waited
-// for a later name): then it gives them all back and reports false.
+// for a later name): then it gives them all back and reports false. The
+// names are looked at under m.mu, where the hold is made visible: a loss
+// told later finds m.cur (partLost), and no other call of m can re-enter
+// a hold that is then thrown away.
 func (m *MultiMutex) commit(ctx context.Context) bool {
+	// Read before m.mu: a name's Mutex takes its own lock, then m.mu, when
+	// it tells a loss (partLost).
+	lost := make([]<-chan struct{}, len(m.locks))
+	for i, l := range m.locks {
+		lost[i] = l.Lost()
+	}
 	h := &hold{n: 1, lost: make(chan struct{}), taken: time.Now()}
 	m.mu.Lock()
-	m.cur = h
-	m.mu.Unlock()
-	// A name's hold lost before m.cur was set was not told to m.
-	for _, l := range m.locks {
+	for _, c := range lost {
 		select {
-		case <-l.Lost():
-			m.mu.Lock()
-			m.cur = nil
+		case <-c:
 			m.mu.Unlock()
 			_ = m.giveBack(ctx, m.locks)
 			return false
 		default:
 		}
 	}
+	m.cur = h
+	m.mu.Unlock()
 	noteHold(ctx, h)
 	return true
 }

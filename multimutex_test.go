@@ -5,10 +5,14 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/redistest"
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -62,8 +66,11 @@ func TestMultiMutexOrderIsGlobal(t *testing.T) {
 
 // TestMultiMutexOneCall checks which sets one script call can take: all on
 // one Redis; on a Cluster only names that share a slot (a common hash
-// tag), on a Ring only names that share a hash tag.
+// tag), on a Ring only names that share a hash tag, and on a client it
+// does not know (a wrapper, which may wrap a Cluster) only names that
+// share a slot.
 func TestMultiMutexOneCall(t *testing.T) {
+	type wrapper struct{ *redis.ClusterClient }
 	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
@@ -86,6 +93,8 @@ func TestMultiMutexOneCall(t *testing.T) {
 		{ring, []string{"a", "b"}, false},
 		{ring, []string{"{acct}1", "{acct}2"}, true},
 		{cluster, []string{"a"}, true},
+		{wrapper{cluster}, []string{"a", "b"}, false},
+		{wrapper{cluster}, []string{"{acct}1", "{acct}2"}, true},
 	} {
 		if got := oneCall(tc.rdb, keys(tc.names...)); got != tc.want {
 			t.Errorf("%T %q: oneCall %v, want %v", tc.rdb, tc.names, got, tc.want)
@@ -356,4 +365,64 @@ func TestMultiMutexRetriedTake(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A TryLock of a goroutine sharing the value never re-enters a hold that
+// Lock then throws away (a name lost while Lock waited for the next one):
+// every TryLock that returned true is a level of the hold Lock returns.
+// Found by review 15: commit made the hold visible before it looked for a
+// lost name.
+func TestMultiMutexTryLockNeverReentersADiscardedHold(t *testing.T) {
+	c := newClient(t, redistest.Client(t))
+	base := redistest.Name(t)
+	var bad, rounds int
+	for round := 0; round < 60 && bad == 0; round++ {
+		rounds++
+		m := c.NewMultiMutex([]string{base + ":a", base + ":b"}, WithLease(30*time.Millisecond))
+		other := c.NewMutex(m.Names()[1])
+		if err := other.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- m.Lock(ctx) }()
+		eventually(t, 5*time.Second, "first name taken", func() bool { return m.locks[0].Lost() != nil })
+		<-m.locks[0].Lost() // its fixed lease ran out while waiting for the second
+		var trues atomic.Int64
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if ok, err := m.TryLock(ctx); err == nil && ok {
+					trues.Add(1)
+				}
+			}
+		}()
+		if err := other.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		wg.Wait()
+		h := m.current()
+		m.mu.Lock()
+		n := h.n
+		m.mu.Unlock()
+		if n != 1+trues.Load() {
+			bad++
+			t.Errorf("round %d: %d TryLocks returned true, but the hold Lock returned has %d levels: %d TryLock(s) re-entered a discarded hold", round, trues.Load(), n, 1+trues.Load()-n)
+		}
+		for i := int64(0); i < n; i++ {
+			_ = m.Unlock(ctx)
+		}
+	}
+	t.Logf("%d rounds", rounds)
 }

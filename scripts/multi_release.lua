@@ -9,6 +9,12 @@
 -- For each lock i, three arguments from ARGV[3*i+3]: the hold id, the
 -- hold's token ('0' when unknown: no tombstone), and the lock's channel
 --
+-- The locks are released in turn, each as release.lua does (each lock's
+-- keys read before its own writes), so a key of the wrong type on a later
+-- lock fails the call after the earlier locks were released: the caller
+-- then releases each lock alone, and the earlier ones' tombstones make
+-- those calls report success (multimutex.go, release).
+--
 -- Reply: {r1, r2, ...}, for each lock as release.lua's reply: 1 released
 -- (now or in an earlier try of this call), 0 not held by the hold id
 local reply = {}
