@@ -24,6 +24,8 @@ var (
 	luaTTL string
 	//go:embed scripts/handoff.lua
 	luaHandoff string
+	//go:embed scripts/proclaim.lua
+	luaProclaim string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -39,6 +41,8 @@ var (
 	extendScript  = redis.NewScript(luaLib + luaExtend)
 	ttlScript     = redis.NewScript(luaLib + luaTTL)
 	handoffScript = redis.NewScript(luaLib + luaHandoff)
+
+	proclaimScript = redis.NewScript(luaLib + luaProclaim)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

@@ -14,6 +14,9 @@
 --         gives up; it leaves the queue, and the ticket is refused from now
 --         on, so that a copy of one of its calls still on its way (a stalled
 --         connection, a retry by the client library) takes nothing
+-- KEYS[7], ARGV[7] an election's revision key and channel of changes
+--         (absent for a plain lock): the new holder, or none, is announced
+--         there (see lib.lua, announce)
 --
 -- A hold is released whatever its count (the count of levels is kept by
 -- the holder). The lock is handed to the first live fair waiter (who is
@@ -26,6 +29,7 @@ local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[
 local id, mytoken, mode = ARGV[1], tonumber(ARGV[2]), ARGV[6]
 
 local count = hold_count(lock, id)
+elect(KEYS[7], ARGV[7], ARGV[5])
 if mode == 'withdraw' then
   -- Read every key written here before the first write: a key of the
   -- wrong type fails the script having changed nothing. (The token counter
@@ -49,6 +53,7 @@ end
 if not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil, true) then
   redis.call('DEL', lock)
   redis.call(ARGV[5], ARGV[4], '')
+  announce(0, '')
 end
 if mytoken > 0 then
   redis.call('SET', tomb, ARGV[2], 'PX', tonumber(ARGV[3]))
