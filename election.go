@@ -123,7 +123,7 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	cfg := e.cfg
 	cfg.metadata = value
 	m := e.c.newMutex(e.name, cfg)
-	m.keys = e.keys
+	m.keys, m.prim = e.keys, PrimitiveElection
 	if err := m.Lock(ctx); err != nil {
 		return err
 	}

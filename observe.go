@@ -48,9 +48,9 @@ type Op string
 
 // The calls told to an Observer.
 const (
-	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, Election.Campaign
 	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock
-	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, Election.Resign
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
 	OpRelease    Op = "release"    // Semaphore.Release
@@ -66,6 +66,9 @@ const (
 	PrimitiveMutex     Primitive = "mutex"
 	PrimitiveSemaphore Primitive = "semaphore"
 	PrimitiveRedMutex  Primitive = "redmutex"
+	// PrimitiveElection is an Election: its Campaign is told as OpLock,
+	// its Resign as OpUnlock, and its leadership as a hold.
+	PrimitiveElection Primitive = "election"
 )
 
 // Outcome is how a call ended.

@@ -27,8 +27,9 @@ starts an embedded, in-process Redis (unless --redis, $REDIS_URL or
 $REDIS_ADDR names a real one) and --clients redisync Clients, standing for
 as many processes, each with --workers goroutines that take the fair lock
 NAME, hold it for a few milliseconds, let go and come back, and as many
-that do the same with 1 or 2 of the 3 permits of the semaphore NAME. The
-terminal shows, live, who holds the lock and the permits and who waits, in
+that do the same with 1 or 2 of the 3 permits of the semaphore NAME; and
+each client is a candidate in the election NAME, leading a while and
+resigning, followed by an observer. The terminal shows, live, who holds the lock and the permits and who waits, in
 queue order, read from Redis as "redisync status" reads it.
 
 After --duration (or Ctrl-C) it prints a summary: acquisitions per client,
@@ -89,7 +90,7 @@ type demoPart interface {
 }
 
 // demoParts make the parts of a demo, in display order.
-var demoParts = []func() demoPart{newLockPart, newSemPart}
+var demoParts = []func() demoPart{newLockPart, newSemPart, newElectPart}
 
 // check is the outcome of one of the demo's checks.
 type check struct {
@@ -371,8 +372,11 @@ func (d *demo) figures(w io.Writer, prim redisync.Primitive) check {
 	p50, p99, lost := d.env.stats.overall(prim)
 	fmt.Fprintf(w, "  observed wait of the acquisitions: p50 %s, p99 %s; holds lost %d\n", msText(p50), msText(p99), lost)
 	what := "lock"
-	if prim == redisync.PrimitiveSemaphore {
+	switch prim {
+	case redisync.PrimitiveSemaphore:
 		what = "semaphore"
+	case redisync.PrimitiveElection:
+		what = "election"
 	}
 	return check{lost == 0, fmt.Sprintf("%s: no hold lost (%d lost)", what, lost)}
 }
