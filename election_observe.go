@@ -70,8 +70,9 @@ type watch struct {
 	resync bool                    // read the current state: changes may have been missed
 
 	// Owned by run.
-	started bool  // a state was sent
-	last    int64 // the revision of the last state sent or read
+	started bool       // a state was sent
+	sent    Leadership // the last state sent
+	last    int64      // the revision of the last state sent or read
 }
 
 // hear takes a change heard on the channel (called with the registry's
@@ -142,21 +143,27 @@ func (w *watch) run(ctx context.Context) {
 }
 
 // sync reads the current state and sends it, unless it is the state sent
-// last; marked as following a gap unless it is the first. It retries after
-// a growing pause while Redis fails, and reports false when ctx ended.
+// last; marked as following a gap unless it is the first. A revision lower
+// than the last known means that Redis forgot the election's state: its
+// revision key expired an hour after the last change (the state is the one
+// sent last), or Redis restarted without persistence (the state may
+// differ, and is sent). It retries after a growing pause while Redis
+// fails, and reports false when ctx ended.
 func (w *watch) sync(ctx context.Context) bool {
 	backoff := 10 * time.Millisecond
 	for {
 		l, err := w.e.read(ctx)
 		if err == nil {
-			if w.started && l.Revision <= w.last {
+			same := l.Token == w.sent.Token && l.Value == w.sent.Value
+			if w.started && (l.Revision == w.last || (l.Revision < w.last && same)) {
+				w.last = l.Revision
 				return true
 			}
 			l.Gap = w.started
 			if !w.send(ctx, l) {
 				return false
 			}
-			w.last = max(w.last, l.Revision)
+			w.last = l.Revision
 			return true
 		}
 		t := time.NewTimer(backoff)
@@ -174,7 +181,7 @@ func (w *watch) sync(ctx context.Context) bool {
 func (w *watch) send(ctx context.Context, l Leadership) bool {
 	select {
 	case w.out <- l:
-		w.started = true
+		w.started, w.sent = true, l
 		return true
 	case <-ctx.Done():
 		return false

@@ -262,3 +262,47 @@ func TestElectionObserveReconnect(t *testing.T) {
 		t.Fatalf("observed %+v after Resign, want nobody, no gap", l)
 	}
 }
+
+// TestElectionRedisRestart: Redis restarts without persistence under a
+// leader and an observer. The leader learns it lost leadership (Lost
+// closes); the observer, once subscribed again, reports that nobody leads,
+// as following a gap; a new campaign leads with a token larger than the
+// lost leader's, and the observer sees it.
+func TestElectionRedisRestart(t *testing.T) {
+	srv := redistest.Spawn(t, "--save", "", "--appendonly", "no")
+	name := redistest.Name(t)
+	opts := []ClientOption{WithWatchdogLease(300 * time.Millisecond)}
+	leader := newClient(t, redistest.NewClient(t, srv.Addr), opts...)
+	watcher := newClient(t, redistest.NewClient(t, srv.Addr))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obs := watcher.NewElection(name).Observe(ctx)
+	observed(t, obs)
+	e := leader.NewElection(name)
+	if err := e.Campaign(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	first := observed(t, obs)
+	lost := e.Lost()
+
+	srv.Kill(t)
+	srv.Restart(t)
+	select {
+	case <-lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader was not told it lost leadership")
+	}
+	if g := observed(t, obs); !g.Gap || g.Leads() {
+		t.Fatalf("observed %+v after the restart, want nobody leading, after a gap", g)
+	}
+	if err := e.Campaign(ctx, "after"); err != nil {
+		t.Fatal(err)
+	}
+	if l := observed(t, obs); l.Value != "after" || l.Token <= first.Token {
+		t.Fatalf("observed %+v after the new campaign, want after with a token above %d", l, first.Token)
+	}
+	if err := e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	observed(t, obs)
+}
