@@ -15,9 +15,13 @@
 //	write <v>    -> "write ok <token>" or "write rejected <token>": v offered to
 //	                the fenced register (-register) with the token of the last
 //	                hold, as a client that paused would still do
+//	campaign <v> -> "leading <token>": campaigns in the election -name with
+//	                the value v (blocks until it leads)
+//	resign       -> "resigned" or "error <msg>"
 //	exit         -> closes the Client and exits
 //
-// and prints "lost" when the current hold's Lost channel closes.
+// and prints "lost" when the current hold's (or leadership's) Lost
+// channel closes.
 //
 // contend prints "ready", waits for "go" on stdin, then runs G goroutines,
 // each with a Mutex of its own, taking the lock C times; under the lock
@@ -172,6 +176,27 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 				continue
 			}
 			emit("%sd %s", cmd, arg)
+		case "campaign":
+			if elect == nil {
+				elect = c.NewElection(*name)
+			}
+			if err := elect.Campaign(ctx, arg); err != nil {
+				emit("error %v", err)
+				continue
+			}
+			token = elect.Token()
+			lost := elect.Lost()
+			go func() {
+				<-lost // the process exits without waiting for this goroutine
+				emit("lost")
+			}()
+			emit("leading %d", token)
+		case "resign":
+			if err := elect.Resign(ctx); err != nil {
+				emit("error %v", err)
+				continue
+			}
+			emit("resigned")
 		case "exit":
 			return nil
 		default:
@@ -180,6 +205,9 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 	}
 	return nil
 }
+
+// elect is the candidate of serve's campaign and resign commands.
+var elect *redisync.Election
 
 // sem is the semaphore of serve's acquire and release commands.
 var sem *redisync.Semaphore

@@ -1,0 +1,161 @@
+package fault
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/integration/fault/internal/fence"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// campaign makes the helper p campaign with value and returns the token of
+// its leadership.
+func (p *proc) campaign(value string, d time.Duration) int64 {
+	p.t.Helper()
+	p.send("campaign " + value)
+	l, _ := p.expect("leading ", d)
+	tok, err := strconv.ParseInt(strings.TrimPrefix(l, "leading "), 10, 64)
+	if err != nil {
+		p.t.Fatalf("holder: %q", l)
+	}
+	return tok
+}
+
+// observe collects what an observer of the election name on a Client of
+// its own sends, until the test ends.
+func observe(t *testing.T, addr, name string) <-chan redisync.Leadership {
+	t.Helper()
+	octx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	return newClient(t, addr).NewElection(name).Observe(octx)
+}
+
+// nextState returns the observer's next state, failing after d.
+func nextState(t *testing.T, obs <-chan redisync.Leadership, d time.Duration) redisync.Leadership {
+	t.Helper()
+	select {
+	case l := <-obs:
+		return l
+	case <-time.After(d):
+		t.Fatalf("no change observed within %v", d)
+	}
+	return redisync.Leadership{}
+}
+
+// TestElectionLeaderSIGKILL kills a leader process (watchdog lease 1 s)
+// while a candidate in this process waits, and fails unless the candidate
+// leads within lease + 300 ms of the SIGKILL, with a larger token, and an
+// observer sees the new leader as the change that follows the dead one's.
+func TestElectionLeaderSIGKILL(t *testing.T) {
+	const lease = time.Second
+	addr := redistest.Addr(t)
+	name := redistest.Name(t)
+	obs := observe(t, addr, name)
+	nextState(t, obs, 5*time.Second) // nobody
+	leader := startHolder(t, "serve", "-addr", addr, "-name", name, "-watchdog", lease.String())
+	ta := leader.campaign("a", 5*time.Second)
+	if l := nextState(t, obs, 5*time.Second); l.Value != "a" || l.Token != ta {
+		t.Fatalf("observed %+v, want a with token %d", l, ta)
+	}
+
+	b := newClient(t, addr, redisync.WithWatchdogLease(lease)).NewElection(name)
+	won := make(chan time.Time, 1)
+	go func() {
+		if err := b.Campaign(ctx, "b"); err != nil {
+			t.Error(err)
+		}
+		won <- time.Now()
+	}()
+	rdb := redistest.NewClient(t, addr)
+	eventually(t, 5*time.Second, "b to queue", func() bool {
+		return rdb.ZCard(ctx, "redisync:elect:{"+name+"}:queue").Val() == 1
+	})
+	time.Sleep(lease / 2) // the kill lands at a random point of the lease (a deliberate pause)
+
+	killed := time.Now()
+	leader.kill()
+	var at time.Time
+	select {
+	case at = <-won:
+	case <-time.After(lease + 5*time.Second):
+		t.Fatal("b does not lead after the leader was killed")
+	}
+	t.Logf("SIGKILL to the next leader: %v (lease %v)", at.Sub(killed).Round(time.Millisecond), lease)
+	if gap := at.Sub(killed); gap > lease+300*time.Millisecond {
+		t.Errorf("next leader %v after SIGKILL, want <= lease + 300ms", gap)
+	}
+	if l := nextState(t, obs, 5*time.Second); l.Value != "b" || l.Token != b.Token() || l.Token <= ta || l.Gap {
+		t.Fatalf("observed %+v, want b with token %d > %d, no gap", l, b.Token(), ta)
+	}
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestElectionLeaderSIGSTOPFencing pauses a leader process past its lease
+// until a candidate of this process leads and writes to the fenced
+// register, queues writes on the paused leader's stdin, and resumes it. It
+// fails unless the paused leader hears it lost leadership, every write it
+// makes with its old token is rejected, its Resign reports the loss, and
+// the new leader is untouched.
+func TestElectionLeaderSIGSTOPFencing(t *testing.T) {
+	const lease = time.Second
+	const staleWrites = 10
+	addr := redistest.Addr(t)
+	rdb := redistest.NewClient(t, addr)
+	name := redistest.Name(t)
+	register := "fault:" + name + ":register"
+	t.Cleanup(func() { rdb.Del(ctx, register) })
+
+	a := startHolder(t, "serve", "-addr", addr, "-name", name, "-watchdog", lease.String(), "-register", register)
+	ta := a.campaign("a", 5*time.Second)
+	a.send("write a-before-pause")
+	a.expect("write ok", 5*time.Second)
+
+	a.pause()
+	paused := time.Now()
+	b := newClient(t, addr, redisync.WithWatchdogLease(lease)).NewElection(name)
+	cctx, cancel := context.WithTimeout(ctx, lease+5*time.Second)
+	defer cancel()
+	if err := b.Campaign(cctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	tb := b.Token()
+	t.Logf("paused leader (token %d) replaced by token %d after %v", ta, tb, time.Since(paused).Round(time.Millisecond))
+	if tb <= ta {
+		t.Fatalf("new token %d is not above the paused leader's %d", tb, ta)
+	}
+	if ok, err := fence.Write(ctx, rdb, register, tb, "b", "b"); err != nil || !ok {
+		t.Fatalf("new leader's write: ok=%v err=%v", ok, err)
+	}
+	for range staleWrites {
+		a.send("write a-stale") // read by the leader only after it resumes
+	}
+	a.signal(syscall.SIGCONT)
+	for range staleWrites {
+		if l, _ := a.expect("write ", 5*time.Second); l != "write rejected "+itoa(ta) {
+			t.Errorf("stale write: %q", l)
+		}
+	}
+	a.expect("lost", 5*time.Second)
+	a.send("resign")
+	if l, _ := a.expect("error", 5*time.Second); !contains(l, "lock lost") {
+		t.Fatalf("paused leader's resign: %q, want lock lost", l)
+	}
+	select {
+	case <-b.Lost():
+		t.Fatal("the new leader's leadership was lost")
+	default:
+	}
+	if l, err := b.Leader(ctx); err != nil || l.Value != "b" || l.Token != tb {
+		t.Fatalf("Leader = %+v, %v; want b with token %d", l, err, tb)
+	}
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
