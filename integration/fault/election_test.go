@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"syscall"
@@ -157,5 +158,124 @@ func TestElectionLeaderSIGSTOPFencing(t *testing.T) {
 	}
 	if err := b.Resign(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestElectionChaos runs four leader processes that campaign, lead 0-200
+// ms and resign in a loop (holder elect: each term writes its token to a
+// fenced register when it starts and ends), while the test SIGKILLs one
+// now and then (replacing it) and SIGSTOPs one past its lease. It fails
+// when a leader's write is rejected while it still believed it led (the
+// register saw a newer leader's token first: two leaders), when an
+// observer sees revisions out of order or twice or tokens going back, or
+// when too little happened.
+func TestElectionChaos(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	addr := redistest.Addr(t)
+	rdb := redistest.NewClient(t, addr)
+	name := redistest.Name(t)
+	register := "fault:" + name + ":register"
+	t.Cleanup(func() { rdb.Del(ctx, register) })
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	octx, ocancel := context.WithCancel(ctx)
+	defer ocancel()
+	watcher := newClient(t, addr).NewElection(name)
+	obs := watcher.Observe(octx)
+	var seen []redisync.Leadership
+	observed := make(chan struct{})
+	go func() {
+		defer close(observed)
+		for l := range obs {
+			seen = append(seen, l)
+		}
+	}()
+	spawn := func() *proc {
+		return startHolder(t, "elect", "-addr", addr, "-name", name, "-register", register,
+			"-watchdog", lease.String(), "-heartbeat", lease.String())
+	}
+	procs := []*proc{spawn(), spawn(), spawn(), spawn()}
+	var lines []string
+	drain := func(p *proc) {
+		for {
+			select {
+			case l := <-p.lines:
+				lines = append(lines, l.text)
+			default:
+				lines = append(lines, p.saw()...)
+				return
+			}
+		}
+	}
+	kills, stops := 0, 0
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); {
+		// The fault hits the leader, when one leads: the process whose pid
+		// is its value.
+		i := rng.IntN(len(procs))
+		if l, err := watcher.Leader(ctx); err == nil {
+			for j, p := range procs {
+				if l.Value == "pid "+strconv.Itoa(p.cmd.Process.Pid) {
+					i = j
+				}
+			}
+		}
+		switch rng.IntN(3) {
+		case 0:
+			drain(procs[i])
+			procs[i].kill()
+			procs[i] = spawn()
+			kills++
+		case 1:
+			procs[i].pause()
+			time.Sleep(lease + lease/2) // paused past its lease (the fault's length)
+			procs[i].signal(syscall.SIGCONT)
+			stops++
+		}
+		time.Sleep(300 * time.Millisecond) // the chaos's pace
+	}
+	for _, p := range procs {
+		p.send("stop")
+	}
+	for _, p := range procs {
+		p.expect("done", 10*time.Second)
+		drain(p)
+	}
+	terms, violations, lost := 0, 0, 0
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "term "):
+			terms++
+		case strings.HasPrefix(l, "violation "):
+			violations++
+			t.Errorf("two leaders: %s", l)
+		case strings.HasPrefix(l, "lost "):
+			lost++
+		}
+	}
+	eventually(t, 5*time.Second, "nobody leading", func() bool {
+		_, err := watcher.Leader(ctx)
+		return err != nil
+	})
+	ocancel()
+	<-observed
+	var token, rev int64
+	for _, l := range seen {
+		if l.Revision <= rev && rev != 0 {
+			t.Errorf("observed revision %d after %d", l.Revision, rev)
+		}
+		rev = l.Revision
+		if l.Leads() && l.Token < token {
+			t.Errorf("observed token %d after %d", l.Token, token)
+		}
+		if l.Leads() {
+			token = l.Token
+		}
+	}
+	rejected, _ := rdb.HGet(ctx, register, "rejected").Int()
+	t.Logf("%d terms, %d kills, %d pauses past the lease, %d leaders told they lost, %d stale writes fenced off, %d states observed",
+		terms, kills, stops, lost, rejected, len(seen))
+	if terms < 20 || kills == 0 || stops == 0 {
+		t.Errorf("too little exercised: %d terms, %d kills, %d pauses, %d leaders told they lost", terms, kills, stops, lost)
 	}
 }

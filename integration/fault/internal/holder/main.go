@@ -31,7 +31,7 @@
 // "error <msg>".
 //
 // work is a worker of the lock-set workload (see work.go): it prints
-// "ready" and runs at once.
+// "ready" and runs at once. elect is the election loop (see elect.go).
 package main
 
 import (
@@ -83,7 +83,7 @@ func emit(format string, args ...any) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: holder serve|contend|work flags")
+		fmt.Fprintln(os.Stderr, "usage: holder serve|contend|work|elect flags")
 		os.Exit(2)
 	}
 	mode := os.Args[1]
@@ -103,6 +103,8 @@ func main() {
 		err = contend(c, rdb)
 	case "work":
 		err = work(c)
+	case "elect":
+		err = electLoop(c, rdb)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
