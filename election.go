@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
-
-	"github.com/redis/go-redis/v9"
+	"time"
 
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -200,7 +198,7 @@ func (e *Election) Leader(ctx context.Context) (Leadership, error) {
 	if err := cmp.Or(e.err, e.c.usable(), ctx.Err()); err != nil {
 		return Leadership{}, wrapOp("leader", e.name, err)
 	}
-	l, err := e.read(ctx)
+	l, _, err := e.read(ctx)
 	switch {
 	case err != nil:
 		return Leadership{}, wrapOp("leader", e.name, err)
@@ -211,52 +209,42 @@ func (e *Election) Leader(ctx context.Context) (Leadership, error) {
 }
 
 // read reads the election's state at one instant: its leader's value and
-// token (a free lock: none), and its revision.
-func (e *Election) read(ctx context.Context) (Leadership, error) {
+// token (none when the lock is free), and its revision; and the leader's
+// remaining lease (0: nobody leads).
+func (e *Election) read(ctx context.Context) (Leadership, time.Duration, error) {
 	var l Leadership
+	var lease time.Duration
+	leader := leaderCall(e.keys)
 	_, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		var hash *redis.MapStringStringCmd
-		var token, rev *redis.StringCmd
-		err := e.c.readAll(ctx, func(p redis.Pipeliner) {
-			hash = p.HGetAll(ctx, e.keys.Hash)
-			token = p.Get(ctx, e.keys.Token)
-			rev = p.Get(ctx, e.keys.Revision)
-		})
+		res, err := leader.run(ctx, e.c.rdb).StringSlice()
 		if err != nil {
-			return nil, err
+			return nil, redisError(err)
 		}
-		return nil, e.parse(hash.Val(), token.Val(), rev.Val(), &l)
+		return nil, e.parse(res, &l, &lease)
 	}, nil)
 	if err != nil {
-		return Leadership{}, err
+		return Leadership{}, 0, err
 	}
-	return l, nil
+	return l, lease, nil
 }
 
-// parse decodes the election's lock hash, token and revision into l.
-func (e *Election) parse(hash map[string]string, token, rev string, l *Leadership) error {
-	var err error
-	if rev != "" {
-		if l.Revision, err = strconv.ParseInt(rev, 10, 64); err != nil {
-			return &wrongType{detail: e.keys.Revision + " does not hold a counter"}
-		}
+// parse decodes leader.lua's reply into l and lease.
+func (e *Election) parse(res []string, l *Leadership, lease *time.Duration) error {
+	if len(res) != 4 {
+		return fmt.Errorf("redisync: unexpected reply %q from the leader script", res)
 	}
-	holders := 0
-	for f := range hash {
-		if !strings.HasPrefix(f, "{") {
-			holders++
-		}
+	ms, err := strconv.ParseInt(res[3], 10, 64)
+	if err != nil {
+		return fmt.Errorf("redisync: unexpected reply %q from the leader script", res)
 	}
-	switch {
-	case holders > 1:
-		return &wrongType{detail: e.keys.Hash + " holds more than one hold"}
-	case holders == 0:
-		return nil
+	*lease = time.Duration(ms) * time.Millisecond
+	if l.Revision, err = strconv.ParseInt(res[0], 10, 64); err != nil {
+		return &wrongType{detail: e.keys.Revision + " does not hold a counter"}
 	}
-	if l.Token, err = strconv.ParseInt(token, 10, 64); err != nil {
+	if l.Token, err = strconv.ParseInt(res[1], 10, 64); err != nil {
 		return &wrongType{detail: e.keys.Token + " does not hold a counter"}
 	}
-	l.Value = hash[schema.MetaField]
+	l.Value = res[2]
 	return nil
 }
 

@@ -26,8 +26,15 @@ const watchInbox = 256
 // observer then reads the current state at once and sends it with Gap
 // set. So does it after its subscription is renewed, and when its reader
 // fell more than 256 changes behind. The changes in between are skipped,
-// and Gap says so. A leader whose lease runs out without a successor is
-// not a change: the next leader is (see docs/guarantees.md).
+// and Gap says so.
+//
+// A leader whose lease runs out unrenewed (its process died or paused, and
+// no candidate took over) is announced by nothing in Redis: the observer
+// reads the state again when the leader's lease was due to end, and sends
+// nobody leading, under the revision of the leader's change (the one case
+// where a revision repeats). So an observer reads Redis once per lease
+// while a leader leads (every 20 to 30 s by default), never more often than
+// the leader renews it.
 //
 // Observe never fails: an invalid Election, an ended ctx or a closed
 // Client give a closed channel, and an error reading Redis is retried
@@ -70,9 +77,10 @@ type watch struct {
 	resync bool                    // read the current state: changes may have been missed
 
 	// Owned by run.
-	started bool       // a state was sent
-	sent    Leadership // the last state sent
-	last    int64      // the revision of the last state sent or read
+	expiry  *time.Timer // fires when the leader's lease may have run out
+	started bool        // a state was sent
+	sent    Leadership  // the last state sent
+	last    int64       // the revision of the last state sent or read
 }
 
 // hear takes a change heard on the channel (called with the registry's
@@ -111,9 +119,19 @@ func (w *watch) poke() {
 
 // run sends the changes until ctx ends.
 func (w *watch) run(ctx context.Context) {
+	w.expiry = time.NewTimer(time.Hour)
+	w.expiry.Stop()
+	defer w.expiry.Stop()
 	for {
 		select {
 		case <-w.kick:
+		case <-w.expiry.C:
+			// The leader's lease may have run out unrenewed, which no
+			// script announces: look.
+			if !w.sync(ctx) {
+				return
+			}
+			continue
 		case <-ctx.Done():
 			return
 		}
@@ -133,38 +151,42 @@ func (w *watch) run(ctx context.Context) {
 				if !w.sync(ctx) {
 					return
 				}
-			case !w.send(ctx, Leadership{Value: c.Value, Token: c.Token, Revision: c.Revision}):
-				return
 			default:
+				l := Leadership{Value: c.Value, Token: c.Token, Revision: c.Revision}
+				if !w.send(ctx, l, time.Duration(c.Lease)*time.Millisecond) {
+					return
+				}
 				w.last = c.Revision
 			}
 		}
 	}
 }
 
-// sync reads the current state and sends it, unless it is the state sent
-// last; marked as following a gap unless it is the first. A revision lower
-// than the last known means that Redis forgot the election's state: its
-// revision key expired an hour after the last change (the state is the one
-// sent last), or Redis restarted without persistence (the state may
-// differ, and is sent). It retries after a growing pause while Redis
-// fails, and reports false when ctx ended.
+// sync reads the current state and sends it unless it is the state sent
+// last. It is marked as following a gap when changes may have been missed
+// since the last state sent: its revision is not the last one's. A state
+// of the last revision that differs from the last sent is a leader whose
+// lease ran out (or whose hold was removed) unannounced: nothing was
+// missed. A revision lower than the last means that Redis forgot the
+// election's state: its revision key expired an hour after the last
+// change (the state is the one sent last, and is not sent again), or
+// Redis restarted without persistence (the state may differ, and is
+// sent). sync retries after a growing pause while Redis fails, and
+// reports false when ctx ended.
 func (w *watch) sync(ctx context.Context) bool {
 	backoff := 10 * time.Millisecond
 	for {
-		l, err := w.e.read(ctx)
+		l, lease, err := w.e.read(ctx)
 		if err == nil {
-			same := l.Token == w.sent.Token && l.Value == w.sent.Value
-			if w.started && (l.Revision == w.last || (l.Revision < w.last && same)) {
+			same := w.started && l.Token == w.sent.Token && l.Value == w.sent.Value
+			l.Gap = w.started && l.Revision != w.last
+			if same && l.Revision <= w.last {
 				w.last = l.Revision
+				w.arm(lease)
 				return true
 			}
-			l.Gap = w.started
-			if !w.send(ctx, l) {
-				return false
-			}
 			w.last = l.Revision
-			return true
+			return w.send(ctx, l, lease)
 		}
 		t := time.NewTimer(backoff)
 		select {
@@ -177,11 +199,28 @@ func (w *watch) sync(ctx context.Context) bool {
 	}
 }
 
-// send gives l to the reader, and reports false when ctx ended first.
-func (w *watch) send(ctx context.Context, l Leadership) bool {
+// arm has run look again when the leader's lease, of lease from now, runs
+// out, unless a change comes first; nobody leading (lease 0 or less: none,
+// or no expiry), it stops looking.
+func (w *watch) arm(lease time.Duration) {
+	w.expiry.Stop()
+	if lease > 0 {
+		w.expiry.Reset(lease + expirySlack)
+	}
+}
+
+// expirySlack is how long after a leader's lease was due to run out an
+// observer looks whether it did: a renewal that Redis ran just before then
+// has extended it.
+const expirySlack = 50 * time.Millisecond
+
+// send gives l, whose leader's lease runs lease from now, to the reader,
+// and reports false when ctx ended first.
+func (w *watch) send(ctx context.Context, l Leadership, lease time.Duration) bool {
 	select {
 	case w.out <- l:
 		w.started, w.sent = true, l
+		w.arm(lease)
 		return true
 	case <-ctx.Done():
 		return false

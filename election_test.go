@@ -306,3 +306,35 @@ func TestElectionRedisRestart(t *testing.T) {
 	}
 	observed(t, obs)
 }
+
+// TestElectionObserveExpiry: a leader whose lease runs out with no
+// successor is announced by no script; the observer looks when the lease
+// was due to end, and reports nobody leading, under the same revision.
+func TestElectionObserveExpiry(t *testing.T) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	c := newClient(t, rdb)
+	e := c.NewElection(name, WithLease(200*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	obs := c.NewElection(name).Observe(ctx)
+	observed(t, obs)
+	if err := e.Campaign(ctx, "v"); err != nil {
+		t.Fatal(err)
+	}
+	l := observed(t, obs)
+	start := time.Now()
+	gone := observed(t, obs)
+	t.Logf("expiry observed %v after the change", time.Since(start).Round(time.Millisecond))
+	if gone.Leads() || gone.Gap || gone.Revision != l.Revision || time.Since(start) > time.Second {
+		t.Fatalf("observed %+v after %+v's lease ran out, want nobody, same revision, within 1 s", gone, l)
+	}
+	select {
+	case <-e.Lost():
+	default:
+		t.Fatal("the leader's Lost is open after its lease ran out")
+	}
+	if err := e.Resign(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Resign after the lease ran out: %v", err)
+	}
+}

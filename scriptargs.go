@@ -238,3 +238,8 @@ type proclaimArgs struct {
 func (a proclaimArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{proclaimScript, []string{k.Hash, k.Revision}, []any{a.id, a.token, a.value, k.Changes, a.publish}}
 }
+
+// leaderCall returns the call of scripts/leader.lua on the election k.
+func leaderCall(k schema.Lock) scriptCall {
+	return scriptCall{leaderScript, []string{k.Hash, k.Token, k.Revision}, nil}
+}

@@ -26,6 +26,8 @@ var (
 	luaHandoff string
 	//go:embed scripts/proclaim.lua
 	luaProclaim string
+	//go:embed scripts/leader.lua
+	luaLeader string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -43,6 +45,7 @@ var (
 	handoffScript = redis.NewScript(luaLib + luaHandoff)
 
 	proclaimScript = redis.NewScript(luaLib + luaProclaim)
+	leaderScript   = redis.NewScript(luaLib + luaLeader)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

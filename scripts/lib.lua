@@ -253,17 +253,18 @@ local function elect(rev, channel, publish)
 end
 
 -- announce tells an election's observers that the leader is now the
--- holder of token t with the value meta (t = 0: no leader). The change
--- gets a new revision, minted as a fencing token is (see mint): larger
--- than the last, even after the key was forgotten; and it is published as
--- "revision:previous:token:value", previous being the revision it
--- follows (0 when forgotten), so that an observer that missed one sees
--- the gap.
-local function announce(t, meta)
+-- holder of token t with the value meta and a lease of ms (t = 0: no
+-- leader). The change gets a new revision, minted as a fencing token is
+-- (see mint): larger than the last, even after the key was forgotten; and
+-- it is published as "revision:previous:token:ms:value", previous being
+-- the revision it follows (0 when forgotten), so that an observer that
+-- missed one sees the gap, and ms telling it when to look whether the
+-- leader's lease ran out unrenewed, which nothing announces.
+local function announce(t, meta, ms)
   if election then
     local prev = check_counter(election.rev)
     local r = mint(election.rev, 0)
-    redis.call(election.publish, election.channel, string.format('%d:%d:%d:', r, prev, t) .. meta)
+    redis.call(election.publish, election.channel, string.format('%d:%d:%d:%d:', r, prev, t, ms) .. meta)
   end
 end
 
@@ -279,7 +280,7 @@ local function grant(lock, token, owner, lease, meta)
     redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT, META_FIELD, meta)
   end
   redis.call('PEXPIRE', lock, lease)
-  announce(t, meta)
+  announce(t, meta, lease)
   return t
 end
 

@@ -17,6 +17,6 @@ if hold_count(lock, ARGV[1]) == 0 then
 end
 if (redis.call('HGET', lock, META_FIELD) or '') ~= ARGV[3] then
   set_meta(lock, ARGV[3])
-  announce(tonumber(ARGV[2]), ARGV[3])
+  announce(tonumber(ARGV[2]), ARGV[3], redis.call('PTTL', lock))
 end
 return 1

@@ -53,7 +53,7 @@ end
 if not hand_off(lock, token, queue, waiters, ARGV[4], ARGV[5], nil, true) then
   redis.call('DEL', lock)
   redis.call(ARGV[5], ARGV[4], '')
-  announce(0, '')
+  announce(0, '', 0)
 end
 if mytoken > 0 then
   redis.call('SET', tomb, ARGV[2], 'PX', tonumber(ARGV[3]))

@@ -28,7 +28,7 @@ type electPart struct {
 
 	// What the observer saw.
 	changes, gaps, disorder int64
-	lastRev                 int64
+	last                    redisync.Leadership
 }
 
 func newElectPart() demoPart { return &electPart{} }
@@ -94,10 +94,12 @@ func (p *electPart) record(token int64, ci int) {
 func (p *electPart) observed(l redisync.Leadership) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if l.Revision <= p.lastRev && p.changes > 0 {
+	// A revision repeats only when a leader's lease ran out unannounced.
+	expired := l.Revision == p.last.Revision && p.last.Leads() && !l.Leads()
+	if l.Revision <= p.last.Revision && p.changes > 0 && !expired {
 		p.disorder++
 	}
-	p.lastRev = max(p.lastRev, l.Revision)
+	p.last = l
 	p.changes++
 	if l.Gap {
 		p.gaps++

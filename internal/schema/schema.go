@@ -128,26 +128,27 @@ func ParseLockWaiter(rec string) (LockWaiter, bool) {
 }
 
 // ElectionChange is a change of an election's leader, published on its
-// Changes channel as "revision:previous:token:value".
+// Changes channel as "revision:previous:token:lease:value".
 type ElectionChange struct {
 	Revision int64  // of this change
 	Previous int64  // of the change before it; 0 when forgotten
 	Token    int64  // the new leader's fencing token; 0: no leader
+	Lease    int64  // the leader's remaining lease in ms; 0: no leader
 	Value    string // the leader's value
 }
 
 // ParseElectionChange decodes a change published on an election's
 // Changes channel.
 func ParseElectionChange(msg string) (ElectionChange, bool) {
-	parts := strings.SplitN(msg, ":", 4)
-	if len(parts) != 4 {
+	parts := strings.SplitN(msg, ":", 5)
+	if len(parts) != 5 {
 		return ElectionChange{}, false
 	}
-	f, ok := ints(strings.Join(parts[:3], ":"), 3)
+	f, ok := ints(strings.Join(parts[:4], ":"), 4)
 	if !ok {
 		return ElectionChange{}, false
 	}
-	return ElectionChange{Revision: f[0], Previous: f[1], Token: f[2], Value: parts[3]}, true
+	return ElectionChange{Revision: f[0], Previous: f[1], Token: f[2], Lease: f[3], Value: parts[4]}, true
 }
 
 // ParseSemSize decodes a semaphore's size record, "size:layout" (or
