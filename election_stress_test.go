@@ -101,9 +101,9 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 	watcher := newClient(t, redistest.Client(t))
 	obs := watcher.NewElection(name).Observe(ctx)
 	var seen []Leadership // guarded by mu
-	observed := make(chan struct{})
+	obsDone := make(chan struct{})
 	go func() {
-		defer close(observed)
+		defer close(obsDone)
 		for l := range obs {
 			mu.Lock()
 			seen = append(seen, l)
@@ -222,7 +222,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 		return len(seen) > 0 && !seen[len(seen)-1].Leads()
 	})
 	cancel()
-	<-observed
+	<-obsDone
 
 	for _, p := range problems {
 		t.Error(p)

@@ -12,9 +12,9 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// observed returns the next state sent by an observer, failing the test when
+// nextChange returns the next state sent by an observer, failing the test when
 // none comes within 5 s or the stream ends.
-func observed(t *testing.T, obs <-chan Leadership) Leadership {
+func nextChange(t *testing.T, obs <-chan Leadership) Leadership {
 	t.Helper()
 	select {
 	case l, ok := <-obs:
@@ -56,14 +56,14 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 		t.Fatalf("Resign before Campaign: %v, want ErrNotLeader", err)
 	}
 	obs := c2.NewElection(name).Observe(ctx)
-	if l := observed(t, obs); l.Leads() || l.Gap {
+	if l := nextChange(t, obs); l.Leads() || l.Gap {
 		t.Fatalf("first state of a new election: %+v, want nobody leading, no gap", l)
 	}
 
 	if err := a.Campaign(ctx, "a1"); err != nil {
 		t.Fatal(err)
 	}
-	l := observed(t, obs)
+	l := nextChange(t, obs)
 	if l.Value != "a1" || l.Token != a.Token() || l.Gap || a.Token() == 0 {
 		t.Fatalf("observed %+v after a's campaign (token %d)", l, a.Token())
 	}
@@ -80,7 +80,7 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	if err := a.Proclaim(ctx, "a2"); err != nil {
 		t.Fatal(err)
 	}
-	if p := observed(t, obs); p.Value != "a2" || p.Token != l.Token || p.Revision <= l.Revision || p.Gap {
+	if p := nextChange(t, obs); p.Value != "a2" || p.Token != l.Token || p.Revision <= l.Revision || p.Gap {
 		t.Fatalf("observed %+v after Proclaim, want a2 with token %d after revision %d", p, l.Token, l.Revision)
 	}
 	if err := a.Proclaim(ctx, "a2"); err != nil {
@@ -92,7 +92,7 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	if err := <-won; err != nil {
 		t.Fatal(err)
 	}
-	nb := observed(t, obs) // not a2 again: proclaiming the same value is no change
+	nb := nextChange(t, obs) // not a2 again: proclaiming the same value is no change
 	if nb.Value != "b1" || nb.Token != b.Token() || nb.Token <= l.Token {
 		t.Fatalf("observed %+v after a resigned, want b1 with token %d > %d", nb, b.Token(), l.Token)
 	}
@@ -102,13 +102,13 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	if err := b.Campaign(ctx, "b2"); err != nil { // leads already: proclaims
 		t.Fatal(err)
 	}
-	if p := observed(t, obs); p.Value != "b2" || p.Token != nb.Token {
+	if p := nextChange(t, obs); p.Value != "b2" || p.Token != nb.Token {
 		t.Fatalf("observed %+v after b campaigned again, want b2 with token %d", p, nb.Token)
 	}
 	if err := b.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p := observed(t, obs); p.Leads() {
+	if p := nextChange(t, obs); p.Leads() {
 		t.Fatalf("observed %+v after the last leader resigned, want nobody", p)
 	}
 	noChange(t, obs, 100*time.Millisecond)
@@ -184,11 +184,11 @@ func TestElectionObserveGap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	obs := c.NewElection(name).Observe(ctx)
-	observed(t, obs)
+	nextChange(t, obs)
 	if err := e.Campaign(ctx, "v1"); err != nil {
 		t.Fatal(err)
 	}
-	first := observed(t, obs)
+	first := nextChange(t, obs)
 
 	// A duplicate of the last change, and one older: ignored.
 	dup := fmt.Sprintf("%d:%d:%d:v1", first.Revision, first.Revision-1, first.Token)
@@ -206,20 +206,20 @@ func TestElectionObserveGap(t *testing.T) {
 	if err := e.Proclaim(ctx, "v3"); err != nil {
 		t.Fatal(err)
 	}
-	g := observed(t, obs)
+	g := nextChange(t, obs)
 	if !g.Gap || g.Value != "v3" || g.Revision <= rev {
 		t.Fatalf("observed %+v after a lost change, want v3 marked as following a gap", g)
 	}
 	if err := e.Proclaim(ctx, "v4"); err != nil {
 		t.Fatal(err)
 	}
-	if l := observed(t, obs); l.Gap || l.Value != "v4" {
+	if l := nextChange(t, obs); l.Gap || l.Value != "v4" {
 		t.Fatalf("observed %+v, want v4 without a gap", l)
 	}
 	if err := e.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	observed(t, obs)
+	nextChange(t, obs)
 }
 
 // TestElectionObserveReconnect: changes made while the observer's
@@ -235,11 +235,11 @@ func TestElectionObserveReconnect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	obs := watcher.NewElection(name).Observe(ctx)
-	observed(t, obs)
+	nextChange(t, obs)
 	if err := e.Campaign(ctx, "v1"); err != nil {
 		t.Fatal(err)
 	}
-	first := observed(t, obs)
+	first := nextChange(t, obs)
 
 	proxy.SetBlackhole(true) // messages go nowhere now
 	if err := e.Proclaim(ctx, "v2"); err != nil {
@@ -251,14 +251,14 @@ func TestElectionObserveReconnect(t *testing.T) {
 	noChange(t, obs, 50*time.Millisecond)
 	proxy.ResetAll() // the connection is cut: the subscriber dials again
 	proxy.SetBlackhole(false)
-	g := observed(t, obs)
+	g := nextChange(t, obs)
 	if !g.Gap || g.Value != "v3" || g.Revision <= first.Revision {
 		t.Fatalf("observed %+v after the reconnect, want v3 marked as following a gap", g)
 	}
 	if err := e.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if l := observed(t, obs); l.Leads() || l.Gap {
+	if l := nextChange(t, obs); l.Leads() || l.Gap {
 		t.Fatalf("observed %+v after Resign, want nobody, no gap", l)
 	}
 }
@@ -277,12 +277,12 @@ func TestElectionRedisRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	obs := watcher.NewElection(name).Observe(ctx)
-	observed(t, obs)
+	nextChange(t, obs)
 	e := leader.NewElection(name)
 	if err := e.Campaign(ctx, "before"); err != nil {
 		t.Fatal(err)
 	}
-	first := observed(t, obs)
+	first := nextChange(t, obs)
 	lost := e.Lost()
 
 	srv.Kill(t)
@@ -292,19 +292,19 @@ func TestElectionRedisRestart(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the leader was not told it lost leadership")
 	}
-	if g := observed(t, obs); !g.Gap || g.Leads() {
+	if g := nextChange(t, obs); !g.Gap || g.Leads() {
 		t.Fatalf("observed %+v after the restart, want nobody leading, after a gap", g)
 	}
 	if err := e.Campaign(ctx, "after"); err != nil {
 		t.Fatal(err)
 	}
-	if l := observed(t, obs); l.Value != "after" || l.Token <= first.Token {
+	if l := nextChange(t, obs); l.Value != "after" || l.Token <= first.Token {
 		t.Fatalf("observed %+v after the new campaign, want after with a token above %d", l, first.Token)
 	}
 	if err := e.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	observed(t, obs)
+	nextChange(t, obs)
 }
 
 // TestElectionObserveExpiry: a leader whose lease runs out with no
@@ -318,13 +318,13 @@ func TestElectionObserveExpiry(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	obs := c.NewElection(name).Observe(ctx)
-	observed(t, obs)
+	nextChange(t, obs)
 	if err := e.Campaign(ctx, "v"); err != nil {
 		t.Fatal(err)
 	}
-	l := observed(t, obs)
+	l := nextChange(t, obs)
 	start := time.Now()
-	gone := observed(t, obs)
+	gone := nextChange(t, obs)
 	t.Logf("expiry observed %v after the change", time.Since(start).Round(time.Millisecond))
 	if gone.Leads() || gone.Gap || gone.Revision != l.Revision || time.Since(start) > time.Second {
 		t.Fatalf("observed %+v after %+v's lease ran out, want nobody, same revision, within 1 s", gone, l)
