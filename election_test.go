@@ -338,3 +338,52 @@ func TestElectionObserveExpiry(t *testing.T) {
 		t.Fatalf("Resign after the lease ran out: %v", err)
 	}
 }
+
+// TestElectionObserveSlowReader: an observer whose reader falls more than
+// 256 changes behind drops them and reports the current state, as
+// following a gap, then goes on with the changes after it.
+func TestElectionObserveSlowReader(t *testing.T) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	c := newClient(t, rdb)
+	e := c.NewElection(name)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	obs := c.NewElection(name).Observe(ctx)
+	nextChange(t, obs)
+	// A second observer, not read either until the changes are made,
+	// overflows as the first does: the subscriber hands each message to
+	// every listener of the channel in turn, so by the time it reports
+	// the last value, the first observer has heard at least 256 changes.
+	fast := c.NewElection(name).Observe(ctx)
+	nextChange(t, fast)
+	if err := e.Campaign(ctx, "v0"); err != nil {
+		t.Fatal(err)
+	}
+	// The reader takes nothing while 300 changes are made: the observer
+	// blocks sending the first, and its inbox overflows.
+	const changes = 300
+	for i := 1; i <= changes; i++ {
+		if err := e.Proclaim(ctx, fmt.Sprintf("v%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for l := nextChange(t, fast); l.Value != fmt.Sprintf("v%d", changes); l = nextChange(t, fast) {
+	}
+	var got []Leadership
+	for {
+		l := nextChange(t, obs)
+		got = append(got, l)
+		if l.Value == fmt.Sprintf("v%d", changes) {
+			break
+		}
+	}
+	checkObserved(t, got)
+	if len(got) > changes-watchInbox || countGaps(got) != 1 {
+		t.Fatalf("observed %d states (%d after a gap) for %d changes, want fewer than %d and one gap",
+			len(got), countGaps(got), changes+1, changes-watchInbox)
+	}
+	if err := e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
