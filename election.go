@@ -154,7 +154,8 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	return e.proclaim(ctx, m, h, value)
 }
 
-// proclaim sets the value of h, m's hold. A hold found gone is lost.
+// proclaim sets the value of h, m's hold. A hold found gone is lost,
+// unless m resigned it meanwhile.
 func (e *Election) proclaim(ctx context.Context, m *Mutex, h *hold, value string) error {
 	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish}.call(e.keys)
 	res, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
@@ -164,6 +165,8 @@ func (e *Election) proclaim(ctx context.Context, m *Mutex, h *hold, value string
 	switch {
 	case err != nil:
 		return wrapOp("proclaim", e.name, redisError(err))
+	case res[0] == 0 && m.current() != h:
+		return wrapOp("proclaim", e.name, ErrNotLeader) // resigned meanwhile
 	case res[0] == 0:
 		m.lose(h)
 		return wrapOp("proclaim", e.name, ErrLockLost)
