@@ -67,6 +67,19 @@
 // OpenTelemetry); WithLogger logs with log/slog what an operator must see.
 // Without them a call pays a nil check. See docs/operations.md.
 //
+// # Leader election
+//
+// Client.NewElection is leader election with the semantics of etcd's
+// concurrency.Election, built on the fair lock: Campaign waits its turn
+// (candidates in arrival order) and leads while it holds the election's
+// lock, whose metadata is the leader's value; the leader has a hold's
+// lease, fencing token and Lost. Observe streams every change, pushed by
+// the scripts that make it through the Client's subscriber, each numbered
+// with the revision it follows so that a lost message shows as a gap,
+// reported with the current leader read at once. An election's keys are
+// a lock's under "redisync:elect:{name}", with ":rev", and its changes
+// are published on "redisync:elect:{name}:changes".
+//
 // # Keys
 //
 // A lock called name lives in keys that share the hash tag {name}, so that

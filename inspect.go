@@ -140,7 +140,12 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...MutexOpti
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	k := schema.LockKeys(cfg.prefix, name)
+	return c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
+}
+
+// inspectLock reads the state of the lock called name whose keys are k:
+// a Mutex's, or an Election's (see InspectElection).
+func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
 	var (
 		owners, waiters *redis.MapStringStringCmd
 		pttl            *redis.DurationCmd

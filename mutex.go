@@ -86,7 +86,7 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 // outlives Redis being unreachable or failing over, looking again with a
 // growing pause until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveMutex, Name: m.name}, m.lock, m.Token)
+	return observed(m.c.obs, ctx, Call{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
@@ -118,7 +118,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 // anew if m's hold was lost, as Lock does). Unless m barges, it does not
 // take the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
-	return observedTry(m.c.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveMutex, Name: m.name}, m.tryLock, m.Token)
+	return observedTry(m.c.obs, ctx, Call{Op: OpTryLock, Primitive: m.prim, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
@@ -169,7 +169,7 @@ func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
 // renewed, so when the release fails, or ctx ends before it is confirmed,
 // the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, Call{Op: OpUnlock, Primitive: PrimitiveMutex, Name: m.name}, m.unlock, nil)
+	return observed(m.c.obs, ctx, Call{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved: a RedMutex releases its node holds with it.

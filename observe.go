@@ -48,9 +48,9 @@ type Op string
 
 // The calls told to an Observer.
 const (
-	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock, MultiMutex.Lock
+	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock, MultiMutex.Lock, Election.Campaign
 	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock, MultiMutex.TryLock
-	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock, MultiMutex.Unlock
+	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock, MultiMutex.Unlock, Election.Resign
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
 	OpRelease    Op = "release"    // Semaphore.Release
@@ -73,6 +73,9 @@ const (
 	// PrimitiveMultiMutex is a MultiMutex's calls (named by its names
 	// joined with "+"); the holds of its names are told as a Mutex's.
 	PrimitiveMultiMutex Primitive = "multimutex"
+	// PrimitiveElection is an Election: its Campaign is told as OpLock,
+	// its Resign as OpUnlock, and its leadership as a hold.
+	PrimitiveElection Primitive = "election"
 )
 
 // Outcome is how a call ended.

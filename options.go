@@ -43,22 +43,28 @@ type RedlockOption interface{ applyRedlock(*config) }
 // RedMutexOption configures Redlock.NewMutex.
 type RedMutexOption interface{ applyRedMutex(*config) }
 
-// Option applies everywhere: New, NewMutex, NewSemaphore, NewRedlock and
-// Redlock.NewMutex.
+// ElectionOption configures NewElection (and InspectElection, which uses
+// its key prefix).
+type ElectionOption interface{ applyElection(*config) }
+
+// Option applies everywhere: New, NewMutex, NewSemaphore, NewElection,
+// NewRedlock and Redlock.NewMutex.
 type Option interface {
 	ClientOption
 	MutexOption
 	SemaphoreOption
 	RedlockOption
 	RedMutexOption
+	ElectionOption
 }
 
-// LocalOption applies to New, NewMutex and NewSemaphore: to primitives on
-// one Redis deployment, not to a Redlock.
+// LocalOption applies to New, NewMutex, NewSemaphore and NewElection: to
+// primitives on one Redis deployment, not to a Redlock.
 type LocalOption interface {
 	ClientOption
 	MutexOption
 	SemaphoreOption
+	ElectionOption
 }
 
 // LockOption applies to locks: New, NewMutex, NewRedlock and
@@ -98,6 +104,7 @@ func (s setting) applyMutex(cfg *config)     { s(cfg) }
 func (s setting) applySemaphore(cfg *config) { s(cfg) }
 func (s setting) applyRedlock(cfg *config)   { s(cfg) }
 func (s setting) applyRedMutex(cfg *config)  { s(cfg) }
+func (s setting) applyElection(cfg *config)  { s(cfg) }
 
 // config is the set of options of one primitive.
 type config struct {

@@ -45,7 +45,18 @@ func (a acquireArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{acquireScript,
 		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Withdrawn, k.Tombstone(a.ticket)},
 		[]any{a.ticket, a.lease.Milliseconds(), a.mode, a.heartbeat.Milliseconds(),
-			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata}}
+			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata}}.elect(k)
+}
+
+// elect adds an election's revision key and channel of changes (see
+// schema.ElectionKeys) to the call of acquire.lua or release.lua on the
+// lock k, when k is an election's: its last key and argument.
+func (c scriptCall) elect(k schema.Lock) scriptCall {
+	if k.Revision != "" {
+		c.keys = append(c.keys, k.Revision)
+		c.args = append(c.args, k.Changes)
+	}
+	return c
 }
 
 // releaseArgs are the arguments of scripts/release.lua. Its release
@@ -61,7 +72,7 @@ type releaseArgs struct {
 func (a releaseArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{releaseScript,
 		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id), k.Withdrawn},
-		[]any{a.id, a.token, tombstoneTTL.Milliseconds(), k.Channel, a.publish, a.mode}}
+		[]any{a.id, a.token, tombstoneTTL.Milliseconds(), k.Channel, a.publish, a.mode}}.elect(k)
 }
 
 // renewCall returns the call of scripts/renew.lua that renews batch: the
@@ -250,4 +261,22 @@ func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
 		args = append(args, a.ids[i], a.tokens[i], k.Channel)
 	}
 	return scriptCall{multiReleaseScript, keys, args}
+}
+
+// proclaimArgs are the arguments of scripts/proclaim.lua.
+type proclaimArgs struct {
+	id      string // the leader's hold id
+	token   int64  // its fencing token
+	value   string // the new value
+	publish string // PUBLISH or SPUBLISH
+}
+
+// call returns the script's call on the election k.
+func (a proclaimArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{proclaimScript, []string{k.Hash, k.Revision}, []any{a.id, a.token, a.value, k.Changes, a.publish}}
+}
+
+// leaderCall returns the call of scripts/leader.lua on the election k.
+func leaderCall(k schema.Lock) scriptCall {
+	return scriptCall{leaderScript, []string{k.Hash, k.Token, k.Revision}, nil}
 }

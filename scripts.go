@@ -28,6 +28,10 @@ var (
 	luaMultiAcquire string
 	//go:embed scripts/multi_release.lua
 	luaMultiRelease string
+	//go:embed scripts/proclaim.lua
+	luaProclaim string
+	//go:embed scripts/leader.lua
+	luaLeader string
 	//go:embed scripts/sem_lib.lua
 	luaSemLib string
 	//go:embed scripts/sem_acquire.lua
@@ -46,6 +50,8 @@ var (
 
 	multiAcquireScript = redis.NewScript(luaLib + luaMultiAcquire)
 	multiReleaseScript = redis.NewScript(luaLib + luaMultiRelease)
+	proclaimScript     = redis.NewScript(luaLib + luaProclaim)
+	leaderScript       = redis.NewScript(luaLib + luaLeader)
 
 	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)

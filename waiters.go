@@ -44,6 +44,8 @@ type channel struct {
 	confirmed bool
 	missed    bool      // waiters went on while it was not confirmed: wake them all when it is
 	idleSince time.Time // when the last waiter left
+
+	listeners []*listener // hear every message (see listener.go)
 }
 
 // waiter is one member of a waitSet, registered on one channel.
@@ -134,7 +136,7 @@ func (r *registry) leave(w *waiter, passOn bool) {
 	if unused {
 		ch.wakeOne()
 	}
-	if len(ch.waiters) == 0 {
+	if ch.idle() {
 		ch.idleSince = time.Now()
 		if r.idle.IsZero() {
 			r.idle = ch.idleSince
@@ -180,6 +182,7 @@ func (r *registry) deliver(name, payload string) {
 	if ch == nil {
 		return
 	}
+	ch.hear(payload)
 	if payload == "" {
 		ch.wakeOne()
 		return
@@ -209,7 +212,9 @@ func (r *registry) confirm(name string) {
 	case ch == nil:
 	case ch.confirmed:
 		ch.wakeAll()
+		ch.resync()
 	default:
+		ch.resync()
 		ch.confirmed = true
 		close(ch.ready)
 		if ch.missed {
@@ -241,7 +246,7 @@ func (r *registry) hasWaiters(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
-	return ch != nil && len(ch.waiters) > 0
+	return ch != nil && !ch.idle()
 }
 
 // idleSince returns the earliest time a channel kept without waiters was
@@ -262,7 +267,7 @@ func (r *registry) sweep(drop func(name string, idleSince time.Time) bool) []str
 	r.idle = time.Time{}
 	for name, ch := range r.channels {
 		switch {
-		case len(ch.waiters) > 0:
+		case !ch.idle():
 			wanted = append(wanted, name)
 		case drop(name, ch.idleSince):
 			delete(r.channels, name)

@@ -27,6 +27,9 @@
 -- ARGV[9] the caller's metadata (WithMetadata), stored with its hold; ''
 --         for none. A queued call keeps it in its waiter record, for the
 --         hand-off.
+-- KEYS[7], ARGV[10] an election's revision key and channel of changes
+--         (absent for a plain lock): a new holder is announced there (see
+--         lib.lua, announce)
 --
 -- Reply: {1, token}   held by the ticket; token of the hold
 --        {0, pttl}    held by another owner; pttl is the lock's PTTL
@@ -38,6 +41,7 @@ local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KE
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local t = check_counter(token)
+elect(KEYS[7], ARGV[10], ARGV[7])
 local count, layout = read_hold(lock, ticket)
 if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that

@@ -235,6 +235,39 @@ local function mint(token, lease)
   return t
 end
 
+-- election is set (by elect) when the script runs for an election, whose
+-- leader is its lock's holder: every change of holder, and of the
+-- holder's metadata (its value), is then announced. It stays false for a
+-- plain lock, which pays nothing for it.
+local election = false
+
+-- elect makes the script one of an election when rev (its revision key:
+-- internal/schema, ElectionKeys) is given: changes are published on
+-- channel with the command publish. It reads the revision first, so that a
+-- key of the wrong type fails the script before it writes.
+local function elect(rev, channel, publish)
+  if rev then
+    election = {rev = rev, channel = channel, publish = publish}
+    check_counter(rev)
+  end
+end
+
+-- announce tells an election's observers that the leader is now the
+-- holder of token t with the value meta and a lease of ms (t = 0: no
+-- leader). The change gets a new revision, minted as a fencing token is
+-- (see mint): larger than the last, even after the key was forgotten; and
+-- it is published as "revision:previous:token:ms:value", previous being
+-- the revision it follows (0 when forgotten), so that an observer that
+-- missed one sees the gap, and ms telling it when to look whether the
+-- leader's lease ran out unrenewed, which nothing announces.
+local function announce(t, meta, ms)
+  if election then
+    local prev = check_counter(election.rev)
+    local r = mint(election.rev, 0)
+    redis.call(election.publish, election.channel, string.format('%d:%d:%d:%d:', r, prev, t, ms) .. meta)
+  end
+end
+
 -- grant makes owner the holder of the free lock for lease ms, with its
 -- metadata meta ('' for none), and returns its new fencing token. The
 -- token is minted first: a token key of the wrong type fails the script
@@ -247,6 +280,7 @@ local function grant(lock, token, owner, lease, meta)
     redis.call('HSET', lock, owner, 1, LAYOUT_FIELD, LAYOUT, META_FIELD, meta)
   end
   redis.call('PEXPIRE', lock, lease)
+  announce(t, meta, lease)
   return t
 end
 
@@ -358,6 +392,7 @@ local function release_hold(count, lock, token, queue, waiters, tomb, mytoken, t
   if not hand_off(lock, token, queue, waiters, channel, publish, nil, true) then
     redis.call('DEL', lock)
     redis.call(publish, channel, '')
+    announce(0, '', 0)
   end
   if fenced then
     redis.call('SET', tomb, mytoken, 'PX', tonumber(tomb_ms))

@@ -14,6 +14,9 @@
 --         gives up; it leaves the queue, and the ticket is refused from now
 --         on, so that a copy of one of its calls still on its way (a stalled
 --         connection, a retry by the client library) takes nothing
+-- KEYS[7], ARGV[7] an election's revision key and channel of changes
+--         (absent for a plain lock): the new holder, or none, is announced
+--         there (see lib.lua, announce)
 --
 -- A hold is released whatever its count (the count of levels is kept by
 -- the holder). The lock is handed to the first live fair waiter (who is
@@ -26,6 +29,7 @@ local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[
 local id, mode = ARGV[1], ARGV[6]
 
 local count = hold_count(lock, id)
+elect(KEYS[7], ARGV[7], ARGV[5])
 if mode == 'withdraw' then
   -- Read every key written here before the first write: a key of the
   -- wrong type fails the script having changed nothing. (The token counter

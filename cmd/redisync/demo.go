@@ -23,27 +23,29 @@ import (
 const demoHelp = `Usage: redisync demo [flags]
 
 Watch simulated clients contend for a fair lock, a semaphore, a
-read-write lock and a multi-lock. The demo
-starts an embedded, in-process Redis (unless --redis, $REDIS_URL or
-$REDIS_ADDR names a real one) and --clients redisync Clients, standing for
-as many processes, each with --workers goroutines that take the fair lock
-NAME, hold it for a few milliseconds, let go and come back, and as many
-that do the same with 1 or 2 of the 3 permits of the semaphore NAME, and
-as many that read the read-write lock NAME, or one time in 5 write it, and
-as many that move money between two of 4 accounts (NAME:acct1 to
-NAME:acct4) under a multi-lock of both, named in a random order. The
-terminal shows, live, who holds the lock and the permits and who waits, in
-queue order, read from Redis as "redisync status" reads it.
+read-write lock, a multi-lock and an election. The demo starts an
+embedded, in-process Redis (unless --redis, $REDIS_URL or $REDIS_ADDR
+names a real one) and --clients redisync Clients, standing for as many
+processes, each with --workers goroutines that take the fair lock NAME,
+hold it for a few milliseconds, let go and come back; as many that do the
+same with 1 or 2 of the 3 permits of the semaphore NAME; as many that read
+the read-write lock NAME, or one time in 5 write it; as many that move
+money between two of 4 accounts (NAME:acct1 to NAME:acct4) under a
+multi-lock of both, named in a random order; and each client is a
+candidate in the election NAME, leading a while and resigning, followed
+by an observer. The terminal shows, live, who holds the lock and the
+permits and who waits, in queue order, read from Redis as "redisync
+status" reads it.
 
 After --duration (or Ctrl-C) it prints a summary: acquisitions per client,
 the longest wait, how evenly the lock was shared, and checks that no two
 workers ever held the lock at once, that fencing tokens only grew, that
 never more than 3 permits were in use, that no reader was ever beside a
 writer nor two writers together, that no account was in two transfers at
-once and no money was lost, that every worker (lock, multi-lock) and every
-client (semaphore, read-write lock) got its turn and that nothing was left
-in Redis. Exit 0
-when every check passes, 70 when one fails.
+once and no money was lost, that the election had one leader at a time,
+that every worker (lock, multi-lock) and every client (semaphore,
+read-write lock, election) got its turn and that nothing was left in
+Redis. Exit 0 when every check passes, 70 when one fails.
 
 Live figures come from the library's Observer (what an application would
 export with the module github.com/redisync/redisync/otel): per primitive,
@@ -78,7 +80,8 @@ type demoEnv struct {
 
 // demoPart is one primitive shown by the demo: the fair lock
 // (demo_lock.go), the semaphore (demo_sem.go), the read-write lock
-// (demo_rw.go) and the multi-lock (demo_multi.go).
+// (demo_rw.go), the multi-lock (demo_multi.go) and the election
+// (demo_elect.go).
 type demoPart interface {
 	// title names the primitive, for the header.
 	title(env *demoEnv) string
@@ -97,7 +100,7 @@ type demoPart interface {
 }
 
 // demoParts make the parts of a demo, in display order.
-var demoParts = []func() demoPart{newLockPart, newSemPart, newRWPart, newMultiPart}
+var demoParts = []func() demoPart{newLockPart, newSemPart, newRWPart, newMultiPart, newElectPart}
 
 // check is the outcome of one of the demo's checks.
 type check struct {
@@ -112,7 +115,7 @@ func runDemo(args []string) int {
 	clients := fs.Int("clients", 4, "`number` of redisync Clients (simulated processes)")
 	workers := fs.Int("workers", 2, "`number` of goroutines per client and primitive, each with its own Mutex or Semaphore")
 	hold := durationFlag(fs, "hold", 30*time.Millisecond, "longest simulated hold (a `duration`); each hold takes a random time up to it")
-	name := fs.String("name", "demo", "`name` of the lock, of the semaphore and of the read-write lock")
+	name := fs.String("name", "demo", "`name` of the lock, the semaphore, the read-write lock and the election")
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	plain := fs.Bool("plain", false, "print progress lines, even on a terminal")
 	metricsOut := fs.String("metrics-out", "", "write the live figures to `file` as CSV at every refresh")
@@ -386,6 +389,8 @@ func (d *demo) figures(w io.Writer, prim redisync.Primitive) check {
 		what = "rwmutex"
 	case redisync.PrimitiveMultiMutex:
 		what = "multi-lock"
+	case redisync.PrimitiveElection:
+		what = "election"
 	}
 	return check{lost == 0, fmt.Sprintf("%s: no hold lost (%d lost)", what, lost)}
 }

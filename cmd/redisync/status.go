@@ -24,11 +24,13 @@ Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
 waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
 its size, the permits available, the holders with their permits and
-leases, and its queue in order; and of the read-write lock NAME
+leases, and its queue in order; of the read-write lock NAME
 (redisync.RWMutex), if there is one: its writer or its readers with
-their leases, and its queue of readers and writers in order. Only reads
-Redis: the lock in one transaction, the semaphore in another, the
-read-write lock in a third.
+their leases, and its queue of readers and writers in order; and of the
+election NAME, if there is one (see "redisync elect"): its leader with its
+value, fencing token and lease, and the candidates waiting, in order. Only
+reads Redis: the lock in one transaction, the semaphore in another, the
+read-write lock in a third, the election in a fourth.
 
 Only what exists is shown: a lock never taken is shown only if there is
 no semaphore NAME either. Plain (--barging) waiters of a lock leave no
@@ -45,8 +47,8 @@ one object per line). A reading that fails is reported and the next one
 tried.
 
 Exit codes: 0 the lock NAME, a permit of the semaphore NAME or the read-write
-lock NAME is held; 1 none is held (free); 64 usage; 69 Redis unreachable;
-70 Redis error.
+lock NAME is held, or the election NAME has a leader; 1 none of them
+(free); 64 usage; 69 Redis unreachable; 70 Redis error.
 With --watch: 0 when interrupted.
 
 Times come from the Redis server's clock. An owner id is the holder's
@@ -75,7 +77,12 @@ JSON (--json): {"name", "prefix", "server_time_ms",
   "rwmutex": {"writer": {"owner", "label", "permits", "lease_ms"} | null,
               "readers": [{"owner", "label", "permits", "lease_ms"}],
               "queue": [{"position", "waiter", "owner", "label", "write",
-              "waited_ms", "heartbeat_ms", "alive"}]} | null}
+              "waited_ms", "heartbeat_ms", "alive"}]} | null,
+  "election": {"leader": {"owner", "label", "count", "lease_ms", "token",
+               "metadata"?} | null, "last_token", "candidates": [{"position",
+               "owner", "label", "waited_ms", "heartbeat_ms",
+               "handoff_lease_ms", "alive", "metadata"?}]} | null}
+An election's "metadata" is the leader's (or candidate's) value.
 lease_ms is -1 for a lock key without expiry; a semaphore holder's lease_ms
 of 0 or less means its lease ended and the next call reclaims its permits.
 heartbeat_ms is the time left before a waiter that stops sending
@@ -93,6 +100,9 @@ type Status struct {
 	Lock         LockStatus `json:"lock"`
 	Semaphore    *SemStatus `json:"semaphore"`
 	RWMutex      *RWStatus  `json:"rwmutex"`
+	// Election is the election NAME (status_elect.go); null when nothing
+	// of it is stored.
+	Election *ElectStatus `json:"election"`
 }
 
 // LockStatus is the state of a lock.
@@ -234,7 +244,7 @@ func watchStatus(rdb redis.UniversalClient, prefix, name string, interval time.D
 // held reports whether the lock or any permit of the semaphore is held
 // (by a holder whose lease has not ended).
 func (st *Status) held() bool {
-	if st.Lock.Held {
+	if st.Lock.Held || (st.Election != nil && st.Election.Leader != nil) {
 		return true
 	}
 	if s := st.Semaphore; s != nil {
@@ -265,16 +275,7 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: l.ServerTime.UnixMilli(), Lock: LockStatus{
-		Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers}}
-	if h := l.Holder; h != nil {
-		st.Lock.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
-	}
-	for i, w := range l.Queue {
-		st.Lock.Queue = append(st.Lock.Queue, Waiter{Position: i + 1, Owner: w.ID, Label: w.Label,
-			WaitedMS: w.Waited.Milliseconds(), HeartbeatMS: w.Heartbeat.Milliseconds(),
-			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive, Metadata: w.Metadata})
-	}
+	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: l.ServerTime.UnixMilli(), Lock: lockStatus(l)}
 	if !s.Empty() {
 		st.Semaphore = semaphoreStatus(s)
 	}
@@ -285,7 +286,24 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	if !rw.Empty() {
 		st.RWMutex = rwStatus(rw)
 	}
+	if st.Election, err = readElection(ctx, c, name); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// lockStatus converts what InspectLock (or InspectElection) read.
+func lockStatus(l *redisync.LockState) LockStatus {
+	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers}
+	if h := l.Holder; h != nil {
+		st.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
+	}
+	for i, w := range l.Queue {
+		st.Queue = append(st.Queue, Waiter{Position: i + 1, Owner: w.ID, Label: w.Label,
+			WaitedMS: w.Waited.Milliseconds(), HeartbeatMS: w.Heartbeat.Milliseconds(),
+			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive, Metadata: w.Metadata})
+	}
+	return st
 }
 
 // leaseMS converts a remaining lease to ms: -1 for no expiry.
@@ -300,13 +318,8 @@ func leaseMS(d time.Duration) int64 {
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
 	l := st.Lock
-	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil) {
-		if st.Semaphore != nil {
-			printSemaphore(out, st)
-		}
-		if st.RWMutex != nil {
-			printRW(out, st)
-		}
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
+		st.printOthers(out)
 		return
 	}
 	fmt.Fprintf(out, "lock %q (prefix %q)\n", st.Name, st.Prefix)
@@ -340,11 +353,20 @@ func (st *Status) print(out io.Writer) {
 		}
 		table(out, rows)
 	}
+	st.printOthers(out)
+}
+
+// printOthers writes the semaphore and the election of st's name, those
+// that have state.
+func (st *Status) printOthers(out io.Writer) {
 	if st.Semaphore != nil {
 		printSemaphore(out, st)
 	}
 	if st.RWMutex != nil {
 		printRW(out, st)
+	}
+	if st.Election != nil {
+		printElection(out, st)
 	}
 }
 

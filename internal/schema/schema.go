@@ -64,6 +64,13 @@ type Lock struct {
 	// an empty message, for plain (barging) waiters. A hand-off to a fair
 	// waiter is published on its client's GrantChannel instead.
 	Channel string
+	// Revision and Changes are an election's (ElectionKeys), "" for a
+	// plain lock. Revision is the revision of the election's last
+	// change (a decimal integer, see scripts/lib.lua, announce), kept an
+	// hour after it; every change is published on Changes as an
+	// ElectionChange record.
+	Revision string
+	Changes  string
 }
 
 // GrantChannel returns the channel on which grants to the waiters of the
@@ -72,8 +79,18 @@ type Lock struct {
 func (k Lock) GrantChannel(client string) string { return k.Channel + ":" + client }
 
 // LockKeys returns the keys of the lock called name under prefix.
-func LockKeys(prefix, name string) Lock {
-	b := base(prefix, "lock", name)
+func LockKeys(prefix, name string) Lock { return lockKeys(base(prefix, "lock", name)) }
+
+// ElectionKeys returns the keys of the election called name under prefix:
+// a lock's, whose holder is the leader, with its Revision and Changes.
+func ElectionKeys(prefix, name string) Lock {
+	k := lockKeys(base(prefix, "elect", name))
+	k.Revision, k.Changes = k.Hash+":rev", k.Hash+":changes"
+	return k
+}
+
+// lockKeys returns the keys of the lock whose hash is b.
+func lockKeys(b string) Lock {
 	return Lock{Hash: b, Token: b + ":token", Queue: b + ":queue",
 		Waiters: b + ":waiters", Withdrawn: b + ":withdrawn", Channel: b + ":ch"}
 }
@@ -108,6 +125,30 @@ func ParseLockWaiter(rec string) (LockWaiter, bool) {
 		w.Metadata = parts[2]
 	}
 	return w, true
+}
+
+// ElectionChange is a change of an election's leader, published on its
+// Changes channel as "revision:previous:token:lease:value".
+type ElectionChange struct {
+	Revision int64  // of this change
+	Previous int64  // of the change before it; 0 when forgotten
+	Token    int64  // the new leader's fencing token; 0: no leader
+	Lease    int64  // the leader's remaining lease in ms; 0: no leader
+	Value    string // the leader's value
+}
+
+// ParseElectionChange decodes a change published on an election's
+// Changes channel.
+func ParseElectionChange(msg string) (ElectionChange, bool) {
+	parts := strings.SplitN(msg, ":", 5)
+	if len(parts) != 5 {
+		return ElectionChange{}, false
+	}
+	f, ok := ints(strings.Join(parts[:4], ":"), 4)
+	if !ok {
+		return ElectionChange{}, false
+	}
+	return ElectionChange{Revision: f[0], Previous: f[1], Token: f[2], Lease: f[3], Value: parts[4]}, true
 }
 
 // ParseSemSize decodes a semaphore's size record, "size:layout" (or

@@ -18,9 +18,13 @@
 //	write <v>    -> "write ok <token>" or "write rejected <token>": v offered to
 //	                the fenced register (-register) with the token of the last
 //	                hold, as a client that paused would still do
+//	campaign <v> -> "leading <token>": campaigns in the election -name with
+//	                the value v (blocks until it leads)
+//	resign       -> "resigned" or "error <msg>"
 //	exit         -> closes the Client and exits
 //
-// and prints "lost" when the current hold's Lost channel closes.
+// and prints "lost" when the current hold's (or leadership's) Lost
+// channel closes.
 //
 // contend prints "ready", waits for "go" on stdin, then runs G goroutines,
 // each with a Mutex of its own, taking the lock C times; under the lock
@@ -30,7 +34,7 @@
 // "error <msg>".
 //
 // work is a worker of the lock-set workload (see work.go): it prints
-// "ready" and runs at once.
+// "ready" and runs at once. elect is the election loop (see elect.go).
 package main
 
 import (
@@ -82,7 +86,7 @@ func emit(format string, args ...any) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: holder serve|contend|work flags")
+		fmt.Fprintln(os.Stderr, "usage: holder serve|contend|work|elect flags")
 		os.Exit(2)
 	}
 	mode := os.Args[1]
@@ -102,6 +106,8 @@ func main() {
 		err = contend(c, rdb)
 	case "work":
 		err = work(c)
+	case "elect":
+		err = electLoop(c, rdb)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
@@ -185,6 +191,27 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 				continue
 			}
 			emit("%sd %s", cmd, arg)
+		case "campaign":
+			if elect == nil {
+				elect = c.NewElection(*name)
+			}
+			if err := elect.Campaign(ctx, arg); err != nil {
+				emit("error %v", err)
+				continue
+			}
+			token = elect.Token()
+			lost := elect.Lost()
+			go func() {
+				<-lost // the process exits without waiting for this goroutine
+				emit("lost")
+			}()
+			emit("leading %d", token)
+		case "resign":
+			if err := elect.Resign(ctx); err != nil {
+				emit("error %v", err)
+				continue
+			}
+			emit("resigned")
 		case "exit":
 			return nil
 		default:
@@ -213,6 +240,9 @@ func rwLock(ctx context.Context, c *redisync.Client, cmd string) error {
 	}
 	return rw.Unlock(ctx)
 }
+
+// elect is the candidate of serve's campaign and resign commands.
+var elect *redisync.Election
 
 // sem is the semaphore of serve's acquire and release commands.
 var sem *redisync.Semaphore

@@ -1,0 +1,69 @@
+package redisync_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/redisync/redisync"
+)
+
+// Two schedulers campaign to lead; the first leads while the second
+// waits its turn. An observer follows who leads, pushed to it as it
+// changes.
+func ExampleElection() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	watch, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes := client.NewElection("scheduler").Observe(watch)
+	fmt.Println("leads:", (<-changes).Leads()) // the state at first: nobody
+
+	a := client.NewElection("scheduler") // one candidate per value
+	if err := a.Campaign(ctx, "10.0.0.1:8080"); err != nil {
+		log.Fatal(err)
+	}
+	// While a leads, its work runs under a.HoldContext, which ends if the
+	// leadership is lost (a.Lost closes), and carries a.Token to the
+	// resources it writes.
+	fmt.Println("observed:", (<-changes).Value)
+
+	b := client.NewElection("scheduler")
+	won := make(chan error)
+	go func() { won <- b.Campaign(ctx, "10.0.0.2:8080") }()
+
+	if err := a.Proclaim(ctx, "10.0.0.1:9090"); err != nil { // moves, keeps leading
+		log.Fatal(err)
+	}
+	fmt.Println("observed:", (<-changes).Value)
+
+	if err := a.Resign(ctx); err != nil { // b leads at once
+		log.Fatal(err)
+	}
+	if err := <-won; err != nil {
+		log.Fatal(err)
+	}
+	l := <-changes
+	fmt.Println("observed:", l.Value, "with b's token:", l.Token == b.Token())
+	leader, err := client.NewElection("scheduler").Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leader:", leader.Value)
+	if err := b.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// leads: false
+	// observed: 10.0.0.1:8080
+	// observed: 10.0.0.1:9090
+	// observed: 10.0.0.2:8080 with b's token: true
+	// leader: 10.0.0.2:8080
+}
