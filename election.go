@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redisync/redisync/internal/schema"
@@ -53,6 +54,9 @@ type Election struct {
 	turn chan struct{} // held by the Campaign under way
 	mu   sync.Mutex    // guards m
 	m    *Mutex        // the last won campaign's: its hold is the leadership
+	// proclaims numbers the Proclaims, so that Redis applies none after a
+	// later one (see scripts/proclaim.lua).
+	proclaims atomic.Int64
 }
 
 // Leadership is a state of an election: who leads, as Leader read it or
@@ -98,7 +102,8 @@ func (c *Client) NewElection(name string, opts ...ElectionOption) *Election {
 // message, not by polling, and leaves nothing behind when ctx ends first.
 // A value is at most MaxMetadataLen bytes (ErrInvalidValue). Campaign
 // returns ctx's error, ErrClosed and the errors of Redis as Mutex.Lock
-// does. It is safe for concurrent use; the campaigns of one Election run
+// does; when e leads already, what Proclaim returns (ErrNotLeader when a
+// Resign ran meanwhile, ErrLockLost when the leadership was found lost). It is safe for concurrent use; the campaigns of one Election run
 // one at a time.
 func (e *Election) Campaign(ctx context.Context, value string) error {
 	if err := e.usable(ctx, value); err != nil {
@@ -121,7 +126,7 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	cfg := e.cfg
 	cfg.metadata = value
 	m := e.c.newMutex(e.name, cfg)
-	m.keys, m.prim = e.keys, PrimitiveElection
+	m.keys, m.prim, m.holds.prim = e.keys, PrimitiveElection, PrimitiveElection
 	if err := m.Lock(ctx); err != nil {
 		return err
 	}
@@ -157,7 +162,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 // proclaim sets the value of h, m's hold. A hold found gone is lost,
 // unless m resigned it meanwhile.
 func (e *Election) proclaim(ctx context.Context, m *Mutex, h *hold, value string) error {
-	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish}.call(e.keys)
+	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(e.keys)
 	res, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		n, err := proclaim.run(ctx, e.c.rdb).Int64()
 		return []int64{n}, err

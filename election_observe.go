@@ -104,7 +104,7 @@ func (w *watch) hear(payload string) {
 // confirmed, and changes may have been missed before.
 func (w *watch) again() {
 	w.mu.Lock()
-	w.resync = true
+	w.inbox, w.resync = nil, true
 	w.mu.Unlock()
 	w.poke()
 }
@@ -179,7 +179,7 @@ func (w *watch) sync(ctx context.Context) bool {
 		l, lease, err := w.e.read(ctx)
 		if err == nil {
 			same := w.started && l.Token == w.sent.Token && l.Value == w.sent.Value
-			l.Gap = w.started && l.Revision != w.last
+			l.Gap = w.started && (l.Revision != w.last || l.Revision == 0)
 			if same && l.Revision <= w.last {
 				w.last = l.Revision
 				w.arm(lease)

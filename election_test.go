@@ -191,8 +191,8 @@ func TestElectionObserveGap(t *testing.T) {
 	first := nextChange(t, obs)
 
 	// A duplicate of the last change, and one older: ignored.
-	dup := fmt.Sprintf("%d:%d:%d:v1", first.Revision, first.Revision-1, first.Token)
-	old := fmt.Sprintf("%d:%d:%d:old", first.Revision-5, first.Revision-6, first.Token)
+	dup := fmt.Sprintf("%d:%d:%d:%d:v1", first.Revision, first.Revision-1, first.Token, 1000)
+	old := fmt.Sprintf("%d:%d:%d:%d:old", first.Revision-5, first.Revision-6, first.Token, 1000)
 	rdb.Publish(ctx, k.Changes, dup)
 	rdb.Publish(ctx, k.Changes, old)
 	noChange(t, obs, 100*time.Millisecond)

@@ -180,6 +180,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	meta := fields[schema.MetaField]
 	delete(fields, schema.LayoutField)
 	delete(fields, schema.MetaField)
+	delete(fields, schema.ProclaimField)
 	if len(fields) > 1 {
 		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " holds more than one hold"})
 	}

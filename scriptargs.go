@@ -269,11 +269,12 @@ type proclaimArgs struct {
 	token   int64  // its fencing token
 	value   string // the new value
 	publish string // PUBLISH or SPUBLISH
+	seq     int64  // the call's number, larger than the Election's last
 }
 
 // call returns the script's call on the election k.
 func (a proclaimArgs) call(k schema.Lock) scriptCall {
-	return scriptCall{proclaimScript, []string{k.Hash, k.Revision}, []any{a.id, a.token, a.value, k.Changes, a.publish}}
+	return scriptCall{proclaimScript, []string{k.Hash, k.Revision}, []any{a.id, a.token, a.value, k.Changes, a.publish, a.seq}}
 }
 
 // leaderCall returns the call of scripts/leader.lua on the election k.

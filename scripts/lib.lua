@@ -29,6 +29,10 @@ local LAYOUT_FIELD = '{layout}'
 -- metadata (WithMetadata), when it has any.
 local META_FIELD = '{meta}'
 
+-- PROCLAIM_FIELD is the field of an election's lock hash that holds the
+-- number of the last Proclaim applied to its hold (see proclaim.lua).
+local PROCLAIM_FIELD = '{proclaim}'
+
 -- other_layout fails the script: key was written in another layout.
 local function other_layout(key, found)
   error('LAYOUT redisync: ' .. key .. ' was written in layout ' .. (found or '1') .. ', this redisync reads layout ' .. LAYOUT)

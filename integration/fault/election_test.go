@@ -220,7 +220,14 @@ func TestElectionChaos(t *testing.T) {
 				}
 			}
 		}
-		switch rng.IntN(3) {
+		fault := rng.IntN(3)
+		switch {
+		case kills == 0: // each fault at least once, whatever the seed
+			fault = 0
+		case stops == 0:
+			fault = 1
+		}
+		switch fault {
 		case 0:
 			drain(procs[i])
 			procs[i].kill()

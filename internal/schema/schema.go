@@ -279,6 +279,11 @@ func ints(rec string, n int) ([]int64, bool) {
 // metadata, when it has any.
 const MetaField = "{meta}"
 
+// ProclaimField is the field of an election's lock hash that holds the
+// number of the last Proclaim applied to its hold (Election.Proclaim), so
+// that a late copy of an earlier one changes nothing.
+const ProclaimField = "{proclaim}"
+
 // WaiterMetaField is the field of a lock's waiters hash that holds the
 // metadata of the fair waiter ticket, when it has any. No ticket starts
 // with '{'.
