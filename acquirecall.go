@@ -58,7 +58,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		// one must take nothing). Go on as a call of a new holding.
 		a.anew(ctx)
 	}
-	if err := s.take(ctx, s.op); err != nil {
+	if err := s.op.take(ctx, s.c.ctx.Done()); err != nil {
 		return false, 0, err
 	}
 	s.mu.Lock()

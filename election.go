@@ -51,9 +51,9 @@ type Election struct {
 	keys schema.Lock
 	err  error // invalid name or option
 
-	turn chan struct{} // held by the Campaign under way
-	mu   sync.Mutex    // guards m
-	m    *Mutex        // the last won campaign's: its hold is the leadership
+	turn turn       // held by the Campaign under way
+	mu   sync.Mutex // guards m
+	m    *Mutex     // the last won campaign's: its hold is the leadership
 	// proclaims numbers the Proclaims, so that Redis applies none after a
 	// later one (see scripts/proclaim.lua).
 	proclaims atomic.Int64
@@ -92,7 +92,7 @@ func (c *Client) NewElection(name string, opts ...ElectionOption) *Election {
 	cfg := with(c.cfg, opts, ElectionOption.applyElection)
 	cfg.barging, cfg.metadata = false, ""
 	return &Election{c: c, name: name, cfg: cfg, keys: schema.ElectionKeys(cfg.prefix, name),
-		err: cmp.Or(checkName(name), cfg.err), turn: make(chan struct{}, 1)}
+		err: cmp.Or(checkName(name), cfg.err), turn: newTurn()}
 }
 
 // Campaign blocks until e leads the election with value, ctx ends or the
@@ -109,12 +109,10 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 	if err := e.usable(ctx, value); err != nil {
 		return wrapOp("campaign", e.name, err)
 	}
-	select {
-	case e.turn <- struct{}{}:
-	case <-ctx.Done():
-		return wrapOp("campaign", e.name, ctx.Err())
+	if err := e.turn.take(ctx, nil); err != nil {
+		return wrapOp("campaign", e.name, err)
 	}
-	defer func() { <-e.turn }()
+	defer e.turn.give()
 	if old := e.mutex(); old != nil {
 		if h := old.current(); h != nil {
 			if !e.isLost(old, h) {

@@ -45,7 +45,7 @@ type MultiMutex struct {
 	fast  bool // every name is served by one script call
 	err   error
 
-	op chan struct{} // held by the call of this value that takes or releases
+	op turn // held by the call of this value that takes or releases
 
 	mu  sync.Mutex // guards cur; taken after a name's Mutex's mu, never before
 	cur *hold      // the set's hold (n: the levels re-entered); nil: none
@@ -61,7 +61,7 @@ type MultiMutex struct {
 // ErrInvalidName and ErrInvalidOption as NewMutex reports them.
 func (c *Client) NewMultiMutex(names []string, opts ...MutexOption) *MultiMutex {
 	cfg := with(c.cfg, opts, MutexOption.applyMutex)
-	m := &MultiMutex{c: c, op: make(chan struct{}, 1)}
+	m := &MultiMutex{c: c, op: newTurn()}
 	m.names, m.err = lockOrder(cfg.prefix, names)
 	m.err = cmp.Or(m.err, cfg.err)
 	if m.err != nil {
@@ -454,23 +454,16 @@ func (m *MultiMutex) begin(ctx context.Context, usable, wait bool) error {
 		}
 	}
 	if !wait {
-		select {
-		case m.op <- struct{}{}:
-			return nil
-		default:
+		if !m.op.try() {
 			return errBusy
 		}
-	}
-	select {
-	case m.op <- struct{}{}:
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
+	return m.op.take(ctx, nil)
 }
 
 // end gives back m's turn.
-func (m *MultiMutex) end() { <-m.op }
+func (m *MultiMutex) end() { m.op.give() }
 
 // label names m in errors and to an Observer: its names joined with "+".
 func (m *MultiMutex) label() string { return strings.Join(m.names, "+") }

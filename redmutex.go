@@ -32,7 +32,7 @@ type RedMutex struct {
 	recheck     time.Duration
 	err         error
 
-	op chan struct{} // held by the call of this value that talks to Redis
+	op turn // held by the call of this value that talks to Redis
 
 	mu     sync.Mutex // guards the fields below; taken after a node's mu, never before
 	cur    *hold      // the current hold (its n: the levels re-entered); nil: none
@@ -62,7 +62,7 @@ func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 		nodeTimeout: cmp.Or(cfg.node, min(lease/10, defaultNodeTimeout)),
 		recheck:     cfg.recheck,
 		err:         cmp.Or(checkName(name), cfg.err),
-		op:          make(chan struct{}, 1),
+		op:          newTurn(),
 		member:      make([]bool, n),
 		alive:       make([]bool, n),
 		busy:        make([]int, n),
@@ -342,16 +342,11 @@ func (m *RedMutex) begin(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	select {
-	case m.op <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return m.op.take(ctx, nil)
 }
 
 // end gives back m's turn to talk to Redis.
-func (m *RedMutex) end() { <-m.op }
+func (m *RedMutex) end() { m.op.give() }
 
 // wrap adds the operation and the lock name to err.
 func (m *RedMutex) wrap(op string, err error) error {

@@ -44,7 +44,7 @@ import (
 // WithHeartbeat, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
 type RWMutex struct {
 	s    *Semaphore
-	turn chan struct{} // held by the call of the value that takes its first level
+	turn turn // held by the call of the value that takes its first level
 
 	mu     sync.Mutex
 	reads  int64 // read levels held
@@ -58,7 +58,7 @@ func (c *Client) NewRWMutex(name string, opts ...SemaphoreOption) *RWMutex {
 	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
 	s := c.newSemaphore(name, schema.RWMutexSize, cfg, PrimitiveRWMutex, schema.RWMutexKeys(cfg.prefix, name))
 	s.fence = true
-	return &RWMutex{s: s, turn: make(chan struct{}, 1)}
+	return &RWMutex{s: s, turn: newTurn()}
 }
 
 // RLock blocks until rw holds a read, ctx ends or the Client is closed. It
@@ -176,17 +176,13 @@ func (rw *RWMutex) acquire(ctx context.Context, op Op, write, wait bool) (bool, 
 		return ok, rw.wrap(op, err)
 	}
 	if wait {
-		if err := rw.s.take(ctx, rw.turn); err != nil {
+		if err := rw.turn.take(ctx, rw.s.c.ctx.Done()); err != nil {
 			return false, rw.wrap(op, err)
 		}
-	} else {
-		select {
-		case rw.turn <- struct{}{}:
-		default:
-			return false, nil // a call of rw taking its first level is ahead
-		}
+	} else if !rw.turn.try() {
+		return false, nil // a call of rw taking its first level is ahead
 	}
-	defer func() { <-rw.turn }()
+	defer rw.turn.give()
 	// Another call of rw may have taken a level while this one waited.
 	if ok, err := rw.reenter(write); ok || err != nil {
 		return ok, rw.wrap(op, err)

@@ -53,8 +53,8 @@ type Semaphore struct {
 	// (a write) carries a fencing token, kept in the hold.
 	fence bool
 
-	turn chan struct{} // held by the Acquire or TryAcquire of this value under way
-	op   chan struct{} // held by the call of this value that talks to Redis
+	turn turn // held by the Acquire or TryAcquire of this value under way
+	op   turn // held by the call of this value that talks to Redis
 
 	seq   int64 // number of the last script call; guarded by op
 	calls int64 // number of the last Acquire; guarded by turn
@@ -94,8 +94,8 @@ func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitiv
 		name:  name,
 		size:  size,
 		cfg:   cfg,
-		turn:  make(chan struct{}, 1),
-		op:    make(chan struct{}, 1),
+		turn:  newTurn(),
+		op:    newTurn(),
 		err:   cmp.Or(checkName(name), bad, cfg.err),
 		holds: newHolds(c, prim, name),
 		keys:  keys,
@@ -136,10 +136,10 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	}
 	ctx, stop := marked(ctx)
 	defer stop()
-	if err := s.take(ctx, s.turn); err != nil {
+	if err := s.turn.take(ctx, s.c.ctx.Done()); err != nil {
 		return s.wrap("acquire", err)
 	}
-	defer func() { <-s.turn }()
+	defer s.turn.give()
 	a := s.newCall(n, "queue")
 	if err := block(ctx, []post{{s.c.sub, s.keys.GrantChannel(s.c.id)}}, a); err != nil {
 		return s.wrap("acquire", err)
@@ -162,12 +162,10 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	}
 	ctx, stop := marked(ctx)
 	defer stop()
-	select {
-	case s.turn <- struct{}{}:
-		defer func() { <-s.turn }()
-	default:
+	if !s.turn.try() {
 		return false, nil // an Acquire of s is ahead
 	}
+	defer s.turn.give()
 	a := s.newCall(n, "try")
 	ok, _, err := a.attempt(ctx)
 	if err != nil {
@@ -428,31 +426,14 @@ func (s *Semaphore) usable(ctx context.Context, n int64) error {
 	return cmp.Or(s.err, s.check(n), s.c.usable(), ctx.Err())
 }
 
-// take waits for a slot of ch, ctx or Close.
-func (s *Semaphore) take(ctx context.Context, ch chan struct{}) error {
-	select {
-	case ch <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.c.ctx.Done():
-		return ErrClosed
-	}
-}
-
 // lockOp waits for s's turn to talk to Redis, for a clean-up or a release:
 // even after Close.
 func (s *Semaphore) lockOp(ctx context.Context) error {
-	select {
-	case s.op <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return s.op.take(ctx, nil)
 }
 
 // end gives back s's turn to talk to Redis.
-func (s *Semaphore) end() { <-s.op }
+func (s *Semaphore) end() { s.op.give() }
 
 // sleepFor is how long a waiter sleeps, at most, after an attempt found
 // the earliest lease ending in next ms (-1: no holder).
