@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -61,10 +62,15 @@ func electionSeed(t *testing.T) uint64 {
 // mostly of 0-5 ms, lead for a few ms and resign, in a loop, through
 // proxies that jitter every chunk, while their Clients are now and then
 // partitioned past their lease (a paused leader) or closed and replaced
-// (a leader gone at once). It fails when two leaders' terms overlap, when
-// the tokens do not increase in the order the terms started, when the
-// fence rejects a leader whose Lost had not closed, or when an observer
-// sees revisions out of order or twice, or leaders' tokens going back.
+// (a leader gone at once). Two observers watch: a reference straight to
+// Redis, and a watcher whose connections are reset and partitioned (with
+// or without a reset after) at random moments; at the end one more term
+// is made while the watcher is partitioned. It fails when two leaders'
+// terms overlap, when the tokens do not increase in the order the terms
+// started, when the fence rejects a leader whose Lost had not closed, when
+// an observer sees revisions out of order or twice, or leaders' tokens
+// going back, or when a term is neither observed nor followed by a state
+// marked Gap (see checkEveryTerm).
 func TestElectionNeverTwoLeaders(t *testing.T) {
 	seed := electionSeed(t)
 	t.Logf("seed %d (REDISYNC_ELECTION_SEED replays it)", seed)
@@ -98,21 +104,47 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), runFor+30*time.Second)
 	defer cancel()
-	watcher := newClient(t, redistest.Client(t))
-	obs := watcher.NewElection(name).Observe(ctx)
-	var seen []Leadership // guarded by mu
-	obsDone := make(chan struct{})
-	go func() {
-		defer close(obsDone)
-		for l := range obs {
-			mu.Lock()
-			seen = append(seen, l)
-			mu.Unlock()
-		}
-	}()
+	// Two observers: the watcher, whose connections are cut and
+	// partitioned (see faultWatcher), and a reference straight to Redis.
+	wproxy := redistest.NewProxy(t, addr)
+	wproxy.SetChaos(redistest.Chaos{Seed: seed ^ 0x5eed, Jitter: time.Millisecond})
+	wrdb := redis.NewClient(&redis.Options{Addr: wproxy.Addr, ReadTimeout: time.Second})
+	t.Cleanup(func() { _ = wrdb.Close() })
+	watcher := newClient(t, wrdb)
+	direct := newClient(t, redistest.Client(t))
+	var seen, ref []Leadership // guarded by mu
+	var obsDone sync.WaitGroup
+	for _, o := range []struct {
+		c    *Client
+		into *[]Leadership
+	}{{watcher, &seen}, {direct, &ref}} {
+		obs := o.c.NewElection(name).Observe(ctx)
+		obsDone.Add(1)
+		go func() {
+			defer obsDone.Done()
+			for l := range obs {
+				mu.Lock()
+				*o.into = append(*o.into, l)
+				mu.Unlock()
+			}
+		}()
+	}
+	// Terms start once both observers sent their first state: a term
+	// before it would be neither seen nor followed by a gap.
+	redistest.Eventually(t, 5*time.Second, "the observers' first states", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) > 0 && len(ref) > 0
+	})
 
 	stop := time.Now().Add(runFor)
 	var wg sync.WaitGroup
+	var wfaults [3]atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		faultWatcher(wproxy, rand.New(rand.NewPCG(seed, 0x0b5)), stop, &wfaults)
+	}()
 	for ci := range clients {
 		proxy := redistest.NewProxy(t, addr)
 		proxy.SetChaos(redistest.Chaos{Seed: seed + uint64(ci), Jitter: time.Millisecond})
@@ -193,7 +225,8 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 				}
 				// Now and then the Client is partitioned past its
 				// lease: its leaders must see Lost before others lead.
-				if rng.IntN(3) == 0 {
+				// The first Client's first is, whatever the seed.
+				if rng.IntN(3) == 0 || (ci == 0 && gen == 0) {
 					time.Sleep(time.Until(life) / 2) // the chaos's timing, not a wait for something
 					proxy.SetBlackhole(true)
 					parts.Add(1)
@@ -211,18 +244,46 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 	}
 	wg.Wait()
 
-	// Once quiet, nobody leads, and the observer's last state says so.
-	redistest.Eventually(t, 5*time.Second, "nobody leading", func() bool {
-		_, err := watcher.NewElection(name).Leader(ctx)
-		return errors.Is(err, ErrNoLeader)
-	})
-	redistest.Eventually(t, 5*time.Second, "the observer seeing nobody leading", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(seen) > 0 && !seen[len(seen)-1].Leads()
-	})
+	// Once quiet, nobody leads, and the observers' last states say so,
+	// with the election's last revision.
+	settle := func(what string, observers ...*[]Leadership) {
+		var final Leadership
+		redistest.Eventually(t, 5*time.Second, "nobody leading", func() bool {
+			var err error
+			final, err = direct.NewElection(name).Leader(ctx)
+			return errors.Is(err, ErrNoLeader)
+		})
+		redistest.Eventually(t, 10*time.Second, what+" seeing nobody leading", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, seen := range observers {
+				if !isFinal(*seen, final) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	settle("the observers", &seen, &ref)
+	// An epilogue: one more term while the watcher is partitioned, and
+	// nobody leading again. No later change, and no lease timer (the
+	// watcher last saw nobody leading), tells the watcher: only the state
+	// it reads when it subscribes again.
+	wproxy.SetBlackhole(true)
+	e := direct.NewElection(name)
+	if err := e.Campaign(ctx, "epilogue"); err != nil {
+		t.Fatal(err)
+	}
+	terms = append(terms, term{who: "epilogue", start: time.Now(), end: time.Now(), token: e.Token()})
+	if err := e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	settle("the reference", &ref)
+	wproxy.SetBlackhole(false)
+	wproxy.ResetAll()
+	settle("the watcher, once reconnected,", &seen)
 	cancel()
-	<-obsDone
+	obsDone.Wait()
 
 	for _, p := range problems {
 		t.Error(p)
@@ -239,11 +300,17 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 			t.Errorf("token %d of %s does not follow %d of %s", b.token, b.who, a.token, a.who)
 		}
 	}
-	checkObserved(t, seen)
-	t.Logf("%d terms, %d leaders lost (seen), %d partitions, %d Clients closed, %d states observed (%d gaps)",
-		len(terms), lostSeen.Load(), parts.Load(), closes.Load(), len(seen), countGaps(seen))
-	if len(terms) < 20 || parts.Load() == 0 {
-		t.Errorf("too little exercised: %d terms, %d partitions", len(terms), parts.Load())
+	checkObserved(t, "watcher", seen)
+	checkObserved(t, "reference", ref)
+	revs := firstRevisions(seen, ref)
+	missed := checkEveryTerm(t, "watcher", seen, terms, revs)
+	refMissed := checkEveryTerm(t, "reference", ref, terms, revs)
+	t.Logf("%d terms, %d leaders lost (seen), %d partitions, %d Clients closed", len(terms), lostSeen.Load(), parts.Load(), closes.Load())
+	t.Logf("watcher: %d states (%d gaps), %d terms not seen; %d resets, %d partitions cut, %d silent; reference: %d states (%d gaps), %d terms not seen",
+		len(seen), countGaps(seen), missed, wfaults[0].Load(), wfaults[1].Load(), wfaults[2].Load(), len(ref), countGaps(ref), refMissed)
+	// The watcher misses the epilogue's term, and must miss some others.
+	if len(terms) < 20 || parts.Load() == 0 || missed < 2 {
+		t.Errorf("too little exercised: %d terms, %d partitions, %d terms the watcher missed", len(terms), parts.Load(), missed)
 	}
 }
 
@@ -259,19 +326,129 @@ func broken(err error) bool {
 // revision order, repeat one, or show leaders' tokens going back. A
 // revision repeats only when a leader's lease ran out unannounced: the
 // state after it is nobody leading.
-func checkObserved(t *testing.T, seen []Leadership) {
+func checkObserved(t *testing.T, who string, seen []Leadership) {
 	t.Helper()
 	var token int64
 	for i, l := range seen {
 		if i > 0 && !inOrder(seen[i-1], l) {
-			t.Errorf("observed %+v after %+v", l, seen[i-1])
+			t.Errorf("%s observed %+v after %+v", who, l, seen[i-1])
 		}
 		if l.Leads() {
 			if l.Token < token {
-				t.Errorf("observed token %d after %d", l.Token, token)
+				t.Errorf("%s observed token %d after %d", who, l.Token, token)
 			}
 			token = l.Token
 		}
+	}
+}
+
+// firstRevisions maps each leader's token that an observer saw to the
+// lowest revision it was seen under: the change that made it leader.
+func firstRevisions(observers ...[]Leadership) map[int64]int64 {
+	revs := make(map[int64]int64)
+	for _, seen := range observers {
+		for _, l := range seen {
+			if r, ok := revs[l.Token]; l.Leads() && (!ok || l.Revision < r) {
+				revs[l.Token] = l.Revision
+			}
+		}
+	}
+	return revs
+}
+
+// checkEveryTerm fails the test when a term was neither observed (a state
+// with its token) nor followed by a gap: the first state observed at or
+// after the term's revision (revs, from any observer) must have Gap set.
+// A term that no observer saw lies between the revisions of the nearest
+// tokens seen below and above its own; some state observed in that span,
+// or the first after it, must have Gap set. It returns how many terms
+// the observer did not see.
+func checkEveryTerm(t *testing.T, who string, seen []Leadership, terms []term, revs map[int64]int64) int {
+	t.Helper()
+	tokens := make(map[int64]bool, len(seen))
+	for _, l := range seen {
+		tokens[l.Token] = true
+	}
+	missed := 0
+	for _, tm := range terms {
+		if tokens[tm.token] {
+			continue
+		}
+		missed++
+		// The first state observed at or after the term's revision is
+		// among those above lo up to the first at or above hi.
+		lo, hi := int64(0), int64(math.MaxInt64)
+		if r, ok := revs[tm.token]; ok {
+			lo, hi = r-1, r
+		} else {
+			for token, r := range revs {
+				if token < tm.token {
+					lo = max(lo, r)
+				} else {
+					hi = min(hi, r)
+				}
+			}
+		}
+		if !gapAfter(seen, lo, hi) {
+			t.Errorf("%s: the term of %s (token %d, revision in (%d, %d]) was neither observed nor followed by a gap",
+				who, tm.who, tm.token, lo, hi)
+		}
+	}
+	return missed
+}
+
+// gapAfter reports whether one of the states of seen (in revision order)
+// above lo, up to the first at or above hi, has Gap set.
+func gapAfter(seen []Leadership, lo, hi int64) bool {
+	for _, l := range seen {
+		if l.Revision <= lo {
+			continue
+		}
+		if l.Gap {
+			return true
+		}
+		if l.Revision >= hi {
+			return false
+		}
+	}
+	return false
+}
+
+// isFinal reports whether seen ends with final, nobody leading.
+func isFinal(seen []Leadership, final Leadership) bool {
+	return len(seen) > 0 && !seen[len(seen)-1].Leads() && seen[len(seen)-1].Revision == final.Revision
+}
+
+// faultWatcher cuts, until stop, the connections through p of the
+// watcher (an observer) at random moments drawn from rng, in one of three
+// ways, counted in n: a reset (the subscriber dials again and reads the
+// state), a partition of up to 300 ms ended by a reset, or a short
+// partition with no reset, whose messages are lost without the
+// connection knowing (the next change shows the gap). The last fault, at
+// stop, is a reset: a change lost just before is reported too.
+func faultWatcher(p *redistest.Proxy, rng *rand.Rand, stop time.Time, n *[3]atomic.Int64) {
+	for {
+		time.Sleep(time.Duration(20+rng.IntN(200)) * time.Millisecond) // the chaos's timing
+		if time.Now().After(stop) {
+			p.ResetAll()
+			n[0].Add(1)
+			return
+		}
+		k := rng.IntN(3)
+		switch k {
+		case 0:
+			p.ResetAll()
+		case 1:
+			p.SetBlackhole(true)
+			time.Sleep(time.Duration(20+rng.IntN(280)) * time.Millisecond)
+			p.SetBlackhole(false)
+			p.ResetAll()
+		default:
+			p.SetBlackhole(true)
+			time.Sleep(time.Duration(5+rng.IntN(45)) * time.Millisecond)
+			p.SetBlackhole(false)
+		}
+		n[k].Add(1)
 	}
 }
 

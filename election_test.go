@@ -378,7 +378,7 @@ func TestElectionObserveSlowReader(t *testing.T) {
 			break
 		}
 	}
-	checkObserved(t, got)
+	checkObserved(t, "observer", got)
 	if len(got) > changes-watchInbox || countGaps(got) != 1 {
 		t.Fatalf("observed %d states (%d after a gap) for %d changes, want fewer than %d and one gap",
 			len(got), countGaps(got), changes+1, changes-watchInbox)
