@@ -85,10 +85,12 @@ func TestReview5RetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 	// granted (-4) and s goes on under a new waiter id, not queued. The
 	// attempt after it is granted directly, and its reply is lost.
 	hit := hook.arm(semAcquireScript, 1)
-	if _, err := mr.ZAdd(semKey+":expiry", 1, x.holdID()); err != nil {
-		t.Fatal(err)
-	}
-	dropAsDead(t, mr, queuedWaiter(t, mr))
+	// Both at once: s's heartbeat would otherwise find x's permits free
+	// in between, and s would be granted before it is dropped (seen under
+	// load).
+	dropAsDead(t, mr, queuedWaiter(t, mr), func(p redis.Pipeliner) {
+		p.ZAdd(ctx, semKey+":expiry", redis.Z{Score: 1, Member: x.holdID()})
+	})
 	select {
 	case <-hit:
 	case <-time.After(5 * time.Second):

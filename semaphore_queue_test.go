@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -36,14 +37,24 @@ func queuedWaiter(t *testing.T, mr *miniredis.Miniredis) string {
 
 // dropAsDead takes waiter out of the test semaphore's queue as a release
 // does with a waiter found dead: its record goes, and its Client's
-// deadline has passed.
-func dropAsDead(t *testing.T, mr *miniredis.Miniredis, waiter string) {
+// deadline has passed. It does so in one transaction, with also (if any),
+// so that the waiter's heartbeat, every few ms, sees all of it or none.
+func dropAsDead(t *testing.T, mr *miniredis.Miniredis, waiter string, also ...func(redis.Pipeliner)) {
 	t.Helper()
-	if _, err := mr.ZRem(semKey+":queue", waiter); err != nil {
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, semKey+":queue", waiter)
+		p.HDel(ctx, semKey+":waiters", waiter)
+		p.HSet(ctx, semKey+":waiters", schema.ClientField(waiter), "1")
+		for _, f := range also {
+			f(p)
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	mr.HDel(semKey+":waiters", waiter)
-	mr.HSet(semKey+":waiters", schema.ClientField(waiter), "1")
 }
 
 func TestSemaphoreFIFONoOvertaking(t *testing.T) {
