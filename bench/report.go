@@ -46,6 +46,8 @@ const legend = `Columns:
   gap        from one holder's release to the next holder's acquisition (one process clock);
              xpub: gap p50 divided by the floor's PUBLISH→deliver p50 (not for cold: its
              locks are taken seconds apart)
+  hold       p50 of the holds as they lasted, from Lock's return to the call of Unlock: the
+             same for every library, as the hold sleeps in nanosleep (see hold_linux.go)
   Jain       Jain's fairness index over the goroutines' acquisition counts (1 = equal)
   viol       mutual-exclusion violations (must be 0); errs: failed Lock/Unlock calls
   conns      most Redis client connections during the window, the benchmark's own excluded
@@ -158,8 +160,8 @@ var (
 	opMax   = func(r result) time.Duration { return r.op.max }
 )
 
-// waitAt, opAt and gapAt return the figure of the quantile q of the wait,
-// the operation and the gap.
+// waitAt, opAt, gapAt and heldAt return the figure of the quantile q of
+// the wait, the operation, the gap and the hold as it lasted.
 func waitAt(q float64) func(result) time.Duration {
 	return func(r result) time.Duration { return r.wait.quantile(q) }
 }
@@ -170,6 +172,10 @@ func opAt(q float64) func(result) time.Duration {
 
 func gapAt(q float64) func(result) time.Duration {
 	return func(r result) time.Duration { return r.gap.quantile(q) }
+}
+
+func heldAt(q float64) func(result) time.Duration {
+	return func(r result) time.Duration { return r.held.quantile(q) }
 }
 
 // inSeconds turns a duration figure into a ratio's figure.
@@ -193,14 +199,14 @@ func printFloor(w io.Writer, rows []result) {
 func printContended(w io.Writer, rows []result, floor result) {
 	limit, rs := findRow(rows, "limit"), findRow(rows, "redsync")
 	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "ccpu/acq",
-		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
+		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "hold", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
 			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2), fmtNum(r.subs, 2),
 			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.ccpu),
 			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, inSeconds(waitAt(0.99)), inSeconds(waitAt(0.99)))),
 			midDur(r, waitMax), midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, inSeconds(gapAt(0.5)), inSeconds(opAt(0.5)))),
-			midDur(r, gapAt(0.99)), fmtNum(r.jain, 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10),
+			midDur(r, gapAt(0.99)), midDur(r, heldAt(0.5)), fmtNum(r.jain, 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10),
 			fmtConns(r.conns), fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
@@ -375,7 +381,7 @@ func writeCSV(dir string, runs, pooled []result) error {
 		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "deliveries_per_acq", "subscriptions_per_acq",
 		"cpu_us_per_acq", "client_cpu_us_per_acq", "wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us",
 		"gap_p50_us", "gap_p50_x_publish_floor", "gap_p99_us", "jain", "violations", "errors", "conns",
-		"background_per_s", "keys_left", "keys_without_ttl"}}
+		"background_per_s", "keys_left", "keys_without_ttl", "hold_p50_us"}}
 	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
 	us := func(d time.Duration) string {
 		if d < 0 {
@@ -403,7 +409,7 @@ func writeCSV(dir string, runs, pooled []result) error {
 			num(r.cpu), num(r.ccpu), us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
 			us(gap), num(perFloor(gap, floors[r.round])), us(r.gap.quantile(0.99)), num(r.jain),
 			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns),
-			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " ")})
+			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " "), us(r.held.quantile(0.5))})
 	}
 	for _, r := range pooled {
 		if r.scenario == floorScenario {

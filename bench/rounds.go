@@ -84,7 +84,7 @@ func merge(a, b result) result {
 	m := a
 	m.seconds += b.seconds
 	m.acquisitions += b.acquisitions
-	m.wait, m.op, m.gap = a.wait.merge(b.wait), a.op.merge(b.op), a.gap.merge(b.gap)
+	m.wait, m.op, m.gap, m.held = a.wait.merge(b.wait), a.op.merge(b.op), a.gap.merge(b.gap), a.held.merge(b.held)
 	for i := range min(len(m.counts), len(b.counts)) {
 		m.counts[i] += b.counts[i]
 	}

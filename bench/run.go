@@ -46,6 +46,7 @@ type result struct {
 	wait distribution // from calling Lock to holding
 	op   distribution // from calling Lock to Unlock's return
 	gap  distribution // from a release to the next acquisition (mutexes only)
+	held distribution // from an acquisition to its release: the hold as it lasted
 	jain float64      // over the contenders' acquisition counts
 
 	violations int64    // times more contenders were inside than allowed
@@ -80,7 +81,7 @@ type run struct {
 	// contender i writes it, and only after it stopped is it read.
 	counts []int64
 
-	wait, op, gap histogram
+	wait, op, gap, held histogram
 
 	acquired   atomic.Int64 // all acquisitions, window or not, for the progress line
 	violations atomic.Int64
@@ -130,10 +131,11 @@ func (r *run) contend(ctx context.Context, id int, next func() (locker, *lockSta
 		}
 		r.acquired.Add(1)
 		if r.hold > 0 && ctx.Err() == nil {
-			time.Sleep(r.hold)
+			holdFor(r.hold)
 		}
 		st.inside.Add(-weight)
-		st.lastRelease.Store(r.now())
+		t2 := r.now()
+		st.lastRelease.Store(t2)
 		call.active.Store(true)
 		err = l.Unlock(unlockCtx)
 		call.active.Store(false)
@@ -145,6 +147,7 @@ func (r *run) contend(ctx context.Context, id int, next func() (locker, *lockSta
 			r.counts[id]++
 			r.wait.record(time.Duration(t1 - t0))
 			r.op.record(time.Duration(t3 - t0))
+			r.held.record(time.Duration(t2 - t1))
 			if r.size == 0 && !r.perEntity && !r.rw && prev > 0 {
 				r.gap.record(time.Duration(t1 - prev))
 			}
@@ -326,7 +329,7 @@ func (r *run) summarize(res *result) {
 	res.ccpu = perAcquisition(res.ccpu, res.acquisitions)
 	res.delivers = perAcquisition(res.delivers, res.acquisitions)
 	res.subs = perAcquisition(res.subs, res.acquisitions)
-	res.wait, res.op, res.gap = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot()
+	res.wait, res.op, res.gap, res.held = r.wait.snapshot(), r.op.snapshot(), r.gap.snapshot(), r.held.snapshot()
 	res.jain = fairness.Jain(r.counts)
 	res.counts, res.rounds = r.counts, 1
 	res.violations, res.errors, res.firstError = r.violations.Load(), r.errors.Load(), r.firstError
