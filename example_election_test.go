@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/redisync/redisync"
 )
@@ -43,6 +44,19 @@ func ExampleElection() {
 		log.Fatal(err)
 	}
 	fmt.Println("observed:", (<-changes).Value)
+
+	// (For this example's output: let b join the queue of candidates
+	// before a resigns, so that a hands the leadership to b.)
+	for {
+		s, err := client.InspectElection(ctx, "scheduler")
+		if err != nil {
+			log.Fatal(err)
+		}
+		if len(s.Queue) > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 
 	if err := a.Resign(ctx); err != nil { // b leads at once
 		log.Fatal(err)

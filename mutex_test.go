@@ -192,6 +192,51 @@ func TestMutexWrongTypeTokenFailsAWaiterAtOnce(t *testing.T) {
 	}
 }
 
+// A release whose hand-off meets a key of the wrong type (the waiters
+// hash, or the token counter) fails, and leaves the queue as it was: the
+// hand-off takes the head out of the queue first, and puts it back.
+func TestMutexReleaseMeetingWrongTypeLeavesTheQueue(t *testing.T) {
+	for _, key := range []string{"waiters", "token"} {
+		for _, waiters := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/%d", key, waiters), func(t *testing.T) {
+				mr, rdb, _ := newMini(t)
+				c := newClient(t, rdb)
+				m := c.NewMutex("wtq")
+				if err := m.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				queue := "redisync:lock:{wtq}:queue"
+				for i := range waiters {
+					if _, err := mr.ZAdd(queue, float64(100+i), fmt.Sprintf("w/other-%d", i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				mr.SetTTL(queue, time.Minute)
+				bad := "redisync:lock:{wtq}:" + key
+				mr.Del(bad)
+				mr.Lpush(bad, "x")
+				mr.SetTTL(bad, 30*time.Second)
+				if err := m.Unlock(ctx); !errors.Is(err, ErrWrongType) {
+					t.Fatalf("Unlock: %v, want ErrWrongType", err)
+				}
+				members, err := mr.ZMembers(queue)
+				if err != nil || len(members) != waiters || members[0] != "w/other-0" {
+					t.Fatalf("queue after the failed release: %v, %v", members, err)
+				}
+				if score, _ := mr.ZScore(queue, "w/other-0"); score != 100 {
+					t.Fatalf("the head came back with score %v, want 100", score)
+				}
+				if mr.TTL(queue) <= 0 {
+					t.Fatal("the queue came back without a TTL")
+				}
+				if len(holdIDs(t, mr, "redisync:lock:{wtq}")) != 1 {
+					t.Fatal("the failed release changed the lock")
+				}
+			})
+		}
+	}
+}
+
 func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)

@@ -366,6 +366,37 @@ func TestMutexWrongTypeOnRealRedis(t *testing.T) {
 	}
 }
 
+// On a real Redis too (whose pcall hands the script an error table, not
+// a string), a release whose hand-off meets a waiters hash of the wrong
+// type fails with ErrWrongType and puts the head back into the queue,
+// with a TTL.
+func TestMutexReleaseMeetingWrongTypeLeavesTheQueueOnRealRedis(t *testing.T) {
+	c := newClients(t, 1)[0]
+	rdb := admin(t)
+	name := redistest.Name(t)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	queue, waiters := lockKey(name)+":queue", lockKey(name)+":waiters"
+	rdb.ZAdd(ctx, queue, redis.Z{Score: 100, Member: "w/other-0"})
+	rdb.PExpire(ctx, queue, time.Minute)
+	rdb.Set(ctx, waiters, "x", 30*time.Second)
+	err := m.Unlock(ctx)
+	if !errors.Is(err, redisync.ErrWrongType) {
+		t.Fatalf("Unlock: %v, want ErrWrongType", err)
+	}
+	t.Logf("Unlock: %v", err)
+	got, _ := rdb.ZRangeWithScores(ctx, queue, 0, -1).Result()
+	if len(got) != 1 || got[0].Member != "w/other-0" || got[0].Score != 100 {
+		t.Fatalf("queue after the failed release: %v", got)
+	}
+	if ttl := rdb.PTTL(ctx, queue).Val(); ttl <= 0 {
+		t.Fatalf("the queue came back with PTTL %v", ttl)
+	}
+	rdb.Del(ctx, queue, waiters, lockKey(name))
+}
+
 func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 	cs := newClients(t, 2)
 	name := redistest.Name(t)

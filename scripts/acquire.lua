@@ -68,13 +68,19 @@ if mode == 'barge' then
   return {1, grant(lock, token, ticket, lease, ARGV[9])}
 end
 
--- Reads the queue: one of the wrong type fails here. The hand-off reads
--- before it writes (see lib.lua, hand_off), mark_withdrawn too, and the
--- waiter's record is written before the queue.
-local queued = redis.call('ZSCORE', queue, ticket)
-if not queued and ARGV[8] == '1' then
-  mark_withdrawn(gone, ticket)
-  return {-3, 0}
+-- An attempt after one that queued the ticket reads whether it is still
+-- queued (a queue of the wrong type fails here). A first attempt does not
+-- ask: join_queue keeps the place of a ticket queued already (a copy of
+-- the attempt that applied), and reads the queue before it writes. The
+-- hand-off reads before it writes too (see lib.lua, hand_off), and so
+-- does mark_withdrawn.
+local queued = false
+if ARGV[8] == '1' then
+  queued = redis.call('ZSCORE', queue, ticket)
+  if not queued then
+    mark_withdrawn(gone, ticket)
+    return {-3, 0}
+  end
 end
 if pttl == -2 then
   local head, ht = hand_off(lock, token, queue, waiters, ARGV[6], ARGV[7], ticket, false)
@@ -87,13 +93,17 @@ if pttl == -2 then
     return {1, ht}
   end
   pttl = redis.call('PTTL', lock)
-  queued = redis.call('ZSCORE', queue, ticket)
+  queued = false -- the hand-off may have dropped it as dead: join again
 end
 if mode == 'queue' then
   local ttl, us = tonumber(ARGV[4]), now_us()
-  set_waiter(waiters, ticket, math.floor(us / 1000) + ttl, ARGV[5], ARGV[9])
-  if not queued then
-    join_queue(queue, ticket, us)
+  local function record()
+    set_waiter(waiters, ticket, math.floor(us / 1000) + ttl, ARGV[5], ARGV[9])
+  end
+  if queued then
+    record()
+  else
+    join_queue(queue, ticket, us, record)
   end
   keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)

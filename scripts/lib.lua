@@ -308,18 +308,32 @@ end
 -- waiting). It returns the new owner and its token, or nil when nobody
 -- live is waiting.
 --
--- It reads before it writes: the queue's head (a queue of the wrong type
--- fails here), the token counter and the head's record, and only then
--- takes the head out of the queue.
+-- Its first write takes the head out of the queue (ZPOPMIN: a queue of
+-- the wrong type fails there). When a read that follows fails (a token
+-- counter or a waiters hash of the wrong type), the head is put back
+-- before the error is raised, so that the script fails having changed
+-- nothing; a queue that the pop emptied is gone, and comes back with the
+-- waiters hash's TTL (the two are kept alive together).
 local function hand_off(lock, token, queue, waiters, channel, publish, self, vacate)
   while true do
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    local popped = redis.call('ZPOPMIN', queue)
+    local head = popped[1]
     if not head then
       return nil
     end
-    check_counter(token)
-    local v = redis.call('HMGET', waiters, head, waiter_meta_field(head), client_field(head))
-    redis.call('ZREM', queue, head)
+    local ok, v = pcall(function()
+      check_counter(token)
+      return redis.call('HMGET', waiters, head, waiter_meta_field(head), client_field(head))
+    end)
+    if not ok then
+      local kept = redis.call('EXISTS', queue) == 1
+      redis.call('ZADD', queue, popped[2], head)
+      if not kept then
+        local ms = redis.call('PTTL', waiters)
+        redis.call('PEXPIRE', queue, ms > 0 and ms or 60000)
+      end
+      error(v, 0)
+    end
     local rec = v[1]
     del_waiter(waiters, head)
     if rec then
@@ -345,13 +359,19 @@ local function hand_off(lock, token, queue, waiters, channel, publish, self, vac
   end
 end
 
--- join_queue appends id, not queued yet, to a fair queue (a zset). Its
--- score is the server time in microseconds when it joined (now_us), or the
--- last member's plus one when that is larger: the order of the queue is
--- the order of arrival even if the clock steps back, and the score tells
--- how long a waiter has waited.
-local function join_queue(queue, id, us)
+-- join_queue appends id to a fair queue (a zset) unless it is queued
+-- already (ZADD NX: it keeps its place). Its score is the server time in
+-- microseconds when it joined (now_us), or the last member's plus one when
+-- that is larger: the order of the queue is the order of arrival even if
+-- the clock steps back, and the score tells how long a waiter has waited.
+-- It reads the queue's tail, then calls record (if not nil), then writes
+-- the queue: a queue of the wrong type fails the script before record
+-- writes anything.
+local function join_queue(queue, id, us, record)
   local last = tonumber(redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]) or 0
+  if record then
+    record()
+  end
   redis.call('ZADD', queue, 'NX', string.format('%d', math.max(us, last + 1)), id)
 end
 
