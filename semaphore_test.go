@@ -216,6 +216,32 @@ func TestSemaphoreWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 	}
 }
 
+// A release that meets a key of the wrong type fails having written
+// nothing, whichever key it is.
+func TestSemaphoreReleaseMeetingWrongTypeWritesNothing(t *testing.T) {
+	for _, suffix := range []string{":expiry", ":queue", ":waiters", ":released"} {
+		t.Run(suffix, func(t *testing.T) {
+			mr, rdb, _ := newMini(t)
+			c := newClient(t, rdb)
+			s := c.NewSemaphore("s", 2)
+			if err := s.Acquire(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			key := semKey + suffix
+			mr.Del(key)
+			mr.Lpush(key, "x")
+			mr.SetTTL(key, time.Minute)
+			before := mr.Dump()
+			if err := s.Release(ctx, 1); !errors.Is(err, ErrWrongType) {
+				t.Fatalf("Release: %v, want ErrWrongType", err)
+			}
+			if after := mr.Dump(); after != before {
+				t.Fatalf("the failed release wrote:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+}
+
 func TestSemaphoreRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)

@@ -71,15 +71,13 @@ if held == 0 and ARGV[9] ~= '1' and redis.call('ZSCORE', KEYS[7], holder) then
   -- that ended.
   return {-3, 0}
 end
-redis.call('ZSCORE', k.expiry, holder)
 redis.call('HGET', k.waiters, waiter)
 local queued = redis.call('ZSCORE', k.queue, waiter)
-local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 sem_used(k) -- every holder record is checked
 
 local now = now_ms()
-sem_reclaim(k, now)
-mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+sem_reclaim(k, now) -- reads the expiry zset before it writes
+local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 if mine > 0 and mseq == seq then
   -- A retry: this call was applied, perhaps by a release that granted its
   -- waiter with the short grant lease; the caller counts on a full lease.

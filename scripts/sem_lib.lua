@@ -80,14 +80,17 @@ end
 
 -- sem_lease makes a holder's lease end no earlier than now + ms, and the
 -- keys live at least as long (the size too), so that no holder outlives
--- its record.
-local function sem_lease(k, holder, now, ms)
+-- its record. A grant to a waiter (granted) has the short grant lease,
+-- which the keys, kept as long as the other holders' full leases, usually
+-- outlive already: their TTL is read first (see lib.lua, keep_longer).
+local function sem_lease(k, holder, now, ms, granted)
   local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
   if not e or e < now + ms then
     redis.call('ZADD', k.expiry, now + ms, holder)
   end
-  keep_alive(k.holders, ms)
-  keep_alive(k.expiry, ms)
+  local keep = granted and keep_longer or keep_alive
+  keep(k.holders, ms)
+  keep(k.expiry, ms)
   keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
 end
 
@@ -101,7 +104,8 @@ local function sem_rearm(k, holder, now, ms)
   keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
 end
 
--- sem_reclaim removes the holders whose lease ended by now.
+-- sem_reclaim removes the holders whose lease ended by now. It reads the
+-- expiry zset before it writes (one of the wrong type fails there).
 local function sem_reclaim(k, now)
   local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now)
   for i = 1, #gone, 1000 do
@@ -174,7 +178,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
         table.insert(msgs[ch], head .. ':' .. string.format('%d', token > 0 and token or want) .. ':' .. now)
       end
       sem_put(k, holder, permits + want, s)
-      sem_lease(k, holder, now, lease)
+      sem_lease(k, holder, now, lease, head ~= self)
       used = used + want
     end
   end

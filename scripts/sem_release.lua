@@ -47,17 +47,20 @@ if ARGV[12] == '1' then
   check_counter(k.fence)
 end
 
--- Every key is read before anything is written (see sem_acquire.lua).
-redis.call('ZSCORE', k.expiry, holder)
+-- Every key is read before anything is written (see sem_acquire.lua):
+-- the expiry zset last, by sem_reclaim before it writes; the withdrawn
+-- calls only where they are written.
 redis.call('ZSCORE', k.queue, holder)
 redis.call('HGET', k.waiters, holder)
 local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
 sem_used(k) -- every holder record is checked
-redis.call('ZCARD', KEYS[6])
+if mode == 'withdraw' then
+  redis.call('ZCARD', KEYS[6])
+end
 
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
 sem_reclaim(k, now)
+redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
 local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
 local result = 1
 if mode == 'withdraw' then
