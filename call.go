@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,9 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // call runs do, one call to Redis, and returns what it returned; or, as
 // soon as ctx ends or the Client is closed, the reason, with abandoned set.
+// A failure that do returns once ctx has ended (see ended) is reported as
+// ctx's error: a call that outlives its context fails with its context's
+// reason, whatever Redis said meanwhile.
 //
 // go-redis honours a context's deadline on a read only when its client was
 // built with ContextTimeoutEnabled, which most are not: a call on a
@@ -92,7 +96,12 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 	var why error
 	select {
 	case r := <-ch:
-		return r.res, false, r.err
+		if r.err != nil {
+			// A failure that arrives once ctx's deadline has passed
+			// is the deadline's, even before ctx is told (see ended).
+			return r.res, false, cmp.Or(ended(ctx), r.err)
+		}
+		return r.res, false, nil
 	case <-ctx.Done():
 		why = ctx.Err()
 		if !grace {
@@ -104,7 +113,10 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 		select {
 		case r := <-ch:
 			t.Stop()
-			return r.res, false, r.err
+			if r.err != nil {
+				return r.res, false, why
+			}
+			return r.res, false, nil
 		case <-t.C:
 		case <-c.ctx.Done():
 			t.Stop()
@@ -116,7 +128,10 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 	defer c.calls.mu.Unlock()
 	select {
 	case r := <-ch: // it returned meanwhile
-		return r.res, false, r.err
+		if r.err != nil {
+			return r.res, false, why
+		}
+		return r.res, false, nil
 	default:
 		gaveUp = true
 		return nil, true, why
@@ -131,6 +146,21 @@ func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64,
 	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), graceEnd(ctx))
 	defer cancel()
 	_, _, _ = c.callFor(wait, do, nil, false)
+}
+
+// ended returns ctx's error once ctx has ended, and DeadlineExceeded once
+// its deadline has passed even if ctx has not been told yet: on a loaded
+// machine the timer that ends it fires late, and a call that returns after
+// its deadline returns the deadline's error, not one that Redis (or the
+// network) gave in between.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // graceEnd returns until when a call whose ctx has ended (or is about to)

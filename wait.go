@@ -75,7 +75,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 		changed := x.changed()
 		done, sleep, err := x.attempt(ctx)
 		switch {
-		case err != nil && waiting && ctx.Err() == nil && x.outlasts(err):
+		case err != nil && waiting && ended(ctx) == nil && x.outlasts(err):
 			// Redis went away (a restart, a failover) while the call
 			// waited: keep waiting, and look again after a pause that
 			// grows while it stays away. A first attempt that fails
@@ -83,8 +83,8 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 			// server that is down fails fast.
 			backoff = min(max(2*backoff, 50*time.Millisecond), maxBackoff)
 			sleep = backoff
-		case err != nil && ctx.Err() != nil:
-			return ctx.Err() // ctx ended first; the attempt's error is of no matter
+		case err != nil && ended(ctx) != nil:
+			return ended(ctx) // ctx ended first; the attempt's error is of no matter
 		case err != nil || done:
 			return err
 		default:
