@@ -25,7 +25,7 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 	w.mu.Lock()
 	e := w.waiting[key]
 	if e != nil {
-		e.waiters[ws] = struct{}{}
+		e.waiters[ws] = safeUntil(sent, ttl)
 		e.ttl, e.every = min(e.ttl, ttl), min(e.every, every)
 		// The call's own deadline lasts ttl from sent; the Client's
 		// must be moved before it passes.
@@ -38,7 +38,7 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 	}
 	w.mu.Unlock()
 	e = &keepalive{kind: kind, owner: owner, name: name, keys: keys, ttl: ttl, every: every, renew: true,
-		waiters: map[*waitSet]struct{}{ws: {}}}
+		waiters: map[*waitSet]time.Time{ws: safeUntil(sent, ttl)}}
 	if !w.add(e, sent, ttl) {
 		return nil
 	}
@@ -47,7 +47,7 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 	if other := w.waiting[key]; other != nil {
 		// Another call of the Client joined meanwhile: share its entry.
 		delete(w.entries, e)
-		other.waiters[ws] = struct{}{}
+		other.waiters[ws] = safeUntil(sent, ttl)
 		other.ttl, other.every = min(other.ttl, ttl), min(other.every, every)
 		if due := sent.Add(every); due.Before(other.due) {
 			other.due = due
@@ -57,6 +57,15 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 	}
 	w.waiting[key] = e
 	return e
+}
+
+// safeUntil returns until when the own deadline of a waiter queued by an
+// attempt sent at sent, with heartbeat ttl, surely lasts in Redis: every
+// queueing attempt writes the waiter's deadline, ttl after it ran, and it
+// ran after it was sent (less a margin for clock drift). Until then no
+// script drops the waiter as dead, whatever its Client's deadline says.
+func safeUntil(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - drift(ttl))
 }
 
 // leave stops keeping ws's call alive on e. The entry goes with its last

@@ -98,8 +98,13 @@ func (w *watchdog) renew(batch []renewal) {
 			e.set(sent, e.ttl)
 			copy(e.ran[:], e.ran[1:])
 			e.ran[len(e.ran)-1] = stamp{sent: sent, ms: res[len(batch)]}
-			if res[i] != 1 {
-				for ws := range e.waiters {
+			for ws, safe := range e.waiters {
+				// 3: the Client's deadline had passed, or was not there
+				// yet (its first heartbeats), so that a release may
+				// have dropped as dead a waiter whose own deadline had
+				// passed too; one whose own has not passed by now cannot
+				// have been, and sleeps on. 2 and 0: every waiter looks.
+				if res[i] == 2 || res[i] == 0 || (res[i] == 3 && !now.Before(safe)) {
 					gone = append(gone, ws.nudge)
 				}
 			}

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +42,7 @@ func queuedWaiter(t *testing.T, mr *miniredis.Miniredis) string {
 // so that the waiter's heartbeat, every few ms, sees all of it or none.
 func dropAsDead(t *testing.T, mr *miniredis.Miniredis, waiter string, also ...func(redis.Pipeliner)) {
 	t.Helper()
+	ownDeadlinePassed(t, mr, semKey+":waiters", waiter)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -55,6 +57,23 @@ func dropAsDead(t *testing.T, mr *miniredis.Miniredis, waiter string, also ...fu
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ownDeadlinePassed waits until the own deadline in waiter's record in the
+// waiters hash key has passed: a script drops a waiter as dead only then
+// (and when its Client's deadline has passed too), and a heartbeat that
+// finds its Client's deadline passed nudges only the waiters whose own
+// deadline may have.
+func ownDeadlinePassed(t *testing.T, mr *miniredis.Miniredis, key, waiter string) {
+	t.Helper()
+	rec := mr.HGet(key, waiter)
+	ms, err := strconv.ParseInt(strings.SplitN(rec, ":", 2)[0], 10, 64)
+	if err != nil {
+		t.Fatalf("the record of %s: %q: %v", waiter, rec, err)
+	}
+	eventually(t, 5*time.Second, "the waiter's own deadline to pass", func() bool {
+		return time.Now().UnixMilli() > ms
+	})
 }
 
 func TestSemaphoreFIFONoOvertaking(t *testing.T) {

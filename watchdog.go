@@ -68,10 +68,10 @@ type keepalive struct {
 	gone      func()                // hold: called once, without locks, when lost
 	release   func(context.Context) // hold: releases it in Redis, when the Client is closed
 
-	waiters  map[*waitSet]struct{} // waiters: the calls kept alive, nudged when they must look again
-	ran      [4]stamp              // waiters: the last heartbeats, in the order they were sent
-	beat     bool                  // waiters: a heartbeat was sent, which may have written the Client's deadline
-	farewell bool                  // waiters: all have left; the next call removes the Client's deadline
+	waiters  map[*waitSet]time.Time // waiters: the calls kept alive, nudged when they must look again, each with until when its own deadline in Redis surely lasts (see safeUntil)
+	ran      [4]stamp               // waiters: the last heartbeats, in the order they were sent
+	beat     bool                   // waiters: a heartbeat was sent, which may have written the Client's deadline
+	farewell bool                   // waiters: all have left; the next call removes the Client's deadline
 }
 
 func newWatchdog(rdb redis.UniversalClient, ctx context.Context, ev *events) *watchdog {
