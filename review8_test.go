@@ -53,8 +53,11 @@ func TestReview8HoldHandedOverByLayout1StaysUnmarked(t *testing.T) {
 	mr.SetTTL(k.Queue, time.Minute)
 	mr.SetTTL(k.Waiters, time.Minute)
 
-	// A new-version fair waiter behind it.
-	cb := newClient(t, rdb, WithLabel("new-waiter"), WithWatchdogLease(lease))
+	// A new-version fair waiter behind it. It does not hear a hand-off by
+	// the old version (published on the lock's channel, not on its
+	// Client's grant channel): it takes the hold handed to it at its next
+	// recheck, within the hand-off lease (see docs/upgrading.md).
+	cb := newClient(t, rdb, WithLabel("new-waiter"), WithWatchdogLease(lease), WithRecheck(100*time.Millisecond))
 	b := cb.NewMutex("job")
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
