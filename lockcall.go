@@ -31,8 +31,12 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	sent := time.Now()
 	// The arguments are read here, not in the call's goroutine, which an
 	// abandoned call leaves running while the call's fields change.
+	// queued: an earlier attempt queued the ticket, or may have (its
+	// reply was lost): this one must learn if the ticket left the queue
+	// since (handed the lock, whose hold lapsed), rather than queue it
+	// again and later take a stale grant to it.
 	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
-		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued, metadata: m.cfg.metadata}.call(m.keys)
+		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: m.cfg.metadata}.call(m.keys)
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquire, granted)
 	}, l.late(l.ticket))

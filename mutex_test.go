@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 var ctx = context.Background()
@@ -540,6 +544,88 @@ func TestCloseReleasesHolds(t *testing.T) {
 		t.Fatalf("Unlock after Close: %v, want ErrClosed", err)
 	}
 	if err := c.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+}
+
+// lostReplyThenRecord makes the next acquire.lua call run and then lose its
+// reply (a transient error, as a connection cut after Redis ran it), and
+// records the arguments of every acquire.lua call after it.
+type lostReplyThenRecord struct {
+	mu        sync.Mutex
+	armed     bool
+	recording bool
+	after     [][]any
+}
+
+func (h *lostReplyThenRecord) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lostReplyThenRecord) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lostReplyThenRecord) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if cmd.Name() != "evalsha" || len(args) < 2 || args[1] != acquireScript.Hash() {
+			return next(ctx, cmd)
+		}
+		h.mu.Lock()
+		lose := h.armed
+		if h.recording {
+			h.after = append(h.after, args)
+		}
+		h.armed, h.recording = false, h.recording || lose
+		h.mu.Unlock()
+		err := next(ctx, cmd)
+		if lose && err == nil {
+			err = io.ErrUnexpectedEOF
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+// Review 19, finding 2: an attempt after one whose reply was lost must ask
+// whether the ticket is still queued (ARGV[8]), as after one that queued
+// it: the lost one may have queued it, and a release may have handed it
+// the lock since, whose hold lapsed. Asked as a first attempt, it queued
+// the ticket again, and a stale grant to it, delivered late, was then
+// taken as if new while another held the lock.
+func TestLockAttemptAfterALostReplyAsksIfStillQueued(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	hook := &lostReplyThenRecord{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb)
+	holder := c.NewMutex("m")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := c.NewMutex("m")
+	l := w.newCall("queue")
+	hook.mu.Lock()
+	hook.armed = true
+	hook.mu.Unlock()
+	if _, _, err := l.attempt(ctx); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("attempt: %v, want its lost reply", err)
+	}
+	if q := queuedTickets(t, mr, schema.LockKeys("redisync", "m")); len(q) != 1 || q[0] != l.ticket {
+		t.Fatalf("queue %v, want the ticket that the lost attempt queued", q)
+	}
+	if _, _, err := l.attempt(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hook.mu.Lock()
+	after := hook.after
+	hook.mu.Unlock()
+	if len(after) != 1 {
+		t.Fatalf("%d attempts recorded, want 1", len(after))
+	}
+	// EVALSHA sha numkeys KEYS... ARGV...: ARGV[8] is the queued flag.
+	numkeys := after[0][2].(int)
+	if got := after[0][3+numkeys+7]; got != "1" {
+		t.Fatalf("ARGV[8] = %v, want \"1\": the attempt did not ask whether the ticket is still queued", got)
+	}
+	l.finish(ctx, errors.New("done"))
+	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
