@@ -48,7 +48,7 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // returns, late (if not nil) gets its reply, to undo whatever it did.
 // Close waits for it.
 func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
-	if err := ctx.Err(); err != nil {
+	if err := ended(ctx); err != nil {
 		return nil, false, notSent{err}
 	}
 	return c.callFor(ctx, do, late, true)

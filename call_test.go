@@ -39,3 +39,28 @@ func TestCallAfterTheDeadlineFailsWithTheDeadline(t *testing.T) {
 		})
 	}
 }
+
+// failing is a contender whose every attempt fails with err.
+type failing struct{ err error }
+
+func (f failing) attempt(context.Context) (bool, time.Duration, error) { return false, 0, f.err }
+func (failing) outlasts(error) bool                                    { return false }
+func (failing) sleeping(*waitSet)                                      {}
+func (failing) adopt(context.Context, string) (bool, error)            { return false, nil }
+func (failing) changed() <-chan struct{}                               { return nil }
+func (failing) address() string                                        { return "" }
+func (failing) finish(context.Context, error)                          {}
+
+// The wait loop that every blocking call shares fails with the deadline
+// once it has passed, whatever failed in between (an attempt, a grant it
+// could not take, the Client closing), as the checker of TestLockSet
+// requires of every Lock call.
+func TestBlockAfterTheDeadlineFailsWithTheDeadline(t *testing.T) {
+	boom := errors.New("boom")
+	if err := block(passedCtx{context.Background()}, nil, failing{boom}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v, want context.DeadlineExceeded", err)
+	}
+	if err := block(context.Background(), nil, failing{boom}); !errors.Is(err, boom) {
+		t.Fatalf("%v, want boom: no deadline has passed", err)
+	}
+}

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -56,10 +57,16 @@ type post struct {
 // nothing behind: no heartbeat, no waiter, and, through finish, no place
 // in the queue; a wake-up it took and could not use is passed on to the
 // next waiter of the process. Once waiting, it outlives what the call
-// outlasts (see contender.outlasts).
+// outlasts (see contender.outlasts). Once ctx's deadline has passed, it
+// fails with ctx's error, whatever else failed meanwhile.
 func block(ctx context.Context, posts []post, x contender) (err error) {
 	var ws *waitSet // registered on every post
 	defer func() {
+		if err != nil && !errors.Is(err, errHeld) && ended(ctx) != nil {
+			// Once ctx's deadline has passed, the call fails with it,
+			// whatever else failed in between (see ended).
+			err = ended(ctx)
+		}
 		x.finish(ctx, err)
 		if ws != nil {
 			ws.leave(err != nil)
@@ -83,8 +90,6 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 			// server that is down fails fast.
 			backoff = min(max(2*backoff, 50*time.Millisecond), maxBackoff)
 			sleep = backoff
-		case err != nil && ended(ctx) != nil:
-			return ended(ctx) // ctx ended first; the attempt's error is of no matter
 		case err != nil || done:
 			return err
 		default:
