@@ -195,10 +195,11 @@ func marked(ctx context.Context) (context.Context, func() bool) {
 }
 
 // releasing returns the context a release waits with: ctx, or, when ctx
-// has ended already (a deferred Unlock after a timeout), one of its own,
-// bounded by cleanupTimeout: a release is due whatever ctx says.
+// has ended already, or its deadline has passed (a deferred Unlock after a
+// timeout; see ended), one of its own, bounded by cleanupTimeout: a release
+// is due whatever ctx says.
 func releasing(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() != nil {
+	if ended(ctx) != nil {
 		return detached(ctx)
 	}
 	return ctx, func() {}

@@ -64,3 +64,42 @@ func TestBlockAfterTheDeadlineFailsWithTheDeadline(t *testing.T) {
 		t.Fatalf("%v, want boom: no deadline has passed", err)
 	}
 }
+
+// A release is due whatever its context says: an Unlock (Release, Handoff)
+// whose deadline has passed, though its context has not been told yet,
+// still releases, as one whose context has ended does.
+func TestReleaseAfterTheDeadlineStillReleases(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	passed := passedCtx{context.Background()}
+	m := c.NewMutex("m")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(passed); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	if mr.Exists("redisync:lock:{m}") {
+		t.Fatal("the lock is still held in Redis")
+	}
+	s := c.NewSemaphore("s", 2)
+	if err := s.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(passed, 2); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 2); !ok || err != nil {
+		t.Fatalf("TryAcquire after the release: %v, %v; want the 2 permits", ok, err)
+	}
+	mm := c.NewMultiMutex([]string{"a", "b"})
+	if err := mm.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := mm.Unlock(passed); err != nil {
+		t.Fatalf("MultiMutex.Unlock: %v", err)
+	}
+	if mr.Exists("redisync:lock:{a}") || mr.Exists("redisync:lock:{b}") {
+		t.Fatal("a lock of the MultiMutex is still held in Redis")
+	}
+}

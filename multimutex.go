@@ -417,7 +417,7 @@ func (m *MultiMutex) partLost() {
 // most cleanupWait after that: they go on in the background, no longer
 // renewed.
 func (m *MultiMutex) giveBack(ctx context.Context, locks []*Mutex) error {
-	if ctx.Err() != nil {
+	if ended(ctx) != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), graceEnd(ctx))
 		defer cancel()
