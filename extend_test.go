@@ -125,7 +125,10 @@ func TestMutexExtendFixedLease(t *testing.T) {
 // on and neither cut it in Redis nor move the local deadline back.
 func TestMutexExtendUnderWatchdog(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(60*time.Millisecond))
+	// A short lease, for renewals to come soon; not so short that a
+	// loaded machine's late renewal loses the hold before Extend (60 ms
+	// did, once, in CI beside another test run).
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
 	m := c.NewMutex("extwd")
 	key := "redisync:lock:{extwd}"
 	if err := m.Lock(ctx); err != nil {
