@@ -42,6 +42,18 @@
 // people: every hold id starts with it ("host/pid" by default), and
 // "redisync status" shows it.
 //
+// # Contexts
+//
+// A blocking call (Lock, RLock, Acquire, Campaign) whose context ends
+// first returns the context's error, wrapped, within about 25 ms, and
+// leaves nothing behind; clean-up still under way goes on in the
+// background, and Close waits for it. Once a context's deadline has
+// passed the call fails with context.DeadlineExceeded, whatever else
+// failed meanwhile, even if the context's timer has not fired yet and
+// ctx.Err() is still nil: test errors with errors.Is, not by asking the
+// context afterwards. A release (Unlock, Release) is sent whatever its
+// context says.
+//
 // # Options
 //
 // An option's type says where it applies: Option everywhere, LocalOption

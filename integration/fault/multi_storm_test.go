@@ -76,7 +76,7 @@ func TestMultiStorm(t *testing.T) {
 					for time.Now().Before(stop) {
 						lctx, cancel := context.WithTimeout(ctx, drawDeadline(rng))
 						err := lk.Lock(lctx)
-						expired := lctx.Err() != nil
+						expired := expiredBy(lctx, time.Now())
 						cancel()
 						switch {
 						case err == nil:

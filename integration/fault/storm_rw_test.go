@@ -85,7 +85,7 @@ func (s *storm) rwLoop(rng *rand.Rand, owner, register string, rw *redisync.RWMu
 		begun := time.Now()
 		err := lock(lctx)
 		end := time.Now()
-		expired := lctx.Err() != nil
+		expired := expiredBy(lctx, end)
 		cancel()
 		s.locks.Add(1)
 		switch {

@@ -381,7 +381,7 @@ func (s *storm) lockLoop(rng *rand.Rand, owner, who string, m locker, stop time.
 		begun := time.Now()
 		err := m.Lock(lctx)
 		end := time.Now()
-		expired := lctx.Err() != nil
+		expired := expiredBy(lctx, end)
 		cancel()
 		s.locks.Add(1)
 		late := end.Sub(begun.Add(d)) > tooLate
@@ -413,6 +413,18 @@ func (s *storm) lockLoop(rng *rand.Rand, owner, who string, m locker, stop time.
 			s.fail("lock error", "%s: Lock (deadline %v, expired %v): %v", who, d, expired, err)
 		}
 	}
+}
+
+// expiredBy reports whether ctx had ended, or its deadline had passed, by
+// end: a blocking call fails with the deadline's error once the deadline
+// has passed, even before the context's timer fires and ctx.Err() says so
+// (redisync's ended), which a deadline of a few microseconds often shows.
+func expiredBy(ctx context.Context, end time.Time) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !end.Before(dl)
 }
 
 // deadlineErr reports whether err is a call's end by its deadline: the
@@ -530,7 +542,7 @@ func (s *storm) acquireLoop(rng *rand.Rand, owner, who string, sem *redisync.Sem
 		begun := time.Now()
 		err := sem.Acquire(actx, n)
 		end := time.Now()
-		expired := actx.Err() != nil
+		expired := expiredBy(actx, end)
 		cancel()
 		s.locks.Add(1)
 		switch {
