@@ -327,6 +327,10 @@ func (r *lsRun) event(w *lsWorker, text string) {
 		if x := hold(); x != nil {
 			x.lost = ts(4)
 		}
+	case "unlocking":
+		if x := hold(); x != nil {
+			x.unlock = ts(4)
+		}
 	case "unlock":
 		if x := hold(); x != nil {
 			x.unlock, x.unlockRes = ts(4), strings.Join(f[min(6, len(f)):], " ")

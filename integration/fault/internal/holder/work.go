@@ -38,6 +38,7 @@ package main
 //	acq G H TOKEN TCALL TRET DEADLINE LONG      Lock returned the hold H
 //	lockerr G TCALL TRET DEADLINE MSG           Lock failed
 //	lost G H TOKEN T                            Lost of hold H was closed
+//	unlocking G H TOKEN TCALL                   Unlock is about to be called
 //	unlock G H TOKEN TCALL TRET ok|lost|error [MSG]
 //	op G H TOKEN KIND OP T0 T1 RESULT VALUE [MSG]
 //
@@ -146,6 +147,10 @@ func (w *worker) loop(run context.Context, g int, rng *rand.Rand) {
 		h.run(run, tret)
 		uctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		tu := time.Now()
+		// Said before Unlock runs: a SIGKILL after the release and
+		// before the "unlock" line must not leave the hold believed
+		// until the kill.
+		emit("unlocking %d %d %d %d", g, h.n, h.token, tu.UnixNano())
 		err = m.Unlock(uctx)
 		tur := time.Now()
 		cancel()
