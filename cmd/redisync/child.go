@@ -191,7 +191,7 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold,
 		return nil, nil, errorf(se.code(), "%v while waiting for %s; left nothing queued", se, j.what)
 	case errors.Is(err, errBusy):
 		return nil, nil, errorf(exitBusy, "%s is taken (--no-wait)", j.what)
-	case errors.Is(err, context.DeadlineExceeded) && errors.Is(wctx.Err(), context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded) && ended(wctx, err):
 		return nil, nil, errorf(exitTimeout, "timed out after %v (--wait) waiting for %s", j.wait, j.what)
 	}
 	return nil, nil, errorf(errorCode(err), "cannot acquire %s: %v", j.what, trimPrefix(err))
@@ -309,6 +309,18 @@ func errorCode(err error) int {
 		return exitUnavailable
 	}
 	return exitSoftware
+}
+
+// ended reports whether err is ctx's end: ctx has ended, or err is its
+// deadline and the deadline has passed (a redisync call fails with its
+// deadline once it has passed, before the context's timer fires and
+// ctx.Err() says so).
+func ended(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(dl)
 }
 
 // trimPrefix drops the library's "redisync: " from an error message, since

@@ -56,7 +56,7 @@ func (p *electPart) campaign(ctx context.Context, env *demoEnv, e *redisync.Elec
 	value := fmt.Sprintf("c%d", ci+1)
 	for ctx.Err() == nil {
 		if err := e.Campaign(ctx, value); err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx, err) {
 				p.fail(fmt.Errorf("%s: Campaign: %w", value, err))
 			}
 			return

@@ -53,7 +53,7 @@ func (p *lockPart) work(ctx context.Context, env *demoEnv, m *redisync.Mutex, ci
 	for ctx.Err() == nil {
 		t0 := time.Now()
 		if err := m.Lock(ctx); err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx, err) {
 				p.fail(fmt.Errorf("c%d.w%d: Lock: %w", ci+1, wi+1, err))
 			}
 			return

@@ -73,7 +73,7 @@ func (p *multiPart) work(ctx context.Context, c *redisync.Client, ci, wi int) {
 		m := c.NewMultiMutex([]string{p.account(from), p.account(to)})
 		t0 := time.Now()
 		if err := m.Lock(ctx); err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx, err) {
 				p.fail(fmt.Errorf("c%d.w%d: Lock: %w", ci+1, wi+1, err))
 			}
 			return

@@ -65,7 +65,7 @@ func (p *rwPart) work(ctx context.Context, env *demoEnv, rw *redisync.RWMutex, c
 		}
 		t0 := time.Now()
 		if err := lock(ctx); err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx, err) {
 				p.fail(fmt.Errorf("c%d: %s: %w", ci+1, what, err))
 			}
 			return

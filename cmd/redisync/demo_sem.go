@@ -56,7 +56,7 @@ func (p *semPart) work(ctx context.Context, env *demoEnv, s *redisync.Semaphore,
 		n := 1 + rand.Int64N(2)
 		t0 := time.Now()
 		if err := s.Acquire(ctx, n); err != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx, err) {
 				p.fail(fmt.Errorf("c%d: Acquire(%d): %w", ci+1, n, err))
 			}
 			return
