@@ -148,19 +148,29 @@ func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64,
 	_, _, _ = c.callFor(wait, do, nil, false)
 }
 
-// ended returns ctx's error once ctx has ended, and DeadlineExceeded once
-// its deadline has passed even if ctx has not been told yet: on a loaded
-// machine the timer that ends it fires late, and a call that returns after
-// its deadline returns the deadline's error, not one that Redis (or the
-// network) gave in between.
+// ended returns ctx's error once ctx has ended or its deadline has passed.
+// On a loaded machine the timer that ends a context fires late: once the
+// deadline has passed, ended waits for ctx to be told (at most
+// cleanupWait), so that a call that returns after its deadline returns the
+// deadline's error, not one that Redis (or the network) gave in between,
+// and its caller finds ctx.Err() set. A context that is still not told
+// then (one of the caller's own making) gets DeadlineExceeded.
 func ended(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+	dl, ok := ctx.Deadline()
+	if !ok || time.Now().Before(dl) {
+		return nil
+	}
+	t := time.NewTimer(cleanupWait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
 		return context.DeadlineExceeded
 	}
-	return nil
 }
 
 // graceEnd returns until when a call whose ctx has ended (or is about to)

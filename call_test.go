@@ -103,3 +103,44 @@ func TestReleaseAfterTheDeadlineStillReleases(t *testing.T) {
 		t.Fatal("a lock of the MultiMutex is still held in Redis")
 	}
 }
+
+// lateCtx is a context whose deadline has passed and whose timer fires a
+// little later, as on a loaded machine.
+type lateCtx struct {
+	context.Context
+	done chan struct{}
+}
+
+func newLateCtx(late time.Duration) *lateCtx {
+	c := &lateCtx{Context: context.Background(), done: make(chan struct{})}
+	time.AfterFunc(late, func() { close(c.done) })
+	return c
+}
+
+func (c *lateCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+func (c *lateCtx) Done() <-chan struct{}       { return c.done }
+func (c *lateCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// A call that fails with its deadline before the context's timer has fired
+// waits for it, so that its caller finds ctx.Err() set: a caller that asks
+// the context why a Lock failed gets the right answer.
+func TestCallAfterTheDeadlineReturnsOnceTheContextSaysSo(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	mr.SetError("ERR injected")
+	ctx := newLateCtx(5 * time.Millisecond)
+	err := c.NewMutex("m").Lock(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock: %v, want context.DeadlineExceeded", err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("Lock returned the deadline's error before the context said so")
+	}
+}

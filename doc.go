@@ -48,11 +48,11 @@
 // first returns the context's error, wrapped, within about 25 ms, and
 // leaves nothing behind; clean-up still under way goes on in the
 // background, and Close waits for it. Once a context's deadline has
-// passed the call fails with context.DeadlineExceeded, whatever else
-// failed meanwhile, even if the context's timer has not fired yet and
-// ctx.Err() is still nil: test errors with errors.Is, not by asking the
-// context afterwards. A release (Unlock, Release) is sent whatever its
-// context says.
+// passed the call fails with the context's error, whatever else failed
+// meanwhile: on a loaded machine the timer that ends a context can fire
+// after its deadline, and the call waits for it (at most 25 ms), so that
+// ctx.Err() is set when it returns. A release (Unlock, Release) is sent
+// whatever its context says.
 //
 // # Options
 //

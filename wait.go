@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strconv"
@@ -62,10 +63,10 @@ type post struct {
 func block(ctx context.Context, posts []post, x contender) (err error) {
 	var ws *waitSet // registered on every post
 	defer func() {
-		if err != nil && !errors.Is(err, errHeld) && ended(ctx) != nil {
+		if err != nil && !errors.Is(err, errHeld) {
 			// Once ctx's deadline has passed, the call fails with it,
 			// whatever else failed in between (see ended).
-			err = ended(ctx)
+			err = cmp.Or(ended(ctx), err)
 		}
 		x.finish(ctx, err)
 		if ws != nil {
