@@ -42,11 +42,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // go-redis honours a context's deadline on a read only when its client was
 // built with ContextTimeoutEnabled, which most are not: a call on a
 // stalled connection would hold its caller for the client's read timeout.
-// So do runs in a goroutine of its own, with a context detached from
-// ctx's cancellation (bounded by cleanupTimeout), and the caller stops
-// waiting cleanupWait after ctx ends. An abandoned call goes on: when it
-// returns, late (if not nil) gets its reply, to undo whatever it did.
-// Close waits for it.
+// So do runs in another goroutine (one of the Client's workers: see
+// callGroup), with a context detached from ctx's cancellation (bounded by
+// cleanupTimeout), and the caller stops waiting cleanupWait after ctx
+// ends. An abandoned call goes on: when it returns, late (if not nil) gets
+// its reply, to undo whatever it did. Close waits for it.
 func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
 	if err := ended(ctx); err != nil {
 		return nil, false, notSent{err}
@@ -77,7 +77,7 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 	}
 	ch := make(chan reply, 1)
 	var gaveUp bool // guarded by c.calls.mu
-	go func() {
+	c.calls.run(func() {
 		defer c.calls.done()
 		dctx, cancel := detached(ctx)
 		res, err := do(dctx)
@@ -92,7 +92,7 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 		if late != nil {
 			late(res, err)
 		}
-	}()
+	})
 	var why error
 	select {
 	case r := <-ch:
@@ -248,16 +248,34 @@ func notConfirmed(err error) error {
 	return fmt.Errorf("%w (the release is not confirmed: it is no longer renewed, and runs out in Redis within its lease)", err)
 }
 
-// callGroup counts the calls running in goroutines of their own, so that
-// Close can wait for them. Once closed, it starts no more.
+// workerIdle is how long a worker goroutine of a Client (see callGroup)
+// waits for its next call before it exits.
+const workerIdle = 5 * time.Second
+
+// callGroup runs the calls to Redis that go on in goroutines other than
+// their callers', and counts them, so that Close can wait for them. Once
+// closed, it starts no more.
+//
+// The goroutines are workers that outlive a call: one that has run a call
+// waits up to workerIdle for the next. A goroutine started for each call
+// was created and then grew its stack, copying it, through go-redis's
+// calls: 12 % of the CPU in a profile of uncontended Lock and Unlock (see
+// docs/benchmarks.md, "The client's own cost").
 type callGroup struct {
+	idle     chan func()   // a worker that waits for a call receives it here
+	stop     chan struct{} // closed once closed and drained: workers exit
+	stopOnce sync.Once
+	workers  sync.WaitGroup
+
 	mu      sync.Mutex
 	n       int
 	closed  bool
 	drained chan struct{} // closed when closed and n is 0
 }
 
-func newCallGroup() *callGroup { return &callGroup{drained: make(chan struct{})} }
+func newCallGroup() *callGroup {
+	return &callGroup{idle: make(chan func()), stop: make(chan struct{}), drained: make(chan struct{})}
+}
 
 // start counts a new call, unless the group is closed.
 func (g *callGroup) start() bool {
@@ -270,6 +288,36 @@ func (g *callGroup) start() bool {
 	return true
 }
 
+// run runs f, a counted call (see start), in a worker waiting for one, or
+// in a new worker when none waits.
+func (g *callGroup) run(f func()) {
+	select {
+	case g.idle <- f:
+	default:
+		g.workers.Add(1)
+		go g.work(f)
+	}
+}
+
+// work is a worker's loop: it runs f, then each call it receives, until
+// none came for workerIdle or the group is closed and drained.
+func (g *callGroup) work(f func()) {
+	defer g.workers.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		idle.Reset(workerIdle)
+		select {
+		case f = <-g.idle:
+		case <-idle.C:
+			return
+		case <-g.stop:
+			return
+		}
+	}
+}
+
 // done counts a call out.
 func (g *callGroup) done() {
 	g.mu.Lock()
@@ -279,7 +327,8 @@ func (g *callGroup) done() {
 	}
 }
 
-// close starts no more calls and waits for those running to return.
+// close starts no more calls, waits for those running to return, and
+// then for the workers to exit.
 func (g *callGroup) close() {
 	g.mu.Lock()
 	if !g.closed {
@@ -290,6 +339,8 @@ func (g *callGroup) close() {
 	}
 	g.mu.Unlock()
 	<-g.drained
+	g.stopOnce.Do(func() { close(g.stop) })
+	g.workers.Wait()
 }
 
 // persist runs call, an idempotent script call (a release), again while it

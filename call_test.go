@@ -144,3 +144,68 @@ func TestCallAfterTheDeadlineReturnsOnceTheContextSaysSo(t *testing.T) {
 		t.Fatal("Lock returned the deadline's error before the context said so")
 	}
 }
+
+// A call runs in a worker that then waits for the next call (see
+// callGroup), instead of a goroutine created for it.
+func TestCallGroupReusesAnIdleWorker(t *testing.T) {
+	g := newCallGroup()
+	defer g.close()
+	ran := make(chan int, 2)
+	g.start()
+	g.run(func() { defer g.done(); ran <- 1 })
+	<-ran
+	// The worker that ran the first call takes the next one.
+	deadline := time.Now().Add(5 * time.Second)
+	g.start()
+	for taken := false; !taken; {
+		select {
+		case g.idle <- func() { defer g.done(); ran <- 2 }:
+			taken = true
+		default:
+			if time.Now().After(deadline) {
+				g.done() // the call counted for it never ran
+				t.Fatal("no worker waits for a call after running one")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n := <-ran; n != 2 {
+		t.Fatalf("ran %d, want 2", n)
+	}
+}
+
+// A call never waits for a busy worker: it gets a worker of its own.
+func TestCallGroupRunsCallsAtOnce(t *testing.T) {
+	g := newCallGroup()
+	defer g.close()
+	release, second := make(chan struct{}), make(chan struct{})
+	g.start()
+	g.run(func() { defer g.done(); <-release })
+	g.start()
+	g.run(func() { defer g.done(); close(second) })
+	select {
+	case <-second:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call waited for a busy worker")
+	}
+	close(release)
+}
+
+// close ends the workers, once the calls have returned: none waits for a
+// call afterwards.
+func TestCallGroupCloseStopsItsWorkers(t *testing.T) {
+	g := newCallGroup()
+	for range 3 {
+		g.start()
+		g.run(func() { defer g.done() })
+	}
+	g.close()
+	select {
+	case g.idle <- func() {}:
+		t.Fatal("a worker outlived close")
+	default:
+	}
+	if g.start() {
+		t.Fatal("a closed group started a call")
+	}
+}
