@@ -307,6 +307,7 @@ func (g *callGroup) work(f func()) {
 	defer idle.Stop()
 	for {
 		f()
+		f = nil // what the call holds goes with it
 		idle.Reset(workerIdle)
 		select {
 		case f = <-g.idle:
