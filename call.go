@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -257,12 +258,14 @@ const workerIdle = 5 * time.Second
 // closed, it starts no more.
 //
 // The goroutines are workers that outlive a call: one that has run a call
-// waits up to workerIdle for the next. A goroutine started for each call
-// was created and then grew its stack, copying it, through go-redis's
-// calls: 12 % of the CPU in a profile of uncontended Lock and Unlock (see
-// docs/benchmarks.md, "The client's own cost").
+// waits up to idleFor for the next. A goroutine started for each call was
+// created and then grew its stack, copying it, through go-redis's calls:
+// 12 % of the CPU in a profile of uncontended Lock and Unlock (see
+// docs/benchmarks.md, "The client's own cost"). A call goes to the worker
+// that became idle last, so that after a burst the workers it left idle
+// run out while a trickle of calls keeps one busy.
 type callGroup struct {
-	idle     chan func()   // a worker that waits for a call receives it here
+	idleFor  time.Duration
 	stop     chan struct{} // closed once closed and drained: workers exit
 	stopOnce sync.Once
 	workers  sync.WaitGroup
@@ -271,10 +274,15 @@ type callGroup struct {
 	n       int
 	closed  bool
 	drained chan struct{} // closed when closed and n is 0
+	idle    []*worker     // waiting for a call, the last idle last
 }
 
-func newCallGroup() *callGroup {
-	return &callGroup{idle: make(chan func()), stop: make(chan struct{}), drained: make(chan struct{})}
+// worker is a worker goroutine's mailbox: a call taken off the idle list
+// for it is put here, and it takes it however it stops waiting.
+type worker struct{ calls chan func() }
+
+func newCallGroup(idleFor time.Duration) *callGroup {
+	return &callGroup{idleFor: idleFor, stop: make(chan struct{}), drained: make(chan struct{})}
 }
 
 // start counts a new call, unless the group is closed.
@@ -288,35 +296,59 @@ func (g *callGroup) start() bool {
 	return true
 }
 
-// run runs f, a counted call (see start), in a worker waiting for one, or
-// in a new worker when none waits.
+// run runs f, a counted call (see start), in the worker that became idle
+// last, or in a new worker when none is idle. It never waits.
 func (g *callGroup) run(f func()) {
-	select {
-	case g.idle <- f:
-	default:
-		g.workers.Add(1)
-		go g.work(f)
+	g.mu.Lock()
+	if k := len(g.idle) - 1; k >= 0 {
+		w := g.idle[k]
+		g.idle[k] = nil
+		g.idle = g.idle[:k]
+		g.mu.Unlock()
+		w.calls <- f // its mailbox is empty: it holds one call at a time
+		return
 	}
+	g.workers.Add(1) // before close waits for them: f is counted
+	g.mu.Unlock()
+	go g.work(&worker{calls: make(chan func(), 1)}, f)
 }
 
-// work is a worker's loop: it runs f, then each call it receives, until
-// none came for workerIdle or the group is closed and drained.
-func (g *callGroup) work(f func()) {
+// work is a worker's loop: it runs f, then each call put in its mailbox,
+// until none came for idleFor or the group is closed and drained.
+func (g *callGroup) work(w *worker, f func()) {
 	defer g.workers.Done()
-	idle := time.NewTimer(workerIdle)
+	idle := time.NewTimer(g.idleFor)
 	defer idle.Stop()
 	for {
 		f()
 		f = nil // what the call holds goes with it
-		idle.Reset(workerIdle)
+		g.mu.Lock()
+		g.idle = append(g.idle, w)
+		g.mu.Unlock()
+		idle.Reset(g.idleFor)
 		select {
-		case f = <-g.idle:
+		case f = <-w.calls:
+			continue
 		case <-idle.C:
-			return
 		case <-g.stop:
+		}
+		if g.retire(w) {
 			return
 		}
+		f = <-w.calls // a call took it off the idle list: it is on its way
 	}
+}
+
+// retire takes w off the idle list, unless a call took it off first.
+func (g *callGroup) retire(w *worker) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i := slices.Index(g.idle, w)
+	if i < 0 {
+		return false
+	}
+	g.idle = slices.Delete(g.idle, i, i+1)
+	return true
 }
 
 // done counts a call out.

@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -145,44 +146,53 @@ func TestCallAfterTheDeadlineReturnsOnceTheContextSaysSo(t *testing.T) {
 	}
 }
 
-// A call runs in a worker that then waits for the next call (see
-// callGroup), instead of a goroutine created for it.
-func TestCallGroupReusesAnIdleWorker(t *testing.T) {
-	g := newCallGroup()
-	defer g.close()
-	ran := make(chan int, 2)
-	g.start()
-	g.run(func() { defer g.done(); ran <- 1 })
-	<-ran
-	// The worker that ran the first call takes the next one.
-	deadline := time.Now().Add(5 * time.Second)
-	g.start()
-	for taken := false; !taken; {
-		select {
-		case g.idle <- func() { defer g.done(); ran <- 2 }:
-			taken = true
-		default:
-			if time.Now().After(deadline) {
-				g.done() // the call counted for it never ran
-				t.Fatal("no worker waits for a call after running one")
-			}
-			time.Sleep(time.Millisecond)
+// idleWorkers returns how many workers wait for a call.
+func (g *callGroup) idleWorkers() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.idle)
+}
+
+// waitFor waits until cond holds, failing t after five seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting: %s", what)
 		}
 	}
-	if n := <-ran; n != 2 {
-		t.Fatalf("ran %d, want 2", n)
+}
+
+// runCall runs f as a counted call of g.
+func runCall(g *callGroup, f func()) {
+	g.start()
+	g.run(func() { defer g.done(); f() })
+}
+
+// A call runs in a worker that then waits for the next call (see
+// callGroup), instead of a goroutine created for it: calls one after
+// another leave one worker.
+func TestCallGroupReusesAnIdleWorker(t *testing.T) {
+	g := newCallGroup(time.Minute)
+	defer g.close()
+	for i := range 5 {
+		ran := make(chan struct{})
+		runCall(g, func() { close(ran) })
+		<-ran
+		waitFor(t, "the worker to wait again", func() bool { return g.idleWorkers() > 0 })
+		if n := g.idleWorkers(); n != 1 {
+			t.Fatalf("after call %d: %d idle workers, want 1", i+1, n)
+		}
 	}
 }
 
 // A call never waits for a busy worker: it gets a worker of its own.
 func TestCallGroupRunsCallsAtOnce(t *testing.T) {
-	g := newCallGroup()
+	g := newCallGroup(time.Minute)
 	defer g.close()
 	release, second := make(chan struct{}), make(chan struct{})
-	g.start()
-	g.run(func() { defer g.done(); <-release })
-	g.start()
-	g.run(func() { defer g.done(); close(second) })
+	runCall(g, func() { <-release })
+	runCall(g, func() { close(second) })
 	select {
 	case <-second:
 	case <-time.After(5 * time.Second):
@@ -191,19 +201,69 @@ func TestCallGroupRunsCallsAtOnce(t *testing.T) {
 	close(release)
 }
 
+// After a burst of calls at once, a trickle of calls goes to the worker
+// idle last, and the others run out: a call to the worker idle longest
+// (a channel's FIFO) would keep them all alive (review 20).
+func TestCallGroupIdleWorkersRunOutUnderATrickle(t *testing.T) {
+	const burst = 20
+	g := newCallGroup(50 * time.Millisecond)
+	defer g.close()
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(burst)
+	for range burst {
+		runCall(g, func() { started.Done(); <-release })
+	}
+	started.Wait()
+	close(release)
+	waitFor(t, "the burst's workers to wait", func() bool { return g.idleWorkers() == burst })
+	// One call every millisecond: each of the burst's workers would get
+	// one every 20 ms, well within their 50 ms, if calls went round.
+	waitFor(t, "the idle workers to run out", func() bool {
+		ran := make(chan struct{})
+		runCall(g, func() { close(ran) })
+		<-ran
+		return g.idleWorkers() <= 2
+	})
+}
+
+// A worker that runs out as a call is handed to it still runs the call:
+// calls at about the idle time, from many goroutines, all run.
+func TestCallGroupRunsEveryCallAsWorkersRunOut(t *testing.T) {
+	g := newCallGroup(time.Millisecond)
+	var ran, wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 100 {
+				ran.Add(1)
+				runCall(g, ran.Done)
+				time.Sleep(time.Duration((i+j)%3) * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	done := make(chan struct{})
+	go func() { ran.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call handed to a worker never ran")
+	}
+	g.close()
+}
+
 // close ends the workers, once the calls have returned: none waits for a
 // call afterwards.
 func TestCallGroupCloseStopsItsWorkers(t *testing.T) {
-	g := newCallGroup()
+	g := newCallGroup(time.Minute)
 	for range 3 {
-		g.start()
-		g.run(func() { defer g.done() })
+		runCall(g, func() {})
 	}
 	g.close()
-	select {
-	case g.idle <- func() {}:
-		t.Fatal("a worker outlived close")
-	default:
+	if n := g.idleWorkers(); n != 0 {
+		t.Fatalf("%d workers wait after close", n)
 	}
 	if g.start() {
 		t.Fatal("a closed group started a call")

@@ -79,7 +79,7 @@ func clientWith(rdb redis.UniversalClient, cfg config) *Client {
 	} else {
 		cluster = nil
 	}
-	c.calls = newCallGroup()
+	c.calls = newCallGroup(workerIdle)
 	c.obs = c.cfg.obs
 	c.events = newEvents(c.cfg.obs, c.cfg.log)
 	c.sub = newSubscriber(rdb, cluster, c.ctx, c.events)
