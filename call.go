@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -80,6 +81,9 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 	var gaveUp bool // guarded by c.calls.mu
 	c.calls.run(func() {
 		defer c.calls.done()
+		// The call is profiled under its caller's labels (pprof.Do), as
+		// it was in a goroutine of its own: a worker has none of its own.
+		pprof.SetGoroutineLabels(ctx)
 		dctx, cancel := detached(ctx)
 		res, err := do(dctx)
 		cancel()

@@ -17,7 +17,9 @@ import (
 // pub/sub connection through which every waiter is woken) and the watchdog
 // (which renews every held lease and heartbeats every fair waiter, in
 // batches). Both start when first needed; so does a third, with
-// WithObserver or WithLogger, that delivers their events.
+// WithObserver or WithLogger, that delivers their events. Calls to Redis
+// run in worker goroutines that wait up to 5 s for the next call (see
+// Close).
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
@@ -28,7 +30,7 @@ type Client struct {
 
 	sub     *subscriber
 	wd      *watchdog
-	calls   *callGroup // calls to Redis running in goroutines of their own
+	calls   *callGroup // calls to Redis running in the Client's worker goroutines
 	publish string     // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
 	obs     Observer   // WithObserver; nil: none
 	events  *events    // background events for the observer and the logger; nil: neither
@@ -100,8 +102,10 @@ const closeTimeout = 2 * time.Second
 // background (the clean-up of calls whose context ended), and, for at most
 // 2 s more, for the observer and the logger to be told the events queued
 // for them (an observer or a log handler that blocks does not hold Close
-// longer; what it has not taken by then is not delivered). It is
-// idempotent and always returns nil.
+// longer; what it has not taken by then is not delivered). It ends the
+// worker goroutines that run calls to Redis: a Client not closed keeps
+// them for up to 5 s after its last call. It is idempotent and always
+// returns nil.
 func (c *Client) Close() error {
 	c.close()
 	c.sub.wait()
