@@ -82,8 +82,9 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 	c.calls.run(func() {
 		defer c.calls.done()
 		// The call is profiled under its caller's labels (pprof.Do), as
-		// it was in a goroutine of its own: a worker has none of its own.
+		// it was in a goroutine of its own; an idle worker has none.
 		pprof.SetGoroutineLabels(ctx)
+		defer pprof.SetGoroutineLabels(context.Background())
 		dctx, cancel := detached(ctx)
 		res, err := do(dctx)
 		cancel()
