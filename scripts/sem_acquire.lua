@@ -71,13 +71,13 @@ if held == 0 and ARGV[9] ~= '1' and redis.call('ZSCORE', KEYS[7], holder) then
   -- that ended.
   return {-3, 0}
 end
-redis.call('HGET', k.waiters, waiter)
+sem_peek(k)
 local queued = redis.call('ZSCORE', k.queue, waiter)
-sem_used(k) -- every holder record is checked
+sem_load(k) -- every holder record is checked
 
 local now = now_ms()
 sem_reclaim(k, now) -- reads the expiry zset before it writes
-local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+local mine, mseq = sem_mine(k, holder)
 if mine > 0 and mseq == seq then
   -- A retry: this call was applied, perhaps by a release that granted its
   -- waiter with the short grant lease; the caller counts on a full lease.
@@ -115,15 +115,19 @@ keep_alive(KEYS[3], math.max(state_memory_ms, lease))
 if queued then
   -- Alive: refresh the deadline so that serving does not drop us.
   redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
+  if k.first[1] == waiter then
+    k.first = nil -- its record changed: sem_serve reads it anew
+  end
 end
 
-local used, served, t = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
+-- Serving leaves a queued caller where it is unless it grants it: its
+-- record, refreshed above, is alive.
+local used, served, t, waiting = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
 if served then
   return {1, t}
 end
-queued = redis.call('ZSCORE', k.queue, waiter)
-mine = sem_parse(redis.call('HGET', k.holders, holder)) -- serving may have added to it
-if not queued and used + n <= size and redis.call('ZCARD', k.queue) == 0 then
+mine = sem_mine(k, holder) -- serving may have added to it
+if not queued and used + n <= size and not waiting then
   sem_put(k, holder, mine + n, seq)
   sem_lease(k, holder, now, lease)
   if k.fence and n == size then

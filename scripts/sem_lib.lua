@@ -68,13 +68,38 @@ local function sem_holder(waiter)
   return string.match(waiter, '^(.*)#%d+$') or waiter
 end
 
+-- sem_load reads every holder record, once per script, into k.held
+-- (holder id -> {permits, call number}): a record that redisync did not
+-- write fails the script here, before it writes anything. From then on the
+-- script reads the holders from k.held, and every change it makes to the
+-- holders hash (sem_put, sem_reclaim) changes k.held too.
+local function sem_load(k)
+  local all = redis.call('HGETALL', k.holders)
+  k.held = {}
+  for i = 1, #all, 2 do
+    local p, s = sem_parse(all[i + 1], k.holders)
+    k.held[all[i]] = {p, s}
+  end
+end
+
+-- sem_mine returns a holder's permits and call number (0, 0 for none).
+local function sem_mine(k, holder)
+  local r = k.held[holder]
+  if r then
+    return r[1], r[2]
+  end
+  return 0, 0
+end
+
 -- sem_put sets a holder's permits (removing it at zero) and call number.
 local function sem_put(k, holder, permits, seq)
   if permits > 0 then
     redis.call('HSET', k.holders, holder, permits .. ':' .. seq)
+    k.held[holder] = {permits, seq}
   else
     redis.call('HDEL', k.holders, holder)
     redis.call('ZREM', k.expiry, holder)
+    k.held[holder] = nil
   end
 end
 
@@ -104,8 +129,9 @@ local function sem_rearm(k, holder, now, ms)
   keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
 end
 
--- sem_reclaim removes the holders whose lease ended by now. It reads the
--- expiry zset before it writes (one of the wrong type fails there).
+-- sem_reclaim removes the holders whose lease ended by now (see sem_load).
+-- It reads the expiry zset before it writes (one of the wrong type fails
+-- there).
 local function sem_reclaim(k, now)
   local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now)
   for i = 1, #gone, 1000 do
@@ -114,15 +140,50 @@ local function sem_reclaim(k, now)
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
   end
+  for _, id in ipairs(gone) do
+    k.held[id] = nil
+  end
 end
 
--- sem_used returns the permits held, by all holders.
+-- sem_used returns the permits held, by all holders (see sem_load).
 local function sem_used(k)
   local used = 0
-  for _, v in ipairs(redis.call('HVALS', k.holders)) do
-    used = used + sem_parse(v, k.holders)
+  for _, r in pairs(k.held) do
+    used = used + r[1]
   end
   return used
+end
+
+-- sem_peek reads the queue's head and the head's record (as sem_serve
+-- does first), or, when nobody is queued, the length of the waiters hash:
+-- a queue or waiters key of the wrong type fails the script here, before
+-- it writes. The next sem_serve starts from what it read (k.first), and so
+-- reads nothing twice; a script that changes the queue or a record in
+-- between drops k.first first.
+local function sem_peek(k)
+  local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
+  if head then
+    k.first = {head, redis.call('HMGET', k.waiters, head, client_field(head))}
+  else
+    redis.call('HLEN', k.waiters)
+    k.first = {}
+  end
+end
+
+-- sem_next_waiter returns the queue's head and its record and Client's
+-- deadline (HMGET), or nil when nobody is queued: what sem_peek read, the
+-- first time after it.
+local function sem_next_waiter(k)
+  local first = k.first
+  if first then
+    k.first = nil
+    return first[1], first[2]
+  end
+  local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
+  if not head then
+    return nil
+  end
+  return head, redis.call('HMGET', k.waiters, head, client_field(head))
 end
 
 -- sem_serve grants queued waiters from the head, as many as the free permits
@@ -135,21 +196,22 @@ end
 -- number seq. A semaphore with a fencing token counter (k.fence: a
 -- RWMutex's) mints a token for every waiter granted the whole size (a
 -- write), sent in the message in place of the permits. It returns the
--- permits in use afterwards, whether self was granted, and self's token
--- (0 for none).
+-- permits in use afterwards, whether self was granted, self's token (0
+-- for none), and whether a live waiter is still queued (one that does not
+-- fit; the queue is empty otherwise).
 local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
   local msgs, order = {}, {} -- grant channel -> its grants; channels in order
-  local served, selftoken = false, 0
+  local served, selftoken, waiting = false, 0, false
   while true do
-    local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
+    local head, v = sem_next_waiter(k)
     if not head then
       break
     end
-    local v = redis.call('HMGET', k.waiters, head, client_field(head))
     local d, l, w, q = string.match(v[1] or '', '^(%d+):(%d+):(%d+):(%d+)$')
     local lease, want = tonumber(l), tonumber(w)
     local live = want and alive(tonumber(d), v[2], now)
     if live and used + want > size then
+      waiting = true
       break
     end
     redis.call('ZREM', k.queue, head)
@@ -159,7 +221,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
     end
     if live then
       local holder = sem_holder(head)
-      local permits, s = sem_parse(redis.call('HGET', k.holders, holder))
+      local permits, s = sem_mine(k, holder)
       if head == self then
         lease, s, served = selflease, seq, true
       end
@@ -185,7 +247,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
   for _, ch in ipairs(order) do
     redis.call(publish, ch, table.concat(msgs[ch], ' '))
   end
-  return used, served, selftoken
+  return used, served, selftoken, waiting
 end
 
 -- sem_next returns how long until the earliest lease ends, in ms (at least

@@ -48,12 +48,12 @@ if ARGV[12] == '1' then
 end
 
 -- Every key is read before anything is written (see sem_acquire.lua):
--- the expiry zset last, by sem_reclaim before it writes; the withdrawn
--- calls only where they are written.
-redis.call('ZSCORE', k.queue, holder)
-redis.call('HGET', k.waiters, holder)
+-- the queue and the waiters by sem_peek, the expiry zset last, by
+-- sem_reclaim before it writes; the withdrawn calls only where they are
+-- written.
+sem_peek(k)
 local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
-sem_used(k) -- every holder record is checked
+sem_load(k) -- every holder record is checked
 if mode == 'withdraw' then
   redis.call('ZCARD', KEYS[6])
 end
@@ -61,10 +61,11 @@ end
 local now = now_ms()
 sem_reclaim(k, now)
 redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
-local mine, mseq = sem_parse(redis.call('HGET', k.holders, holder))
+local mine, mseq = sem_mine(k, holder)
 local result = 1
 if mode == 'withdraw' then
   mark_withdrawn(KEYS[6], ARGV[6])
+  k.first = nil -- the queue changes: sem_serve reads its head anew
   local was = redis.call('ZREM', k.queue, ARGV[6])
   redis.call('HDEL', k.waiters, ARGV[6])
   result = 0
@@ -84,6 +85,9 @@ else
     local rec = ARGV[6] ~= '' and string.match(redis.call('HGET', k.waiters, ARGV[6]) or '', '^(%d+:%d+:%d+:)%d+$')
     if rec then
       redis.call('HSET', k.waiters, ARGV[6], rec .. seq)
+      if k.first[1] == ARGV[6] then
+        k.first = nil -- the head's record changed: sem_serve reads it anew
+      end
     end
     local ms = tonumber(ARGV[9])
     redis.call('ZADD', released, now + ms, holder .. ':' .. seq, now + ms, holder)

@@ -24,7 +24,7 @@ local stored = sem_size(k)
 redis.call('ZCARD', k.expiry)
 redis.call('ZCARD', k.queue)
 redis.call('HLEN', k.waiters)
-sem_used(k)
+sem_load(k)
 if stored and stored ~= from and stored ~= to then
   return {0, stored}
 end
