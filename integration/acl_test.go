@@ -602,3 +602,33 @@ func TestACLDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestACLCoversEveryScriptCommand fails, without a Redis, when a script
+// calls a command that the documented rules do not allow: a user who
+// deployed those rules would have that script fail after an upgrade.
+// (The channel's publish command is passed to the scripts as an argument;
+// TestACLUserCanUseEveryPrimitive and TestACLCluster cover it.)
+func TestACLCoversEveryScriptCommand(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "scripts", "*.lua"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts found: %v", err)
+	}
+	allowed := map[string]bool{}
+	for _, rule := range strings.Fields(aclBase) {
+		if cmd, ok := strings.CutPrefix(rule, "+"); ok {
+			allowed[cmd] = true
+		}
+	}
+	call := regexp.MustCompile(`redis\.p?call\('([A-Za-z]+)'`)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+			if cmd := strings.ToLower(m[1]); !allowed[cmd] {
+				t.Errorf("%s calls %s, which docs/acl.md does not allow", filepath.Base(f), m[1])
+			}
+		}
+	}
+}

@@ -68,38 +68,42 @@ local function sem_holder(waiter)
   return string.match(waiter, '^(.*)#%d+$') or waiter
 end
 
--- sem_load reads every holder record, once per script, into k.held
--- (holder id -> {permits, call number}): a record that redisync did not
--- write fails the script here, before it writes anything. From then on the
--- script reads the holders from k.held, and every change it makes to the
--- holders hash (sem_put, sem_reclaim) changes k.held too.
+-- sem_load reads every holder record's value (HVALS), once per script: a
+-- record that redisync did not write fails the script here, before it
+-- writes anything. It keeps the permits in use in k.used, and in k.held
+-- the records sem_mine has read (holder id -> {permits, call number});
+-- sem_put and sem_reclaim keep both in step with the hash. (HGETALL would
+-- read the records in the same call, but the ACL of docs/acl.md, which
+-- users have deployed, does not allow it.)
 local function sem_load(k)
-  local all = redis.call('HGETALL', k.holders)
-  k.held = {}
-  for i = 1, #all, 2 do
-    local p, s = sem_parse(all[i + 1], k.holders)
-    k.held[all[i]] = {p, s}
+  local used = 0
+  for _, v in ipairs(redis.call('HVALS', k.holders)) do
+    used = used + sem_parse(v, k.holders)
   end
+  k.used, k.held = used, {}
 end
 
--- sem_mine returns a holder's permits and call number (0, 0 for none).
+-- sem_mine returns a holder's permits and call number (0, 0 for none),
+-- reading its record once per script.
 local function sem_mine(k, holder)
   local r = k.held[holder]
-  if r then
-    return r[1], r[2]
+  if not r then
+    r = {sem_parse(redis.call('HGET', k.holders, holder))}
+    k.held[holder] = r
   end
-  return 0, 0
+  return r[1], r[2]
 end
 
 -- sem_put sets a holder's permits (removing it at zero) and call number.
 local function sem_put(k, holder, permits, seq)
+  k.used = k.used + permits - sem_mine(k, holder)
   if permits > 0 then
     redis.call('HSET', k.holders, holder, permits .. ':' .. seq)
     k.held[holder] = {permits, seq}
   else
     redis.call('HDEL', k.holders, holder)
     redis.call('ZREM', k.expiry, holder)
-    k.held[holder] = nil
+    k.held[holder] = {0, 0}
   end
 end
 
@@ -139,19 +143,13 @@ local function sem_reclaim(k, now)
   end
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
-  end
-  for _, id in ipairs(gone) do
-    k.held[id] = nil
+    sem_load(k) -- the permits in use, anew (rarely: a holder died)
   end
 end
 
 -- sem_used returns the permits held, by all holders (see sem_load).
 local function sem_used(k)
-  local used = 0
-  for _, r in pairs(k.held) do
-    used = used + r[1]
-  end
-  return used
+  return k.used
 end
 
 -- sem_peek reads the queue's head and the head's record (as sem_serve
