@@ -55,8 +55,8 @@ var (
 	// silently.
 	ErrSizeMismatch = errors.New("redisync: semaphore size mismatch")
 	// ErrInvalidPermits is returned, before any call to Redis, for a
-	// Semaphore size that is not positive, or a number of permits that is
-	// not positive or exceeds the size.
+	// Semaphore size that is not positive or exceeds MaxSemaphoreSize, or a
+	// number of permits that is not positive or exceeds the size.
 	ErrInvalidPermits = errors.New("redisync: invalid number of permits")
 	// ErrTooManyReleased is returned by Semaphore.Release when asked to
 	// release more permits than the Semaphore holds. Nothing is released.

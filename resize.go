@@ -20,11 +20,7 @@ import (
 // them again with the new one.
 func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...SemaphoreOption) error {
 	s := c.NewSemaphore(name, to, opts...)
-	var bad error
-	if from <= 0 {
-		bad = fmt.Errorf("%w: size %d is not positive", ErrInvalidPermits, from)
-	}
-	if err := cmp.Or(s.err, bad, c.usable(), ctx.Err()); err != nil {
+	if err := cmp.Or(s.err, checkSize(from), c.usable(), ctx.Err()); err != nil {
 		return s.wrap("resize", err)
 	}
 	res, err := semResizeArgs{from: from, to: to, publish: c.publish}.call(s.keys).run(ctx, c.rdb).Int64Slice()

@@ -68,10 +68,16 @@ type Semaphore struct {
 	holds // n: the permits held
 }
 
+// MaxSemaphoreSize is the largest size a Semaphore can have: its scripts
+// count permits in Lua, which writes a number of 10^14 or more in
+// exponent notation.
+const MaxSemaphoreSize = schema.RWMutexSize
+
 // NewSemaphore returns a Semaphore with size permits called name. It does
-// no I/O. An invalid name (ErrInvalidName), a size that is not positive
-// (ErrInvalidPermits) or an invalid option (ErrInvalidOption) is reported
-// by every call of the Semaphore, before any call to Redis.
+// no I/O. An invalid name (ErrInvalidName), a size outside [1,
+// MaxSemaphoreSize] (ErrInvalidPermits) or an invalid option
+// (ErrInvalidOption) is reported by every call of the Semaphore, before
+// any call to Redis.
 //
 // The first call to Redis stores the size; a Semaphore of the same name
 // with another size fails with ErrSizeMismatch. The size is kept while the
@@ -82,13 +88,17 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...SemaphoreOption) 
 	return c.newSemaphore(name, size, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
 }
 
+// checkSize reports a semaphore size outside [1, MaxSemaphoreSize].
+func checkSize(size int64) error {
+	if size <= 0 || size > MaxSemaphoreSize {
+		return fmt.Errorf("%w: size %d is outside [1, %d]", ErrInvalidPermits, size, int64(MaxSemaphoreSize))
+	}
+	return nil
+}
+
 // newSemaphore returns a Semaphore of the kind prim (a Semaphore's or a
 // RWMutex's) whose keys are keys.
 func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitive, keys schema.Semaphore) *Semaphore {
-	var bad error
-	if size <= 0 {
-		bad = fmt.Errorf("%w: size %d is not positive", ErrInvalidPermits, size)
-	}
 	return &Semaphore{
 		c:     c,
 		name:  name,
@@ -96,7 +106,7 @@ func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitiv
 		cfg:   cfg,
 		turn:  newTurn(),
 		op:    newTurn(),
-		err:   cmp.Or(checkName(name), bad, cfg.err),
+		err:   cmp.Or(checkName(name), checkSize(size), cfg.err),
 		holds: newHolds(c, prim, name),
 		keys:  keys,
 	}

@@ -1,0 +1,922 @@
+package redisync
+
+// Review 21: the semaphore scripts read the holders once (sem_load) and
+// the queue head once (sem_peek), and sem_serve reports whether it stopped
+// at a live waiter (4854a18, 2c4387a). The tests here run today's scripts
+// and those of r21Base (copied into testdata/review21) side by side, on a
+// real Redis, from the same states with the same arguments and the same
+// server clock, and require the same replies, the same state afterwards
+// and the same messages published: the change was to read less, not to
+// behave otherwise. A later change that means to change what the
+// semaphore scripts do updates the copy, or these tests, with it.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
+)
+
+// r21Base is the parent of the reviewed commit: the scripts it had
+// (testdata/review21) are the reference.
+const r21Base = "9826e3b"
+
+// r21Clock is the fake server clock of the tests, in ms.
+const r21Clock = int64(1_790_000_000_000)
+
+// r21Scripts are the three semaphore scripts of one version, reading the
+// server clock from their last key (a hash with fields s and us) instead
+// of TIME, so that two versions run at the same instant.
+type r21Scripts struct {
+	name                     string
+	acquire, release, resize *redis.Script
+}
+
+// r21Clocked returns lib.lua (lib) reading the clock from the last key.
+func r21Clocked(t *testing.T, lib string) string {
+	t.Helper()
+	const call = "redis.call('TIME')"
+	if strings.Count(lib, call) != 1 {
+		t.Fatalf("lib.lua: want one %s", call)
+	}
+	return strings.Replace(lib, call, "redis.call('HMGET', KEYS[#KEYS], 's', 'us')", 1)
+}
+
+// r21Versions returns the scripts of r21Base (testdata/review21, a copy)
+// and of the worktree.
+func r21Versions(t *testing.T) (old, cur r21Scripts) {
+	t.Helper()
+	read := func(file string) string {
+		b, err := os.ReadFile(filepath.Join("testdata", "review21", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	oldLib, oldSem := r21Clocked(t, read("lib.lua")), read("sem_lib.lua")
+	old = r21Scripts{"old",
+		redis.NewScript(oldLib + oldSem + read("sem_acquire.lua")),
+		redis.NewScript(oldLib + oldSem + read("sem_release.lua")),
+		redis.NewScript(oldLib + oldSem + read("sem_resize.lua"))}
+	lib := r21Clocked(t, luaLib)
+	cur = r21Scripts{"new",
+		redis.NewScript(lib + luaSemLib + luaSemAcquire),
+		redis.NewScript(lib + luaSemLib + luaSemRelease),
+		redis.NewScript(lib + luaSemLib + luaSemResize)}
+	return old, cur
+}
+
+// r21NS is one namespace of keys on the shared Redis.
+type r21NS struct {
+	prefix string
+	keys   schema.Semaphore
+	clock  string
+}
+
+func r21Namespace(prefix string) r21NS {
+	k := schema.SemaphoreKeys(prefix, "r21")
+	return r21NS{prefix: prefix, keys: k, clock: k.Holders + ":clock"}
+}
+
+// setClock sets the namespace's server clock to ms.
+func (ns r21NS) setClock(ctx context.Context, rdb *redis.Client, ms int64) {
+	rdb.HSet(ctx, ns.clock, "s", ms/1000, "us", (ms%1000)*1000)
+	rdb.PExpire(ctx, ns.clock, time.Hour)
+}
+
+// clear removes every key of the namespace.
+func (ns r21NS) clear(ctx context.Context, rdb *redis.Client) {
+	keys, _ := rdb.Keys(ctx, ns.prefix+":*").Result()
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+}
+
+// r21Op is one script call, in a form that fits any namespace.
+type r21Op struct {
+	kind string // "acquire", "release", "resize"
+	acq  semAcquireArgs
+	rel  semReleaseArgs
+	from int64
+	to   int64
+}
+
+func (op r21Op) String() string {
+	switch op.kind {
+	case "acquire":
+		a := op.acq
+		return fmt.Sprintf("acquire(holder=%s n=%d size=%d held=%d seq=%d lease=%v mode=%s waiter=%s queued=%v hb=%v grant=%v fence=%v)",
+			a.holder, a.n, a.size, a.held, a.seq, a.lease, a.mode, a.waiter, a.queued, a.heartbeat, a.grant, a.fence)
+	case "release":
+		r := op.rel
+		return fmt.Sprintf("release(holder=%s n=%d held=%d seq=%d mode=%s waiter=%q lease=%v size=%d fence=%v)",
+			r.holder, r.n, r.held, r.seq, r.mode, r.waiter, r.lease, r.size, r.fence)
+	}
+	return fmt.Sprintf("resize(%d -> %d)", op.from, op.to)
+}
+
+// run runs op with the scripts sc in the namespace ns and returns its reply,
+// normalized (error text without script names or line numbers, and
+// without the namespace's prefix).
+func (op r21Op) run(ctx context.Context, rdb *redis.Client, sc r21Scripts, ns r21NS) string {
+	var c scriptCall
+	switch op.kind {
+	case "acquire":
+		a := op.acq
+		a.publish = "RPUSH" // messages land in a list named after the channel
+		c = a.call(ns.keys)
+		c.script = sc.acquire
+	case "release":
+		r := op.rel
+		r.publish = "RPUSH"
+		c = r.call(ns.keys)
+		c.script = sc.release
+	default:
+		c = semResizeArgs{from: op.from, to: op.to, publish: "RPUSH"}.call(ns.keys)
+		c.script = sc.resize
+	}
+	c.keys = append(slices.Clone(c.keys), ns.clock)
+	v, err := c.run(ctx, rdb).Result()
+	if err != nil {
+		return "error: " + r21NormalizeErr(strings.ReplaceAll(err.Error(), ns.prefix, "P"))
+	}
+	return fmt.Sprint(v)
+}
+
+var r21ErrNoise = regexp.MustCompile(`(?s)stack traceback:.*$|(script: [0-9a-f]{40}, )?on @user_script:\d+\.?|user_script:\d+: ?|[0-9a-f]{40}|:\d+:`)
+
+func r21NormalizeErr(s string) string {
+	return strings.TrimSpace(r21ErrNoise.ReplaceAllString(s, ""))
+}
+
+// dump returns the state of the namespace (but its clock) as text: every
+// key with its type, value and whether it has a TTL, with the TTLs apart.
+func (ns r21NS) dump(ctx context.Context, rdb *redis.Client) (string, map[string]int64) {
+	keys, err := rdb.Keys(ctx, ns.prefix+":*").Result()
+	if err != nil {
+		panic(err)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	ttls := map[string]int64{}
+	for _, key := range keys {
+		if key == ns.clock {
+			continue
+		}
+		name := strings.Replace(key, ns.prefix, "P", 1)
+		typ := rdb.Type(ctx, key).Val()
+		fmt.Fprintf(&b, "%s (%s", name, typ)
+		ttl := rdb.PTTL(ctx, key).Val()
+		if ttl < 0 {
+			fmt.Fprintf(&b, ", no ttl")
+		} else {
+			ttls[name] = ttl.Milliseconds()
+		}
+		b.WriteString("): ")
+		switch typ {
+		case "string":
+			b.WriteString(rdb.Get(ctx, key).Val())
+		case "hash":
+			m := rdb.HGetAll(ctx, key).Val()
+			fs := make([]string, 0, len(m))
+			for f := range m {
+				fs = append(fs, f)
+			}
+			sort.Strings(fs)
+			for _, f := range fs {
+				fmt.Fprintf(&b, "%s=%s ", f, m[f])
+			}
+		case "zset":
+			for _, z := range rdb.ZRangeWithScores(ctx, key, 0, -1).Val() {
+				fmt.Fprintf(&b, "%v=%.0f ", z.Member, z.Score)
+			}
+		case "list":
+			b.WriteString(strings.Join(rdb.LRange(ctx, key, 0, -1).Val(), " | "))
+		}
+		b.WriteString("\n")
+	}
+	return strings.ReplaceAll(b.String(), ns.prefix, "P"), ttls
+}
+
+// r21World builds random states and calls from a small universe of ids.
+type r21World struct {
+	rng   *rand.Rand
+	size  int64
+	fence bool
+	now   int64
+	// garbage is the chance of a garbage value or a key of the wrong type
+	garbage float64
+	// wrong names the one key of the wrong type, if any
+	wrong string
+}
+
+var r21Holders = []string{"app/c1-1", "app/c1-2", "app/c2-1", "app/c3-1"}
+
+func (w *r21World) holder() string { return r21Holders[w.rng.Intn(len(r21Holders))] }
+
+func (w *r21World) waiterOf(holder string) string {
+	return holder + "#" + strconv.Itoa(1+w.rng.Intn(3))
+}
+
+func (w *r21World) chance(p float64) bool { return w.rng.Float64() < p }
+
+func (w *r21World) between(lo, hi int64) int64 { return lo + w.rng.Int63n(hi-lo+1) }
+
+// r21Write is one command that builds a state.
+type r21Write func(ctx context.Context, rdb *redis.Client, k schema.Semaphore)
+
+// state returns the writes of a random state, the same in any namespace.
+func (w *r21World) state() (ws []r21Write) {
+	add := func(f r21Write) { ws = append(ws, f) }
+	hset := func(key func(k schema.Semaphore) string, field, value string) {
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.HSet(ctx, key(k), field, value) })
+	}
+	zadd := func(key func(k schema.Semaphore) string, member string, score int64) {
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+			rdb.ZAdd(ctx, key(k), redis.Z{Score: float64(score), Member: member})
+		})
+	}
+	wrongType := func(key func(k schema.Semaphore) string, asString bool) {
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+			if asString {
+				rdb.Set(ctx, key(k), "x", 0)
+			} else {
+				rdb.RPush(ctx, key(k), "x")
+			}
+		})
+	}
+	holders := func(k schema.Semaphore) string { return k.Holders }
+	expiry := func(k schema.Semaphore) string { return k.Expiry }
+	queue := func(k schema.Semaphore) string { return k.Queue }
+	waiters := func(k schema.Semaphore) string { return k.Waiters }
+	released := func(k schema.Semaphore) string { return k.Released }
+	withdrawn := func(k schema.Semaphore) string { return k.Withdrawn }
+	size := func(k schema.Semaphore) string { return k.Size }
+	token := func(k schema.Semaphore) string { return k.Token }
+	g := w.garbage
+	if w.wrong != "" {
+		g = 0
+		defer func() {
+			key := w.wrong
+			ws = append(ws, func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+				name := map[string]string{"holders": k.Holders, "expiry": k.Expiry, "size": k.Size, "queue": k.Queue,
+					"waiters": k.Waiters, "released": k.Released, "withdrawn": k.Withdrawn, "token": k.Token}[key]
+				rdb.Del(ctx, name)
+				if key == "size" || key == "token" {
+					rdb.RPush(ctx, name, "x")
+				} else {
+					rdb.Set(ctx, name, "x", 0)
+				}
+			})
+		}()
+	}
+
+	// size
+	switch r := w.rng.Float64(); {
+	case r < g:
+		wrongType(size, false)
+	case r < 2*g:
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.Set(ctx, k.Size, "x:y", 0) })
+	case r < 0.05:
+	case r < 0.08:
+		s := fmt.Sprint(w.size)
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.Set(ctx, k.Size, s, 0) })
+	case r < 0.11:
+		s := fmt.Sprintf("%d:2", w.size+1)
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.Set(ctx, k.Size, s, 0) })
+	default:
+		s := fmt.Sprintf("%d:2", w.size)
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.Set(ctx, k.Size, s, 0) })
+	}
+	// holders and their leases
+	if w.chance(g) {
+		wrongType(holders, true)
+	}
+	if w.chance(g) {
+		wrongType(expiry, true)
+	}
+	for _, h := range r21Holders {
+		if !w.chance(0.4) {
+			continue
+		}
+		rec := fmt.Sprintf("%d:%d", w.between(1, w.size), w.between(1, 6))
+		if w.chance(g) {
+			rec = []string{"bad", "1:x", "", "-1:2", "1:2:3"}[w.rng.Intn(5)]
+		}
+		hset(holders, h, rec)
+		if w.chance(0.9) {
+			zadd(expiry, h, w.now+w.between(-2000, 5000))
+		}
+	}
+	if w.chance(0.1) {
+		zadd(expiry, "app/c9-1", w.now+w.between(-2000, 5000)) // a lease without a record
+	}
+	// the queue and the waiters
+	if w.chance(g) {
+		wrongType(queue, true)
+	}
+	if w.chance(g) {
+		wrongType(waiters, true)
+	}
+	var all []string
+	for _, h := range r21Holders {
+		for i := 1; i <= 3; i++ {
+			all = append(all, h+"#"+strconv.Itoa(i))
+		}
+	}
+	w.rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	score := w.now*1000 - 10_000_000
+	for _, id := range all {
+		inQueue := w.chance(0.3)
+		if inQueue {
+			score += w.between(1, 1000)
+			zadd(queue, id, score)
+		}
+		if (inQueue && w.chance(0.9)) || (!inQueue && w.chance(0.05)) {
+			want := w.between(1, w.size)
+			if w.fence && w.chance(0.5) {
+				want = w.size
+			}
+			rec := fmt.Sprintf("%d:%d:%d:%d", w.now+w.between(-2000, 3000), []int64{500, 1000}[w.rng.Intn(2)], want, w.between(1, 6))
+			if w.chance(g) {
+				rec = []string{"bad", "1:2", fmt.Sprintf("%d:1:1:x", w.now+1000), fmt.Sprintf("%d:500:%d:1", w.now+1000, w.size+1)}[w.rng.Intn(4)]
+			}
+			hset(waiters, id, rec)
+		}
+	}
+	for _, c := range []string{"c1", "c2", "c3"} {
+		if w.chance(0.4) {
+			v := fmt.Sprint(w.now + w.between(-3000, 3000))
+			if w.chance(0.2) {
+				v += ":L"
+			}
+			hset(waiters, "{client}"+c, v)
+		}
+	}
+	// released and withdrawn calls
+	if w.chance(g) {
+		wrongType(released, true)
+	}
+	if w.chance(g) {
+		wrongType(withdrawn, true)
+	}
+	for _, h := range r21Holders {
+		if w.chance(0.15) {
+			e := w.now + w.between(-1000, 5000)
+			zadd(released, h, e)
+			zadd(released, fmt.Sprintf("%s:%d", h, w.between(1, 6)), e)
+		}
+	}
+	for _, id := range all {
+		if w.chance(0.05) {
+			zadd(withdrawn, id, w.now-w.between(0, 200_000))
+		}
+	}
+	// the fencing token counter
+	switch r := w.rng.Float64(); {
+	case r < g:
+		wrongType(token, false)
+	case r < 2*g:
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.Set(ctx, k.Token, "x", 0) })
+	case r < 0.5:
+		v := w.now*1000 - w.between(0, 5_000_000)
+		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.Set(ctx, k.Token, v, 0) })
+	}
+	// TTLs: most keys have one
+	ttl := time.Duration(w.between(5, 3600)) * time.Second
+	noTTL := w.chance(0.2)
+	add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+		if noTTL {
+			return
+		}
+		for _, key := range []string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters, k.Released, k.Withdrawn, k.Token} {
+			rdb.PExpire(ctx, key, ttl)
+		}
+	})
+	return ws
+}
+
+// op returns a random call.
+func (w *r21World) op() r21Op {
+	h := w.holder()
+	switch r := w.rng.Float64(); {
+	case r < 0.55:
+		n := w.between(1, w.size)
+		if w.fence && w.chance(0.5) {
+			n = w.size
+		}
+		var held int64
+		if w.chance(0.4) {
+			held = w.between(1, w.size)
+		}
+		waiter := w.waiterOf(h)
+		if w.chance(0.05) {
+			waiter = w.waiterOf(w.holder())
+		}
+		size := w.size
+		if w.chance(0.05) {
+			size = w.size + 1
+		}
+		return r21Op{kind: "acquire", acq: semAcquireArgs{holder: h, n: n, size: size, held: held, seq: w.between(1, 8),
+			lease: time.Duration(w.between(1, 5)) * time.Second, mode: []string{"queue", "queue", "try"}[w.rng.Intn(3)],
+			waiter: waiter, queued: w.chance(0.5), heartbeat: time.Duration(w.between(1, 3)) * time.Second,
+			grant: 500 * time.Millisecond, fence: w.fence}}
+	case r < 0.95:
+		mode, waiter := "release", ""
+		if w.chance(0.4) {
+			mode = "withdraw"
+		}
+		if mode == "withdraw" || w.chance(0.5) {
+			waiter = w.waiterOf(h)
+		}
+		n := w.between(1, w.size)
+		if w.fence && w.chance(0.5) {
+			n = w.size
+		}
+		return r21Op{kind: "release", rel: semReleaseArgs{holder: h, n: n, held: w.between(0, w.size), seq: w.between(1, 8),
+			mode: mode, waiter: waiter, lease: time.Duration(w.between(1, 5)) * time.Second, size: w.size, fence: w.fence}}
+	}
+	from := w.size
+	if w.chance(0.2) {
+		from = w.between(1, 6)
+	}
+	return r21Op{kind: "resize", from: from, to: w.between(1, 6)}
+}
+
+// informed returns a random call whose arguments mostly agree with the
+// state in ns (what a live caller sends): held is what the holder holds,
+// seq follows the holder's, a queued waiter says it is queued.
+func (w *r21World) informed(ctx context.Context, rdb *redis.Client, ns r21NS) r21Op {
+	op := w.op()
+	held := map[string][2]int64{}
+	if m, err := rdb.HGetAll(ctx, ns.keys.Holders).Result(); err == nil {
+		for h, v := range m {
+			if r, ok := schema.ParseSemHolder(v); ok {
+				held[h] = [2]int64{r.Permits, r.Seq}
+			}
+		}
+	}
+	queued, _ := rdb.ZRange(ctx, ns.keys.Queue, 0, -1).Result()
+	pick := func(h string) (int64, int64) {
+		r := held[h]
+		seq := r[1] + 1
+		switch x := w.rng.Float64(); {
+		case x < 0.1:
+			seq = r[1] // a retry
+		case x < 0.15 && r[1] > 1:
+			seq = r[1] - 1 // a stale copy
+		case x < 0.4:
+			seq = r[1] + w.between(1, 4)
+		}
+		return r[0], seq
+	}
+	switch op.kind {
+	case "acquire":
+		a := &op.acq
+		if len(queued) > 0 && w.chance(0.5) {
+			a.waiter = queued[w.rng.Intn(len(queued))]
+			a.holder = strings.SplitN(a.waiter, "#", 2)[0]
+			a.queued = w.chance(0.9)
+			a.mode = "queue"
+		}
+		if w.chance(0.8) {
+			a.held, a.seq = pick(a.holder)
+		}
+	case "release":
+		r := &op.rel
+		if len(queued) > 0 && w.chance(0.4) {
+			r.waiter = queued[w.rng.Intn(len(queued))]
+			r.holder = strings.SplitN(r.waiter, "#", 2)[0]
+		}
+		if w.chance(0.8) {
+			r.held, r.seq = pick(r.holder)
+			if r.held > 0 && r.mode == "release" {
+				r.n = w.between(1, r.held)
+			}
+		}
+	}
+	return op
+}
+
+// r21Pair runs the same states and calls in the parent's scripts and in
+// the worktree's, each in a namespace of its own.
+type r21Pair struct {
+	t        *testing.T
+	rdb      *redis.Client
+	old, cur r21Scripts
+	nsOld    r21NS
+	nsCur    r21NS
+}
+
+// newR21Pair uses the package's real Redis (redistest), or miniredis when
+// there is none (or R21_MINI=1).
+func newR21Pair(t *testing.T) *r21Pair {
+	t.Helper()
+	old, cur := r21Versions(t)
+	var rdb *redis.Client
+	_, noServer := exec.LookPath("redis-server")
+	if os.Getenv("R21_MINI") == "1" || (os.Getenv("REDIS_ADDR") == "" && noServer != nil) {
+		_, rdb, _ = newMini(t)
+	} else {
+		rdb = redistest.Client(t)
+	}
+	p := &r21Pair{t: t, rdb: rdb, old: old, cur: cur,
+		nsOld: r21Namespace("r21old"), nsCur: r21Namespace("r21new")}
+	t.Cleanup(func() {
+		p.nsOld.clear(context.Background(), rdb)
+		p.nsCur.clear(context.Background(), rdb)
+	})
+	return p
+}
+
+// reset writes the state ws, at clock now, in both namespaces.
+func (p *r21Pair) reset(ctx context.Context, ws []r21Write, now int64) {
+	for _, ns := range []r21NS{p.nsOld, p.nsCur} {
+		ns.clear(ctx, p.rdb)
+		for _, f := range ws {
+			f(ctx, p.rdb, ns.keys)
+		}
+		ns.setClock(ctx, p.rdb, now)
+	}
+}
+
+// step runs op in both namespaces and returns the replies and states, and
+// "" or a description of how they differ.
+func (p *r21Pair) step(ctx context.Context, op r21Op) (oldReply, curReply, oldState, curState, diff string) {
+	before, _ := p.nsCur.dump(ctx, p.rdb)
+	oldReply = op.run(ctx, p.rdb, p.old, p.nsOld)
+	curReply = op.run(ctx, p.rdb, p.cur, p.nsCur)
+	oldState, oldTTL := p.nsOld.dump(ctx, p.rdb)
+	curState, curTTL := p.nsCur.dump(ctx, p.rdb)
+	switch {
+	case strings.HasPrefix(curReply, "error") && curState != before:
+		diff = "the new script failed after it wrote: before:\n" + before
+	case oldReply != curReply:
+		diff = "replies differ"
+	case oldState != curState:
+		diff = "states differ"
+	default:
+		for k, a := range oldTTL {
+			b, ok := curTTL[k]
+			if !ok || a-b > 200 || b-a > 200 {
+				diff = fmt.Sprintf("TTL of %s differs: %d ms, %d ms", k, a, b)
+			}
+		}
+	}
+	return
+}
+
+// TestReview21DifferentialRandomStates runs random calls on random states
+// (a few with garbage values or keys of the wrong type) in the scripts of
+// the parent commit and of the worktree, and requires the same replies,
+// the same states and the same messages. A regression guard worth keeping
+// while the parent's scripts are the reference.
+func TestReview21DifferentialRandomStates(t *testing.T) {
+	ctx := context.Background()
+	p := newR21Pair(t)
+	seed := int64(21)
+	if v, err := strconv.ParseInt(os.Getenv("R21_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	trials := 150
+	if v, err := strconv.Atoi(os.Getenv("R21_TRIALS")); err == nil {
+		trials = v
+	}
+	stats := map[string]int{}
+	defer func() { t.Logf("replies (new): %v", stats) }()
+	rng := rand.New(rand.NewSource(seed))
+	const steps = 10
+	for trial := 0; trial < trials; trial++ {
+		w := &r21World{rng: rng, size: []int64{1, 2, 3, 5}[rng.Intn(4)], fence: rng.Intn(3) == 0, now: r21Clock}
+		switch trial % 6 {
+		case 0:
+			w.garbage = 0.05
+		case 3:
+			w.wrong = []string{"holders", "expiry", "size", "queue", "waiters", "released", "withdrawn", "token"}[rng.Intn(8)]
+		}
+		p.reset(ctx, w.state(), w.now)
+		before, _ := p.nsOld.dump(ctx, p.rdb)
+		var log []string
+		for i := 0; i < steps; i++ {
+			op := w.op()
+			if trial%2 == 1 {
+				op = w.informed(ctx, p.rdb, p.nsOld)
+			}
+			log = append(log, op.String())
+			or, cr, os, cs, diff := p.step(ctx, op)
+			log = append(log, "  old: "+or, "  new: "+cr)
+			key := op.kind + " " + cr
+			if strings.HasPrefix(cr, "error") {
+				key = op.kind + " error"
+			} else if op.kind == "acquire" {
+				key = op.kind + " " + strings.SplitN(strings.Trim(cr, "[]"), " ", 2)[0]
+			}
+			stats[key]++
+			if diff != "" {
+				t.Fatalf("trial %d (seed %d), step %d: %s\ninitial state:\n%s\ncalls:\n%s\nstate (old):\n%s\nstate (new):\n%s",
+					trial, seed, i, diff, before, strings.Join(log, "\n"), os, cs)
+			}
+			w.now += w.between(0, 1500)
+			p.nsOld.setClock(ctx, p.rdb, w.now)
+			p.nsCur.setClock(ctx, p.rdb, w.now)
+		}
+	}
+}
+
+// TestReview21WrongTypeFailsBeforeWriting puts one key of the wrong type
+// in a few states (an empty queue among them: sem_peek's HLEN is then the
+// only read of the waiters hash before a write) and runs each kind of call:
+// a call that fails must have changed nothing, and the parent's scripts
+// must answer the same. A regression guard.
+func TestReview21WrongTypeFailsBeforeWriting(t *testing.T) {
+	ctx := context.Background()
+	p := newR21Pair(t)
+	now := r21Clock
+	const size = 2
+	lease := func(h string, ms int64) r21Write {
+		return func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+			rdb.ZAdd(ctx, k.Expiry, redis.Z{Score: float64(now + ms), Member: h})
+		}
+	}
+	hset := func(key func(schema.Semaphore) string, f, v string) r21Write {
+		return func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.HSet(ctx, key(k), f, v) }
+	}
+	holders := func(k schema.Semaphore) string { return k.Holders }
+	waiters := func(k schema.Semaphore) string { return k.Waiters }
+	sizeKey := func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+		rdb.Set(ctx, k.Size, "2:2", time.Hour)
+	}
+	states := map[string][]r21Write{
+		"idle":                {sizeKey},
+		"full, nobody queued": {sizeKey, hset(holders, "app/c1-1", "2:3"), lease("app/c1-1", 5000)},
+		"half, one queued": {sizeKey, hset(holders, "app/c1-1", "1:3"), lease("app/c1-1", 5000),
+			func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+				rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(now * 1000), Member: "app/c2-1#1"})
+			},
+			hset(waiters, "app/c2-1#1", fmt.Sprintf("%d:500:2:1", now+2000))},
+	}
+	ops := func(fence bool) []r21Op {
+		acq := func(holder string, n, held, seq int64, mode, waiter string, queued bool) r21Op {
+			return r21Op{kind: "acquire", acq: semAcquireArgs{holder: holder, n: n, size: size, held: held, seq: seq, lease: 5 * time.Second,
+				mode: mode, waiter: waiter, queued: queued, heartbeat: 2 * time.Second, grant: 500 * time.Millisecond, fence: fence}}
+		}
+		rel := func(holder string, n, held, seq int64, mode, waiter string) r21Op {
+			return r21Op{kind: "release", rel: semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
+				lease: 5 * time.Second, size: size, fence: fence}}
+		}
+		return []r21Op{
+			acq("app/c3-1", 2, 0, 1, "queue", "app/c3-1#1", false),
+			acq("app/c3-1", 1, 0, 1, "try", "app/c3-1#1", false),
+			acq("app/c2-1", 2, 0, 2, "queue", "app/c2-1#1", true),
+			acq("app/c1-1", 1, 2, 4, "queue", "app/c1-1#2", false),
+			rel("app/c1-1", 2, 2, 4, "release", "app/c1-1#2"),
+			rel("app/c1-1", 1, 2, 4, "release", ""),
+			rel("app/c1-1", 1, 1, 4, "release", ""),
+			rel("app/c2-1", 2, 0, 2, "withdraw", "app/c2-1#1"),
+			rel("app/c3-1", 1, 0, 1, "withdraw", "app/c3-1#1"),
+			{kind: "resize", from: size, to: size + 2},
+			{kind: "resize", from: size, to: 1},
+		}
+	}
+	for _, wrong := range []string{"holders", "expiry", "size", "queue", "waiters", "released", "withdrawn", "token"} {
+		for name, st := range states {
+			for _, fence := range []bool{false, true} {
+				for _, op := range ops(fence) {
+					ws := append(slices.Clone(st), func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
+						key := map[string]string{"holders": k.Holders, "expiry": k.Expiry, "size": k.Size, "queue": k.Queue,
+							"waiters": k.Waiters, "released": k.Released, "withdrawn": k.Withdrawn, "token": k.Token}[wrong]
+						rdb.Del(ctx, key)
+						if wrong == "size" || wrong == "token" {
+							rdb.RPush(ctx, key, "x")
+						} else {
+							rdb.Set(ctx, key, "x", 0)
+						}
+						rdb.PExpire(ctx, key, time.Hour)
+					})
+					p.reset(ctx, ws, now)
+					or, cr, os, cs, diff := p.step(ctx, op)
+					if diff != "" {
+						t.Errorf("%s of the wrong type, %s, %v: %s\nold: %s\nnew: %s\nstate (old):\n%s\nstate (new):\n%s",
+							wrong, name, op, diff, or, cr, os, cs)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestReview21SizeAbove1e14: Lua writes a number of 1e14 or more as
+// "1e+14", so a semaphore that large stored a size record its next call
+// could not read ("does not hold a size"). Sizes above MaxSemaphoreSize
+// now fail before any call to Redis, and MaxSemaphoreSize itself works
+// (older than 4854a18: 9826e3b failed the same way).
+func TestReview21SizeAbove1e14(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	c := newClient(t, rdb, WithKeyPrefix("r21big"))
+	for _, size := range []int64{1e14, MaxSemaphoreSize + 1} {
+		s := c.NewSemaphore("big", size)
+		if err := s.Acquire(ctx, 1); !errors.Is(err, ErrInvalidPermits) {
+			t.Errorf("size %d: Acquire: %v, want ErrInvalidPermits", size, err)
+		}
+		if err := c.ResizeSemaphore(ctx, "big", size, 2); !errors.Is(err, ErrInvalidPermits) {
+			t.Errorf("resize from %d: %v, want ErrInvalidPermits", size, err)
+		}
+	}
+	if n := rdb.Exists(ctx, schema.SemaphoreKeys("r21big", "big").Size).Val(); n != 0 {
+		t.Fatalf("a refused size reached Redis")
+	}
+	s := c.NewSemaphore("big", MaxSemaphoreSize)
+	for i := 0; i < 2; i++ {
+		if err := s.Acquire(ctx, MaxSemaphoreSize); err != nil {
+			t.Fatalf("Acquire %d of the whole MaxSemaphoreSize: %v", i, err)
+		}
+		if err := s.Release(ctx, MaxSemaphoreSize); err != nil {
+			t.Fatalf("Release %d: %v (size record %q)", i, err, rdb.Get(ctx, s.keys.Size).Val())
+		}
+	}
+}
+
+// r21State returns writes that build a state from simple descriptions:
+// holders "id" -> "permits:seq" with their lease end (ms from now), and
+// the queue in order with each waiter's record.
+type r21Holder struct {
+	id, rec string
+	ends    int64 // ms from now
+}
+
+type r21Waiter struct{ id, rec string }
+
+func r21State(now int64, size string, hs []r21Holder, q []r21Waiter) []r21Write {
+	return []r21Write{func(ctx context.Context, c *redis.Client, k schema.Semaphore) {
+		rdb := c.Pipeline()
+		defer func() { _, _ = rdb.Exec(ctx) }()
+		rdb.Set(ctx, k.Size, size, time.Hour)
+		for _, h := range hs {
+			rdb.HSet(ctx, k.Holders, h.id, h.rec)
+			rdb.ZAdd(ctx, k.Expiry, redis.Z{Score: float64(now + h.ends), Member: h.id})
+		}
+		for i, w := range q {
+			rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(now*1000 + int64(i)), Member: w.id})
+			if w.rec != "" {
+				rdb.HSet(ctx, k.Waiters, w.id, w.rec)
+			}
+		}
+		for _, key := range []string{k.Holders, k.Expiry, k.Queue, k.Waiters} {
+			rdb.PExpire(ctx, key, time.Hour)
+		}
+	}}
+}
+
+// r21Same runs ops in order from the state ws in both versions and fails
+// the test where they differ; it returns the last state of the worktree's.
+func r21Same(t *testing.T, p *r21Pair, ws []r21Write, ops ...r21Op) string {
+	t.Helper()
+	ctx := context.Background()
+	p.reset(ctx, ws, r21Clock)
+	var last string
+	for i, op := range ops {
+		or, cr, os, cs, diff := p.step(ctx, op)
+		if diff != "" {
+			t.Fatalf("step %d, %v: %s\nold: %s\nnew: %s\nstate (old):\n%s\nstate (new):\n%s", i, op, diff, or, cr, os, cs)
+		}
+		t.Logf("%v: %s", op, cr)
+		last = cs
+	}
+	return last
+}
+
+func r21Acq(holder string, n, size, held, seq int64, mode, waiter string, queued, fence bool) r21Op {
+	return r21Op{kind: "acquire", acq: semAcquireArgs{holder: holder, n: n, size: size, held: held, seq: seq, lease: 5 * time.Second,
+		mode: mode, waiter: waiter, queued: queued, heartbeat: 2 * time.Second, grant: 500 * time.Millisecond, fence: fence}}
+}
+
+func r21Rel(holder string, n, held, seq int64, mode, waiter string, size int64, fence bool) r21Op {
+	return r21Op{kind: "release", rel: semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
+		lease: 5 * time.Second, size: size, fence: fence}}
+}
+
+// TestReview21ReclaimedHolderIsQueueHead: A's lease has ended (sem_reclaim
+// removes it) while A#2, a call of the same holder, heads the queue, then
+// a second waiter of A (A#3). Serving starts from the head read before the
+// reclaim (k.first) and from the holders read before it (k.held): A#2 must
+// be granted its 2 permits anew, not on top of the 2 that ran out, and
+// A#3 must see A#2's grant. A regression guard.
+func TestReview21ReclaimedHolderIsQueueHead(t *testing.T) {
+	p := newR21Pair(t)
+	now := r21Clock
+	rec := func(want, seq int64) string { return fmt.Sprintf("%d:500:%d:%d", now+2000, want, seq) }
+	for _, fence := range []bool{false, true} {
+		st := r21State(now, "4:2",
+			[]r21Holder{{"app/c1-1", "2:5", -1}, {"app/c2-1", "2:1", 5000}},
+			[]r21Waiter{{"app/c1-1#2", rec(2, 6)}, {"app/c1-1#3", rec(1, 7)}, {"app/c3-1#1", rec(1, 1)}})
+		// B releases: the queue is served from the freed and the reclaimed permits.
+		end := r21Same(t, p, st, r21Rel("app/c2-1", 2, 2, 2, "release", "", 4, fence))
+		if !strings.Contains(end, "app/c1-1=3:7") {
+			t.Errorf("fence %v: want A holding 3 permits (2 + 1) with call number 7:\n%s", fence, end)
+		}
+		// A#2's own attempt serves the queue.
+		r21Same(t, p, st, r21Acq("app/c1-1", 2, 4, 0, 8, "queue", "app/c1-1#2", true, fence))
+		// A resize serves it too.
+		r21Same(t, p, st, r21Op{kind: "resize", from: 4, to: 5})
+		// A#2 withdraws: A#3 is served in its place.
+		r21Same(t, p, st, r21Rel("app/c1-1", 2, 0, 8, "withdraw", "app/c1-1#2", 4, fence))
+	}
+}
+
+// TestReview21ReleaseRewritesTheHeadsRecord: a release that empties A
+// rewrites the call number in the record of A's queued call (ARGV[6]),
+// which heads the queue; the grant that follows must carry the new number
+// (sem_release drops k.first), else a retry of the release would be taken
+// for a new call. A regression guard.
+func TestReview21ReleaseRewritesTheHeadsRecord(t *testing.T) {
+	p := newR21Pair(t)
+	now := r21Clock
+	st := r21State(now, "2:2",
+		[]r21Holder{{"app/c1-1", "2:4", 5000}},
+		[]r21Waiter{{"app/c1-1#2", fmt.Sprintf("%d:500:2:3", now+2000)}, {"app/c2-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
+	end := r21Same(t, p, st,
+		r21Rel("app/c1-1", 2, 2, 5, "release", "app/c1-1#2", 2, false),
+		r21Rel("app/c1-1", 2, 2, 5, "release", "app/c1-1#2", 2, false), // a retry of it
+	)
+	if !strings.Contains(end, "app/c1-1=2:5") {
+		t.Errorf("want A#2 granted under call number 5:\n%s", end)
+	}
+}
+
+// TestReview21ManyExpiredHolders: more than 1000 holders whose lease ended
+// (sem_reclaim deletes them 1000 at a time, and from k.held) with waiters
+// queued. A regression guard.
+func TestReview21ManyExpiredHolders(t *testing.T) {
+	p := newR21Pair(t)
+	now := r21Clock
+	var hs []r21Holder
+	for i := 0; i < 2500; i++ {
+		hs = append(hs, r21Holder{fmt.Sprintf("app/x%d-1", i), "1:1", -int64(i % 7)})
+	}
+	hs = append(hs, r21Holder{"app/c1-1", "1:1", 5000})
+	rec := fmt.Sprintf("%d:500:1:1", now+2000)
+	st := r21State(now, "3000:2", hs, []r21Waiter{{"app/c2-1#1", rec}, {"app/c3-1#1", rec}})
+	r21Same(t, p, st, r21Acq("app/c4-1", 2998, 3000, 0, 1, "queue", "app/c4-1#1", false, false))
+	r21Same(t, p, st, r21Rel("app/c1-1", 1, 1, 2, "release", "", 3000, false))
+	r21Same(t, p, st, r21Op{kind: "resize", from: 3000, to: 2})
+}
+
+// TestReview21LateAttemptOfTheHeadKeepsItsPlace: the queue's head is a
+// waiter whose own deadline has passed (and its Client has no deadline
+// there) when its next attempt comes in. The attempt refreshes its record
+// and serving starts from the head that sem_peek read before: unless
+// sem_acquire drops k.first, serving takes the head for dead, drops it,
+// and the caller, which no longer asks ZSCORE after serving, is told to
+// wait with a record out of the queue, which nobody grants. The existing
+// tests do not catch that mutation. A regression guard.
+func TestReview21LateAttemptOfTheHeadKeepsItsPlace(t *testing.T) {
+	p := newR21Pair(t)
+	ctx := context.Background()
+	now := r21Clock
+	for _, ends := range []int64{5000, -1} { // A's lease: running, or ended (the head fits)
+		st := r21State(now, "2:2",
+			[]r21Holder{{"app/c1-1", "2:3", ends}},
+			[]r21Waiter{{"app/c2-1#1", fmt.Sprintf("%d:500:2:1", now-100)}, {"app/c3-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
+		end := r21Same(t, p, st, r21Acq("app/c2-1", 2, 2, 0, 2, "queue", "app/c2-1#1", true, false))
+		if s := r21Stranded(ctx, p.rdb, p.nsCur); len(s) > 0 {
+			t.Errorf("A's lease ends in %d ms: %v have a record but no place in the queue:\n%s", ends, s, end)
+		}
+		queued := p.rdb.ZScore(ctx, p.nsCur.keys.Queue, "app/c2-1#1").Err() == nil
+		granted := strings.Contains(end, "app/c2-1=2:2")
+		if queued == granted {
+			t.Errorf("A's lease ends in %d ms: the head should be queued or granted, one of them (queued %v, granted %v):\n%s", ends, queued, granted, end)
+		}
+	}
+}
+
+// r21Stranded returns the waiter ids that have a record in the waiters
+// hash of ns but no place in its queue: nobody grants them.
+func r21Stranded(ctx context.Context, rdb *redis.Client, ns r21NS) []string {
+	var out []string
+	for f := range rdb.HGetAll(ctx, ns.keys.Waiters).Val() {
+		if strings.HasPrefix(f, "{") {
+			continue
+		}
+		if rdb.ZScore(ctx, ns.keys.Queue, f).Err() == redis.Nil {
+			out = append(out, f)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

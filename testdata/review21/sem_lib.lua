@@ -1,0 +1,199 @@
+-- sem_lib.lua: helpers shared by the semaphore scripts. scripts.go prepends
+-- lib.lua and this file to each semaphore script.
+--
+-- A semaphore's state lives in keys under the hash tag {name}:
+--   holders: hash holder id -> "permits:seq", where seq is the highest call
+--            number of the holder's value applied to it: a call numbered
+--            seq again is a retry (of a call that was applied), one numbered
+--            lower a stale copy; neither changes anything
+--   expiry:  zset holder id -> end of the holder's lease, ms of server time
+--   size:    string "size:layout", the size every Client must agree on
+--            and the layout of the semaphore's keys (sem_size); it lives while
+--            the semaphore is in use, and state_memory_ms after the last
+--            Acquire (see lib.lua)
+--   queue:   zset waiter id -> when it joined (lib.lua, join_queue); a waiter id is
+--            "holder id#call number", one per blocked Acquire
+--   waiters: hash waiter id -> "deadline:lease:permits:seq": the deadline
+--            (ms of server time) until which it is alive on its own, the
+--            lease its permits get when granted, how many it wants, and the
+--            number of the call that queued it (or last found it queued): a
+--            grant applies that call; and a Client's liveness deadline (see
+--            lib.lua, CLIENT_FIELD)
+-- Holders whose lease has ended are removed by every script call before it
+-- does anything else.
+
+-- sem_parse splits a holder record into permits and call number. A record
+-- that redisync did not write fails the script (check it before writing).
+local function sem_parse(v, key)
+  if not v then
+    return 0, 0
+  end
+  local p, s = string.match(v, '^(%d+):(%d+)$')
+  if not p then
+    wrong(key or 'a semaphore', 'a holder record')
+  end
+  return tonumber(p), tonumber(s)
+end
+
+-- sem_size returns the size stored for the semaphore, or nil when none
+-- is, failing the script when the record is not a size. A size written in
+-- another layout (see lib.lua, LAYOUT) fails it too while the semaphore
+-- has holders or waiters; once idle, it counts as none (and is written
+-- anew in this layout).
+local function sem_size(k)
+  local v = redis.call('GET', k.size)
+  if not v then
+    return nil
+  end
+  local n, layout = string.match(v, '^(%d+):?(%d*)$')
+  if not n then
+    wrong(k.size, 'a size')
+  end
+  if layout ~= LAYOUT then
+    if redis.call('HLEN', k.holders) > 0 or redis.call('ZCARD', k.queue) > 0 then
+      other_layout(k.size, layout ~= '' and layout or nil)
+    end
+    return nil
+  end
+  return tonumber(n)
+end
+
+-- sem_store_size stores the semaphore's size, in this layout.
+local function sem_store_size(k, size)
+  redis.call('SET', k.size, size .. ':' .. LAYOUT)
+end
+
+-- sem_holder returns the holder id of a waiter id.
+local function sem_holder(waiter)
+  return string.match(waiter, '^(.*)#%d+$') or waiter
+end
+
+-- sem_put sets a holder's permits (removing it at zero) and call number.
+local function sem_put(k, holder, permits, seq)
+  if permits > 0 then
+    redis.call('HSET', k.holders, holder, permits .. ':' .. seq)
+  else
+    redis.call('HDEL', k.holders, holder)
+    redis.call('ZREM', k.expiry, holder)
+  end
+end
+
+-- sem_lease makes a holder's lease end no earlier than now + ms, and the
+-- keys live at least as long (the size too), so that no holder outlives
+-- its record. A grant to a waiter (granted) has the short grant lease,
+-- which the keys, kept as long as the other holders' full leases, usually
+-- outlive already: their TTL is read first (see lib.lua, keep_longer).
+local function sem_lease(k, holder, now, ms, granted)
+  local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
+  if not e or e < now + ms then
+    redis.call('ZADD', k.expiry, now + ms, holder)
+  end
+  local keep = granted and keep_longer or keep_alive
+  keep(k.holders, ms)
+  keep(k.expiry, ms)
+  keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
+end
+
+-- sem_rearm makes a holder's lease end at now + ms exactly (a holder that
+-- keeps permits after a release starts its lease anew), and the keys live
+-- at least as long.
+local function sem_rearm(k, holder, now, ms)
+  redis.call('ZADD', k.expiry, now + ms, holder)
+  keep_alive(k.holders, ms)
+  keep_alive(k.expiry, ms)
+  keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
+end
+
+-- sem_reclaim removes the holders whose lease ended by now. It reads the
+-- expiry zset before it writes (one of the wrong type fails there).
+local function sem_reclaim(k, now)
+  local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now)
+  for i = 1, #gone, 1000 do
+    redis.call('HDEL', k.holders, unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
+  end
+end
+
+-- sem_used returns the permits held, by all holders.
+local function sem_used(k)
+  local used = 0
+  for _, v in ipairs(redis.call('HVALS', k.holders)) do
+    used = used + sem_parse(v, k.holders)
+  end
+  return used
+end
+
+-- sem_serve grants queued waiters from the head, as many as the free permits
+-- cover, in order, dropping dead waiters (see lib.lua, alive) on the way; a
+-- waiter that does not fit stops it (no overtaking). The granted waiters
+-- other than self are named in one message "waiter:permits:ms ..." per
+-- client, on its grant channel (see lib.lua, grant_channel; ms is the
+-- server time of the grant).
+-- self (a waiter id or false) is granted with lease selflease and call
+-- number seq. A semaphore with a fencing token counter (k.fence: a
+-- RWMutex's) mints a token for every waiter granted the whole size (a
+-- write), sent in the message in place of the permits. It returns the
+-- permits in use afterwards, whether self was granted, and self's token
+-- (0 for none).
+local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
+  local msgs, order = {}, {} -- grant channel -> its grants; channels in order
+  local served, selftoken = false, 0
+  while true do
+    local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
+    if not head then
+      break
+    end
+    local v = redis.call('HMGET', k.waiters, head, client_field(head))
+    local d, l, w, q = string.match(v[1] or '', '^(%d+):(%d+):(%d+):(%d+)$')
+    local lease, want = tonumber(l), tonumber(w)
+    local live = want and alive(tonumber(d), v[2], now)
+    if live and used + want > size then
+      break
+    end
+    redis.call('ZREM', k.queue, head)
+    redis.call('HDEL', k.waiters, head)
+    if v[2] and not alive(false, v[2], now) then
+      redis.call('HDEL', k.waiters, client_field(head)) -- as in lib.lua, hand_off
+    end
+    if live then
+      local holder = sem_holder(head)
+      local permits, s = sem_parse(redis.call('HGET', k.holders, holder))
+      if head == self then
+        lease, s, served = selflease, seq, true
+      end
+      local token = 0
+      if k.fence and want == size then
+        token = mint(k.fence, lease)
+      end
+      if head == self then
+        selftoken = token
+      else
+        s = math.max(s, tonumber(q))
+        local ch = grant_channel(channel, head)
+        if not msgs[ch] then
+          msgs[ch], order[#order + 1] = {}, ch
+        end
+        table.insert(msgs[ch], head .. ':' .. string.format('%d', token > 0 and token or want) .. ':' .. now)
+      end
+      sem_put(k, holder, permits + want, s)
+      sem_lease(k, holder, now, lease, head ~= self)
+      used = used + want
+    end
+  end
+  for _, ch in ipairs(order) do
+    redis.call(publish, ch, table.concat(msgs[ch], ' '))
+  end
+  return used, served, selftoken
+end
+
+-- sem_next returns how long until the earliest lease ends, in ms (at least
+-- 1), or -1 when nobody holds a permit.
+local function sem_next(k, now)
+  local first = redis.call('ZRANGE', k.expiry, 0, 0, 'WITHSCORES')[2]
+  if not first then
+    return -1
+  end
+  return math.max(tonumber(first) - now, 1)
+end
