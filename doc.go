@@ -101,7 +101,7 @@
 //	redisync:lock:{name}:token     the last fencing token (kept an hour after the last hold)
 //	redisync:lock:{name}:queue     fair waiters in arrival order (zset)
 //	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
-//	redisync:lock:{name}:withdrawn tickets withdrawn with an unknown outcome (zset, 2 min)
+//	redisync:lock:{name}:released:ticket a call's tombstone: its hold's release (10 s) or withdrawal (2 min)
 //	redisync:lock:{name}:ch        the channel of plain waiters
 //	redisync:lock:{name}:ch:client the grant channel of one Client's fair waiters
 //

@@ -432,7 +432,7 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := m.keys
-	res, err := acquireScript.Run(ctx, rdb, []string{k.Hash, k.Token, k.Queue, k.Waiters, k.Withdrawn},
+	res, err := acquireScript.Run(ctx, rdb, []string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(m.holdID())},
 		m.holdID(), time.Second.Milliseconds(), "barge", m.cfg.heartbeat.Milliseconds(),
 		m.cfg.grantLease().Milliseconds(), m.keys.Channel, "PUBLISH", "0").Int64Slice()
 	if err != nil || res[0] != 1 {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -139,4 +140,25 @@ func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 		t.Fatalf("%s has no layout mark: fields %q", key, fields)
 	}
 	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField || f == schema.MetaField })
+}
+
+// withdrawnTickets returns the keys of the lock k's tombstones that record
+// a withdrawal (scripts/lib.lua, withdraw_ticket), failing the test unless
+// each has a TTL of at most 2 minutes.
+func withdrawnTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []string {
+	t.Helper()
+	var keys []string
+	for _, key := range mr.Keys() {
+		if !strings.HasPrefix(key, k.Tombstone("")) || mr.Type(key) != "string" {
+			continue
+		}
+		if v, _ := mr.Get(key); v != "withdrawn" {
+			continue
+		}
+		if ttl := mr.TTL(key); ttl <= 0 || ttl > 2*time.Minute {
+			t.Errorf("%s: TTL %v, want at most 2 min", key, ttl)
+		}
+		keys = append(keys, key)
+	}
+	return keys
 }

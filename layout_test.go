@@ -42,10 +42,16 @@ func TestLayoutOfAHeldLockIsChecked(t *testing.T) {
 					t.Errorf("Lock: %v; want ErrLayout on one line", err)
 				}
 			}
-			// A fair Lock that failed withdrew its ticket (a withdrawn
+			// Each call that failed withdrew its ticket (a withdrawn
 			// ticket is remembered for a while, with a TTL); nothing else
 			// changed.
-			mr.Del(schema.LockKeys("redisync", "job").Withdrawn)
+			ws := withdrawnTickets(t, mr, schema.LockKeys("redisync", "job"))
+			if len(ws) != 4 {
+				t.Errorf("withdrawn tickets %q, want the 4 failed calls'", ws)
+			}
+			for _, w := range ws {
+				mr.Del(w)
+			}
 			if after := mr.Dump(); after != before {
 				t.Errorf("state changed:\n%s\nwant\n%s", after, before)
 			}

@@ -93,7 +93,7 @@ func TestReview10OlderReleaseDropsWaiterWithMetadata(t *testing.T) {
 	// the next in line, the waiter with metadata.
 	tok, _ := strconv.ParseInt(mustGet(t, mr, k.Token), 10, 64)
 	if res, err := layout1Script(t, "release.lua").Run(ctx, rdb,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(old), k.Withdrawn},
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(old), k.Hash + ":withdrawn"}, // layout 1's keys
 		old, tok, 10000, k.Channel, "PUBLISH", "release").Int64(); err != nil || res != 1 {
 		t.Fatalf("the old version's release: %v, %v", res, err)
 	}

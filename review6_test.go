@@ -9,6 +9,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // dropAt makes the next EVALSHA of a script fail with io.EOF without
@@ -147,10 +149,10 @@ func TestReview6LateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 		t.Fatal("Accept succeeded though its take was held up")
 	}
 	late := hook.copyOf(t)
-	ticket := late[7].(string) // evalsha sha 2 lock token "take" handle ticket lease
+	ticket := late[8].(string) // evalsha sha 3 lock token tombstone "take" handle ticket lease
 	eventually(t, 5*time.Second, "the failed Accept to withdraw its ticket", func() bool {
-		_, err := mr.ZScore("redisync:lock:{job}:withdrawn", ticket)
-		return err == nil
+		v, _ := mr.Get(schema.LockKeys("redisync", "job").Tombstone(ticket))
+		return v == "withdrawn"
 	})
 	if err := rdb.Do(ctx, late...).Err(); err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ type acquireArgs struct {
 // call returns the script's call on the lock k.
 func (a acquireArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{acquireScript,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Withdrawn, k.Tombstone(a.ticket)},
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ticket)},
 		[]any{a.ticket, a.lease.Milliseconds(), a.mode, a.heartbeat.Milliseconds(),
 			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata}}.elect(k)
 }
@@ -71,7 +71,7 @@ type releaseArgs struct {
 // call returns the script's call on the lock k.
 func (a releaseArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{releaseScript,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id), k.Withdrawn},
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id)},
 		[]any{a.id, a.token, tombstoneTTL.Milliseconds(), k.Channel, a.publish, a.mode}}.elect(k)
 }
 
@@ -152,7 +152,7 @@ type handoffTakeArgs struct {
 // call returns the script's call on the lock k.
 func (a handoffTakeArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{handoffScript,
-		[]string{k.Hash, k.Token, k.Withdrawn},
+		[]string{k.Hash, k.Token, k.Tombstone(a.ticket)},
 		[]any{"take", a.handle, a.ticket, a.lease.Milliseconds(), a.metadata}}
 }
 
@@ -237,9 +237,9 @@ type multiAcquireArgs struct {
 
 // call returns the script's call on the locks ks, which share a slot.
 func (a multiAcquireArgs) call(ks []schema.Lock) scriptCall {
-	keys := make([]string, 0, 5*len(ks))
+	keys := make([]string, 0, 4*len(ks))
 	for _, k := range ks {
-		keys = append(keys, k.Hash, k.Token, k.Queue, k.Withdrawn, k.Tombstone(a.ticket))
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Tombstone(a.ticket))
 	}
 	return scriptCall{multiAcquireScript, keys, []any{a.ticket, a.lease.Milliseconds(), a.metadata}}
 }

@@ -5,9 +5,9 @@
 -- KEYS[3] queue: zset of fair waiters (see lib.lua, join_queue)
 -- KEYS[4] waiters: hash of fair waiters' records (ticket -> "deadline:handoff";
 --         "{meta}ticket" -> metadata: see lib.lua, set_waiter)
--- KEYS[5] withdrawn tickets (see lib.lua, mark_withdrawn)
--- KEYS[6] the ticket's release tombstone (see release.lua): a ticket whose
---         hold was released takes nothing again (a late copy of its call)
+-- KEYS[5] the ticket's tombstone (see lib.lua, ended): a ticket whose hold
+--         was released, or whose call was withdrawn, takes nothing again
+--         (a late copy of its call)
 -- ARGV[1] ticket: the call's own id, unique per call; the hold it takes is
 --         stored under it. A call that finds its ticket holding the lock was
 --         handed it (or is a retry of a call that took it) and adopts it.
@@ -27,7 +27,7 @@
 -- ARGV[9] the caller's metadata (WithMetadata), stored with its hold; ''
 --         for none. A queued call keeps it in its waiter record, for the
 --         hand-off.
--- KEYS[7], ARGV[10] an election's revision key and channel of changes
+-- KEYS[6], ARGV[10] an election's revision key and channel of changes
 --         (absent for a plain lock): a new holder is announced there (see
 --         lib.lua, announce)
 --
@@ -37,11 +37,11 @@
 --        {-2, 0}      the ticket was withdrawn, or its hold released: nothing
 --                     done
 --        {-3, 0}      the ticket left the queue (ARGV[8]); it is withdrawn now
-local lock, token, queue, waiters, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, token, queue, waiters, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local t = check_counter(token)
-elect(KEYS[7], ARGV[10], ARGV[7])
+elect(KEYS[6], ARGV[10], ARGV[7])
 local count, layout = read_hold(lock, ticket)
 if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
@@ -53,7 +53,7 @@ if count > 0 then
   end
   return {1, t}
 end
-if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[6]) == 1 then
+if ended(tomb) then
   return {-2, 0}
 end
 
@@ -72,13 +72,13 @@ end
 -- queued (a queue of the wrong type fails here). A first attempt does not
 -- ask: join_queue keeps the place of a ticket queued already (a copy of
 -- the attempt that applied), and reads the queue before it writes. The
--- hand-off reads before it writes too (see lib.lua, hand_off), and so
--- does mark_withdrawn.
+-- hand-off reads before it writes too (see lib.lua, hand_off), and
+-- withdraw_ticket writes a key of any type.
 local queued = false
 if ARGV[8] == '1' then
   queued = redis.call('ZSCORE', queue, ticket)
   if not queued then
-    mark_withdrawn(gone, ticket)
+    withdraw_ticket(tomb)
     return {-3, 0}
   end
 end

@@ -15,8 +15,8 @@
 --       hold's token, ARGV[6] how long the tombstone lasts in ms
 --       Reply: {1, 0} given (or given already: a retry)
 --              {0, 0} the ticket does not hold the lock
--- take: KEYS[3] withdrawn tickets (see lib.lua): a late copy of a take
---       whose call gave up takes nothing
+-- take: KEYS[3] the taker's ticket's tombstone (see lib.lua, ended): a late
+--       copy of a take whose call gave up takes nothing
 --       ARGV[2] the handle, ARGV[3] the taker's ticket, ARGV[4] lease in ms,
 --       ARGV[5] the taker's metadata ('' for none: the giver's goes)
 --       Reply: {1, token} taken (or taken already by this ticket: a retry)
@@ -41,11 +41,10 @@ if mode == 'give' then
 end
 
 local handle, ticket, lease = ARGV[2], ARGV[3], tonumber(ARGV[4])
-redis.call('ZCARD', KEYS[3])
 if hold_count(lock, ticket) > 0 then
   return {1, t} -- a retry: nothing minted a token since
 end
-if string.sub(handle, 1, 9) ~= '{handoff}' or is_withdrawn(KEYS[3], ticket) or hold_count(lock, handle) == 0 then
+if string.sub(handle, 1, 9) ~= '{handoff}' or ended(KEYS[3]) or hold_count(lock, handle) == 0 then
   return {0, 0}
 end
 local token = mint(KEYS[2], lease)

@@ -363,24 +363,33 @@ local function join_queue(queue, id, us, record)
   redis.call('ZADD', queue, 'NX', string.format('%d', math.max(us, last + 1)), id)
 end
 
--- withdrawn_ms is how long a withdrawn ticket (a call that gave up) stays
+-- withdrawn_ms is how long a withdrawn call (one that gave up) stays
 -- refused: a copy of one of its calls still in flight when it was withdrawn
 -- (a stalled connection, a retry by the client library) must not take
 -- anything on its late arrival.
 local withdrawn_ms = 120000
 
--- mark_withdrawn refuses a ticket from now on (see withdrawn_ms), in a zset
--- ticket -> server time of the withdrawal, pruned as it goes.
-local function mark_withdrawn(gone, ticket)
-  local now = now_ms()
-  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now - withdrawn_ms)
-  redis.call('ZADD', gone, now, ticket)
-  redis.call('PEXPIRE', gone, withdrawn_ms)
+-- A lock's ticket has a tombstone (internal/schema, Lock.Tombstone), a
+-- string that exists once the ticket's call has ended: its hold was
+-- released (the hold's token, for the tombstone TTL: see release_hold) or
+-- it was withdrawn (see withdraw_ticket). A ticket whose tombstone exists
+-- takes nothing again (ended), so one EXISTS refuses a late copy of either.
+-- Only the process whose call owns a ticket reads its tombstone.
+
+-- ended reports whether the ticket whose tombstone is tomb has ended.
+local function ended(tomb)
+  return redis.call('EXISTS', tomb) == 1
 end
 
--- is_withdrawn reports whether a ticket was withdrawn (see mark_withdrawn).
-local function is_withdrawn(gone, ticket)
-  return redis.call('ZSCORE', gone, ticket) ~= false
+-- withdraw_ticket refuses the ticket whose tombstone is tomb for
+-- withdrawn_ms from now. A tombstone that exists already (the hold's
+-- release) keeps its value, which a retried release compares with its
+-- token, and lives at least withdrawn_ms. SET replaces no key here: one of
+-- the wrong type only gets the TTL.
+local function withdraw_ticket(tomb)
+  if not redis.call('SET', tomb, 'withdrawn', 'NX', 'PX', withdrawn_ms) then
+    keep_alive(tomb, withdrawn_ms)
+  end
 end
 
 -- release_hold ends a hold of count levels (read by the caller: 0 when the

@@ -4,9 +4,9 @@
 -- takes the locks one by one, in their global order, through acquire.lua.
 -- Every key is in one Redis Cluster slot (the caller checks it).
 --
--- For each lock i (0-based), five keys from KEYS[5*i+1]:
---   lock hash, fencing token counter, queue, withdrawn tickets, and the
---   ticket's release tombstone (as acquire.lua's KEYS[1], 2, 3, 5 and 6)
+-- For each lock i (0-based), four keys from KEYS[4*i+1]:
+--   lock hash, fencing token counter, queue, and the ticket's tombstone
+--   (as acquire.lua's KEYS[1], 2, 3 and 5)
 -- ARGV[1] ticket: the call's own id; every hold it takes is stored under it
 -- ARGV[2] lease in ms
 -- ARGV[3] the caller's metadata (WithMetadata), stored with each hold; ''
@@ -20,15 +20,15 @@
 --                                 some lock, or holds only some: nothing
 --                                 done (the caller withdraws it)
 local ticket, lease = ARGV[1], tonumber(ARGV[2])
-local n = #KEYS / 5
+local n = #KEYS / 4
 
 -- Reads every lock before the first write: a key of the wrong type fails
 -- the script having changed nothing.
 local held, busy = 0, false
 for i = 0, n - 1 do
-  local lock, token, queue, gone = KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4]
+  local lock, token, queue = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3]
   check_counter(token)
-  if is_withdrawn(gone, ticket) or redis.call('EXISTS', KEYS[5 * i + 5]) == 1 then
+  if ended(KEYS[4 * i + 4]) then
     return {-2}
   end
   local count, layout = read_hold(lock, ticket)
@@ -48,9 +48,9 @@ local reply = {1}
 if held == n then
   -- A retry of a call that took them all: as acquire.lua, never shorten.
   for i = 0, n - 1 do
-    keep_alive(KEYS[5 * i + 1], lease)
-    keep_longer(KEYS[5 * i + 2], lease) -- as acquire.lua: see lib.lua, mint
-    reply[i + 2] = check_counter(KEYS[5 * i + 2])
+    keep_alive(KEYS[4 * i + 1], lease)
+    keep_longer(KEYS[4 * i + 2], lease) -- as acquire.lua: see lib.lua, mint
+    reply[i + 2] = check_counter(KEYS[4 * i + 2])
   end
   return reply
 end
@@ -61,6 +61,6 @@ if busy then
   return {0}
 end
 for i = 0, n - 1 do
-  reply[i + 2] = grant(KEYS[5 * i + 1], KEYS[5 * i + 2], ticket, lease, ARGV[3])
+  reply[i + 2] = grant(KEYS[4 * i + 1], KEYS[4 * i + 2], ticket, lease, ARGV[3])
 end
 return reply

@@ -2,9 +2,9 @@
 -- giving back the lock if it was handed to the call meanwhile.
 --
 -- KEYS[1] lock hash, KEYS[2] fencing token counter, KEYS[3] queue,
--- KEYS[4] waiters, KEYS[5] tombstone: a short-lived string holding the token
---         of the hold's release, so that a retried release knows it applied,
--- KEYS[6] withdrawn tickets (see lib.lua, mark_withdrawn)
+-- KEYS[4] waiters, KEYS[5] the hold id's tombstone (see lib.lua, ended): on
+--         a release, a short-lived string holding the hold's token, so that a
+--         retried release knows it applied
 -- ARGV[1] hold id: the ticket of the call that took the hold, or of the
 --         call that withdraws
 -- ARGV[2] token of the hold (0 when unknown: no tombstone)
@@ -14,7 +14,7 @@
 --         gives up; it leaves the queue, and the ticket is refused from now
 --         on, so that a copy of one of its calls still on its way (a stalled
 --         connection, a retry by the client library) takes nothing
--- KEYS[7], ARGV[7] an election's revision key and channel of changes
+-- KEYS[6], ARGV[7] an election's revision key and channel of changes
 --         (absent for a plain lock): the new holder, or none, is announced
 --         there (see lib.lua, announce)
 --
@@ -25,20 +25,20 @@
 --
 -- Reply: 1 released (now or in an earlier try of this call)
 --        0 not held by the hold id
-local lock, token, queue, waiters, tomb, gone = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local lock, token, queue, waiters, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, mode = ARGV[1], ARGV[6]
 
 local count = hold_count(lock, id)
-elect(KEYS[7], ARGV[7], ARGV[5])
+elect(KEYS[6], ARGV[7], ARGV[5])
 if mode == 'withdraw' then
   -- Read every key written here before the first write: a key of the
   -- wrong type fails the script having changed nothing. (The token counter
-  -- too: a hand-off below mints after these writes.)
+  -- too: a hand-off below mints after these writes. withdraw_ticket writes
+  -- a key of any type.)
   redis.call('HLEN', waiters)
-  redis.call('ZCARD', gone)
   check_counter(token)
   redis.call('ZREM', queue, id)
   del_waiter(waiters, id)
-  mark_withdrawn(gone, id)
+  withdraw_ticket(tomb)
 end
 return release_hold(count, lock, token, queue, waiters, tomb, ARGV[2], ARGV[3], ARGV[4], ARGV[5])

@@ -1,8 +1,8 @@
 -- sem_acquire.lua: take permits of a semaphore, or queue for them.
 --
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
--- KEYS[5] waiters (see sem_lib.lua), KEYS[6] withdrawn calls (see lib.lua,
--- mark_withdrawn), KEYS[7] released (see sem_release.lua), KEYS[8] the
+-- KEYS[5] waiters (see sem_lib.lua), KEYS[6] withdrawn calls (see
+-- sem_lib.lua, mark_withdrawn), KEYS[7] released (see sem_release.lua), KEYS[8] the
 -- fencing token counter of a RWMutex's writes (see lib.lua, mint; touched
 -- only with ARGV[14])
 -- ARGV[1] holder id

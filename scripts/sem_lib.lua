@@ -22,6 +22,22 @@
 -- Holders whose lease has ended are removed by every script call before it
 -- does anything else.
 
+-- mark_withdrawn refuses a waiter id from now on (see lib.lua,
+-- withdrawn_ms), in a zset waiter id -> server time of the withdrawal,
+-- pruned as it goes.
+local function mark_withdrawn(gone, waiter)
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now - withdrawn_ms)
+  redis.call('ZADD', gone, now, waiter)
+  redis.call('PEXPIRE', gone, withdrawn_ms)
+end
+
+-- is_withdrawn reports whether a waiter id was withdrawn (see
+-- mark_withdrawn).
+local function is_withdrawn(gone, waiter)
+  return redis.call('ZSCORE', gone, waiter) ~= false
+end
+
 -- sem_parse splits a holder record into permits and call number. A record
 -- that redisync did not write fails the script (check it before writing).
 local function sem_parse(v, key)

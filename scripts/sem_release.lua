@@ -6,7 +6,7 @@
 --         time until which a release that emptied the holder is remembered,
 --         so that a retry of it knows it was applied; and "holder" -> the
 --         same, which retires the holder id (see sem_acquire.lua)
--- KEYS[6] withdrawn calls (see lib.lua, mark_withdrawn), KEYS[7] size,
+-- KEYS[6] withdrawn calls (see sem_lib.lua, mark_withdrawn), KEYS[7] size,
 -- KEYS[8] the fencing token counter of a RWMutex's writes (sem_acquire.lua)
 -- ARGV[1] holder id
 -- ARGV[2] n: permits to give back ("release"), or wanted by the waiter

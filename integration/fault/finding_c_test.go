@@ -61,7 +61,13 @@ func TestFindingCUndoOvertakesTheAcquire(t *testing.T) {
 	// The undo, sent once go-redis gave up on the reply, reaches Redis on
 	// a new connection while the acquire is still held.
 	eventually(t, 5*time.Second, "the undo to reach Redis", func() bool {
-		return rdb.ZCard(ctx, key+":withdrawn").Val() == 1
+		withdrawn := 0
+		for _, k := range rdb.Keys(ctx, key+":released:*").Val() {
+			if rdb.Get(ctx, k).Val() == "withdrawn" {
+				withdrawn++
+			}
+		}
+		return withdrawn == 1
 	})
 	release() // the acquire arrives late
 	eventually(t, 5*time.Second, "the late acquire to reach Redis", func() bool {

@@ -57,9 +57,6 @@ type Lock struct {
 	// Waiters holds the fair waiters' records: a hash of ticket -> a
 	// LockWaiter record.
 	Waiters string
-	// Withdrawn is a zset of tickets withdrawn with an unknown outcome ->
-	// the server time of the withdrawal in ms, pruned after 2 minutes.
-	Withdrawn string
 	// Channel is where a release that hands the lock to nobody publishes
 	// an empty message, for plain (barging) waiters. A hand-off to a fair
 	// waiter is published on its client's GrantChannel instead.
@@ -92,12 +89,14 @@ func ElectionKeys(prefix, name string) Lock {
 // lockKeys returns the keys of the lock whose hash is b.
 func lockKeys(b string) Lock {
 	return Lock{Hash: b, Token: b + ":token", Queue: b + ":queue",
-		Waiters: b + ":waiters", Withdrawn: b + ":withdrawn", Channel: b + ":ch"}
+		Waiters: b + ":waiters", Channel: b + ":ch"}
 }
 
-// Tombstone returns the key that remembers, for a few seconds, that the
-// hold id was released, so that a late copy of the call that took it
-// takes nothing.
+// Tombstone returns the key that exists once the call of the ticket id has
+// ended, so that a late copy of one of its calls takes nothing: its hold
+// was released (the key holds the hold's token for 10 s, so that a
+// retried release knows it applied), or the call was withdrawn (the key
+// lives 2 minutes). See scripts/lib.lua, ended.
 func (k Lock) Tombstone(id string) string { return k.Hash + ":released:" + id }
 
 // LockWaiter is a fair waiter's record, stored as "deadline:handoff"; its

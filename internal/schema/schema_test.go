@@ -23,7 +23,7 @@ func TestSlotMatchesRedisCluster(t *testing.T) {
 func TestKeysShareTheNameAsHashTag(t *testing.T) {
 	l := LockKeys("p", "a:b")
 	s := SemaphoreKeys("p", "a:b")
-	keys := []string{l.Hash, l.Token, l.Queue, l.Waiters, l.Withdrawn, l.Channel, l.Tombstone("x/y-1"),
+	keys := []string{l.Hash, l.Token, l.Queue, l.Waiters, l.Channel, l.Tombstone("x/y-1"),
 		s.Holders, s.Expiry, s.Size, s.Queue, s.Waiters, s.Released, s.Withdrawn, s.Channel}
 	seen := map[string]bool{}
 	for _, k := range keys {
