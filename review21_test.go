@@ -920,3 +920,28 @@ func r21Stranded(ctx context.Context, rdb *redis.Client, ns r21NS) []string {
 	sort.Strings(out)
 	return out
 }
+
+// TestReview21HeadDroppedAsDeadJoinsAgain (review 21, F3): sem_acquire
+// no longer asks ZSCORE after serving; it counts on the record it has just
+// refreshed being alive, as it is for every valid heartbeat. Given one
+// that has passed already (a negative heartbeat), serving drops the caller
+// from the queue's head as dead: the caller must join the queue again, as
+// 9826e3b did, and not keep a record out of the queue, which nobody
+// grants.
+func TestReview21HeadDroppedAsDeadJoinsAgain(t *testing.T) {
+	p := newR21Pair(t)
+	ctx := context.Background()
+	now := r21Clock
+	st := r21State(now, "2:2",
+		[]r21Holder{{"app/c1-1", "2:3", 5000}},
+		[]r21Waiter{{"app/c2-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
+	op := r21Acq("app/c2-1", 1, 2, 0, 2, "queue", "app/c2-1#1", true, false)
+	op.acq.heartbeat = -time.Millisecond
+	end := r21Same(t, p, st, op)
+	if s := r21Stranded(ctx, p.rdb, p.nsCur); len(s) > 0 {
+		t.Errorf("%v have a record but no place in the queue:\n%s", s, end)
+	}
+	if p.rdb.ZScore(ctx, p.nsCur.keys.Queue, "app/c2-1#1").Err() != nil {
+		t.Errorf("the caller left the queue:\n%s", end)
+	}
+}

@@ -121,10 +121,14 @@ if queued then
 end
 
 -- Serving leaves a queued caller where it is unless it grants it: its
--- record, refreshed above, is alive.
-local used, served, t, waiting = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
+-- record, refreshed above, is alive. (Were it dropped as dead, it would
+-- join the queue again, at the back, as a caller that was not queued.)
+local used, served, t, waiting, dropped = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
 if served then
   return {1, t}
+end
+if dropped then
+  queued = false
 end
 mine = sem_mine(k, holder) -- serving may have added to it
 if not queued and used + n <= size and not waiting then

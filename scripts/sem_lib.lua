@@ -211,11 +211,12 @@ end
 -- RWMutex's) mints a token for every waiter granted the whole size (a
 -- write), sent in the message in place of the permits. It returns the
 -- permits in use afterwards, whether self was granted, self's token (0
--- for none), and whether a live waiter is still queued (one that does not
--- fit; the queue is empty otherwise).
+-- for none), whether a live waiter is still queued (one that does not
+-- fit; the queue is empty otherwise), and whether self was dropped as
+-- dead.
 local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
   local msgs, order = {}, {} -- grant channel -> its grants; channels in order
-  local served, selftoken, waiting = false, 0, false
+  local served, selftoken, waiting, dropped = false, 0, false, false
   while true do
     local head, v = sem_next_waiter(k)
     if not head then
@@ -233,6 +234,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
     if v[2] and not alive(false, v[2], now) then
       redis.call('HDEL', k.waiters, client_field(head)) -- as in lib.lua, hand_off
     end
+    dropped = dropped or (head == self and not live)
     if live then
       local holder = sem_holder(head)
       local permits, s = sem_mine(k, holder)
@@ -261,7 +263,7 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
   for _, ch in ipairs(order) do
     redis.call(publish, ch, table.concat(msgs[ch], ' '))
   end
-  return used, served, selftoken, waiting
+  return used, served, selftoken, waiting, dropped
 end
 
 -- sem_next returns how long until the earliest lease ends, in ms (at least
