@@ -97,13 +97,13 @@
 // A lock called name lives in keys that share the hash tag {name}, so that
 // its scripts touch one Redis Cluster slot:
 //
-//	redisync:lock:{name}           hash: hold id (the ticket of the call that took it) -> count, with the lease as TTL
-//	redisync:lock:{name}:token     the last fencing token (kept an hour after the last hold)
-//	redisync:lock:{name}:queue     fair waiters in arrival order (zset)
-//	redisync:lock:{name}:waiters   fair waiters' heartbeat deadlines (hash)
-//	redisync:lock:{name}:released:ticket a call's tombstone: its hold's release (10 s) or withdrawal (2 min)
-//	redisync:lock:{name}:ch        the channel of plain waiters
-//	redisync:lock:{name}:ch:client the grant channel of one Client's fair waiters
+//	redisync:lock:{name}                 hash: hold id (the ticket of the call that took it) -> count, with the lease as TTL
+//	redisync:lock:{name}:token           the last fencing token (kept an hour after the last hold)
+//	redisync:lock:{name}:queue           fair waiters in arrival order (zset)
+//	redisync:lock:{name}:waiters         fair waiters' heartbeat deadlines (hash)
+//	redisync:lock:{name}:released:ticket a call's tombstone: its hold's release (10 s) or its withdrawal (2 min)
+//	redisync:lock:{name}:ch              the channel of plain waiters
+//	redisync:lock:{name}:ch:client       the grant channel of one Client's fair waiters
 //
 // The lock hash also holds the field "{layout}", the version of this
 // layout: a call that meets a lock held, or a semaphore in use, under
