@@ -102,10 +102,10 @@ if mode == 'queue' then
   end
   if queued then
     record()
+    keep_alive(queue, 2 * ttl)
   else
-    join_queue(queue, ticket, us, record)
+    join_queue(queue, ticket, us, record, 2 * ttl)
   end
-  keep_alive(queue, 2 * ttl)
   keep_alive(waiters, 2 * ttl)
 end
 return {0, pttl}

@@ -160,11 +160,12 @@ local function keep_longer(key, ms)
 end
 
 -- keep_alive extends a key's TTL to at least ms, never shortening it. A
--- key that has a TTL shorter than ms takes one call (PEXPIRE GT, Redis 7).
--- The TTL is read only when that call did not set it: the key has a
--- longer TTL, or none yet (GT leaves a key without a TTL as it is), or the
--- server's PEXPIRE has no GT (before Redis 7: then the script reads the
--- TTL first from then on).
+-- key that has a TTL shorter than ms takes one call (PEXPIRE GT, Redis 7);
+-- one that has none yet (GT leaves it as it is) or a longer one takes two,
+-- the second PEXPIRE NX, which sets a TTL only where there is none (and
+-- only for ms > 0, as a PEXPIRE in the past deletes the key). Before
+-- Redis 7 (PEXPIRE has no GT), the script reads the TTL first from then on
+-- (keep_longer).
 local expire_gt = true
 local function keep_alive(key, ms)
   if expire_gt then
@@ -173,6 +174,12 @@ local function keep_alive(key, ms)
       return
     end
     expire_gt = type(set) == 'number'
+    if expire_gt then
+      if ms > 0 then
+        redis.call('PEXPIRE', key, ms, 'NX')
+      end
+      return
+    end
   end
   keep_longer(key, ms)
 end
@@ -354,13 +361,21 @@ end
 -- the clock steps back, and the score tells how long a waiter has waited.
 -- It reads the queue's tail, then calls record (if not nil), then writes
 -- the queue: a queue of the wrong type fails the script before record
--- writes anything.
-local function join_queue(queue, id, us, record)
-  local last = tonumber(redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]) or 0
+-- writes anything. The queue then lives at least ms (keep_alive); one
+-- that this call created (it had no tail) has no TTL yet, and gets it in
+-- one call.
+local function join_queue(queue, id, us, record, ms)
+  local tail = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+  local last = tonumber(tail[2]) or 0
   if record then
     record()
   end
   redis.call('ZADD', queue, 'NX', string.format('%d', math.max(us, last + 1)), id)
+  if tail[1] or ms < 1 then
+    keep_alive(queue, ms)
+  else
+    redis.call('PEXPIRE', queue, ms)
+  end
 end
 
 -- withdrawn_ms is how long a withdrawn call (one that gave up) stays

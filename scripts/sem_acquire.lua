@@ -141,11 +141,12 @@ if not queued and used + n <= size and not waiting then
 end
 if mode == 'queue' then
   local ttl = tonumber(ARGV[10])
-  if not queued then
-    join_queue(k.queue, waiter, now_us())
+  if queued then
+    keep_alive(k.queue, 2 * ttl)
+  else
+    join_queue(k.queue, waiter, now_us(), nil, 2 * ttl)
   end
   redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
-  keep_alive(k.queue, 2 * ttl)
   keep_alive(k.waiters, 2 * ttl)
 end
 return {0, sem_next(k, now)}
