@@ -162,12 +162,15 @@ end
 -- keep_alive extends a key's TTL to at least ms, never shortening it. A
 -- key that has a TTL shorter than ms takes one call (PEXPIRE GT, Redis 7);
 -- one that has none yet (GT leaves it as it is) or a longer one takes two,
--- the second PEXPIRE NX, which sets a TTL only where there is none (and
--- only for ms > 0, as a PEXPIRE in the past deletes the key). Before
+-- the second PEXPIRE NX, which sets a TTL only where there is none. Before
 -- Redis 7 (PEXPIRE has no GT), the script reads the TTL first from then on
--- (keep_longer).
+-- (keep_longer). An ms below 1 asks for nothing (a PEXPIRE in the past
+-- would delete the key).
 local expire_gt = true
 local function keep_alive(key, ms)
+  if ms < 1 then
+    return
+  end
   if expire_gt then
     local set = redis.pcall('PEXPIRE', key, ms, 'GT')
     if set == 1 then
@@ -175,9 +178,7 @@ local function keep_alive(key, ms)
     end
     expire_gt = type(set) == 'number'
     if expire_gt then
-      if ms > 0 then
-        redis.call('PEXPIRE', key, ms, 'NX')
-      end
+      redis.call('PEXPIRE', key, ms, 'NX')
       return
     end
   end
