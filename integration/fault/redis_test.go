@@ -56,11 +56,22 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	var mu sync.Mutex
 	var tokens []int64
 	done := make(chan error, clients*perClient)
-	// Fair waiters, so that the queue's length tells when every one of
-	// them has made its first attempt and is waiting: a Lock whose first
-	// attempt fails returns the error at once, by design.
+	// Fair waiters, whose first attempts' replies are seen by a hook, so
+	// that the outage starts once every waiter has had its first attempt
+	// answered and is waiting: a Lock whose first attempt fails returns
+	// the error at once, by design. (The queue's length is not enough:
+	// Redis may run a waiter's attempt, answer the test's ZCARD, and be
+	// killed before it writes the waiter's reply; the CI run of 236fcce
+	// failed so.)
+	queued := &queuedReplies{tickets: map[string]bool{}}
 	for range clients {
-		c := newClient(t, srv.Addr, opts...)
+		rdb := redistest.NewClient(t, srv.Addr)
+		rdb.AddHook(queued)
+		c, err := redisync.New(rdb, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
 		for range perClient {
 			m := c.NewMutex(name)
 			go func() {
@@ -80,7 +91,8 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	}
 	queue := lockKey(name) + ":queue"
 	eventually(t, 10*time.Second, "50 waiters queued", func() bool {
-		return started.Load() == clients*perClient && admin.ZCard(ctx, queue).Val() == clients*perClient
+		return started.Load() == clients*perClient && queued.count() == clients*perClient &&
+			admin.ZCard(ctx, queue).Val() == clients*perClient
 	})
 
 	srv.Kill(t)
@@ -117,6 +129,48 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	if minTok <= oldToken {
 		t.Fatalf("tokens after a restart without persistence start at %d, not above the old holder's %d", minTok, oldToken)
 	}
+}
+
+// queuedReplies is a go-redis hook that records the tickets of the fair
+// Lock attempts (scripts/acquire.lua in mode "queue": KEYS, then ARGV
+// ticket, lease, mode, ...) that Redis answered "queued" ({0, pttl}),
+// once the answer has reached the Client.
+type queuedReplies struct {
+	mu      sync.Mutex
+	tickets map[string]bool
+}
+
+func (q *queuedReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (q *queuedReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := scriptArgs(cmd)
+		if err != nil || len(args) < 3 {
+			return err
+		}
+		keys, _ := strconv.Atoi(args[2])
+		if len(args) <= 3+keys+2 || args[3+keys+2] != "queue" {
+			return err
+		}
+		if res, rerr := cmd.(*redis.Cmd).Int64Slice(); rerr == nil && len(res) == 2 && res[0] == 0 {
+			q.mu.Lock()
+			q.tickets[args[3+keys]] = true
+			q.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (q *queuedReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// count returns how many tickets were answered "queued".
+func (q *queuedReplies) count() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.tickets)
 }
 
 // countingHook counts the commands (and pipelines and dials) a go-redis
