@@ -144,6 +144,21 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 	}
 }
 
+// background runs do in one of the Client's workers, with a context that
+// ends cleanupTimeout later, unless the Client is closed; it never waits.
+// Close waits for it.
+func (c *Client) background(do func(ctx context.Context)) {
+	if !c.calls.start() {
+		return
+	}
+	c.calls.run(func() {
+		defer c.calls.done()
+		ctx, cancel := detached(c.ctx)
+		defer cancel()
+		do(ctx)
+	})
+}
+
 // cleanup runs do, a clean-up call to Redis, detached from ctx's
 // cancellation, and waits for it until graceEnd(ctx): then it goes on in
 // the background (Close waits for it). do always runs, even when that

@@ -17,9 +17,11 @@
 // frees the lock hands it to the next queued waiter in the same script and
 // publishes the grant on that waiter's Client's own channel of the lock,
 // so that only the grantee's process wakes. A release that hands the lock
-// to nobody publishes an empty message on the lock's channel instead,
-// which wakes one barging waiter (Barging) per process. A message is only
-// a hint: every sleep is also bounded
+// to nobody wakes barging waiters (Barging) instead: each Client with one
+// is recorded in Redis when its waiter finds the lock taken, and the
+// release wakes one of those Clients, whose subscriber wakes one of its
+// waiters (or, when they have all gone, passes the wake-up on to the next
+// Client). A message is only a hint: every sleep is also bounded
 // by the lock's remaining lease and by the recheck interval (WithRecheck),
 // and a reconnect of the subscriber makes every waiter look again.
 //

@@ -25,17 +25,22 @@ type LockState struct {
 	// lock is held; after it is released, remembered for an hour (0 once
 	// forgotten).
 	LastToken int64
-	// Queue is the fair waiters, the next to be served first. A plain
-	// waiter leaves no record in Redis: see Subscribers.
+	// Queue is the fair waiters, the next to be served first. Plain
+	// (barging) waiters are not queued; their Clients are recorded, not
+	// each waiter: see Subscribers.
 	Queue []LockWaiter
-	// Subscribers counts the subscriptions of processes to the lock's
-	// channel (plain waiters) and to their grant channels of the lock
-	// (fair waiters): those with waiters, and those whose last waiter left
-	// less than 2 s ago. A process with waiters of both kinds counts
-	// twice. On a Redis Cluster, a process that subscribes with plain
-	// pub/sub (WithPlainPubSub) may be connected to any node, so every
-	// node is asked.
+	// Subscribers counts the processes subscribed to their grant channels
+	// of the lock, where their waiters, fair or plain, are woken: those
+	// with waiters, and those whose last waiter left less than 2 s ago
+	// (and an older version's processes with plain waiters, subscribed
+	// to the lock's channel). On a Redis Cluster, a process that
+	// subscribes with plain pub/sub (WithPlainPubSub) may be connected to
+	// any node, so every node is asked.
 	Subscribers int64
+	// Barging counts the Clients recorded as having plain (barging)
+	// waiters, whose records have not run out: a release that hands the
+	// lock to nobody wakes one of them.
+	Barging int64
 }
 
 // Held reports whether the lock is held.
@@ -150,7 +155,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 		owners, waiters *redis.MapStringStringCmd
 		pttl            *redis.DurationCmd
 		token           *redis.StringCmd
-		queue           *redis.ZSliceCmd
+		queue, bargers  *redis.ZSliceCmd
 		now             *redis.TimeCmd
 		subs            func(context.Context) (int64, error)
 	)
@@ -160,6 +165,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 		token = p.Get(ctx, k.Token)
 		queue = p.ZRangeWithScores(ctx, k.Queue, 0, -1)
 		waiters = p.HGetAll(ctx, k.Waiters)
+		bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, -1)
 		now = p.Time(ctx)
 		subs = c.numSub(ctx, p, k.Channel)
 	})
@@ -190,6 +196,11 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a hold count for " + id})
 		}
 		st.Holder = &LockHolder{ID: id, Label: schema.Label(id), Count: n, Lease: pttl.Val(), Token: st.LastToken, Metadata: meta}
+	}
+	for _, z := range bargers.Val() {
+		if int64(z.Score) >= st.ServerTime.UnixMilli() {
+			st.Barging++
+		}
 	}
 	nowUS := st.ServerTime.UnixMicro()
 	for _, z := range queue.Val() {

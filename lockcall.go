@@ -12,6 +12,7 @@ type lockCall struct {
 	m      *Mutex
 	ticket string
 	mode   string // of acquire.lua: "queue" (fair Lock), "barge" or "try"
+	waits  bool   // the call waits: in mode "barge", it records its Client when it finds the lock taken
 
 	pttl int64 // the lock's PTTL found by the last attempt
 	place
@@ -36,9 +37,14 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	// since (handed the lock, whose hold lapsed), rather than queue it
 	// again and later take a stale grant to it.
 	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
-		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: m.cfg.metadata}.call(m.keys)
+		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: m.cfg.metadata}
+	if l.mode == "barge" && l.waits {
+		// Recorded for longer than the call sleeps between attempts.
+		acquire.record = 2 * m.cfg.recheck
+		acquire.others = m.c.sub.reg.plainOthers(m.keys.GrantChannel(m.c.id), l.ticket)
+	}
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, acquire, granted)
+		return m.c.runAcked(ctx, m.cfg, acquire.call(m.keys), granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:

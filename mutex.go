@@ -105,6 +105,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 			mode = "queue"
 		}
 		l := m.newCall(mode)
+		l.waits = true
 		err := block(ctx, []post{m.post()}, l)
 		if !errors.Is(err, errHeld) {
 			return m.wrapIf("lock", err)
@@ -136,7 +137,7 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		if m.reenter(ctx) {
 			return true, nil
 		}
-		ok, _, err := m.tryOnce(ctx, mode)
+		ok, _, err := m.tryOnce(ctx, mode, false)
 		if !errors.Is(err, errHeld) {
 			return ok, m.wrapIf("trylock", err)
 		}
@@ -144,10 +145,12 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 }
 
 // tryOnce makes one attempt under a new ticket, in the given mode, never
-// queueing. It reports whether m holds the lock now and, if not, the
-// lock's PTTL.
-func (m *Mutex) tryOnce(ctx context.Context, mode string) (bool, int64, error) {
+// queueing; waits says whether the caller waits if it fails (see
+// lockCall.waits). It reports whether m holds the lock now and, if not,
+// the lock's PTTL.
+func (m *Mutex) tryOnce(ctx context.Context, mode string, waits bool) (bool, int64, error) {
 	l := m.newCall(mode)
+	l.waits = waits
 	ok, _, err := l.attempt(ctx)
 	if err != nil || !ok {
 		l.finish(ctx, err)
@@ -293,14 +296,20 @@ func (m *Mutex) reenter(ctx context.Context) bool {
 }
 
 // post returns where a waiter for m's lock waits, heard through m's
-// Client: a fair waiter on its Client's grant channel of the lock, where
-// only hand-offs to this process are published; a plain one on the lock's
-// channel.
+// Client: its Client's grant channel of the lock, where only hand-offs to
+// this process (fair waiters) and wake-ups of its plain waiters (barging)
+// are published. A plain waiter's wake-up that finds none left is passed
+// on to the next Client recorded as having one (scripts/wake.lua).
 func (m *Mutex) post() post {
-	if !m.cfg.barging {
-		return post{m.c.sub, m.keys.GrantChannel(m.c.id)}
+	p := post{sub: m.c.sub, channel: m.keys.GrantChannel(m.c.id)}
+	if m.cfg.barging {
+		p.pass = func() {
+			m.c.background(func(ctx context.Context) {
+				_ = wakeCall(m.keys, m.c.publish).run(ctx, m.c.rdb).Err()
+			})
+		}
 	}
-	return post{m.c.sub, m.keys.Channel}
+	return p
 }
 
 // holdID returns the Redis field of m's hold, or "".

@@ -285,10 +285,10 @@ func WithKeyPrefix(p string) Option {
 // ReentrantLock(false) are: a released lock goes to whichever waiter asks
 // first, and a Lock may take a free lock ahead of waiters that have waited
 // longer. A barging holder that releases and locks again at once can keep
-// the lock from others, and a release wakes one waiter in every process,
-// of which all but one find the lock taken again. In exchange no queue is
-// kept, and an uncontended Lock and Unlock run a few calls fewer inside
-// Redis (18 against 21). docs/benchmarks.md measures the trade-off.
+// the lock from others, and the waiter that a release wakes (one, in one
+// process) often finds the lock taken again. In exchange no queue is kept,
+// and an uncontended Lock and Unlock run a call fewer inside Redis.
+// docs/benchmarks.md measures the trade-off.
 //
 // The default is fair: a Mutex serves its waiters first come, first
 // served across all processes, and the release that frees the lock hands

@@ -22,7 +22,7 @@ var (
 // granted it in time. It reports whether m holds the lock now and, when not,
 // how long to sleep at most and whether m had taken some nodes (a split).
 // It returns an error wrapping ErrQuorum when fewer than a quorum answered.
-func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duration, split bool, err error) {
+func (m *RedMutex) round(ctx context.Context, waits bool) (acquired bool, sleep time.Duration, split bool, err error) {
 	if err := m.begin(ctx); err != nil {
 		return false, 0, false, err
 	}
@@ -51,7 +51,8 @@ func (m *RedMutex) round(ctx context.Context) (acquired bool, sleep time.Duratio
 
 	start := time.Now()
 	use := m.idle()
-	res := m.fanOut(ctx, use, m.acquireOn, func(res []nodeResult) bool {
+	acquireOn := func(ctx context.Context, i int) nodeResult { return m.acquireOn(ctx, i, waits) }
+	res := m.fanOut(ctx, use, acquireOn, func(res []nodeResult) bool {
 		// Known: won; lost for want of answers; or lost to
 		// another owner, with a quorum answering.
 		ok, busy, failed := 0, 0, 0
@@ -135,9 +136,9 @@ func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 	return held
 }
 
-// acquireOn makes one attempt on node i.
-func (m *RedMutex) acquireOn(ctx context.Context, i int) nodeResult {
-	ok, pttl, err := m.nodes[i].tryOnce(ctx, "barge")
+// acquireOn makes one attempt on node i (waits: for a Lock).
+func (m *RedMutex) acquireOn(ctx context.Context, i int, waits bool) nodeResult {
+	ok, pttl, err := m.nodes[i].tryOnce(ctx, "barge", waits)
 	switch {
 	case err != nil:
 		return nodeResult{err: err}

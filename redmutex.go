@@ -119,7 +119,7 @@ func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
 
 // tryLock is TryLock, unobserved.
 func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
-	acquired, _, _, err := m.round(ctx)
+	acquired, _, _, err := m.round(ctx, false)
 	if err != nil {
 		return false, m.wrap("trylock", err)
 	}
@@ -367,7 +367,7 @@ type redCall struct{ m *RedMutex }
 // random time, so that the contenders do not meet again at once, rather
 // than be woken at once by its own releases.
 func (x redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
-	acquired, sleep, split, err := x.m.round(ctx)
+	acquired, sleep, split, err := x.m.round(ctx, true)
 	if err != nil || acquired || !split {
 		return acquired, sleep, err
 	}

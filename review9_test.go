@@ -112,8 +112,8 @@ func TestReview9UnusedWakeupSurvivesAnEmptyWait(t *testing.T) {
 	r := newRegistry()
 	r.channels["ch"] = &channel{ready: make(chan struct{}), confirmed: true}
 	a, b := newWaitSet(), newWaitSet()
-	r.addConfirmed(a, "ch", "a")
-	r.addConfirmed(b, "ch", "b")
+	r.addConfirmed(a, "ch", "a", testPass)
+	r.addConfirmed(b, "ch", "b", testPass)
 	r.deliver("ch", "") // a release: wakes a
 	if _, err := a.wait(ctx, time.Second, nil); err != nil {
 		t.Fatal(err)

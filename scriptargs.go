@@ -38,14 +38,17 @@ type acquireArgs struct {
 	publish   string        // PUBLISH or SPUBLISH
 	queued    bool          // an earlier attempt of the call queued the ticket
 	metadata  string        // stored with the hold; "" for none
+	record    time.Duration // mode "barge": how long the Client is recorded as waiting; 0 for none
+	others    bool          // mode "barge": other plain waiters of the Client wait for the lock
 }
 
 // call returns the script's call on the lock k.
 func (a acquireArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{acquireScript,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ticket)},
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ticket), k.Bargers},
 		[]any{a.ticket, a.lease.Milliseconds(), a.mode, a.heartbeat.Milliseconds(),
-			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata}}.elect(k)
+			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata,
+			a.record.Milliseconds(), flag(a.others)}}.elect(k)
 }
 
 // elect adds an election's revision key and channel of changes (see
@@ -71,8 +74,14 @@ type releaseArgs struct {
 // call returns the script's call on the lock k.
 func (a releaseArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{releaseScript,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id)},
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id), k.Bargers},
 		[]any{a.id, a.token, tombstoneTTL.Milliseconds(), k.Channel, a.publish, a.mode}}.elect(k)
+}
+
+// wakeCall returns the call of scripts/wake.lua on the lock k, which
+// passes on a wake-up of plain waiters that reached none.
+func wakeCall(k schema.Lock, publish string) scriptCall {
+	return scriptCall{wakeScript, []string{k.Hash, k.Bargers}, []any{k.Channel, publish}}
 }
 
 // renewCall returns the call of scripts/renew.lua that renews batch: the
@@ -254,10 +263,10 @@ type multiReleaseArgs struct {
 
 // call returns the script's call on the locks ks, which share a slot.
 func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
-	keys := make([]string, 0, 5*len(ks))
+	keys := make([]string, 0, 6*len(ks))
 	args := []any{tombstoneTTL.Milliseconds(), a.publish}
 	for i, k := range ks {
-		keys = append(keys, k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ids[i]))
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ids[i]), k.Bargers)
 		args = append(args, a.ids[i], a.tokens[i], k.Channel)
 	}
 	return scriptCall{multiReleaseScript, keys, args}

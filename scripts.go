@@ -24,6 +24,8 @@ var (
 	luaTTL string
 	//go:embed scripts/handoff.lua
 	luaHandoff string
+	//go:embed scripts/wake.lua
+	luaWake string
 	//go:embed scripts/multi_acquire.lua
 	luaMultiAcquire string
 	//go:embed scripts/multi_release.lua
@@ -47,6 +49,7 @@ var (
 	extendScript  = redis.NewScript(luaLib + luaExtend)
 	ttlScript     = redis.NewScript(luaLib + luaTTL)
 	handoffScript = redis.NewScript(luaLib + luaHandoff)
+	wakeScript    = redis.NewScript(luaLib + luaWake)
 
 	multiAcquireScript = redis.NewScript(luaLib + luaMultiAcquire)
 	multiReleaseScript = redis.NewScript(luaLib + luaMultiRelease)

@@ -151,7 +151,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	}
 	defer s.turn.give()
 	a := s.newCall(n, "queue")
-	if err := block(ctx, []post{{s.c.sub, s.keys.GrantChannel(s.c.id)}}, a); err != nil {
+	if err := block(ctx, []post{{sub: s.c.sub, channel: s.keys.GrantChannel(s.c.id)}}, a); err != nil {
 		return s.wrap("acquire", err)
 	}
 	return nil

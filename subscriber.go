@@ -96,13 +96,13 @@ func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx 
 // add registers a new member of set for ticket on the named channel, and
 // has the channel subscribed if it is not. It returns a channel closed
 // once the subscription is confirmed, or ErrClosed after Close.
-func (s *subscriber) add(set *waitSet, name, ticket string) (<-chan struct{}, error) {
+func (s *subscriber) add(set *waitSet, name, ticket string, pass func()) (<-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
-	w, ready := s.reg.add(set, name, ticket)
+	w, ready := s.reg.add(set, name, ticket, pass)
 	if w == nil {
 		return nil, ErrClosed
 	}

@@ -44,10 +44,13 @@ type contender interface {
 
 // post is a channel that a blocking call waits on, with the subscriber
 // that hears it: one for a Mutex or a Semaphore, one per node for a
-// RedMutex.
+// RedMutex. A plain waiter's post (a barging lock's) has a pass, which
+// passes on a wake-up that reached the process when it had no plain
+// waiter left (see registry); it must not block.
 type post struct {
 	sub     *subscriber
 	channel string
+	pass    func()
 }
 
 // block runs the wait loop of a blocking call on posts: attempt; if not
@@ -127,7 +130,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 func joinConfirmed(posts []post, ticket string) *waitSet {
 	ws := newWaitSet()
 	for _, p := range posts {
-		if p.sub.reg.addConfirmed(ws, p.channel, ticket) == nil {
+		if p.sub.reg.addConfirmed(ws, p.channel, ticket, p.pass) == nil {
 			ws.leave(false)
 			return nil
 		}
@@ -146,7 +149,7 @@ func join(ctx context.Context, posts []post, ticket string) (*waitSet, error) {
 	ready := make([]<-chan struct{}, len(posts))
 	for i, p := range posts {
 		var err error
-		if ready[i], err = p.sub.add(ws, p.channel, ticket); err != nil {
+		if ready[i], err = p.sub.add(ws, p.channel, ticket, p.pass); err != nil {
 			ws.leave(false)
 			return nil, err
 		}

@@ -19,12 +19,15 @@ const deafPoll = 250 * time.Millisecond
 // subscription confirmed or lapsed, a message) and asks it which channels
 // have waiters.
 //
-// A message wakes waiters: an empty one wakes the first waiter of the
-// channel that has no signal pending (one per process, in arrival order),
-// and one of the form "ticket:token ..." signals the waiters of those
-// tickets and hands them the grant. A waiter that leaves with a plain
-// signal it did not use passes it to the next waiter of its channel, so
-// that leaving never swallows a wake-up meant for the process.
+// A message wakes waiters: an empty one wakes the first plain waiter (of
+// a barging lock) of the channel that has no signal pending, in arrival
+// order, and one of the form "ticket:token ..." signals the waiters of
+// those tickets and hands them the grant. A waiter that leaves with a
+// plain signal it did not use passes it to the next plain waiter of its
+// channel, so that leaving never swallows a wake-up meant for the
+// process. When the channel has no plain waiter left to take one, its
+// pass (set by the plain waiters that joined it) passes it on to another
+// process (see wakePlain).
 //
 // A channel is confirmed while Redis is known to deliver its messages.
 // Until then its waiters cannot rely on messages: they sleep at most
@@ -44,6 +47,7 @@ type channel struct {
 	confirmed bool
 	missed    bool      // waiters went on while it was not confirmed: wake them all when it is
 	idleSince time.Time // when the last waiter left
+	pass      func()    // passes on a plain wake-up that no waiter takes; set by plain waiters
 
 	listeners []*listener // hear every message (see listener.go)
 }
@@ -54,6 +58,7 @@ type waiter struct {
 	ch     *channel
 	set    *waitSet
 	ticket string // the call's address in grant messages; guarded by r.mu
+	plain  bool   // woken by empty messages (a barging lock's waiter)
 
 	// Guarded by set.mu.
 	fired bool   // signalled, and not consumed yet
@@ -82,8 +87,10 @@ func newWaitSet() *waitSet {
 
 // add registers a new member of set for ticket on the named channel, and
 // returns it with a channel that is closed once the channel is confirmed.
-// It returns a nil waiter when the registry is closed.
-func (r *registry) add(set *waitSet, name, ticket string) (*waiter, <-chan struct{}) {
+// A plain member (pass not nil) is woken by empty messages, and pass
+// becomes the channel's. It returns a nil waiter when the registry is
+// closed.
+func (r *registry) add(set *waitSet, name, ticket string, pass func()) (*waiter, <-chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -94,24 +101,28 @@ func (r *registry) add(set *waitSet, name, ticket string) (*waiter, <-chan struc
 		ch = &channel{ready: make(chan struct{})}
 		r.channels[name] = ch
 	}
-	return r.register(set, ch, ticket), ch.ready
+	return r.register(set, ch, ticket, pass), ch.ready
 }
 
 // addConfirmed registers a new member of set for ticket on the named
-// channel if the channel is confirmed, and returns it; else nil.
-func (r *registry) addConfirmed(set *waitSet, name, ticket string) *waiter {
+// channel if the channel is confirmed, and returns it; else nil. pass is
+// as for add.
+func (r *registry) addConfirmed(set *waitSet, name, ticket string, pass func()) *waiter {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
 	if r.closed || ch == nil || !ch.confirmed {
 		return nil
 	}
-	return r.register(set, ch, ticket)
+	return r.register(set, ch, ticket, pass)
 }
 
 // register appends a new member of set to ch. r.mu must be held.
-func (r *registry) register(set *waitSet, ch *channel, ticket string) *waiter {
-	w := &waiter{r: r, ch: ch, set: set, ticket: ticket}
+func (r *registry) register(set *waitSet, ch *channel, ticket string, pass func()) *waiter {
+	w := &waiter{r: r, ch: ch, set: set, ticket: ticket, plain: pass != nil}
+	if pass != nil {
+		ch.pass = pass
+	}
 	ch.waiters = append(ch.waiters, w)
 	set.members = append(set.members, w)
 	return w
@@ -134,7 +145,7 @@ func (r *registry) leave(w *waiter, passOn bool) {
 	unused := (w.fired || (passOn && w.woke)) && w.grant == ""
 	w.set.mu.Unlock()
 	if unused {
-		ch.wakeOne()
+		ch.wakePlain()
 	}
 	if ch.idle() {
 		ch.idleSince = time.Now()
@@ -184,7 +195,7 @@ func (r *registry) deliver(name, payload string) {
 	}
 	ch.hear(payload)
 	if payload == "" {
-		ch.wakeOne()
+		ch.wakePlain()
 		return
 	}
 	for _, grant := range strings.Fields(payload) {
@@ -291,15 +302,51 @@ func (r *registry) close() {
 	}
 }
 
-// wakeOne signals the first waiter with no signal pending. r.mu must be
-// held.
-func (ch *channel) wakeOne() {
+// wakePlain wakes a waiter with an empty message's wake-up: the first
+// plain waiter with no signal pending; none when every plain waiter has
+// one pending (each will look again). When the channel has no plain
+// waiter, the channel's pass, if plain waiters set one, passes it on to
+// another process; otherwise (a channel of fair waiters, where no release
+// publishes one) the first waiter with no signal pending looks again.
+// r.mu must be held.
+func (ch *channel) wakePlain() {
+	plain := false
 	for _, w := range ch.waiters {
-		if !w.pending() {
-			w.fire("")
-			return
+		if w.plain {
+			if !w.pending() {
+				w.fire("")
+				return
+			}
+			plain = true
 		}
 	}
+	switch {
+	case plain:
+	case ch.pass != nil:
+		ch.pass()
+	default:
+		for _, w := range ch.waiters {
+			if !w.pending() {
+				w.fire("")
+				return
+			}
+		}
+	}
+}
+
+// plainOthers reports whether the named channel has a plain waiter whose
+// ticket is not ticket.
+func (r *registry) plainOthers(name, ticket string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ch := r.channels[name]; ch != nil {
+		for _, w := range ch.waiters {
+			if w.plain && w.ticket != ticket {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wakeAll signals every waiter. r.mu must be held.

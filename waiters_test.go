@@ -9,11 +9,15 @@ import (
 
 // The waiter registry on its own: no Redis, no subscriber.
 
+// testPass is the pass of the plain waiters these tests register: a
+// wake-up that finds none is dropped.
+var testPass = func() {}
+
 // joinReg registers a new waiter set for ticket on the named channel of r.
 func joinReg(t *testing.T, r *registry, name, ticket string) *waitSet {
 	t.Helper()
 	ws := newWaitSet()
-	if w, _ := r.add(ws, name, ticket); w == nil {
+	if w, _ := r.add(ws, name, ticket, testPass); w == nil {
 		t.Fatal("add on an open registry returned no waiter")
 	}
 	return ws
@@ -141,11 +145,11 @@ func TestRegistryLeavePassesOnUnusedWakeups(t *testing.T) {
 
 func TestRegistryConfirmation(t *testing.T) {
 	r := newRegistry()
-	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "a") != nil {
+	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "a", testPass) != nil {
 		t.Fatal("addConfirmed registered on a channel not confirmed")
 	}
 	a := newWaitSet()
-	_, ready := r.add(a, "ch", "a")
+	_, ready := r.add(a, "ch", "a", testPass)
 	if !a.members[0].r.unconfirmed(a.members[0]) {
 		t.Fatal("a new channel is confirmed")
 	}
@@ -162,7 +166,7 @@ func TestRegistryConfirmation(t *testing.T) {
 	}
 	_, _ = a.wait(ctx, 0, nil)
 	_, _ = b.wait(ctx, 0, nil)
-	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "c") == nil {
+	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "c", testPass) == nil {
 		t.Fatal("addConfirmed did not register on a confirmed channel")
 	}
 
@@ -178,7 +182,7 @@ func TestRegistryConfirmation(t *testing.T) {
 	// A lapse makes the channel unconfirmed until confirmed anew, which
 	// wakes every waiter.
 	r.lapse("ch")
-	_, ready = r.add(newWaitSet(), "ch", "d")
+	_, ready = r.add(newWaitSet(), "ch", "d", testPass)
 	select {
 	case <-ready:
 		t.Fatal("ready closed after a lapse")
@@ -230,7 +234,7 @@ func TestWaitSetBounds(t *testing.T) {
 	if err := result(t, done); !errors.Is(err, ErrClosed) {
 		t.Fatalf("wait when the registry closed: %v, want ErrClosed", err)
 	}
-	if w, _ := r.add(newWaitSet(), "ch", "b"); w != nil {
+	if w, _ := r.add(newWaitSet(), "ch", "b", testPass); w != nil {
 		t.Fatal("add registered a waiter on a closed registry")
 	}
 }
@@ -241,7 +245,7 @@ func twoRegistries() (*registry, *registry, *waitSet) {
 	r1, r2 := newRegistry(), newRegistry()
 	ws := newWaitSet()
 	for _, r := range []*registry{r1, r2} {
-		r.add(ws, "ch", "")
+		r.add(ws, "ch", "", testPass)
 		r.confirm("ch")
 	}
 	return r1, r2, ws

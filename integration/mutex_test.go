@@ -22,8 +22,9 @@ import (
 func lockKey(name string) string { return "redisync:lock:{" + name + "}" }
 
 // subscribed returns how many Clients are subscribed to a lock's
-// channels: its channel (barging waiters) and its grant channels (fair
-// waiters: one per Client, which alone subscribes to it).
+// channels: its grant channels (one per Client with waiters, fair or
+// barging, which alone subscribes to it), and its channel (where an older
+// version's barging waiters wait).
 func subscribed(t *testing.T, rdb redis.UniversalClient, name string) int64 {
 	t.Helper()
 	channel := lockKey(name) + ":ch"

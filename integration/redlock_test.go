@@ -168,9 +168,9 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 		got := make(chan error, 1)
 		go func() { got <- waiter.Lock(ctx) }()
 		admins := nodeAdmins(t, ss)
-		channel := lockKey(name) + ":ch"
+		grants := lockKey(name) + ":ch:*" // the waiter's Client's grant channel
 		eventually(t, 5*time.Second, "the waiter subscribed on node 2", func() bool {
-			return admins[2].PubSubNumSub(ctx, channel).Val()[channel] == 1
+			return len(admins[2].PubSubChannels(ctx, grants).Val()) == 1
 		})
 		ss[0].Kill(t)
 		ss[1].Kill(t)
@@ -429,10 +429,10 @@ func TestRedlockWaiterWokenByPubSub(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() { got <- waiter.Lock(ctx) }()
-	channel := lockKey(name) + ":ch"
+	grants := lockKey(name) + ":ch:*" // the waiter's Client's grant channel on each node
 	for i, rdb := range admins {
 		eventually(t, 5*time.Second, fmt.Sprintf("node %d's subscriber", i), func() bool {
-			return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 1
+			return len(rdb.PubSubChannels(ctx, grants).Val()) == 1
 		})
 	}
 	// Watch the nodes for a while: a sleeping waiter sends nothing.

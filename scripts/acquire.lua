@@ -27,7 +27,13 @@
 -- ARGV[9] the caller's metadata (WithMetadata), stored with its hold; ''
 --         for none. A queued call keeps it in its waiter record, for the
 --         hand-off.
--- KEYS[6], ARGV[10] an election's revision key and channel of changes
+-- KEYS[6] the Clients with plain waiters (see lib.lua, record_barger)
+-- ARGV[10] mode "barge": how long in ms the caller's Client is recorded as
+--         having a plain waiter, when the call waits and finds the lock
+--         taken ('0': a TryLock, which does not wait)
+-- ARGV[11] mode "barge": "1" when other plain waiters of the caller's
+--         Client wait for the lock: taking it records the Client again
+-- KEYS[7], ARGV[12] an election's revision key and channel of changes
 --         (absent for a plain lock): a new holder is announced there (see
 --         lib.lua, announce)
 --
@@ -41,7 +47,7 @@ local lock, token, queue, waiters, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KE
 local ticket, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local t = check_counter(token)
-elect(KEYS[6], ARGV[10], ARGV[7])
+elect(KEYS[7], ARGV[12], ARGV[7])
 local count, layout = read_hold(lock, ticket)
 if count > 0 then
   -- Never shorten it: a late copy of this call must not cut a lease that
@@ -62,8 +68,15 @@ if pttl ~= -2 and layout ~= LAYOUT then
   other_layout(lock, layout)
 end
 if mode == 'barge' then
+  -- Recorded before the grant's first write: a key of the wrong type
+  -- fails the script having changed nothing.
+  local record = tonumber(ARGV[10])
   if pttl ~= -2 then
+    record_barger(KEYS[6], ticket, record)
     return {0, pttl}
+  end
+  if ARGV[11] == '1' then
+    record_barger(KEYS[6], ticket, record)
   end
   return {1, grant(lock, token, ticket, lease, ARGV[9])}
 end

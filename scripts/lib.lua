@@ -408,17 +408,57 @@ local function withdraw_ticket(tomb)
   end
 end
 
+-- A lock's plain (barging) waiters are recorded per Client, in a zset
+-- (internal/schema, Lock.Bargers) of client id -> the server time in ms
+-- until which the record stands. A waiter records its Client when it finds
+-- the lock taken (record_barger), and again when it takes the lock while
+-- other plain waiters of its Client wait. A release that hands the lock to
+-- nobody wakes one recorded Client (wake_barger), not every process.
+
+-- record_barger records the Client of id (a ticket) as having a plain
+-- waiter that attempts again within ms (nothing when ms < 1). A key of the
+-- wrong type fails the ZADD: the caller records before its first write.
+local function record_barger(bargers, id, ms)
+  if ms < 1 then
+    return
+  end
+  redis.call('ZADD', bargers, string.format('%d', now_ms() + ms), client_of(id))
+  keep_alive(bargers, ms)
+end
+
+-- wake_barger takes out the record of bargers that runs out first (made
+-- longest ago) and wakes that Client's plain waiters with an empty message
+-- on its grant channel (see grant_channel); one of them attempts again,
+-- and records its Client again if it finds the lock taken. Records that
+-- have run out, and Clients that no longer listen (the message reaches
+-- nobody), are dropped on the way to the first that hears it. A key of the
+-- wrong type wakes nobody (the caller has written already; the next
+-- barging attempt fails on it): plain waiters then look again when their
+-- sleep ends.
+local function wake_barger(bargers, channel, publish)
+  while true do
+    local first = redis.pcall('ZRANGE', bargers, 0, 0, 'WITHSCORES')
+    if type(first) ~= 'table' or not first[1] then
+      return
+    end
+    redis.call('ZREM', bargers, first[1])
+    if tonumber(first[2]) >= now_ms() and redis.call(publish, channel .. ':' .. first[1], '') > 0 then
+      return
+    end
+  end
+end
+
 -- release_hold ends a hold of count levels (read by the caller: 0 when the
 -- hold id does not hold the lock), whatever its count (the holder keeps
 -- the count of levels): the lock goes to the first live fair waiter (see
--- hand_off), or is deleted and an empty message published so that one
--- plain waiter per process tries again. A hold with a token (mytoken, a
+-- hand_off), or is deleted and one Client's plain waiters are woken (see
+-- wake_barger). A hold with a token (mytoken, a
 -- string; '0' when unknown) leaves a tombstone holding it for tomb_ms, so
 -- that a retried release knows it applied. It returns 1 when released
 -- (now or by an earlier try of the call), 0 when not held by the hold id.
 -- The hand-off reads what it writes before its first write; the
 -- tombstone's SET replaces a key of any type.
-local function release_hold(count, lock, token, queue, waiters, tomb, mytoken, tomb_ms, channel, publish)
+local function release_hold(count, lock, token, queue, waiters, bargers, tomb, mytoken, tomb_ms, channel, publish)
   local fenced = tonumber(mytoken) > 0
   if count == 0 then
     if fenced and redis.call('GET', tomb) == mytoken then
@@ -428,7 +468,7 @@ local function release_hold(count, lock, token, queue, waiters, tomb, mytoken, t
   end
   if not hand_off(lock, token, queue, waiters, channel, publish, nil, true) then
     redis.call('DEL', lock)
-    redis.call(publish, channel, '')
+    wake_barger(bargers, channel, publish)
     announce(0, '', 0)
   end
   if fenced then

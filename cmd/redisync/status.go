@@ -33,11 +33,11 @@ reads Redis: the lock in one transaction, the semaphore in another, the
 read-write lock in a third, the election in a fourth.
 
 Only what exists is shown: a lock never taken is shown only if there is
-no semaphore NAME either. Plain (--barging) waiters of a lock leave no
-record in Redis: each process with waiters of the lock (plain or fair) is
-subscribed to one of its channels, and status counts the subscribed
-processes (a process stays subscribed for 2 s after its last waiter
-left).
+no semaphore NAME either. Plain (--barging) waiters of a lock are not
+queued: each process with waiters of the lock (plain or fair) is
+subscribed to its own channel of the lock, and status counts the
+subscribed processes (a process stays subscribed for 2 s after its last
+waiter left).
 
 With --watch, status reads again every --interval (1s) until interrupted,
 a live view of the holder, the queue and how long each waiter has waited:
@@ -111,11 +111,13 @@ type LockStatus struct {
 	Holder    *Holder  `json:"holder"`
 	LastToken int64    `json:"last_token"`
 	Queue     []Waiter `json:"queue"`
-	// SubscribedProcesses counts the subscriptions of processes to the
-	// lock's channels (LockState.Subscribers): a process with waiters,
-	// or whose last waiter left less than 2 s ago, counts once, or twice
-	// when it has waiters both fair and barging.
+	// SubscribedProcesses counts the processes subscribed to the lock's
+	// channels (LockState.Subscribers): a process with waiters, fair or
+	// barging, or whose last waiter left less than 2 s ago, counts once.
 	SubscribedProcesses int64 `json:"subscribed_processes"`
+	// BargingProcesses counts the processes recorded as having barging
+	// waiters (LockState.Barging).
+	BargingProcesses int64 `json:"barging_processes"`
 }
 
 // Holder is the owner of a lock.
@@ -294,7 +296,7 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 
 // lockStatus converts what InspectLock (or InspectElection) read.
 func lockStatus(l *redisync.LockState) LockStatus {
-	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers}
+	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers, BargingProcesses: l.Barging}
 	if h := l.Holder; h != nil {
 		st.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
 	}
@@ -318,7 +320,7 @@ func leaseMS(d time.Duration) int64 {
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
 	l := st.Lock
-	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && l.BargingProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
 		st.printOthers(out)
 		return
 	}
@@ -339,6 +341,9 @@ func (st *Status) print(out io.Writer) {
 		}
 	}
 	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, fair or barging, or within 2 s of their last)", l.SubscribedProcesses))
+	if l.BargingProcesses > 0 {
+		field(out, "barging", fmt.Sprintf("%d process(es) recorded with barging waiters", l.BargingProcesses))
+	}
 	if len(l.Queue) == 0 {
 		field(out, "queue", "empty")
 	} else {

@@ -46,11 +46,11 @@ func TestStatus(t *testing.T) {
 	if err != nil || len(queue) != 2 {
 		t.Fatalf("queue %q, %v", queue, err)
 	}
-	// And a plain one, which leaves no record: its process is subscribed.
+	// And a plain one, which is not queued: its process is recorded and
+	// subscribed to its own grant channel, as the fair ones are.
 	waiters = append(waiters, start(t, addr, "lock", "--barging", name, "--", "true"))
 	waitFor(t, "the plain waiter to subscribe", func() bool {
-		// Fair waiters hear their grant channels, one per process.
-		return rdb.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 1 && len(rdb.PubSubChannels(ctx, keys.Channel+":*").Val()) == 2
+		return rdb.ZCard(ctx, keys.Bargers).Val() == 1 && len(rdb.PubSubChannels(ctx, keys.Channel+":*").Val()) == 3
 	})
 
 	code, p = runCode(t, addr, "status", "--json", name)
@@ -75,8 +75,9 @@ func TestStatus(t *testing.T) {
 			t.Errorf("waiter %+v: want the label of its own process on %s", w, host)
 		}
 	}
-	if len(st.Lock.Queue) != 2 || st.Lock.SubscribedProcesses != 3 {
-		t.Fatalf("queue %+v and %d waiting processes, want 2 fair waiters and 3 processes", st.Lock.Queue, st.Lock.SubscribedProcesses)
+	if len(st.Lock.Queue) != 2 || st.Lock.SubscribedProcesses != 3 || st.Lock.BargingProcesses != 1 {
+		t.Fatalf("queue %+v, %d waiting processes and %d barging, want 2 fair waiters, 3 processes and 1 barging",
+			st.Lock.Queue, st.Lock.SubscribedProcesses, st.Lock.BargingProcesses)
 	}
 	for i, w := range st.Lock.Queue {
 		if w.Position != i+1 || w.Owner != queue[i] || !w.Alive || w.HeartbeatMS <= 0 || w.HeartbeatMS > 3000 ||

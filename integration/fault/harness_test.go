@@ -42,8 +42,9 @@ func newClient(t *testing.T, addr string, opts ...redisync.ClientOption) *redisy
 var eventually = redistest.Eventually
 
 // subscribers returns how many connections are subscribed to a lock's
-// channels: one per Client with a confirmed waiter, on the lock's channel
-// (barging waiters) or on its own grant channel (fair waiters).
+// channels: one per Client with a confirmed waiter, fair or barging, on
+// its own grant channel (or on the lock's channel, for an older version's
+// barging waiters).
 func subscribers(t *testing.T, rdb *redis.Client, name string) int64 {
 	t.Helper()
 	n, err := rdb.PubSubNumSub(ctx, channel(name)).Result()

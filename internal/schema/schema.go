@@ -57,9 +57,18 @@ type Lock struct {
 	// Waiters holds the fair waiters' records: a hash of ticket -> a
 	// LockWaiter record.
 	Waiters string
-	// Channel is where a release that hands the lock to nobody publishes
-	// an empty message, for plain (barging) waiters. A hand-off to a fair
-	// waiter is published on its client's GrantChannel instead.
+	// Bargers records which clients have plain (barging) waiters: a zset
+	// of client id -> the server time in ms until which the record
+	// stands (its waiter attempts again before then). A release that
+	// hands the lock to nobody takes out the record that runs out first
+	// and wakes that client, with an empty message on its GrantChannel
+	// (scripts/lib.lua, wake_barger). It lives as long as its last record.
+	Bargers string
+	// Channel names the lock's channels: a client's GrantChannel is
+	// Channel, ":" and the client id. (Layout 2 before barging waiters were
+	// recorded published an empty message on Channel itself at every
+	// release that handed the lock to nobody, for every process's plain
+	// waiters.)
 	Channel string
 	// Revision and Changes are an election's (ElectionKeys), "" for a
 	// plain lock. Revision is the revision of the election's last
@@ -70,9 +79,10 @@ type Lock struct {
 	Changes  string
 }
 
-// GrantChannel returns the channel on which grants to the waiters of the
-// client client are published: the lock's channel followed by ":" and the
-// client id, in the lock's slot. Only the grantee's process hears a grant.
+// GrantChannel returns the channel on which grants to the fair waiters of
+// the client client, and wake-ups of its plain waiters, are published: the
+// lock's channel followed by ":" and the client id, in the lock's slot.
+// Only that client's process hears them.
 func (k Lock) GrantChannel(client string) string { return k.Channel + ":" + client }
 
 // LockKeys returns the keys of the lock called name under prefix.
@@ -89,7 +99,7 @@ func ElectionKeys(prefix, name string) Lock {
 // lockKeys returns the keys of the lock whose hash is b.
 func lockKeys(b string) Lock {
 	return Lock{Hash: b, Token: b + ":token", Queue: b + ":queue",
-		Waiters: b + ":waiters", Channel: b + ":ch"}
+		Waiters: b + ":waiters", Bargers: b + ":bargers", Channel: b + ":ch"}
 }
 
 // Tombstone returns the key that exists once the call of the ticket id has
