@@ -3,8 +3,11 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,20 +22,83 @@ import (
 // process (issue 16). The waiters here recheck only once a minute, so a
 // wake-up that did not reach them would fail the tests' 5 s waits.
 
+// attempts is a go-redis hook that counts the runs of acquire.lua that
+// Redis answered, by the Client whose ticket ran them.
+type attempts struct {
+	mu sync.Mutex
+	n  map[string]int // by client id
+}
+
+// newBargingMini starts an embedded Redis and returns it with a go-redis
+// client to it that counts acquire attempts.
+func newBargingMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *attempts) {
+	t.Helper()
+	mr, rdb, _ := newMini(t)
+	at := &attempts{n: map[string]int{}}
+	rdb.AddHook(at)
+	return mr, rdb, at
+}
+
+func (a *attempts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (a *attempts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if err != nil || len(args) < 9 || (args[1] != acquireScript.Hash() && args[1] != luaLib+luaAcquire) {
+			return err
+		}
+		keys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+		ticket := fmt.Sprint(args[3+keys]) // "label/client-n"
+		client := ticket[strings.LastIndex(ticket, "/")+1 : strings.LastIndex(ticket, "-")]
+		a.mu.Lock()
+		a.n[client]++
+		a.mu.Unlock()
+		return err
+	}
+}
+
+func (a *attempts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// of returns how many attempts c made.
+func (a *attempts) of(c *Client) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n[c.id]
+}
+
 // bargingWaiter starts a barging Lock of the lock "g" on c and waits until
-// c is recorded and its grant channel subscribed, so that a release from
-// then on wakes it. It returns the Mutex and Lock's result.
-func bargingWaiter(t *testing.T, ctx context.Context, mr *miniredis.Miniredis, rdb *redis.Client, c *Client) (*Mutex, <-chan error) {
+// it sleeps: c is recorded, its grant channel subscribed, and its last
+// attempt before the sleep answered (the one after the subscription is
+// confirmed, when it was not already), so that a release from then on
+// wakes it and nothing changes c's record meanwhile. It returns the Mutex
+// and Lock's result.
+func bargingWaiter(t *testing.T, ctx context.Context, mr *miniredis.Miniredis, rdb *redis.Client, at *attempts, c *Client) (*Mutex, <-chan error) {
 	t.Helper()
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
+	want := at.of(c) + 2
+	if subscribed(c, k.GrantChannel(c.id)) {
+		want-- // no subscription to wait for: one attempt, then the sleep
+	}
 	m := c.NewMutex("g", Barging(), WithRecheck(time.Minute))
 	done := make(chan error, 1)
 	go func() { done <- m.Lock(ctx) }()
-	eventually(t, 5*time.Second, "the waiter's Client to be recorded and subscribed", func() bool {
+	eventually(t, 5*time.Second, "the waiter's Client to be recorded and subscribed, and the waiter to sleep", func() bool {
 		_, err := mr.ZScore(k.Bargers, c.id)
-		return err == nil && rdb.PubSubNumSub(ctx, k.GrantChannel(c.id)).Val()[k.GrantChannel(c.id)] == 1
+		return err == nil && rdb.PubSubNumSub(ctx, k.GrantChannel(c.id)).Val()[k.GrantChannel(c.id)] == 1 && at.of(c) >= want
 	})
 	return m, done
+}
+
+// subscribed reports whether c's subscription of channel is confirmed.
+func subscribed(c *Client, channel string) bool {
+	r := c.sub.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[channel]
+	return ch != nil && ch.confirmed
 }
 
 // plainWaiters returns how many plain waiters c's subscriber has on the
@@ -68,7 +134,7 @@ func pendingResult(t *testing.T, done <-chan error, who string) {
 // or the lock's own channel. The last release, with nobody recorded,
 // publishes nothing.
 func TestBargingReleaseWakesOneClient(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
 	holder := newClient(t, rdb).NewMutex("g", Barging())
 	if err := holder.Lock(ctx); err != nil {
@@ -78,7 +144,7 @@ func TestBargingReleaseWakesOneClient(t *testing.T) {
 	var ms []*Mutex
 	var dones []<-chan error
 	for _, c := range clients {
-		m, done := bargingWaiter(t, ctx, mr, rdb, c)
+		m, done := bargingWaiter(t, ctx, mr, rdb, at, c)
 		ms, dones = append(ms, m), append(dones, done)
 	}
 	msgs := listen(t, rdb, k.Channel+"*")
@@ -114,7 +180,7 @@ func TestBargingReleaseWakesOneClient(t *testing.T) {
 // that Client's subscriber finds no plain waiter and runs wake.lua, which
 // wakes the next recorded Client while the lock is free.
 func TestBargingWakeupPassesOnWhenItsWaiterLeft(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
 	holder := newClient(t, rdb).NewMutex("g", Barging())
 	if err := holder.Lock(ctx); err != nil {
@@ -122,8 +188,8 @@ func TestBargingWakeupPassesOnWhenItsWaiterLeft(t *testing.T) {
 	}
 	a, b := newClient(t, rdb), newClient(t, rdb)
 	actx, cancel := context.WithCancel(ctx)
-	_, da := bargingWaiter(t, actx, mr, rdb, a)
-	wb, db := bargingWaiter(t, ctx, mr, rdb, b)
+	_, da := bargingWaiter(t, actx, mr, rdb, at, a)
+	wb, db := bargingWaiter(t, ctx, mr, rdb, at, b)
 	cancel()
 	if err := result(t, da); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a's cancelled Lock: %v", err)
@@ -153,15 +219,15 @@ func TestBargingWakeupPassesOnWhenItsWaiterLeft(t *testing.T) {
 // A waiter that takes the lock while other plain waiters of its Client
 // wait records its Client again, so that the next release wakes them.
 func TestBargingTakerRecordsItsClientForTheOthers(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
 	holder := newClient(t, rdb).NewMutex("g", Barging())
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	a := newClient(t, rdb)
-	w1, d1 := bargingWaiter(t, ctx, mr, rdb, a)
-	w2, d2 := bargingWaiter(t, ctx, mr, rdb, a)
+	w1, d1 := bargingWaiter(t, ctx, mr, rdb, at, a)
+	w2, d2 := bargingWaiter(t, ctx, mr, rdb, at, a)
 	eventually(t, 5*time.Second, "both waiters to wait", func() bool { return plainWaiters(a) == 2 })
 
 	if err := holder.Unlock(ctx); err != nil {
@@ -198,7 +264,7 @@ func TestBargingTakerRecordsItsClientForTheOthers(t *testing.T) {
 // A TryLock does not wait, and records nothing; the record of a waiting
 // Lock has a TTL that covers its sleep between attempts.
 func TestBargingRecordsOnlyWaitersWithATTL(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
 	holder := newClient(t, rdb).NewMutex("g", Barging())
 	if err := holder.Lock(ctx); err != nil {
@@ -211,7 +277,7 @@ func TestBargingRecordsOnlyWaitersWithATTL(t *testing.T) {
 	if mr.Exists(k.Bargers) {
 		t.Fatal("a TryLock recorded its Client as waiting")
 	}
-	w, done := bargingWaiter(t, ctx, mr, rdb, c)
+	w, done := bargingWaiter(t, ctx, mr, rdb, at, c)
 	if ttl := mr.TTL(k.Bargers); ttl < time.Minute || ttl > 2*time.Minute {
 		t.Fatalf("the record's key lives %v, want the waiter's recheck (1 min) to 2 min", ttl)
 	}

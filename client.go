@@ -84,7 +84,7 @@ func clientWith(rdb redis.UniversalClient, cfg config) *Client {
 	c.calls = newCallGroup(workerIdle)
 	c.obs = c.cfg.obs
 	c.events = newEvents(c.cfg.obs, c.cfg.log)
-	c.sub = newSubscriber(rdb, cluster, c.ctx, c.events)
+	c.sub = newSubscriber(rdb, cluster, c.ctx, c.events, c.passOn)
 	c.wd = newWatchdog(rdb, c.ctx, c.events)
 	return c
 }

@@ -43,7 +43,7 @@ func (r *registry) listen(name string, l *listener) bool {
 	}
 	ch := r.channels[name]
 	if ch == nil {
-		ch = &channel{ready: make(chan struct{})}
+		ch = &channel{name: name, ready: make(chan struct{})}
 		r.channels[name] = ch
 	}
 	ch.listeners = append(ch.listeners, l)

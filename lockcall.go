@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -13,6 +14,7 @@ type lockCall struct {
 	ticket string
 	mode   string // of acquire.lua: "queue" (fair Lock), "barge" or "try"
 	waits  bool   // the call waits: in mode "barge", it records its Client when it finds the lock taken
+	waiter string // the address of the call's waiter, when not its ticket (a RedMutex's node attempt)
 
 	pttl int64 // the lock's PTTL found by the last attempt
 	place
@@ -41,7 +43,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	if l.mode == "barge" && l.waits {
 		// Recorded for longer than the call sleeps between attempts.
 		acquire.record = 2 * m.cfg.recheck
-		acquire.others = m.c.sub.reg.plainOthers(m.keys.GrantChannel(m.c.id), l.ticket)
+		acquire.others = m.c.sub.reg.plainOthers(m.keys.GrantChannel(m.c.id), cmp.Or(l.waiter, l.ticket))
 	}
 	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquire.call(m.keys), granted)

@@ -137,7 +137,7 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		if m.reenter(ctx) {
 			return true, nil
 		}
-		ok, _, err := m.tryOnce(ctx, mode, false)
+		ok, _, err := m.tryOnce(ctx, mode, "")
 		if !errors.Is(err, errHeld) {
 			return ok, m.wrapIf("trylock", err)
 		}
@@ -145,12 +145,13 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 }
 
 // tryOnce makes one attempt under a new ticket, in the given mode, never
-// queueing; waits says whether the caller waits if it fails (see
-// lockCall.waits). It reports whether m holds the lock now and, if not,
-// the lock's PTTL.
-func (m *Mutex) tryOnce(ctx context.Context, mode string, waits bool) (bool, int64, error) {
+// queueing. waiter is the address under which the caller's waiter is
+// registered when the caller waits if the attempt fails (a RedMutex's
+// Lock), "" when it does not (TryLock). It reports whether m holds the
+// lock now and, if not, the lock's PTTL.
+func (m *Mutex) tryOnce(ctx context.Context, mode, waiter string) (bool, int64, error) {
 	l := m.newCall(mode)
-	l.waits = waits
+	l.waits, l.waiter = waiter != "", waiter
 	ok, _, err := l.attempt(ctx)
 	if err != nil || !ok {
 		l.finish(ctx, err)
@@ -298,18 +299,25 @@ func (m *Mutex) reenter(ctx context.Context) bool {
 // post returns where a waiter for m's lock waits, heard through m's
 // Client: its Client's grant channel of the lock, where only hand-offs to
 // this process (fair waiters) and wake-ups of its plain waiters (barging)
-// are published. A plain waiter's wake-up that finds none left is passed
-// on to the next Client recorded as having one (scripts/wake.lua).
+// are published. A wake-up that finds no plain waiter left is passed on
+// (Client.passOn).
 func (m *Mutex) post() post {
-	p := post{sub: m.c.sub, channel: m.keys.GrantChannel(m.c.id)}
-	if m.cfg.barging {
-		p.pass = func() {
-			m.c.background(func(ctx context.Context) {
-				_ = wakeCall(m.keys, m.c.publish).run(ctx, m.c.rdb).Err()
-			})
-		}
+	return post{sub: m.c.sub, channel: m.keys.GrantChannel(m.c.id), plain: m.cfg.barging}
+}
+
+// passOn passes on a wake-up of plain waiters that reached the Client on
+// channel when none was left to take it (a cancelled Lock; a channel
+// being unsubscribed; a reconnect that may have lost it): if channel is a
+// lock's grant channel, scripts/wake.lua wakes the next Client recorded as
+// having plain waiters while the lock is free. It never waits.
+func (c *Client) passOn(channel string) {
+	k, ok := schema.LockOfGrantChannel(channel)
+	if !ok {
+		return
 	}
-	return p
+	c.background(func(ctx context.Context) {
+		_ = wakeCall(k, c.publish).run(ctx, c.rdb).Err()
+	})
 }
 
 // holdID returns the Redis field of m's hold, or "".

@@ -19,10 +19,11 @@ var (
 )
 
 // round makes one attempt on every node and keeps the lock if a quorum
-// granted it in time. It reports whether m holds the lock now and, when not,
+// granted it in time; waiter is the address of the waiting Lock call that
+// makes it, "" for a TryLock (see Mutex.tryOnce). It reports whether m holds the lock now and, when not,
 // how long to sleep at most and whether m had taken some nodes (a split).
 // It returns an error wrapping ErrQuorum when fewer than a quorum answered.
-func (m *RedMutex) round(ctx context.Context, waits bool) (acquired bool, sleep time.Duration, split bool, err error) {
+func (m *RedMutex) round(ctx context.Context, waiter string) (acquired bool, sleep time.Duration, split bool, err error) {
 	if err := m.begin(ctx); err != nil {
 		return false, 0, false, err
 	}
@@ -51,7 +52,7 @@ func (m *RedMutex) round(ctx context.Context, waits bool) (acquired bool, sleep 
 
 	start := time.Now()
 	use := m.idle()
-	acquireOn := func(ctx context.Context, i int) nodeResult { return m.acquireOn(ctx, i, waits) }
+	acquireOn := func(ctx context.Context, i int) nodeResult { return m.acquireOn(ctx, i, waiter) }
 	res := m.fanOut(ctx, use, acquireOn, func(res []nodeResult) bool {
 		// Known: won; lost for want of answers; or lost to
 		// another owner, with a quorum answering.
@@ -136,9 +137,9 @@ func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 	return held
 }
 
-// acquireOn makes one attempt on node i (waits: for a Lock).
-func (m *RedMutex) acquireOn(ctx context.Context, i int, waits bool) nodeResult {
-	ok, pttl, err := m.nodes[i].tryOnce(ctx, "barge", waits)
+// acquireOn makes one attempt on node i (waiter: as for round).
+func (m *RedMutex) acquireOn(ctx context.Context, i int, waiter string) nodeResult {
+	ok, pttl, err := m.nodes[i].tryOnce(ctx, "barge", waiter)
 	switch {
 	case err != nil:
 		return nodeResult{err: err}

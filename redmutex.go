@@ -103,7 +103,9 @@ func (m *RedMutex) Lock(ctx context.Context) error {
 
 // lock is Lock, unobserved.
 func (m *RedMutex) lock(ctx context.Context) error {
-	if err := block(ctx, m.posts, redCall{m}); err != nil {
+	// The call's address is a ticket of its own, which no grant names:
+	// its node attempts tell its waiters from other plain waiters.
+	if err := block(ctx, m.posts, redCall{m: m, addr: m.nodes[0].c.ticket("")}); err != nil {
 		return m.wrap("lock", err)
 	}
 	return nil
@@ -119,7 +121,7 @@ func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
 
 // tryLock is TryLock, unobserved.
 func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
-	acquired, _, _, err := m.round(ctx, false)
+	acquired, _, _, err := m.round(ctx, "")
 	if err != nil {
 		return false, m.wrap("trylock", err)
 	}
@@ -358,16 +360,20 @@ func (m *RedMutex) wrap(op string, err error) error {
 }
 
 // redCall is a RedMutex.Lock call as the wait loop (block) sees it: it
-// makes rounds until one wins. It has no queue, no ticket and no grant to
-// adopt: a release announced on any node wakes it to make another round.
-type redCall struct{ m *RedMutex }
+// makes rounds until one wins. It has no queue and no grant to adopt: a
+// release on any node wakes it to make another round. Its waiters are
+// registered under addr.
+type redCall struct {
+	m    *RedMutex
+	addr string
+}
 
 // attempt makes a round. After a round in which m took some nodes but not
 // a quorum (contenders split the nodes between them), it pauses a short
 // random time, so that the contenders do not meet again at once, rather
 // than be woken at once by its own releases.
 func (x redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
-	acquired, sleep, split, err := x.m.round(ctx, true)
+	acquired, sleep, split, err := x.m.round(ctx, x.addr)
 	if err != nil || acquired || !split {
 		return acquired, sleep, err
 	}
@@ -381,7 +387,7 @@ func (redCall) outlasts(error) bool { return false }
 func (redCall) sleeping(*waitSet)                           {}
 func (redCall) adopt(context.Context, string) (bool, error) { return false, nil }
 func (redCall) changed() <-chan struct{}                    { return nil }
-func (redCall) address() string                             { return "" }
+func (x redCall) address() string                           { return x.addr }
 func (redCall) finish(context.Context, error)               {}
 
 // pause sleeps for d, or until ctx ends or the Redlock is closed.

@@ -109,11 +109,11 @@ func TestReview9ReleaseFindingPermitsGoneToldLost(t *testing.T) {
 // error afterwards, does not pass it on: the other waiter of the process
 // sleeps to its bound although the lock is free.
 func TestReview9UnusedWakeupSurvivesAnEmptyWait(t *testing.T) {
-	r := newRegistry()
-	r.channels["ch"] = &channel{ready: make(chan struct{}), confirmed: true}
+	r := newRegistry(nil)
+	r.channels["ch"] = &channel{name: "ch", ready: make(chan struct{}), confirmed: true}
 	a, b := newWaitSet(), newWaitSet()
-	r.addConfirmed(a, "ch", "a", testPass)
-	r.addConfirmed(b, "ch", "b", testPass)
+	r.addConfirmed(a, "ch", "a", true)
+	r.addConfirmed(b, "ch", "b", true)
 	r.deliver("ch", "") // a release: wakes a
 	if _, err := a.wait(ctx, time.Second, nil); err != nil {
 		t.Fatal(err)

@@ -79,15 +79,16 @@ type shard struct {
 
 // newSubscriber returns the subscriber of a Client. With cluster set,
 // channels are sharded: subscribed with SSUBSCRIBE on the primary that
-// serves their slot.
-func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context, ev *events) *subscriber {
+// serves their slot. unheard is told each wake-up of plain waiters that
+// none took (see registry).
+func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context, ev *events, unheard func(channel string)) *subscriber {
 	return &subscriber{
 		rdb:     rdb,
 		cluster: cluster,
 		ctx:     ctx,
 		closed:  ctx.Done(),
 		ev:      ev,
-		reg:     newRegistry(),
+		reg:     newRegistry(unheard),
 		shards:  make(map[string]*shard),
 		on:      make(map[string]*shard),
 	}
@@ -96,13 +97,13 @@ func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx 
 // add registers a new member of set for ticket on the named channel, and
 // has the channel subscribed if it is not. It returns a channel closed
 // once the subscription is confirmed, or ErrClosed after Close.
-func (s *subscriber) add(set *waitSet, name, ticket string, pass func()) (<-chan struct{}, error) {
+func (s *subscriber) add(set *waitSet, name, ticket string, plain bool) (<-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
-	w, ready := s.reg.add(set, name, ticket, pass)
+	w, ready := s.reg.add(set, name, ticket, plain)
 	if w == nil {
 		return nil, ErrClosed
 	}

@@ -44,13 +44,12 @@ type contender interface {
 
 // post is a channel that a blocking call waits on, with the subscriber
 // that hears it: one for a Mutex or a Semaphore, one per node for a
-// RedMutex. A plain waiter's post (a barging lock's) has a pass, which
-// passes on a wake-up that reached the process when it had no plain
-// waiter left (see registry); it must not block.
+// RedMutex. A plain waiter (a barging lock's) is woken by empty messages
+// (see registry).
 type post struct {
 	sub     *subscriber
 	channel string
-	pass    func()
+	plain   bool
 }
 
 // block runs the wait loop of a blocking call on posts: attempt; if not
@@ -130,7 +129,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 func joinConfirmed(posts []post, ticket string) *waitSet {
 	ws := newWaitSet()
 	for _, p := range posts {
-		if p.sub.reg.addConfirmed(ws, p.channel, ticket, p.pass) == nil {
+		if p.sub.reg.addConfirmed(ws, p.channel, ticket, p.plain) == nil {
 			ws.leave(false)
 			return nil
 		}
@@ -149,7 +148,7 @@ func join(ctx context.Context, posts []post, ticket string) (*waitSet, error) {
 	ready := make([]<-chan struct{}, len(posts))
 	for i, p := range posts {
 		var err error
-		if ready[i], err = p.sub.add(ws, p.channel, ticket, p.pass); err != nil {
+		if ready[i], err = p.sub.add(ws, p.channel, ticket, p.plain); err != nil {
 			ws.leave(false)
 			return nil, err
 		}

@@ -25,9 +25,9 @@ const deafPoll = 250 * time.Millisecond
 // those tickets and hands them the grant. A waiter that leaves with a
 // plain signal it did not use passes it to the next plain waiter of its
 // channel, so that leaving never swallows a wake-up meant for the
-// process. When the channel has no plain waiter left to take one, its
-// pass (set by the plain waiters that joined it) passes it on to another
-// process (see wakePlain).
+// process. When the channel has no plain waiter left to take one, the
+// registry tells unheard, which passes it on to another process (see
+// wakePlain).
 //
 // A channel is confirmed while Redis is known to deliver its messages.
 // Until then its waiters cannot rely on messages: they sleep at most
@@ -36,18 +36,20 @@ const deafPoll = 250 * time.Millisecond
 type registry struct {
 	mu       sync.Mutex // taken before a waitSet's mu, never after
 	channels map[string]*channel
-	idle     time.Time // the earliest idleSince of a channel kept without waiters
+	unheard  func(name string) // told a wake-up that no plain waiter took; must not block; may be nil
+	idle     time.Time         // the earliest idleSince of a channel kept without waiters
 	closed   bool
 }
 
 // channel is one pub/sub channel with waiters, or lingering without.
 type channel struct {
+	name      string
 	waiters   []*waiter
 	ready     chan struct{} // closed when the channel is confirmed
 	confirmed bool
 	missed    bool      // waiters went on while it was not confirmed: wake them all when it is
 	idleSince time.Time // when the last waiter left
-	pass      func()    // passes on a plain wake-up that no waiter takes; set by plain waiters
+	hadPlain  bool      // a plain waiter waited on it: its Client may be recorded as having one
 
 	listeners []*listener // hear every message (see listener.go)
 }
@@ -77,8 +79,10 @@ type waitSet struct {
 	rung bool
 }
 
-func newRegistry() *registry {
-	return &registry{channels: make(map[string]*channel)}
+// newRegistry returns a registry that tells unheard (if not nil) each
+// wake-up that no plain waiter took.
+func newRegistry(unheard func(name string)) *registry {
+	return &registry{channels: make(map[string]*channel), unheard: unheard}
 }
 
 func newWaitSet() *waitSet {
@@ -87,10 +91,9 @@ func newWaitSet() *waitSet {
 
 // add registers a new member of set for ticket on the named channel, and
 // returns it with a channel that is closed once the channel is confirmed.
-// A plain member (pass not nil) is woken by empty messages, and pass
-// becomes the channel's. It returns a nil waiter when the registry is
-// closed.
-func (r *registry) add(set *waitSet, name, ticket string, pass func()) (*waiter, <-chan struct{}) {
+// A plain member is woken by empty messages. It returns a nil waiter when
+// the registry is closed.
+func (r *registry) add(set *waitSet, name, ticket string, plain bool) (*waiter, <-chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -98,31 +101,29 @@ func (r *registry) add(set *waitSet, name, ticket string, pass func()) (*waiter,
 	}
 	ch := r.channels[name]
 	if ch == nil {
-		ch = &channel{ready: make(chan struct{})}
+		ch = &channel{name: name, ready: make(chan struct{})}
 		r.channels[name] = ch
 	}
-	return r.register(set, ch, ticket, pass), ch.ready
+	return r.register(set, ch, ticket, plain), ch.ready
 }
 
 // addConfirmed registers a new member of set for ticket on the named
-// channel if the channel is confirmed, and returns it; else nil. pass is
+// channel if the channel is confirmed, and returns it; else nil. plain is
 // as for add.
-func (r *registry) addConfirmed(set *waitSet, name, ticket string, pass func()) *waiter {
+func (r *registry) addConfirmed(set *waitSet, name, ticket string, plain bool) *waiter {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
 	if r.closed || ch == nil || !ch.confirmed {
 		return nil
 	}
-	return r.register(set, ch, ticket, pass)
+	return r.register(set, ch, ticket, plain)
 }
 
 // register appends a new member of set to ch. r.mu must be held.
-func (r *registry) register(set *waitSet, ch *channel, ticket string, pass func()) *waiter {
-	w := &waiter{r: r, ch: ch, set: set, ticket: ticket, plain: pass != nil}
-	if pass != nil {
-		ch.pass = pass
-	}
+func (r *registry) register(set *waitSet, ch *channel, ticket string, plain bool) *waiter {
+	w := &waiter{r: r, ch: ch, set: set, ticket: ticket, plain: plain}
+	ch.hadPlain = ch.hadPlain || plain
 	ch.waiters = append(ch.waiters, w)
 	set.members = append(set.members, w)
 	return w
@@ -145,7 +146,7 @@ func (r *registry) leave(w *waiter, passOn bool) {
 	unused := (w.fired || (passOn && w.woke)) && w.grant == ""
 	w.set.mu.Unlock()
 	if unused {
-		ch.wakePlain()
+		r.wakePlain(ch)
 	}
 	if ch.idle() {
 		ch.idleSince = time.Now()
@@ -191,11 +192,14 @@ func (r *registry) deliver(name, payload string) {
 	defer r.mu.Unlock()
 	ch := r.channels[name]
 	if ch == nil {
+		if payload == "" && r.unheard != nil && !r.closed {
+			r.unheard(name) // swept, its UNSUBSCRIBE not sent yet
+		}
 		return
 	}
 	ch.hear(payload)
 	if payload == "" {
-		ch.wakePlain()
+		r.wakePlain(ch)
 		return
 	}
 	for _, grant := range strings.Fields(payload) {
@@ -214,7 +218,7 @@ func (r *registry) deliver(name, payload string) {
 // confirm records that Redis confirmed the channel's subscription. A
 // confirmation of a channel confirmed already was not asked for: the
 // client subscribed again after a reconnect, and messages may have been
-// lost meanwhile, so every waiter looks again.
+// lost meanwhile, so every waiter looks again (see missed).
 func (r *registry) confirm(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -222,7 +226,7 @@ func (r *registry) confirm(name string) {
 	switch {
 	case ch == nil:
 	case ch.confirmed:
-		ch.wakeAll()
+		r.missed(ch)
 		ch.resync()
 	default:
 		ch.resync()
@@ -230,8 +234,27 @@ func (r *registry) confirm(name string) {
 		close(ch.ready)
 		if ch.missed {
 			ch.missed = false
-			ch.wakeAll()
+			r.missed(ch)
 		}
+	}
+}
+
+// missed wakes every waiter of ch, which may have missed messages. When
+// plain waiters waited on ch, and have all gone since, a wake-up of them
+// that was missed is passed on (unheard), as wakePlain does. r.mu must be
+// held.
+func (r *registry) missed(ch *channel) {
+	ch.wakeAll()
+	if !ch.hadPlain {
+		return
+	}
+	for _, w := range ch.waiters {
+		if w.plain {
+			return
+		}
+	}
+	if r.unheard != nil && !r.closed {
+		r.unheard(ch.name)
 	}
 }
 
@@ -302,14 +325,13 @@ func (r *registry) close() {
 	}
 }
 
-// wakePlain wakes a waiter with an empty message's wake-up: the first
-// plain waiter with no signal pending; none when every plain waiter has
-// one pending (each will look again). When the channel has no plain
-// waiter, the channel's pass, if plain waiters set one, passes it on to
-// another process; otherwise (a channel of fair waiters, where no release
-// publishes one) the first waiter with no signal pending looks again.
-// r.mu must be held.
-func (ch *channel) wakePlain() {
+// wakePlain wakes a waiter of ch with an empty message's wake-up: the
+// first plain waiter with no signal pending; none when every plain waiter
+// has one pending (each will look again). When ch has no plain waiter,
+// unheard is told, to pass the wake-up on to another process, and the
+// first waiter with no signal pending, if any, looks again all the same
+// (an empty message is a hint to look again). r.mu must be held.
+func (r *registry) wakePlain(ch *channel) {
 	plain := false
 	for _, w := range ch.waiters {
 		if w.plain {
@@ -320,16 +342,16 @@ func (ch *channel) wakePlain() {
 			plain = true
 		}
 	}
-	switch {
-	case plain:
-	case ch.pass != nil:
-		ch.pass()
-	default:
-		for _, w := range ch.waiters {
-			if !w.pending() {
-				w.fire("")
-				return
-			}
+	if plain {
+		return
+	}
+	if r.unheard != nil && !r.closed {
+		r.unheard(ch.name)
+	}
+	for _, w := range ch.waiters {
+		if !w.pending() {
+			w.fire("")
+			return
 		}
 	}
 }

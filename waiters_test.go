@@ -3,21 +3,18 @@ package redisync
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 )
 
 // The waiter registry on its own: no Redis, no subscriber.
 
-// testPass is the pass of the plain waiters these tests register: a
-// wake-up that finds none is dropped.
-var testPass = func() {}
-
 // joinReg registers a new waiter set for ticket on the named channel of r.
 func joinReg(t *testing.T, r *registry, name, ticket string) *waitSet {
 	t.Helper()
 	ws := newWaitSet()
-	if w, _ := r.add(ws, name, ticket, testPass); w == nil {
+	if w, _ := r.add(ws, name, ticket, true); w == nil {
 		t.Fatal("add on an open registry returned no waiter")
 	}
 	return ws
@@ -44,7 +41,7 @@ func waitAsync(ws *waitSet, ctx context.Context, d time.Duration) <-chan error {
 }
 
 func TestRegistryPlainMessageWakesOneWaiterInOrder(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(nil)
 	a, b, c := joinReg(t, r, "ch", "a"), joinReg(t, r, "ch", "b"), joinReg(t, r, "ch", "c")
 	r.confirm("ch")
 	r.deliver("ch", "")
@@ -69,7 +66,7 @@ func TestRegistryPlainMessageWakesOneWaiterInOrder(t *testing.T) {
 }
 
 func TestRegistryGrantGoesToItsTicket(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(nil)
 	a, b := joinReg(t, r, "ch", "t1"), joinReg(t, r, "ch", "t2")
 	r.deliver("ch", "x:1 t2:7 malformed")
 	if fired(a) || !fired(b) {
@@ -94,7 +91,7 @@ func TestRegistryGrantGoesToItsTicket(t *testing.T) {
 }
 
 func TestRegistryLeavePassesOnUnusedWakeups(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(nil)
 	next := joinReg(t, r, "ch", "n")
 	check := func(what string, want bool) {
 		t.Helper()
@@ -144,12 +141,12 @@ func TestRegistryLeavePassesOnUnusedWakeups(t *testing.T) {
 }
 
 func TestRegistryConfirmation(t *testing.T) {
-	r := newRegistry()
-	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "a", testPass) != nil {
+	r := newRegistry(nil)
+	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "a", true) != nil {
 		t.Fatal("addConfirmed registered on a channel not confirmed")
 	}
 	a := newWaitSet()
-	_, ready := r.add(a, "ch", "a", testPass)
+	_, ready := r.add(a, "ch", "a", true)
 	if !a.members[0].r.unconfirmed(a.members[0]) {
 		t.Fatal("a new channel is confirmed")
 	}
@@ -166,7 +163,7 @@ func TestRegistryConfirmation(t *testing.T) {
 	}
 	_, _ = a.wait(ctx, 0, nil)
 	_, _ = b.wait(ctx, 0, nil)
-	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "c", testPass) == nil {
+	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "c", true) == nil {
 		t.Fatal("addConfirmed did not register on a confirmed channel")
 	}
 
@@ -182,7 +179,7 @@ func TestRegistryConfirmation(t *testing.T) {
 	// A lapse makes the channel unconfirmed until confirmed anew, which
 	// wakes every waiter.
 	r.lapse("ch")
-	_, ready = r.add(newWaitSet(), "ch", "d", testPass)
+	_, ready = r.add(newWaitSet(), "ch", "d", true)
 	select {
 	case <-ready:
 		t.Fatal("ready closed after a lapse")
@@ -198,7 +195,7 @@ func TestRegistryConfirmation(t *testing.T) {
 }
 
 func TestWaitSetBounds(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(nil)
 	ws := joinReg(t, r, "ch", "a")
 
 	// Not confirmed: no message can come, so the sleep is at most deafPoll.
@@ -234,7 +231,7 @@ func TestWaitSetBounds(t *testing.T) {
 	if err := result(t, done); !errors.Is(err, ErrClosed) {
 		t.Fatalf("wait when the registry closed: %v, want ErrClosed", err)
 	}
-	if w, _ := r.add(newWaitSet(), "ch", "b", testPass); w != nil {
+	if w, _ := r.add(newWaitSet(), "ch", "b", true); w != nil {
 		t.Fatal("add registered a waiter on a closed registry")
 	}
 }
@@ -242,10 +239,10 @@ func TestWaitSetBounds(t *testing.T) {
 // twoRegistries returns two registries and a set with a waiter on the
 // confirmed channel "ch" of each, as a RedMutex on two nodes has.
 func twoRegistries() (*registry, *registry, *waitSet) {
-	r1, r2 := newRegistry(), newRegistry()
+	r1, r2 := newRegistry(nil), newRegistry(nil)
 	ws := newWaitSet()
 	for _, r := range []*registry{r1, r2} {
-		r.add(ws, "ch", "", testPass)
+		r.add(ws, "ch", "", true)
 		r.confirm("ch")
 	}
 	return r1, r2, ws
@@ -289,7 +286,7 @@ func TestWaitSetNoLostWakeup(t *testing.T) {
 }
 
 func TestRegistrySweep(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(nil)
 	busy := joinReg(t, r, "busy", "")
 	joinReg(t, r, "idle", "").leave(false)
 	joinReg(t, r, "gone", "").leave(false)
@@ -321,4 +318,55 @@ func TestRegistrySweep(t *testing.T) {
 		t.Fatal("after dropping every idle channel: an idle mark is left, or busy lost its waiter")
 	}
 	busy.leave(false)
+}
+
+// An empty message is a wake-up of plain (barging) waiters: it wakes one
+// plain waiter; when the channel has none, or is gone (swept, its
+// UNSUBSCRIBE on its way), the registry tells unheard, which passes it on
+// to another process, and a fair waiter, if any, looks again all the
+// same. After a reconnect, a channel whose plain waiters have all gone
+// passes on the wake-up it may have missed; a channel that never had one
+// does not (its Client is not recorded).
+func TestRegistryTellsUnheardWakeups(t *testing.T) {
+	var unheard []string
+	r := newRegistry(func(name string) { unheard = append(unheard, name) })
+	told := func(want ...string) {
+		t.Helper()
+		if !slices.Equal(unheard, want) {
+			t.Fatalf("unheard told %q, want %q", unheard, want)
+		}
+		unheard = nil
+	}
+
+	r.deliver("gone", "")
+	told("gone")
+
+	fair := newWaitSet()
+	r.add(fair, "mixed", "f", false)
+	r.confirm("mixed")
+	plain := newWaitSet()
+	r.add(plain, "mixed", "p", true)
+	r.deliver("mixed", "")
+	told()
+	if !fired(plain) || fired(fair) {
+		t.Fatal("a wake-up did not go to the plain waiter alone")
+	}
+	plain.leave(true) // it did not use its wake-up: passed on, to nobody here
+	told("mixed")
+	if !fired(fair) {
+		t.Fatal("a wake-up that no plain waiter took did not wake the fair waiter")
+	}
+
+	r.lapse("mixed")
+	r.confirm("mixed") // a reconnect: plain waiters had waited here
+	told("mixed")
+
+	only := newWaitSet()
+	r.add(only, "fair", "f", false)
+	r.confirm("fair")
+	r.lapse("fair")
+	r.confirm("fair")
+	told()
+	fair.leave(false)
+	only.leave(false)
 }

@@ -416,13 +416,32 @@ end
 -- nobody wakes one recorded Client (wake_barger), not every process.
 
 -- record_barger records the Client of id (a ticket) as having a plain
--- waiter that attempts again within ms (nothing when ms < 1). A key of the
--- wrong type fails the ZADD: the caller records before its first write.
+-- waiter that attempts again within ms (nothing when ms < 1). A record is
+-- never shortened (ZADD GT; before Redis 6.2, which has no GT, the script
+-- reads the record first from then on): a Client's waiters may recheck at
+-- different intervals. Records that have run out are dropped first, so
+-- that Clients that gave up do not pile up while the lock stays taken.
+-- That first call fails on a key of the wrong type: the caller records
+-- before its first write.
+local zadd_gt = true
 local function record_barger(bargers, id, ms)
   if ms < 1 then
     return
   end
-  redis.call('ZADD', bargers, string.format('%d', now_ms() + ms), client_of(id))
+  local now, client = now_ms(), client_of(id)
+  redis.call('ZREMRANGEBYSCORE', bargers, '-inf', '(' .. string.format('%d', now))
+  local until_ms = string.format('%d', now + ms)
+  if zadd_gt then
+    -- The key is a zset or absent by now: an error can only be a GT
+    -- this server does not know.
+    zadd_gt = type(redis.pcall('ZADD', bargers, 'GT', until_ms, client)) == 'number'
+  end
+  if not zadd_gt then
+    local was = tonumber(redis.call('ZSCORE', bargers, client))
+    if not was or was < now + ms then
+      redis.call('ZADD', bargers, until_ms, client)
+    end
+  end
   keep_alive(bargers, ms)
 end
 

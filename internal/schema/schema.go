@@ -85,6 +85,22 @@ type Lock struct {
 // Only that client's process hears them.
 func (k Lock) GrantChannel(client string) string { return k.Channel + ":" + client }
 
+// LockOfGrantChannel returns the keys of the lock whose GrantChannel
+// channel is (of any client), and false when channel is no lock's grant
+// channel (a semaphore's, a read-write lock's, an election's).
+func LockOfGrantChannel(channel string) (Lock, bool) {
+	i := strings.LastIndex(channel, "}:ch:")
+	if i < 0 {
+		return Lock{}, false
+	}
+	b := channel[:i+1]
+	tag := strings.IndexByte(b, '{') // the first: a prefix has no brace
+	if tag < 0 || !strings.HasSuffix(b[:tag], ":lock:") {
+		return Lock{}, false
+	}
+	return lockKeys(b), true
+}
+
 // LockKeys returns the keys of the lock called name under prefix.
 func LockKeys(prefix, name string) Lock { return lockKeys(base(prefix, "lock", name)) }
 

@@ -75,3 +75,27 @@ func TestLabelAndPrefix(t *testing.T) {
 		}
 	}
 }
+
+// A lock's grant channel names its lock, whatever its name and prefix;
+// another primitive's does not.
+func TestLockOfGrantChannel(t *testing.T) {
+	for _, name := range []string{"g", "a}:ch:b", "x:lock:{y"} {
+		for _, prefix := range []string{DefaultPrefix, "app:v2"} {
+			k := LockKeys(prefix, name)
+			got, ok := LockOfGrantChannel(k.GrantChannel("c1"))
+			if !ok || got != k {
+				t.Errorf("%q under %q: %+v, %v; want %+v", name, prefix, got, ok, k)
+			}
+		}
+	}
+	for _, ch := range []string{
+		SemaphoreKeys(DefaultPrefix, "g").GrantChannel("c1"),
+		ElectionKeys(DefaultPrefix, "g").GrantChannel("c1"),
+		LockKeys(DefaultPrefix, "g").Channel,
+		"redisync:lock:g:ch:c1",
+	} {
+		if k, ok := LockOfGrantChannel(ch); ok {
+			t.Errorf("%q taken for a lock's grant channel: %+v", ch, k)
+		}
+	}
+}
