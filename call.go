@@ -145,8 +145,8 @@ func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64,
 }
 
 // background runs do in one of the Client's workers, with a context that
-// ends cleanupTimeout later, unless the Client is closed; it never waits.
-// Close waits for it.
+// ends cleanupTimeout later (not at Close, which waits for it), unless the
+// Client is closed already; it never waits.
 func (c *Client) background(do func(ctx context.Context)) {
 	if !c.calls.start() {
 		return

@@ -316,7 +316,9 @@ func (c *Client) passOn(channel string) {
 		return
 	}
 	c.background(func(ctx context.Context) {
-		_ = wakeCall(k, c.publish).run(ctx, c.rdb).Err()
+		// Again while Redis cannot serve it for now (a restart, a
+		// failover): the release took the record out already.
+		_ = c.persist(ctx, func() error { return wakeCall(k, c.publish).run(ctx, c.rdb).Err() })
 	})
 }
 

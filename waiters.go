@@ -145,8 +145,14 @@ func (r *registry) leave(w *waiter, passOn bool) {
 	w.set.mu.Lock()
 	unused := (w.fired || (passOn && w.woke)) && w.grant == ""
 	w.set.mu.Unlock()
-	if unused {
+	switch {
+	case unused && w.plain:
 		r.wakePlain(ch)
+	case unused:
+		// A fair waiter's plain signal is a hint to look again (a
+		// reconnect, a heartbeat's nudge, an empty message no plain
+		// waiter took, passed on already): the next waiter takes it.
+		ch.wakeNext()
 	}
 	if ch.idle() {
 		ch.idleSince = time.Now()
@@ -348,6 +354,12 @@ func (r *registry) wakePlain(ch *channel) {
 	if r.unheard != nil && !r.closed {
 		r.unheard(ch.name)
 	}
+	ch.wakeNext()
+}
+
+// wakeNext signals the first waiter of ch with no signal pending, if any.
+// r.mu must be held.
+func (ch *channel) wakeNext() {
 	for _, w := range ch.waiters {
 		if !w.pending() {
 			w.fire("")
