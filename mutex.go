@@ -160,8 +160,8 @@ func (m *Mutex) tryOnce(ctx context.Context, mode, waiter string) (bool, int64, 
 }
 
 // Unlock releases one level of m's hold; the last level releases the lock,
-// which goes to the next fair waiter, if any, or wakes one waiter in each
-// process. It returns ErrNotHeld when m holds nothing, and ErrLockLost
+// which goes to the next fair waiter, if any, or wakes a barging waiter
+// of one process. It returns ErrNotHeld when m holds nothing, and ErrLockLost
 // when the hold had been lost (the lock may have had another owner since);
 // it never touches another owner's hold. Releasing an inner level asks
 // nothing of Redis: a loss not noticed yet (Lost still open) is reported
