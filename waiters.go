@@ -266,7 +266,9 @@ func (r *registry) missed(ch *channel) {
 
 // lapse records that the channel's subscription may have lost messages (its
 // connection failed) and is no longer confirmed: every waiter looks again
-// once it is confirmed anew.
+// once it is confirmed anew. A channel left without waiters is not
+// subscribed anew: a wake-up of plain waiters that it may have lost is
+// passed on now (see missed).
 func (r *registry) lapse(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -278,6 +280,9 @@ func (r *registry) lapse(name string) {
 	if ch.confirmed {
 		ch.confirmed = false
 		ch.ready = make(chan struct{})
+	}
+	if len(ch.waiters) == 0 && ch.hadPlain && r.unheard != nil && !r.closed {
+		r.unheard(name)
 	}
 }
 

@@ -324,9 +324,11 @@ func TestRegistrySweep(t *testing.T) {
 // plain waiter; when the channel has none, or is gone (swept, its
 // UNSUBSCRIBE on its way), the registry tells unheard, which passes it on
 // to another process, and a fair waiter, if any, looks again all the
-// same. After a reconnect, a channel whose plain waiters have all gone
-// passes on the wake-up it may have missed; a channel that never had one
-// does not (its Client is not recorded).
+// same. After a reconnect, or when its connection fails with no waiter
+// left (it is not subscribed anew), a channel whose plain waiters have all
+// gone passes on the wake-up it may have missed; a channel that never had
+// one does not (its Client is not recorded), nor does a fair waiter's
+// unused hint.
 func TestRegistryTellsUnheardWakeups(t *testing.T) {
 	var unheard []string
 	r := newRegistry(func(name string) { unheard = append(unheard, name) })
@@ -360,6 +362,9 @@ func TestRegistryTellsUnheardWakeups(t *testing.T) {
 	r.lapse("mixed")
 	r.confirm("mixed") // a reconnect: plain waiters had waited here
 	told("mixed")
+	fair.leave(false)
+	r.lapse("mixed") // no waiter left: not subscribed anew, so told now
+	told("mixed")
 
 	only := newWaitSet()
 	r.add(only, "fair", "f", false)
@@ -369,5 +374,6 @@ func TestRegistryTellsUnheardWakeups(t *testing.T) {
 	told()
 	only.leave(true) // with the reconnect's signal, unused: a hint, not a barging wake-up
 	told()
-	fair.leave(false)
+	r.lapse("fair")
+	told()
 }
