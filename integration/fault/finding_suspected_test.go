@@ -77,13 +77,16 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		}
 		defer x.Unlock(ctx)
 
-		// Once armed, the hook answers the Client's next script call (A's
-		// next look at the lock) with an error reply, as Redis under
-		// maxmemory would; the calls after it go through.
+		// Once armed, the hook answers the Client's next call of a script
+		// on the lock's queue (A's next look at the lock) with an error
+		// reply, as Redis under maxmemory would; the calls after it go
+		// through. (An empty message on A's grant channel, which wakes it
+		// here, also has the Client pass a barging wake-up on, with a
+		// script on the lock and its :bargers key.)
 		var failNext atomic.Bool
 		crdb := redistest.NewClient(t, addr)
 		crdb.AddHook(hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-			if scriptArgs(cmd) != nil && failNext.CompareAndSwap(true, false) {
+			if argContains(scriptArgs(cmd), base+":queue") && failNext.CompareAndSwap(true, false) {
 				err := replyError("OOM command not allowed when used memory > 'maxmemory'.")
 				cmd.SetErr(err)
 				return err
