@@ -101,6 +101,17 @@ func subscribed(c *Client, channel string) bool {
 	return ch != nil && ch.confirmed
 }
 
+// lockG returns a barging Mutex of a new Client on rdb that holds the lock
+// "g".
+func lockG(t *testing.T, rdb *redis.Client) *Mutex {
+	t.Helper()
+	m := newClient(t, rdb).NewMutex("g", Barging())
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // plainWaiters returns how many plain waiters c's subscriber has on the
 // grant channel of the lock "g".
 func plainWaiters(c *Client) int {
@@ -136,10 +147,7 @@ func pendingResult(t *testing.T, done <-chan error, who string) {
 func TestBargingReleaseWakesOneClient(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	clients := []*Client{newClient(t, rdb), newClient(t, rdb), newClient(t, rdb)}
 	var ms []*Mutex
 	var dones []<-chan error
@@ -182,10 +190,7 @@ func TestBargingReleaseWakesOneClient(t *testing.T) {
 func TestBargingWakeupPassesOnWhenItsWaiterLeft(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	a, b := newClient(t, rdb), newClient(t, rdb)
 	actx, cancel := context.WithCancel(ctx)
 	_, da := bargingWaiter(t, actx, mr, rdb, at, a)
@@ -221,10 +226,7 @@ func TestBargingWakeupPassesOnWhenItsWaiterLeft(t *testing.T) {
 func TestBargingTakerRecordsItsClientForTheOthers(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	a := newClient(t, rdb)
 	w1, d1 := bargingWaiter(t, ctx, mr, rdb, at, a)
 	w2, d2 := bargingWaiter(t, ctx, mr, rdb, at, a)
@@ -266,10 +268,7 @@ func TestBargingTakerRecordsItsClientForTheOthers(t *testing.T) {
 func TestBargingRecordsOnlyWaitersWithATTL(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	c := newClient(t, rdb)
 	if ok, err := c.NewMutex("g", Barging()).TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock of a held lock: %v, %v", ok, err)
@@ -301,10 +300,7 @@ func TestBargingRecordsOnlyWaitersWithATTL(t *testing.T) {
 func TestBargingWrongTypeRecord(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	if err := mr.Set(k.Bargers, "x"); err != nil {
 		t.Fatal(err)
 	}

@@ -21,10 +21,7 @@ import (
 func TestReview24MixedRecheckRecordRunsOut(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	a := newClient(t, rdb)
 	long, dlong := bargingWaiter(t, ctx, mr, rdb, at, a) // WithRecheck(time.Minute)
 	short := a.NewMutex("g", Barging(), WithRecheck(50*time.Millisecond))
@@ -57,10 +54,7 @@ func TestReview24MixedRecheckRecordRunsOut(t *testing.T) {
 func TestReview24FairChannelWithoutPassSwallowsWakeup(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holder := lockG(t, rdb)
 	a, b := newClient(t, rdb), newClient(t, rdb)
 	actx, cancel := context.WithCancel(ctx)
 	_, da := bargingWaiter(t, actx, mr, rdb, at, a)
@@ -154,10 +148,7 @@ func TestReview24RedMutexRecordsItself(t *testing.T) {
 func TestReview24BargersGrowWhileHeld(t *testing.T) {
 	mr, rdb, at := newBargingMini(t)
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
-	holder := newClient(t, rdb).NewMutex("g", Barging())
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lockG(t, rdb)
 	// One long-lived waiter keeps the key alive (its record: 2 min).
 	_, _ = bargingWaiter(t, ctx, mr, rdb, at, newClient(t, rdb))
 	for i := 0; i < 20; i++ {
