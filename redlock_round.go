@@ -20,9 +20,10 @@ var (
 
 // round makes one attempt on every node and keeps the lock if a quorum
 // granted it in time; waiter is the address of the waiting Lock call that
-// makes it, "" for a TryLock (see Mutex.tryOnce). It reports whether m holds the lock now and, when not,
-// how long to sleep at most and whether m had taken some nodes (a split).
-// It returns an error wrapping ErrQuorum when fewer than a quorum answered.
+// makes it, "" for a TryLock (see Mutex.tryOnce). It reports whether m
+// holds the lock now and, when not, how long to sleep at most and whether
+// m had taken some nodes (a split). It returns an error wrapping ErrQuorum
+// when fewer than a quorum answered.
 func (m *RedMutex) round(ctx context.Context, waiter string) (acquired bool, sleep time.Duration, split bool, err error) {
 	if err := m.begin(ctx); err != nil {
 		return false, 0, false, err
