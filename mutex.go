@@ -94,6 +94,11 @@ func (m *Mutex) lock(ctx context.Context) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("lock", err)
 	}
+	leave, err := m.c.enter()
+	if err != nil {
+		return m.wrap("lock", err)
+	}
+	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
 	for {

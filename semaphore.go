@@ -144,6 +144,11 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	if err := s.usable(ctx, n); err != nil {
 		return s.wrap("acquire", err)
 	}
+	leave, err := s.c.enter()
+	if err != nil {
+		return s.wrap("acquire", err)
+	}
+	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
 	if err := s.turn.take(ctx, s.c.ctx.Done()); err != nil {
