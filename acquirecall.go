@@ -79,7 +79,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
 		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish,
 		fence: s.fence}.call(s.keys)
-	res, abandoned, err := s.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := s.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, acquire, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted

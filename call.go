@@ -53,7 +53,18 @@ func (c *Client) call(ctx context.Context, do func(context.Context) ([]int64, er
 	if err := ended(ctx); err != nil {
 		return nil, false, notSent{err}
 	}
-	return c.callFor(ctx, do, late, true)
+	return c.callFor(ctx, do, late, true, false)
+}
+
+// callTaking is call for an attempt to take a lock or permits: once Close
+// has begun it is not sent, and fails with ErrClosed, so that a call under
+// way when Close came takes nothing while Close gives every hold back. (A
+// clean-up or a release is still sent: see callFor.)
+func (c *Client) callTaking(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error)) (res []int64, abandoned bool, err error) {
+	if err := ended(ctx); err != nil {
+		return nil, false, notSent{err}
+	}
+	return c.callFor(ctx, do, late, true, true)
 }
 
 // notSent is the error of a call that was not sent: ctx had ended before.
@@ -64,14 +75,24 @@ func (e notSent) Unwrap() error { return e.err }
 
 // callFor is call, except that it runs do even when ctx has ended already
 // (and then does not wait for it); grace says whether the caller waits a
-// little longer for a reply about to arrive once ctx has ended.
-func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error), grace bool) (res []int64, abandoned bool, err error) {
+// little longer for a reply about to arrive once ctx has ended; taking,
+// whether do is an attempt to take something, which is not sent once
+// Close has begun.
+func (c *Client) callFor(ctx context.Context, do func(context.Context) ([]int64, error), late func([]int64, error), grace, taking bool) (res []int64, abandoned bool, err error) {
 	if !c.calls.start() {
-		// Closed: a clean-up still runs, in the caller's goroutine.
+		if taking {
+			return nil, false, notSent{ErrClosed}
+		}
+		// Closed: a clean-up or a release still runs, in the caller's
+		// goroutine.
 		dctx, cancel := detached(ctx)
 		defer cancel()
 		res, err := do(dctx)
 		return res, false, err
+	}
+	if taking && c.ctx.Err() != nil {
+		c.calls.done()
+		return nil, false, notSent{ErrClosed}
 	}
 	type reply struct {
 		res []int64
@@ -166,7 +187,7 @@ func (c *Client) background(do func(ctx context.Context)) {
 func (c *Client) cleanup(ctx context.Context, do func(context.Context) ([]int64, error)) {
 	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), graceEnd(ctx))
 	defer cancel()
-	_, _, _ = c.callFor(wait, do, nil, false)
+	_, _, _ = c.callFor(wait, do, nil, false, false)
 }
 
 // ended returns ctx's error once ctx has ended or its deadline has passed.

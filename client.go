@@ -98,10 +98,14 @@ const closeTimeout = 2 * time.Second
 // etcd's Session.Close revokes its lease, so that other processes need not
 // wait for the leases to run out; the releases are sent all at once and
 // waited for at most 2 s (a hold not released by then runs out with its
-// lease). Close then waits for the Locks and Acquires that were waiting to
-// end, each having withdrawn from its queue, and for the calls to Redis
-// still running in the background (the clean-up of calls whose context
-// ended), so that none reaches Redis after Close returns; and, for at most
+// lease). Close then waits for the calls that take something (Lock,
+// TryLock, Acquire, TryAcquire, Accept, a MultiMutex's Lock and TryLock,
+// and those built on them) to end, each having withdrawn from its queue
+// or given back what it took, however late its goroutine runs: their
+// clean-ups, bounded by 5 s each, reach Redis before Close returns, never
+// after, and none of them takes anything once Close has begun. It waits
+// too for the calls to Redis still running in the background (the
+// clean-up of calls whose context ended); and, for at most
 // 2 s more, for the observer and the logger to be told the events queued
 // for them (an observer or a log handler that blocks does not hold Close
 // longer; what it has not taken by then is not delivered). It ends the
@@ -136,11 +140,12 @@ func (c *Client) usable() error {
 	return nil
 }
 
-// enter counts in a call that may wait in a queue (a Lock, an Acquire),
-// unless the Client is closed; leave counts it out when it ends. Close
-// returns only once every call counted in has ended: a call that was
-// waiting when Close came withdraws from its queue before Close returns,
-// never after it, even when its goroutine runs late.
+// enter counts in a call that takes something (a Lock, an Acquire, a
+// TryLock), unless the Client is closed; leave counts it out when it ends.
+// Close returns only once every call counted in has ended: a call that was
+// waiting when Close came withdraws from its queue, and one that took
+// something gives it back, before Close returns, never after it, even when
+// its goroutine runs late.
 func (c *Client) enter() (leave func(), err error) {
 	if !c.calls.start() {
 		return nil, ErrClosed

@@ -41,6 +41,7 @@ type slowCtx struct {
 	context.Context
 	late    time.Duration
 	armed   atomic.Bool
+	held    atomic.Int64 // calls held up so far
 	release chan struct{}
 }
 
@@ -49,6 +50,7 @@ func (c *slowCtx) Deadline() (time.Time, bool) { c.hold(); return c.Context.Dead
 
 func (c *slowCtx) hold() {
 	if c.armed.Load() {
+		c.held.Add(1)
 		t := time.NewTimer(c.late)
 		defer t.Stop()
 		select {
@@ -105,7 +107,7 @@ func TestCloseWaitsForWaitersToWithdraw(t *testing.T) {
 					errs <- wait(wctx)
 				}()
 			}
-			eventually(t, 10*time.Second, "every waiter to queue", func() bool {
+			eventually(t, 30*time.Second, "every waiter to queue", func() bool {
 				n, _ := mr.ZMembers(queue)
 				return len(n) == waiters
 			})

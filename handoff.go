@@ -92,6 +92,11 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("accept", err)
 	}
+	leave, err := m.c.enter()
+	if err != nil {
+		return m.wrap("accept", err)
+	}
+	defer leave()
 	if !strings.HasPrefix(handle, schema.HandoffPrefix) {
 		return m.wrap("accept", fmt.Errorf("%w: %q is not a handle from Handoff", ErrNotHeld, handle))
 	}
@@ -103,7 +108,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
 	take := handoffTakeArgs{handle: handle, ticket: l.ticket, lease: m.cfg.holdLease(), metadata: m.cfg.metadata}.call(m.keys)
 	sent := time.Now()
-	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, take, granted)
 	}, l.late(l.ticket))
 	switch {

@@ -45,7 +45,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		acquire.record = 2 * m.cfg.recheck
 		acquire.others = m.c.sub.reg.plainOthers(m.keys.GrantChannel(m.c.id), cmp.Or(l.waiter, l.ticket))
 	}
-	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquire.call(m.keys), granted)
 	}, l.late(l.ticket))
 	switch {

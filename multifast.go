@@ -16,7 +16,7 @@ func (m *MultiMutex) takeAll(ctx context.Context) (bool, error) {
 	ticket := m.c.ticket(first.cfg.label)
 	acquire := multiAcquireArgs{ticket: ticket, lease: first.cfg.holdLease(), metadata: first.cfg.metadata}.call(m.keys)
 	sent := time.Now()
-	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, first.cfg, acquire, granted)
 	}, func([]int64, error) {
 		ctx, cancel := detached(context.Background())

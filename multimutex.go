@@ -145,6 +145,11 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 
 // lock is Lock, unobserved.
 func (m *MultiMutex) lock(ctx context.Context) error {
+	leave, err := m.c.enter()
+	if err != nil {
+		return m.wrap("lock", err)
+	}
+	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
 	if err := m.begin(ctx, true, true); err != nil {
@@ -195,6 +200,11 @@ func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 
 // tryLock is TryLock, unobserved.
 func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
+	leave, err := m.c.enter()
+	if err != nil {
+		return false, m.wrap("trylock", err)
+	}
+	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
 	if m.reenter(ctx, false) {

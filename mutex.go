@@ -132,6 +132,11 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
 	}
+	leave, err := m.c.enter()
+	if err != nil {
+		return false, m.wrap("trylock", err)
+	}
+	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
 	mode := "barge"

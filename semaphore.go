@@ -175,6 +175,11 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	if err := s.usable(ctx, n); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
+	leave, err := s.c.enter()
+	if err != nil {
+		return false, s.wrap("tryacquire", err)
+	}
+	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
 	if !s.turn.try() {

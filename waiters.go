@@ -454,12 +454,16 @@ func (s *waitSet) wait(ctx context.Context, d time.Duration, changed <-chan stru
 			return "", ctx.Err()
 		}
 	}
+	// Consumed before the registries are asked whether they are closed: a
+	// registry is marked closed before it rings, so a ring that consume
+	// takes is never missed (the call would sleep on a bell nobody rings).
+	grant := s.consume()
 	for _, w := range s.members {
 		if w.r.isClosed() {
 			return "", ErrClosed
 		}
 	}
-	return s.consume(), nil
+	return grant, nil
 }
 
 // consume takes every member's signal, and returns a grant that came with
