@@ -3,11 +3,11 @@ package redisync
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redisync/redisync/internal/schema"
@@ -60,77 +60,80 @@ func (c *slowCtx) hold() {
 	}
 }
 
+// closingClient returns a Client on the Redis at addr whose commands hook
+// counts once armed.
+func closingClient(t *testing.T, addr string, opts ...ClientOption) (*Client, *afterClose) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 256})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &afterClose{}
+	rdb.AddHook(hook)
+	c, err := New(rdb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, hook
+}
+
+// closeWithLateWaiters runs n calls of wait on c, closes c once all n are
+// queued in queue, their goroutines held up 300 ms each once Close has
+// woken them (until Close has returned, when Close does not wait for
+// them), and checks that every call failed with ErrClosed, that none was
+// still queued when Close returned, and that c sent nothing after it.
+func closeWithLateWaiters(t *testing.T, mr *miniredis.Miniredis, c *Client, hook *afterClose, queue string, n int, wait func(context.Context) error) {
+	t.Helper()
+	wctx := &slowCtx{Context: ctx, late: 300 * time.Millisecond, release: make(chan struct{})}
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- wait(wctx) }()
+	}
+	eventually(t, 30*time.Second, "every waiter to queue", func() bool {
+		m, _ := mr.ZMembers(queue)
+		return len(m) == n
+	})
+	wctx.armed.Store(true)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	hook.armed.Store(1)
+	left, _ := mr.ZMembers(queue)
+	close(wctx.release)
+	for range n {
+		if err := <-errs; !errors.Is(err, ErrClosed) {
+			t.Errorf("a waiting call after Close: %v, want ErrClosed", err)
+		}
+	}
+	if len(left) != 0 {
+		t.Errorf("%d of %d waiters still queued when Close returned", len(left), n)
+	}
+	if sent := hook.sent.Load(); sent != 0 {
+		t.Errorf("%d commands sent after Close returned", sent)
+	}
+}
+
 // Close returns only once the calls that were waiting when it came have
 // ended, having withdrawn from their queue: none of their commands reaches
 // Redis after it, and no place of theirs is left queued for a release to
-// hand the lock (or permits) to. The waiters' goroutines run late: their
-// context holds each of them up for 300 ms once Close has woken them
-// (until Close has returned, when Close does not wait for them).
+// hand the lock (or permits) to, even when their goroutines run late.
 func TestCloseWaitsForWaitersToWithdraw(t *testing.T) {
-	const waiters = 64
 	for _, kind := range []string{"mutex", "semaphore"} {
 		t.Run(kind, func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			holder := newClient(t, rdb)
-			brdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), PoolSize: 4 * waiters})
-			t.Cleanup(func() { _ = brdb.Close() })
-			hook := &afterClose{}
-			brdb.AddHook(hook)
-			c, err := New(brdb, WithRecheck(time.Hour))
-			if err != nil {
-				t.Fatal(err)
-			}
-
-			var queue string
-			var wait func(ctx context.Context) error
+			c, hook := closingClient(t, mr.Addr(), WithRecheck(time.Hour))
 			switch kind {
 			case "mutex":
-				queue = schema.LockKeys("redisync", "close").Queue
 				if err := holder.NewMutex("close").Lock(ctx); err != nil {
 					t.Fatal(err)
 				}
-				wait = func(ctx context.Context) error { return c.NewMutex("close").Lock(ctx) }
+				closeWithLateWaiters(t, mr, c, hook, schema.LockKeys("redisync", "close").Queue, 64,
+					func(ctx context.Context) error { return c.NewMutex("close").Lock(ctx) })
 			case "semaphore":
-				queue = schema.SemaphoreKeys("redisync", "close").Queue
 				if err := holder.NewSemaphore("close", 1).Acquire(ctx, 1); err != nil {
 					t.Fatal(err)
 				}
-				wait = func(ctx context.Context) error { return c.NewSemaphore("close", 1).Acquire(ctx, 1) }
-			}
-			wctx := &slowCtx{Context: ctx, late: 300 * time.Millisecond, release: make(chan struct{})}
-			errs := make(chan error, waiters)
-			var wg sync.WaitGroup
-			for range waiters {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs <- wait(wctx)
-				}()
-			}
-			eventually(t, 30*time.Second, "every waiter to queue", func() bool {
-				n, _ := mr.ZMembers(queue)
-				return len(n) == waiters
-			})
-
-			wctx.armed.Store(true)
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			hook.armed.Store(1)
-			left, _ := mr.ZMembers(queue)
-			close(wctx.release)
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				if !errors.Is(err, ErrClosed) {
-					t.Errorf("a waiting call after Close: %v, want ErrClosed", err)
-				}
-			}
-			if len(left) != 0 {
-				t.Errorf("%d of %d waiters still queued when Close returned", len(left), waiters)
-			}
-			if n := hook.sent.Load(); n != 0 {
-				t.Errorf("%d commands sent after Close returned", n)
+				closeWithLateWaiters(t, mr, c, hook, schema.SemaphoreKeys("redisync", "close").Queue, 64,
+					func(ctx context.Context) error { return c.NewSemaphore("close", 1).Acquire(ctx, 1) })
 			}
 		})
 	}

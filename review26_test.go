@@ -7,29 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync/internal/schema"
 )
 
 // Review 26 (of 1713ea8, Close waiting for the waiters to withdraw): the
 // calls it found sending commands during or after Close, each with a
 // goroutine that runs late.
-
-// closingClient returns a Client on mr whose commands hook counts once
-// armed.
-func closingClient(t *testing.T, addr string, opts ...ClientOption) (*Client, *afterClose) {
-	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { _ = rdb.Close() })
-	hook := &afterClose{}
-	rdb.AddHook(hook)
-	c, err := New(rdb, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, hook
-}
 
 // A MultiMutex.Lock that holds its first name and waits for the second
 // when Close comes gives the first back before Close returns: Close waits
@@ -134,7 +117,6 @@ func TestReview26LockAttemptNotSentOnceCloseBegan(t *testing.T) {
 // RWMutex.Lock and RLock and Election.Campaign wait through
 // Semaphore.acquire and Mutex.lock: Close waits for them to withdraw too.
 func TestReview26CloseWaitsForOtherPrimitives(t *testing.T) {
-	const waiters = 32
 	for _, kind := range []string{"rwmutex-w", "rwmutex-r", "election"} {
 		t.Run(kind, func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
@@ -159,30 +141,7 @@ func TestReview26CloseWaitsForOtherPrimitives(t *testing.T) {
 				}
 				wait = func(ctx context.Context) error { return c.NewElection("close").Campaign(ctx, "w") }
 			}
-			wctx := &slowCtx{Context: ctx, late: 300 * time.Millisecond, release: make(chan struct{})}
-			errs := make(chan error, waiters)
-			for range waiters {
-				go func() { errs <- wait(wctx) }()
-			}
-			eventually(t, 30*time.Second, "every waiter to queue", func() bool {
-				n, _ := mr.ZMembers(queue)
-				return len(n) == waiters
-			})
-			wctx.armed.Store(true)
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			hook.armed.Store(1)
-			left, _ := mr.ZMembers(queue)
-			close(wctx.release)
-			for range waiters {
-				if err := <-errs; !errors.Is(err, ErrClosed) {
-					t.Errorf("after Close: %v, want ErrClosed", err)
-				}
-			}
-			if len(left) != 0 || hook.sent.Load() != 0 {
-				t.Errorf("%d still queued when Close returned, %d commands after it", len(left), hook.sent.Load())
-			}
+			closeWithLateWaiters(t, mr, c, hook, queue, 32, wait)
 		})
 	}
 }
