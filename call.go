@@ -296,8 +296,8 @@ const workerIdle = 5 * time.Second
 
 // callGroup runs the calls to Redis that go on in goroutines other than
 // their callers', and counts them, so that Close can wait for them; it
-// counts the calls that may wait in a queue too (Client.enter). Once
-// closed, it starts no more.
+// counts the calls that take something too (Client.enter). Once closed, it
+// starts no more.
 //
 // The goroutines are workers that outlive a call: one that has run a call
 // waits up to idleFor for the next. A goroutine started for each call was
