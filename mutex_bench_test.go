@@ -286,27 +286,55 @@ func benchLoop(b *testing.B, rdb *redis.Client, cnt *benchCounter, op func()) {
 // the counting hook.
 func benchServerCalls(b *testing.B, ctx context.Context, rdb *redis.Client) int64 {
 	b.Helper()
-	info, err := rdb.Info(benchUncounted(ctx), "commandstats").Result()
+	return benchServer(b, ctx, rdb).calls
+}
+
+// benchStats are a Redis server's cumulative figures at one instant.
+type benchStats struct {
+	calls int64              // commands executed, the ones run by scripts included
+	usec  map[string]float64 // time spent in each command, by name (commandstats)
+	cpu   float64            // used_cpu_user + used_cpu_sys, in µs
+	sys   float64            // used_cpu_sys, in µs
+}
+
+// benchServer reads the server's figures with one INFO commandstats cpu,
+// sent past the counting hook.
+func benchServer(b *testing.B, ctx context.Context, rdb *redis.Client) benchStats {
+	b.Helper()
+	info, err := rdb.Info(benchUncounted(ctx), "commandstats", "cpu").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	var total int64
+	s := benchStats{usec: map[string]float64{}}
 	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_") {
-			continue
-		}
-		_, stats, _ := strings.Cut(line, ":")
-		for _, field := range strings.Split(stats, ",") {
-			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				if err != nil {
+		key, value, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch {
+		case key == "used_cpu_user" || key == "used_cpu_sys":
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu %q: %v", line, err)
+			}
+			s.cpu += v * 1e6
+			if key == "used_cpu_sys" {
+				s.sys += v * 1e6
+			}
+		case strings.HasPrefix(key, "cmdstat_"):
+			for _, field := range strings.Split(value, ",") {
+				name, v, _ := strings.Cut(field, "=")
+				n, err := strconv.ParseFloat(v, 64)
+				if (name == "calls" || name == "usec") && err != nil {
 					b.Fatalf("commandstats %q: %v", line, err)
 				}
-				total += n
+				switch name {
+				case "calls":
+					s.calls += int64(n)
+				case "usec":
+					s.usec[strings.TrimPrefix(key, "cmdstat_")] = n
+				}
 			}
 		}
 	}
-	return total
+	return s
 }
 
 // benchClient returns a redisync Client closed when the benchmark ends.

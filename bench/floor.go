@@ -17,7 +17,7 @@ import (
 // until the message reaches a subscriber (what any wake-up by pub/sub,
 // and so any hand-off, costs at least). Each is a result of scenario
 // floorScenario, the round trips in op, with the Redis CPU time each took
-// in cpu: what an isolated request, script call and delivery cost the
+// in cpu (the kernel's part in sys): what an isolated request, script call and delivery cost the
 // server, against which a library's Redis CPU per acquisition is weighed
 // (under load Redis serves several clients per wake-up, and a request
 // can cost it less).
@@ -75,9 +75,10 @@ func measureFloor(ctx context.Context, srv *server, channel string) (_ []result,
 		if err != nil {
 			return nil, err
 		}
-		cpu := after.since(before, 0).cpu * 1e6 / float64(floorWarmup+floorSamples)
+		used, n := after.since(before, 0), float64(floorWarmup+floorSamples)
 		floor = append(floor, result{scenario: floorScenario, library: f.name, seconds: took,
-			acquisitions: d.total, rate: float64(d.total) / took, op: d, cpu: cpu, conns: -1, rounds: 1})
+			acquisitions: d.total, rate: float64(d.total) / took, op: d, cpu: used.cpu * 1e6 / n, sys: used.sys * 1e6 / n,
+			conns: -1, rounds: 1})
 	}
 	return floor, nil
 }

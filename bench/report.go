@@ -20,7 +20,8 @@ const legend = `Columns:
              returns, and PUBLISH→deliver (from sending a PUBLISH to a subscriber's
              goroutine, on a connection of its own, having read the message); cpu/op: the
              Redis CPU time each isolated round trip took (the PUBLISH's request and its
-             delivery); under load a request can cost Redis less
+             delivery), sys/op its system (kernel) part; under load a request can cost
+             Redis less
   acq/s      acquisitions per second in the window; xlim: divided by the in-process limit's
   cmds/acq   commands the clients sent per acquisition: an EVAL/EVALSHA is one, the
              commands its script runs are not counted. Counted in the clients (go-redis
@@ -39,7 +40,8 @@ const legend = `Columns:
   subs/acq   SUBSCRIBE and UNSUBSCRIBE calls (plain, sharded or by pattern) per acquisition,
              from INFO commandstats
   cpu/acq    Redis CPU time (used_cpu_user + used_cpu_sys) per acquisition; xrs: divided by
-             redsync's
+             redsync's; sys/acq: its system part (used_cpu_sys), the kernel's work for the
+             requests and deliveries (sockets, wake-ups), whatever the commands do
   ccpu/acq   the benchmark process's CPU time per acquisition: every client of the run
              and the harness (the limit's figure is the harness's share)
   wait       from calling Lock to holding; p99 xlim: divided by the limit's p99
@@ -186,10 +188,10 @@ func inSeconds(figure func(result) time.Duration) func(result) float64 {
 // printFloor writes the floor's table: one row per figure.
 func printFloor(w io.Writer, rows []result) {
 	fmt.Fprintf(w, "\n== floor: round trips to Redis one after another, %d per round%s\n", floorSamples, roundsNote(rows[0]))
-	t := [][]string{{"round trip", "p50", "p99", "max", "cpu/op", "samples"}}
+	t := [][]string{{"round trip", "p50", "p99", "max", "cpu/op", "sys/op", "samples"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, midDur(r, opAt(0.5)), midDur(r, opAt(0.99)), midDur(r, opMax),
-			fmtMicros(r.cpu), strconv.FormatInt(r.acquisitions, 10)})
+			fmtMicros(r.cpu), fmtMicros(r.sys), strconv.FormatInt(r.acquisitions, 10)})
 	}
 	writeTable(w, t)
 }
@@ -198,12 +200,12 @@ func printFloor(w io.Writer, rows []result) {
 // the floor's PUBLISH→deliver.
 func printContended(w io.Writer, rows []result, floor result) {
 	limit, rs := findRow(rows, "limit"), findRow(rows, "redsync")
-	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "ccpu/acq",
+	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "sys/acq", "ccpu/acq",
 		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "hold", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
 			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2), fmtNum(r.subs, 2),
-			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.ccpu),
+			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.sys), fmtMicros(r.ccpu),
 			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, inSeconds(waitAt(0.99)), inSeconds(waitAt(0.99)))),
 			midDur(r, waitMax), midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, inSeconds(gapAt(0.5)), inSeconds(opAt(0.5)))),
 			midDur(r, gapAt(0.99)), midDur(r, heldAt(0.5)), fmtNum(r.jain, 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10),
@@ -217,12 +219,12 @@ func printContended(w io.Writer, rows []result, floor result) {
 func printUncontended(w io.Writer, rows []result) {
 	rl := findRow(rows, "redislock-10ms")
 	t := [][]string{{"library", "ops/s", "op p50", "p50 xrl", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op",
-		"dlv/op", "cpu/op", "ccpu/op", "errs", "bg/s", "left"}}
+		"dlv/op", "cpu/op", "sys/op", "ccpu/op", "errs", "bg/s", "left"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0),
 			midDur(r, opAt(0.5)), fmtRatio(midRatio(r, rl, inSeconds(opAt(0.5)), inSeconds(opAt(0.5)))), midDur(r, opAt(0.99)),
 			midDur(r, opMax), midDur(r, waitAt(0.5)), fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2),
-			fmtNum(r.delivers, 2), fmtMicros(r.cpu), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10),
+			fmtNum(r.delivers, 2), fmtMicros(r.cpu), fmtMicros(r.sys), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10),
 			fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)
@@ -381,7 +383,7 @@ func writeCSV(dir string, runs, pooled []result) error {
 		"acquisitions", "acq_per_s", "cmds_per_acq", "calls_per_acq", "requests_per_acq", "deliveries_per_acq", "subscriptions_per_acq",
 		"cpu_us_per_acq", "client_cpu_us_per_acq", "wait_p50_us", "wait_p99_us", "wait_max_us", "op_p50_us", "op_p99_us",
 		"gap_p50_us", "gap_p50_x_publish_floor", "gap_p99_us", "jain", "violations", "errors", "conns",
-		"background_per_s", "keys_left", "keys_without_ttl", "hold_p50_us"}}
+		"background_per_s", "keys_left", "keys_without_ttl", "hold_p50_us", "sys_us_per_acq"}}
 	waits := [][]string{{"scenario", "library", "goroutines", "percentile", "wait_us"}}
 	us := func(d time.Duration) string {
 		if d < 0 {
@@ -409,7 +411,7 @@ func writeCSV(dir string, runs, pooled []result) error {
 			num(r.cpu), num(r.ccpu), us(r.wait.quantile(0.5)), us(r.wait.quantile(0.99)), us(r.wait.max), us(r.op.quantile(0.5)), us(r.op.quantile(0.99)),
 			us(gap), num(perFloor(gap, floors[r.round])), us(r.gap.quantile(0.99)), num(r.jain),
 			strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10), strconv.Itoa(r.conns),
-			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " "), us(r.held.quantile(0.5))})
+			num(r.background), strconv.FormatInt(r.left, 10), strings.Join(r.persistent, " "), us(r.held.quantile(0.5)), num(r.sys)})
 	}
 	for _, r := range pooled {
 		if r.scenario == floorScenario {

@@ -60,6 +60,7 @@ var medianFields = []func(*result) *float64{
 	func(r *result) *float64 { return &r.calls },
 	func(r *result) *float64 { return &r.requests },
 	func(r *result) *float64 { return &r.cpu },
+	func(r *result) *float64 { return &r.sys },
 	func(r *result) *float64 { return &r.ccpu },
 	func(r *result) *float64 { return &r.delivers },
 	func(r *result) *float64 { return &r.subs },

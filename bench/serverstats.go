@@ -23,12 +23,13 @@ type counters struct {
 	calls int64   // INFO commandstats calls, summed over all commands
 	subs  int64   // the calls of subscriptionCommands
 	cpu   float64 // INFO cpu used_cpu_user + used_cpu_sys, in seconds
+	sys   float64 // INFO cpu used_cpu_sys: the kernel's share of cpu
 	nodes int     // servers summed, each read by one INFO per snapshot
 }
 
 // add returns the sum of c and o, as one snapshot of both servers.
 func (c counters) add(o counters) counters {
-	return counters{calls: c.calls + o.calls, subs: c.subs + o.subs, cpu: c.cpu + o.cpu, nodes: c.nodes + o.nodes}
+	return counters{calls: c.calls + o.calls, subs: c.subs + o.subs, cpu: c.cpu + o.cpu, sys: c.sys + o.sys, nodes: c.nodes + o.nodes}
 }
 
 // snapshot reads the counters with one INFO commandstats cpu.
@@ -37,6 +38,11 @@ func (s *server) snapshot(ctx context.Context) (counters, error) {
 	if err != nil {
 		return counters{}, err
 	}
+	return parseCounters(info), nil
+}
+
+// parseCounters reads one server's counters from its INFO commandstats cpu.
+func parseCounters(info string) counters {
 	c := counters{nodes: 1}
 	for key, value := range infoFields(info) {
 		switch {
@@ -49,9 +55,12 @@ func (s *server) snapshot(ctx context.Context) (counters, error) {
 		case key == "used_cpu_user" || key == "used_cpu_sys":
 			v, _ := strconv.ParseFloat(value, 64)
 			c.cpu += v
+			if key == "used_cpu_sys" {
+				c.sys += v
+			}
 		}
 	}
-	return c, nil
+	return c
 }
 
 // since returns how much the counters grew from before to c, net of the
@@ -65,6 +74,7 @@ func (c counters) since(before counters, samples int) counters {
 		calls: c.calls - before.calls - int64(c.nodes)*(1+int64(samples)),
 		subs:  c.subs - before.subs,
 		cpu:   c.cpu - before.cpu,
+		sys:   c.sys - before.sys,
 	}
 }
 
