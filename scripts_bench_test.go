@@ -15,6 +15,9 @@ import (
 //
 //	return       a script that only returns: what any two script calls
 //	             with these arguments cost
+//	6 reads      a script that makes six reads (GET, HMGET, EXISTS, PTTL,
+//	             ZRANGE, TIME: the acquire's first six calls) and returns:
+//	             what a redis.call costs, without lib.lua
 //	lib.lua      lib.lua's definitions, then return: what every script
 //	             pays before its first line (scripts.go prepends lib.lua)
 //	Lock+Unlock  the Mutex's acquire and release scripts
@@ -67,6 +70,7 @@ func BenchmarkScriptCost(b *testing.B) {
 		op   func()
 	}{
 		{"return", replay(redis.NewScript("return 1"))},
+		{"6 reads", replay(redis.NewScript(benchSixReads))},
 		{"lib.lua", replay(redis.NewScript(luaLib + "\nreturn 1"))},
 		{"Lock+Unlock", lockUnlock},
 	} {
@@ -100,6 +104,18 @@ func BenchmarkScriptCost(b *testing.B) {
 		})
 	}
 }
+
+// benchSixReads makes the six reads an acquire makes first, on the keys of
+// a Lock's or Unlock's script call (lock, token counter, queue, waiters,
+// tombstone; ARGV[1] the ticket or hold id), and returns.
+const benchSixReads = `
+redis.call('GET', KEYS[2])
+redis.call('HMGET', KEYS[1], ARGV[1], '{layout}')
+redis.call('EXISTS', KEYS[5])
+redis.call('PTTL', KEYS[1])
+redis.call('ZRANGE', KEYS[3], 0, 0)
+redis.call('TIME')
+return 1`
 
 // benchScriptCall is the keys and arguments of one script call.
 type benchScriptCall struct {
