@@ -31,56 +31,37 @@ import (
 //	             plus reading the requests and writing the replies
 //	sys-µs/op    of which, the kernel's part (used_cpu_sys)
 //
-// so that a rung's difference from the one before is what it adds. Run
-// it with
+// A rung's difference from "return" is what it adds. The three replays
+// send the same requests and get the same reply, so their CPU should
+// differ by their exec; it differs by more, because Linux splits a
+// process's CPU into user and system time by sampling it at each timer
+// tick (4 ms at 250 Hz): exec is the figure to price a rung with, and
+// the CPU figures are coarse. The machine's speed drifts between rungs,
+// so run the benchmark several times rather than with -count, which runs
+// each rung its count of times in a row:
 //
-//	go test -run '^$' -bench ScriptCost -benchtime 20000x -count 5 .
+//	for i in 1 2 3 4 5; do go test -run '^$' -bench ScriptCost -benchtime 20000x .; done
 func BenchmarkScriptCost(b *testing.B) {
 	rdb, cnt := benchRedis(b)
 	m := benchClient(b, rdb).NewMutex(benchKey(b))
-	ctx := context.Background()
-	lockUnlock := func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-	lockUnlock() // loads the scripts and opens the connection
-	rec := &benchRecorder{}
-	rdb.AddHook(rec)
-	rec.arm()
-	lockUnlock()
-	requests := rec.disarm()
-	if len(requests) != 2 {
-		b.Fatalf("Lock+Unlock sent %d script calls; want 2", len(requests))
-	}
-	replay := func(s *redis.Script) func() {
-		return func() {
-			for _, r := range requests {
-				if err := s.Run(ctx, rdb, r.keys, r.args...).Err(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	}
+	requests := benchRecordLockUnlock(b, rdb, m)
 	for _, tc := range []struct {
 		name string
-		op   func()
+		op   func(testing.TB)
 	}{
-		{"return", replay(redis.NewScript("return 1"))},
-		{"6 reads", replay(redis.NewScript(benchSixReads))},
-		{"lib.lua", replay(redis.NewScript(luaLib + "\nreturn 1"))},
-		{"Lock+Unlock", lockUnlock},
+		{"return", benchReplay(rdb, redis.NewScript("return 1"), requests)},
+		{"6 reads", benchReplay(rdb, redis.NewScript(benchSixReads), requests)},
+		{"lib.lua", benchReplay(rdb, redis.NewScript(luaLib+"\nreturn 1"), requests)},
+		{"Lock+Unlock", benchLockUnlock(m)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			tc.op() // loads the script
+			ctx := context.Background()
+			tc.op(b) // loads the script
 			before := benchServer(b, ctx, rdb)
 			sent0 := cnt.n.Load()
 			n := 0
 			for b.Loop() {
-				tc.op()
+				tc.op(b)
 				n++
 			}
 			sent := cnt.n.Load() - sent0
@@ -117,6 +98,48 @@ redis.call('ZRANGE', KEYS[3], 0, 0)
 redis.call('TIME')
 return 1`
 
+// benchLockUnlock returns an uncontended Lock then Unlock of m.
+func benchLockUnlock(m *Mutex) func(testing.TB) {
+	return func(tb testing.TB) {
+		ctx := context.Background()
+		if err := m.Lock(ctx); err != nil {
+			tb.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// benchRecordLockUnlock returns the two script calls an uncontended Lock
+// then Unlock of m sends, once the scripts are loaded.
+func benchRecordLockUnlock(b *testing.B, rdb *redis.Client, m *Mutex) []benchScriptCall {
+	b.Helper()
+	lockUnlock := benchLockUnlock(m)
+	lockUnlock(b) // loads the scripts and opens the connection
+	rec := &benchRecorder{}
+	rdb.AddHook(rec)
+	rec.arm()
+	lockUnlock(b)
+	requests := rec.disarm()
+	if len(requests) != 2 {
+		b.Fatalf("Lock+Unlock sent %d script calls; want 2", len(requests))
+	}
+	return requests
+}
+
+// benchReplay returns a function that sends requests, each as a call of
+// script s, from its caller's goroutine.
+func benchReplay(rdb *redis.Client, s *redis.Script, requests []benchScriptCall) func(testing.TB) {
+	return func(tb testing.TB) {
+		for _, r := range requests {
+			if err := s.Run(context.Background(), rdb, r.keys, r.args...).Err(); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+}
+
 // benchScriptCall is the keys and arguments of one script call.
 type benchScriptCall struct {
 	keys []string
@@ -131,6 +154,7 @@ type benchRecorder struct {
 	script []benchScriptCall
 }
 
+// arm starts recording, forgetting what was recorded before.
 func (r *benchRecorder) arm() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -41,7 +41,8 @@ const legend = `Columns:
              from INFO commandstats
   cpu/acq    Redis CPU time (used_cpu_user + used_cpu_sys) per acquisition; xrs: divided by
              redsync's; sys/acq: its system part (used_cpu_sys), the kernel's work for the
-             requests and deliveries (sockets, wake-ups), whatever the commands do
+             requests and deliveries (sockets, wake-ups), whatever the commands do; Linux
+             samples the user/system split at each timer tick, so it is coarse
   ccpu/acq   the benchmark process's CPU time per acquisition: every client of the run
              and the harness (the limit's figure is the harness's share)
   wait       from calling Lock to holding; p99 xlim: divided by the limit's p99
@@ -293,10 +294,14 @@ func sample(keys []string) string {
 }
 
 // writeTable writes rows as aligned columns: the first left-aligned, the
-// others right-aligned, with a rule under the header.
+// others right-aligned, with a rule under the header. A row with more or
+// fewer cells than the header is a bug in the caller: it panics.
 func writeTable(w io.Writer, rows [][]string) {
 	widths := make([]int, len(rows[0]))
 	for _, row := range rows {
+		if len(row) != len(widths) {
+			panic(fmt.Sprintf("a row of %d cells under a header of %d: %q", len(row), len(widths), row))
+		}
 		for i, cell := range row {
 			widths[i] = max(widths[i], len([]rune(cell)))
 		}
