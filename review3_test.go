@@ -22,10 +22,14 @@ import (
 // is never called and every later call of s blocks on s.op.
 func TestReview3LostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	// A lease short enough that the loss is seen soon, long enough that
+	// the later holding is not lost to a starved watchdog under -race.
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
 	s := c.NewSemaphore("s", 2)
 
-	tctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	// Long enough for the Acquire (a new Client's first call loads the
+	// scripts) on a loaded machine; the test waits for it to pass.
+	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if err := s.Acquire(tctx, 1); err != nil {
 		t.Fatal(err)

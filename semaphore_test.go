@@ -423,7 +423,9 @@ func mustHKeys(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 
 func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	// The loss is seen within a third of the lease; the later holding
+	// must outlive the watchdog's pauses under -race.
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
 	s := c.NewSemaphore("s", 2)
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
