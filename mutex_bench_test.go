@@ -302,7 +302,7 @@ type benchStats struct {
 // hook.
 func benchServer(b *testing.B, ctx context.Context, rdb *redis.Client) benchStats {
 	b.Helper()
-	return benchParseInfo(b, benchInfo(b, ctx, rdb, "commandstats")+benchInfo(b, ctx, rdb, "cpu"))
+	return benchParseInfo(b, benchInfo(b, ctx, rdb, "commandstats")+"\n"+benchInfo(b, ctx, rdb, "cpu"))
 }
 
 // benchInfo returns INFO section, sent past the counting hook.

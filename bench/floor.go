@@ -17,10 +17,10 @@ import (
 // until the message reaches a subscriber (what any wake-up by pub/sub,
 // and so any hand-off, costs at least). Each is a result of scenario
 // floorScenario, the round trips in op, with the Redis CPU time each took
-// in cpu (the kernel's part in sys): what an isolated request, script call and delivery cost the
-// server, against which a library's Redis CPU per acquisition is weighed
-// (under load Redis serves several clients per wake-up, and a request
-// can cost it less).
+// in cpu (the kernel's part in sys): what an isolated request, script call
+// and delivery cost the server, against which a library's Redis CPU per
+// acquisition is weighed (under load Redis serves several clients per
+// wake-up, and a request can cost it less).
 const (
 	floorScenario = "floor"
 	floorPing     = "PING"
