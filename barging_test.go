@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -338,4 +339,294 @@ func TestBargingWrongTypeRecord(t *testing.T) {
 func zmembers(mr *miniredis.Miniredis, key string) []string {
 	m, _ := mr.ZMembers(key)
 	return m
+}
+
+// Review 24 (independent, adversarial, of f4c6f35: barging waiters
+// recorded per Client). Each test failed on f4c6f35.
+
+// Finding 1: two barging Mutexes of one Client on one lock with different
+// recheck intervals share one record; the short-recheck one overwrites the
+// long one's score downwards (ZADD without GT). Once the short one gives
+// up, the record runs out while the long one still sleeps: the release
+// drops it and wakes nobody.
+func TestBargingMixedRecheckRecordRunsOut(t *testing.T) {
+	mr, rdb, at := newBargingMini(t)
+	k := schema.LockKeys(schema.DefaultPrefix, "g")
+	holder := lockG(t, rdb)
+	a := newClient(t, rdb)
+	long, dlong := bargingWaiter(t, ctx, mr, rdb, at, a) // WithRecheck(time.Minute)
+	short := a.NewMutex("g", Barging(), WithRecheck(50*time.Millisecond))
+	sctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+	defer cancel()
+	if err := short.Lock(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("short Lock: %v", err)
+	}
+	// Time passes (not a wait for a condition): past the short one's
+	// last record (100 ms), well within the long one's (2 min).
+	time.Sleep(300 * time.Millisecond)
+	if score, err := mr.ZScore(k.Bargers, a.id); err != nil || int64(score) < time.Now().Add(time.Minute).UnixMilli() {
+		t.Fatalf("a's record stands until %d (%v), want the long waiter's 2 min", int64(score), err)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, dlong); err != nil { // fails: no wake-up for a minute
+		t.Fatal(err)
+	}
+	_ = long.Unlock(ctx)
+}
+
+// Finding 2: a Client's plain waiter gives up (its record stands), its grant
+// channel is swept; a fair Mutex of the same Client on the same lock then
+// subscribes the channel anew, with no plain waiter. The release that
+// wakes that Client (its stale record runs out first) reaches it (PUBLISH
+// returns 1): it must be passed on, or b's recorded waiter is not woken
+// (on f4c6f35 the channel's pass was set by plain waiters only).
+func TestBargingFairChannelWithoutPassSwallowsWakeup(t *testing.T) {
+	mr, rdb, at := newBargingMini(t)
+	k := schema.LockKeys(schema.DefaultPrefix, "g")
+	holder := lockG(t, rdb)
+	a, b := newClient(t, rdb), newClient(t, rdb)
+	actx, cancel := context.WithCancel(ctx)
+	_, da := bargingWaiter(t, actx, mr, rdb, at, a)
+	cancel()
+	if err := result(t, da); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	name := k.GrantChannel(a.id)
+	eventually(t, 10*time.Second, "a's channel to be swept", func() bool {
+		a.sub.reg.mu.Lock()
+		defer a.sub.reg.mu.Unlock()
+		return a.sub.reg.channels[name] == nil
+	})
+	wb, db := bargingWaiter(t, ctx, mr, rdb, at, b)
+
+	fair := a.NewMutex("g")
+	df := make(chan error, 1)
+	go func() { df <- fair.Lock(ctx) }()
+	eventually(t, 5*time.Second, "a's fair waiter to subscribe", func() bool { return confirmedWaiters(a, name) == 1 })
+	if err := holder.Unlock(ctx); err != nil { // handed to a's fair waiter
+		t.Fatal(err)
+	}
+	if err := result(t, df); err != nil {
+		t.Fatal(err)
+	}
+	msgs := listen(t, rdb, k.Channel+"*")
+	if err := fair.Unlock(ctx); err != nil { // wakes a (stale record), not b
+		t.Fatal(err)
+	}
+	if m := next(t, msgs); m.channel != name {
+		t.Fatalf("the release woke %s, want a's stale record %s first", m.channel, name)
+	}
+	if err := result(t, db); err != nil {
+		t.Fatal(err)
+	}
+	_ = wb.Unlock(ctx)
+}
+
+// Finding 4: a RedMutex that waits, and then takes node locks, must not
+// record its own Client on the nodes it takes (on f4c6f35 plainOthers
+// counted its own waiter, whose address was ""), else its Unlock wakes
+// itself on each node (and each node runs wake.lua). The holder's node
+// locks and the waiter's records are deleted at once, and the waiter
+// woken on node 0, so that its round finds every node free.
+func TestBargingRedMutexRecordsItself(t *testing.T) {
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	h := newRedlock(t, rdbs).NewMutex("g", WithRecheck(time.Minute))
+	if err := h.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := newRedlock(t, rdbs)
+	cs := r.clients
+	w := r.NewMutex("g", WithRecheck(time.Minute))
+	done := make(chan error, 1)
+	go func() { done <- w.Lock(ctx) }()
+	k := schema.LockKeys(schema.DefaultPrefix, "g")
+	for i, mr := range mrs {
+		eventually(t, 5*time.Second, "the waiter to be recorded and to subscribe", func() bool {
+			_, err := mr.ZScore(k.Bargers, cs[i].id)
+			return err == nil && confirmedWaiters(cs[i], k.GrantChannel(cs[i].id)) == 1
+		})
+	}
+	for _, mr := range mrs {
+		mr.Del(k.Hash)
+		mr.Del(k.Bargers)
+	}
+	if err := rdbs[0].Publish(ctx, k.GrantChannel(cs[0].id), "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []<-chan message
+	for i, mr := range mrs {
+		if _, err := mr.ZScore(k.Bargers, cs[i].id); err == nil {
+			t.Errorf("node %d: the RedMutex that took the lock recorded its own Client as waiting", i)
+		}
+		msgs = append(msgs, listen(t, rdbs[i].(*redis.Client), k.Channel+"*"))
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		quiet(t, m, 100*time.Millisecond)
+	}
+}
+
+// Finding 5: records of Clients that gave up must be dropped even while no
+// release hands the lock to nobody (each new record extends the key's
+// TTL): on f4c6f35 the key grew with every Client that ever waited.
+func TestBargingBargersGrowWhileHeld(t *testing.T) {
+	mr, rdb, at := newBargingMini(t)
+	k := schema.LockKeys(schema.DefaultPrefix, "g")
+	lockG(t, rdb)
+	// One long-lived waiter keeps the key alive (its record: 2 min).
+	_, _ = bargingWaiter(t, ctx, mr, rdb, at, newClient(t, rdb))
+	for i := 0; i < 20; i++ {
+		c := newClient(t, rdb)
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		_ = c.NewMutex("g", Barging(), WithRecheck(10*time.Millisecond)).Lock(cctx)
+		cancel()
+		_ = c.Close()
+	}
+	// Time passes (not a wait for a condition): past the last short
+	// record (20 ms). One more waiter records its Client: records run
+	// out by now are dropped on the way.
+	time.Sleep(50 * time.Millisecond)
+	_, _ = bargingWaiter(t, ctx, mr, rdb, at, newClient(t, rdb))
+	members, _ := mr.ZMembers(k.Bargers)
+	live := 0
+	for _, m := range members {
+		if s, _ := mr.ZScore(k.Bargers, m); int64(s) >= time.Now().UnixMilli() {
+			live++
+		}
+	}
+	if len(members) != 2 || live != 2 {
+		t.Errorf("bargers: %d members, %d live; want the 2 live waiters' Clients alone", len(members), live)
+	}
+}
+
+// wakeCounter counts runs of wake.lua.
+type wakeCounter struct{ n atomic.Int64 }
+
+func (w *wakeCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		a := cmd.Args()
+		if err == nil && len(a) > 1 && (a[1] == wakeScript.Hash() || a[1] == luaLib+luaWake) {
+			w.n.Add(1) // runs answered (not an EVALSHA's NOSCRIPT)
+		}
+		return err
+	}
+}
+
+func (w *wakeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Review 25 (independent, adversarial, of f755d84). Each test failed on
+// f755d84.
+
+// A fair-only channel (no plain waiter ever waited on it): a reconnect
+// (confirm of a confirmed channel) wakes its fair waiter and tells unheard
+// nothing; nor does the fair waiter when it leaves without using the
+// signal (its ctx ended, or the attempt in flight took the lock): no
+// wake.lua in a Client that never had a barging waiter.
+func TestBargingFairLeaveTellsUnheard(t *testing.T) {
+	var unheard []string
+	r := newRegistry(func(name string) { unheard = append(unheard, name) })
+	fair := newWaitSet()
+	r.add(fair, "fair", "f", false)
+	r.confirm("fair")
+	r.lapse("fair")
+	r.confirm("fair") // a reconnect: wakes the fair waiter, tells nobody
+	if len(unheard) != 0 {
+		t.Fatalf("reconnect told %q", unheard)
+	}
+	fair.leave(true) // e.g. its ctx ended with the signal unused
+	if len(unheard) != 0 {
+		t.Errorf("a fair waiter leaving with a reconnect's signal told unheard %q: a wake.lua in a fair-only Client", unheard)
+	}
+}
+
+// One empty message is passed on once: the plain waiter leaves with it
+// (unheard told, the fair waiter woken as a hint), then the fair waiter
+// leaves without using it (on f755d84 unheard was told again: two
+// wake.lua, two Clients woken, for one release).
+func TestBargingOneWakeupPassedOnTwice(t *testing.T) {
+	var unheard []string
+	r := newRegistry(func(name string) { unheard = append(unheard, name) })
+	fair, plain := newWaitSet(), newWaitSet()
+	r.add(fair, "mixed", "f", false)
+	r.add(plain, "mixed", "p", true)
+	r.confirm("mixed")
+	r.deliver("mixed", "")
+	plain.leave(true)
+	fair.leave(false) // its attempt in flight took the lock: signal unused
+	if !slices.Equal(unheard, []string{"mixed"}) {
+		t.Errorf("one wake-up told unheard %q, want once", unheard)
+	}
+}
+
+// Client level: a fair-only Client (default Mutex, no Barging anywhere)
+// whose waiter is woken by a reconnect (wakeAll, as registry.missed does)
+// as its ctx ends runs no wake.lua.
+func TestBargingFairOnlyClientRunsWake(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	wc := &wakeCounter{}
+	rdb.AddHook(wc)
+	holder := newClient(t, rdb).NewMutex("g")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := newClient(t, rdb)
+	name := schema.LockKeys(schema.DefaultPrefix, "g").GrantChannel(a.id)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.NewMutex("g").Lock(wctx) }()
+	eventually(t, 5*time.Second, "the fair waiter to subscribe", func() bool { return confirmedWaiters(a, name) == 1 })
+	r := a.sub.reg
+	r.mu.Lock()
+	r.channels[name].wakeAll() // what confirm after a reconnect does
+	cancel()
+	r.mu.Unlock()
+	if err := result(t, done); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	_ = a.Close() // waits for background calls
+	if n := wc.n.Load(); n != 0 {
+		t.Errorf("a fair-only Client ran wake.lua %d times", n)
+	}
+}
+
+// Review 9, finding 3: a plain wake-up that a call took, and that no
+// attempt used (the attempt failed: Redis away for a moment), is forgotten
+// by the next wait that brings no signal, so that the call, ending with an
+// error afterwards, does not pass it on: the other waiter of the process
+// sleeps to its bound although the lock is free.
+func TestBargingUnusedWakeupSurvivesAnEmptyWait(t *testing.T) {
+	r := newRegistry(nil)
+	r.channels["ch"] = &channel{name: "ch", ready: make(chan struct{}), confirmed: true}
+	a, b := newWaitSet(), newWaitSet()
+	r.addConfirmed(a, "ch", "a", true)
+	r.addConfirmed(b, "ch", "b", true)
+	r.deliver("ch", "") // a release: wakes a
+	if _, err := a.wait(ctx, time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	// a's attempt fails transiently (no used()), it backs off: a wait
+	// with no signal.
+	if _, err := a.wait(ctx, time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Then its ctx ends: it leaves, passing on what it did not use.
+	a.leave(true)
+	select {
+	case <-b.bell:
+	default:
+		t.Fatal("the wake-up a took and never used was not passed on to b")
+	}
 }

@@ -1,10 +1,17 @@
 package redisync
 
 import (
+	"context"
 	"errors"
+	"io"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // Issue 19, point 8: a hold is handed to another process atomically: new
@@ -140,5 +147,163 @@ func TestMutexHandoffRetried(t *testing.T) {
 	key := "redisync:lock:{job}"
 	if v, _ := mr.Get(key + ":token"); mr.HGet(key, b.holdID()) != "1" || v != strconv.FormatInt(b.Token(), 10) {
 		t.Fatalf("after replays: count %q, counter %q, token %d", mr.HGet(key, b.holdID()), v, b.Token())
+	}
+}
+
+// dropAt makes the next EVALSHA of a script fail with io.EOF without
+// running it, and keeps a copy of it: the command is held up on a stalled
+// connection (go-redis gave up on it), and arrives later.
+type dropAt struct {
+	mu   sync.Mutex
+	sha  string
+	args []any
+}
+
+func (h *dropAt) arm(s *redis.Script) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sha, h.args = s.Hash(), nil
+}
+
+func (h *dropAt) copyOf(t *testing.T) []any {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.args == nil {
+		t.Fatal("nothing held up")
+	}
+	return append([]any(nil), h.args...)
+}
+
+func (h *dropAt) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *dropAt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *dropAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		h.mu.Lock()
+		fire := h.sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == h.sha
+		if fire {
+			h.sha, h.args = "", append([]any(nil), args...)
+		}
+		h.mu.Unlock()
+		if !fire {
+			return next(ctx, cmd)
+		}
+		cmd.SetErr(io.EOF)
+		return io.EOF
+	}
+}
+
+// Review 6, finding 1: Accept takes any hold of the lock, not only one
+// that waits for its taker under a hand-off handle: handoff.lua's "take"
+// only checks that the handle has a hold count. A hold id is no secret
+// (redisync status prints it, it is the holder's label and client id),
+// and a handle looks like any other hold id. Accept with the live
+// holder's id moves the hold to the taker while the holder still believes
+// it holds (its Lost stays open until a renewal fails): two holders at
+// once. The doc says Accept returns ErrNotHeld when no hold waits under
+// handle ("or never was").
+func TestMutexAcceptTakesALiveHold(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	ca, cb := newClient(t, rdb), newClient(t, rdb)
+	a, b := ca.NewMutex("job"), cb.NewMutex("job")
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Accept(ctx, a.holdID()) // not a handle: a's live hold
+	if err == nil && !isClosed(a.Lost()) {
+		t.Fatalf("Accept of the holder's own id took the lock (b's token %d) while a holds it with Lost open (token %d): two holders", b.Token(), a.Token())
+	}
+}
+
+// Review 6, finding 2: handoff.lua's "take" does not refuse a withdrawn
+// ticket, as acquire.lua does. An Accept whose take is held up on a
+// stalled connection fails (io.EOF), withdraws its ticket and returns; the
+// caller retries Accept with the handle. When the held-up copy arrives
+// first, it takes the handle under the withdrawn ticket: the lock is held
+// for nobody, nobody renews or releases it, the retry gets ErrNotHeld, and
+// the lock stays taken for a whole lease. The late copy of an Accept
+// applied where it should take nothing ("leaves nothing behind").
+func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &dropAt{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb)
+	a, b := c.NewMutex("job"), c.NewMutex("job")
+	if err := handoffScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	handle, err := a.Handoff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook.arm(handoffScript)
+	if err := b.Accept(ctx, handle); err == nil {
+		t.Fatal("Accept succeeded though its take was held up")
+	}
+	late := hook.copyOf(t)
+	ticket := late[8].(string) // evalsha sha 3 lock token tombstone "take" handle ticket lease
+	eventually(t, 5*time.Second, "the failed Accept to withdraw its ticket", func() bool {
+		v, _ := mr.Get(schema.LockKeys("redisync", "job").Tombstone(ticket))
+		return v == "withdrawn"
+	})
+	if err := rdb.Do(ctx, late...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Accept(ctx, handle); err != nil {
+		t.Fatalf("the retried Accept: %v; the lock is held by the withdrawn ticket %s (TTL %v), for nobody",
+			err, ticket, mr.TTL("redisync:lock:{job}"))
+	}
+}
+
+// Review 6, finding 3: Handoff moves the giver's hold to the handle
+// without leaving the release tombstone of the giver's ticket, as Unlock
+// does since review 5. A late copy of the giver's Lock acquire (held up
+// on a stalled connection while go-redis's retry of it went through) that
+// arrives after the handed-off hold is done with takes the lock again
+// under the giver's ticket: nobody holds it, nobody renews or releases it,
+// and the lock stays taken for a whole lease (30 s by default).
+func TestMutexLateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &capture{}
+	rdb.AddHook(hook)
+	c := newClient(t, rdb)
+	a, b, other := c.NewMutex("l"), c.NewMutex("l"), c.NewMutex("l")
+	hook.arm(acquireScript)
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	late := hook.copyOf(t)
+	handle, err := a.Handoff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Accept(ctx, handle); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Do(ctx, late...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := other.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("the lock is taken after the hand-off's taker unlocked: a late copy of the giver's acquire holds it (TTL %v), for nobody",
+			mr.TTL("redisync:lock:{l}"))
 	}
 }

@@ -3,7 +3,10 @@ package redisync
 import (
 	"context"
 	"errors"
+	"runtime"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -178,5 +181,199 @@ func TestRedMutexHoldContextAndDo(t *testing.T) {
 	})
 	if !errors.Is(err, ErrLockLost) || strings.Contains(err.Error(), "did not end") {
 		t.Errorf("Do with the hold lost: %v, want ErrLockLost", err)
+	}
+}
+
+// hookObserver is an Observer that runs onEnd (when set) at the end of
+// each call, in the caller's goroutine.
+type hookObserver struct {
+	onEnd func(Call)
+}
+
+func (o *hookObserver) CallStart(ctx context.Context, _ Call) context.Context { return ctx }
+
+func (o *hookObserver) CallEnd(_ context.Context, c Call) {
+	if o.onEnd != nil {
+		o.onEnd(c)
+	}
+}
+
+func (o *hookObserver) Event(Event) {}
+
+// Review 10, finding 2. Do runs fn under, and then unlocks, the value's
+// hold as it finds it after Lock returned, not the hold its Lock took. If
+// that hold is lost and another goroutine of the value takes the lock anew
+// in between (Lock takes a lost hold's lock anew), Do unlocks the other
+// goroutine's hold, and reports success for work done without its own
+// hold. hold.go's do promises: "When the value's hold is not the one
+// acquire took any more (it was lost, and another goroutine of the value
+// took the lock anew ...), it is not released". The window is made
+// deterministic by an Observer's CallEnd, which runs in Do's goroutine
+// after its Lock took the hold.
+func TestRedMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	obs := &hookObserver{}
+	r := newRedlock(t, rdbs, WithObserver(obs), WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
+	m := r.NewMutex("l")
+	key := "redisync:lock:{l}"
+
+	var fired atomic.Bool
+	var other int64 // the token of the hold the other goroutine took
+	obs.onEnd = func(c Call) {
+		if c.Op != OpLock || c.Err != nil || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		// Do's Lock took a hold; it is lost (a quorum of node holds
+		// gone) ...
+		lost := m.Lost()
+		mrs[0].Del(key)
+		mrs[1].Del(key)
+		select {
+		case <-lost:
+		case <-time.After(5 * time.Second):
+			t.Error("the hold was not lost")
+			return
+		}
+		// ... and another goroutine of the value takes the lock anew.
+		errc := make(chan error, 1)
+		go func() { errc <- m.Lock(ctx) }()
+		if err := <-errc; err != nil {
+			t.Errorf("the other goroutine's Lock: %v", err)
+			return
+		}
+		other = m.Token()
+	}
+
+	ranUnder := int64(0)
+	err := m.Do(ctx, func(context.Context) error {
+		ranUnder = m.Token()
+		return nil
+	})
+	if !fired.Load() || other == 0 {
+		t.Fatal("the other goroutine took no hold")
+	}
+	if !errors.Is(err, ErrLockLost) {
+		t.Errorf("Do whose hold was lost before fn ran: %v, want ErrLockLost", err)
+	}
+	if ranUnder == other {
+		t.Errorf("fn ran under the other goroutine's hold (token %d)", other)
+	}
+	if m.Lost() == nil || m.Token() != other {
+		t.Errorf("Do unlocked the hold another goroutine took (token %d); m now holds token %d", other, m.Token())
+	}
+	// The other goroutine's hold is on the nodes its round took: a
+	// quorum, not every node (node 2's old hold may still have been on
+	// its way out then: see RedMutex.idle).
+	m.mu.Lock()
+	member := slices.Clone(m.member)
+	m.mu.Unlock()
+	n := 0
+	for i, mr := range mrs {
+		if !member[i] {
+			continue
+		}
+		n++
+		if !mr.Exists(key) {
+			t.Errorf("node %d: the other goroutine's node hold was released", i)
+		}
+	}
+	if n < 2 {
+		t.Errorf("the other goroutine holds %d nodes, want a quorum", n)
+	}
+	_ = m.Unlock(ctx)
+}
+
+// Review 10, finding 2, on a Mutex (the same do in hold.go).
+func TestMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	obs := &hookObserver{}
+	c := newClient(t, rdb, WithObserver(obs))
+	m := c.NewMutex("job")
+
+	var fired atomic.Bool
+	var other int64
+	obs.onEnd = func(call Call) {
+		if call.Op != OpLock || call.Err != nil || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		mr.Del("redisync:lock:{job}")
+		if _, err := m.TTL(ctx); !errors.Is(err, ErrLockLost) { // finds it gone: lost
+			t.Errorf("TTL of a deleted hold: %v", err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- m.Lock(ctx) }()
+		if err := <-errc; err != nil {
+			t.Errorf("the other goroutine's Lock: %v", err)
+			return
+		}
+		other = m.Token()
+	}
+	err := m.Do(ctx, func(context.Context) error { return nil })
+	if !fired.Load() || other == 0 {
+		t.Fatal("the other goroutine took no hold")
+	}
+	if !errors.Is(err, ErrLockLost) {
+		t.Errorf("Do whose hold was lost before fn ran: %v, want ErrLockLost", err)
+	}
+	if m.Lost() == nil || m.Token() != other || !mr.Exists("redisync:lock:{job}") {
+		t.Errorf("Do unlocked the hold another goroutine took (token %d); m now holds token %d", other, m.Token())
+	}
+	_ = m.Unlock(ctx)
+}
+
+// HoldContext says the context is cancelled "the moment" the hold ends
+// (by the time Lost closes): it is cancelled later, by a goroutine, so a
+// holder that sees Lost closed (or a call return ErrLockLost) still finds
+// the hold's context live. One P, so that the goroutine cannot run before
+// the test looks: what any scheduler may do.
+func TestMutexHoldContextLiveAfterLostCloses(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("job")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := m.HoldContext(ctx)
+	defer cancel()
+	mr.Del("redisync:lock:{job}")
+	if _, err := m.TTL(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("TTL: %v, want ErrLockLost", err)
+	}
+	if !isClosed(m.Lost()) {
+		t.Fatal("Lost not closed after TTL reported the loss")
+	}
+	if err := hctx.Err(); err == nil {
+		t.Fatalf("Lost is closed, but the hold's context is not done (cause %v): it is cancelled later, not by the time Lost closes", context.Cause(hctx))
+	}
+}
+
+// Do on a value shared by goroutines: fn's hold is lost, and another
+// goroutine's Lock of the value takes the lock anew (point 7: the Unlocks
+// owed to the lost hold are not owed any more). Do's Unlock then releases
+// the other goroutine's new hold: it runs unprotected, and its own Unlock
+// finds nothing.
+func TestMutexDoUnlocksAnotherGoroutinesNewHold(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb, WithWatchdogLease(150*time.Millisecond))
+	m := c.NewMutex("job")
+	err := m.Do(ctx, func(hctx context.Context) error {
+		mr.Del("redisync:lock:{job}")
+		<-hctx.Done()
+		done := make(chan error)
+		go func() { done <- m.Lock(ctx) }() // another goroutine of the value
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		return context.Cause(hctx)
+	})
+	if !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Do: %v, want ErrLockLost", err)
+	}
+	if m.Token() == 0 || !mr.Exists("redisync:lock:{job}") {
+		t.Fatalf("after Do, the other goroutine's Lock (not unlocked yet) holds nothing: token %d, key exists %v", m.Token(), mr.Exists("redisync:lock:{job}"))
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatalf("the other goroutine's Unlock: %v", err)
 	}
 }

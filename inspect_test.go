@@ -215,3 +215,40 @@ func TestInspectRefusesBadInputAndWrongTypes(t *testing.T) {
 		t.Errorf("after Close: %v", err)
 	}
 }
+
+// Review 8, finding 2. A label may hold '#' (any printable ASCII but space
+// and braces); a semaphore waiter id is "holder id#call". InspectSemaphore
+// cuts the id at the first '#', the scripts (sem_holder) at the last: the
+// waiter's Holder and Label come out wrong.
+func TestInspectSemaphoreWaiterWithHashInLabel(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	a := newClient(t, rdb, WithLabel("a"))
+	w := newClient(t, rdb, WithLabel("pool#2"))
+	sa := a.NewSemaphore("gpus", 1)
+	if err := sa.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	sw := w.NewSemaphore("gpus", 1)
+	go func() { done <- sw.Acquire(wctx, 1) }()
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool {
+		st, err := a.InspectSemaphore(ctx, "gpus")
+		return err == nil && len(st.Queue) == 1
+	})
+	st, err := a.InspectSemaphore(ctx, "gpus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := st.Queue[0]
+	if want := q.ID[:strings.LastIndexByte(q.ID, '#')]; q.Holder != want || q.Label != "pool#2" {
+		t.Errorf("waiter %q: holder %q, label %q; want holder %q, label %q", q.ID, q.Holder, q.Label, want, "pool#2")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if err := sa.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -452,3 +452,143 @@ func TestObserverHandoff(t *testing.T) {
 		t.Errorf("Accept outcomes %v", got)
 	}
 }
+
+// Review 9, finding 1: a RedMutex held when its Redlock is closed is told
+// taken and never told released. Redlock.Close closes the node Clients in
+// order, the first one (whose events queue carries the RedMutex's events)
+// first; the hold ends only when a later node's Close takes the node holds
+// below the quorum, and its hold.released event goes into a queue whose
+// goroutine has exited.
+func TestRedlockCloseTellsHoldReleased(t *testing.T) {
+	_, rdbs, _ := newMiniNodes(t, 3)
+	rec := &recorder{}
+	r, err := NewRedlock(rdbs, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.NewMutex("red-close")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := m.Lost()
+	_ = r.Close()
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Lost not closed by Close")
+	}
+	taken, released, lostEv := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(taken) != 1 || len(released)+len(lostEv) != 1 {
+		t.Fatalf("hold told taken %d times, ended %d times (released %+v, lost %+v); want once each",
+			len(taken), len(released)+len(lostEv), released, lostEv)
+	}
+	if e := released[0]; e.Primitive != PrimitiveRedMutex || !errors.Is(e.Err, ErrClosed) {
+		t.Errorf("Close's release told as %+v", e)
+	}
+}
+
+// Review 9, finding 2: a hold whose loss Unlock is the first to notice
+// (Redis no longer has it: a failover that lost the key, an eviction, a
+// DEL) is told as released, never as lost: the holds-lost counter, which
+// docs/operations.md pages on, misses exactly the failover case. Unlock
+// itself returns ErrLockLost (outcome "lost").
+func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c, err := New(rdb, WithObserver(rec)) // a 30 s lease: no renewal notices it first
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := c.NewMutex("gone")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mr.Del("redisync:lock:{gone}")
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock = %v, want ErrLockLost", err)
+	}
+	_ = c.Close()
+	if got := rec.outcomes(OpUnlock); got[OutcomeLost] != 1 {
+		t.Fatalf("Unlock outcomes %v", got)
+	}
+	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(lostEv) != 1 || len(released) != 0 {
+		t.Errorf("a hold Redis no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}
+
+// The same for a Semaphore's last Release.
+func TestReleaseFindingPermitsGoneToldLost(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c, err := New(rdb, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := c.NewSemaphore("gone", 2)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	mr.Del("redisync:sem:{gone}") // the holders
+	mr.Del("redisync:sem:{gone}:expiry")
+	if err := s.Release(ctx, 1); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release = %v, want ErrLockLost (keys %v)", err, mr.Keys())
+	}
+	_ = c.Close()
+	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(lostEv) != 1 || len(released) != 0 {
+		t.Errorf("permits Redis no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}
+
+// The same for a RedMutex whose Unlock finds fewer than a quorum of its
+// node holds.
+func TestRedUnlockFindingHoldGoneToldLost(t *testing.T) {
+	mrs, rdbs, _ := newMiniNodes(t, 3)
+	rec := &recorder{}
+	r, err := NewRedlock(rdbs, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	m := r.NewMutex("red-gone")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mrs[0].Del("redisync:lock:{red-gone}")
+	mrs[1].Del("redisync:lock:{red-gone}")
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock = %v, want ErrLockLost", err)
+	}
+	_ = r.Close()
+	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(lostEv) != 1 || len(released) != 0 {
+		t.Errorf("a hold its nodes no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}
+
+// And for a Handoff that finds the hold gone.
+func TestHandoffFindingHoldGoneToldLost(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c, err := New(rdb, WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := c.NewMutex("gone")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mr.Del("redisync:lock:{gone}")
+	if _, err := m.Handoff(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Handoff = %v, want ErrLockLost", err)
+	}
+	_ = c.Close()
+	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	if len(lostEv) != 1 || len(released) != 0 {
+		t.Errorf("a hold Redis no longer had told as handed off %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}

@@ -1,15 +1,5 @@
 package redisync
 
-// Review 21: the semaphore scripts read the holders once (sem_load) and
-// the queue head once (sem_peek), and sem_serve reports whether it stopped
-// at a live waiter (4854a18, 2c4387a). The tests here run today's scripts
-// and those of r21Base (copied into testdata/review21) side by side, on a
-// real Redis, from the same states with the same arguments and the same
-// server clock, and require the same replies, the same state afterwards
-// and the same messages published: the change was to read less, not to
-// behave otherwise. A later change that means to change what the
-// semaphore scripts do updates the copy, or these tests, with it.
-
 import (
 	"context"
 	"errors"
@@ -26,29 +16,194 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync/internal/redistest"
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// r21Base is the parent of the reviewed commit: the scripts it had
-// (testdata/review21) are the reference.
-const r21Base = "9826e3b"
+// Review 18 (ac5b0c9): the semaphore scripts dropped reads made only to
+// check a key's type, counting on a later read before any write. These
+// tests put a write in front of that later read (something for the script
+// to prune or store first), so that a read taken out, or moved after a
+// write, shows as a failed script that wrote.
 
-// r21Clock is the fake server clock of the tests, in ms.
-const r21Clock = int64(1_790_000_000_000)
+// fullSemWithWaiter returns a semaphore of size 3 whose holder "A" holds all 3
+// permits and whose waiter "B#1" is queued for 1, set up by the scripts
+// themselves.
+func fullSemWithWaiter(t *testing.T) (*miniredis.Miniredis, *redis.Client, schema.Semaphore) {
+	t.Helper()
+	mr, rdb, _ := newMini(t)
+	k := schema.SemaphoreKeys("redisync", "s")
+	for _, a := range []semAcquireArgs{
+		{holder: "A", n: 3, size: 3, seq: 1, lease: time.Minute, mode: "queue", waiter: "A#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"},
+		{holder: "B", n: 1, size: 3, seq: 1, lease: time.Minute, mode: "queue", waiter: "B#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"},
+	} {
+		if err := a.call(k).run(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := rdb.ZCard(ctx, k.Queue).Result(); n != 1 {
+		t.Fatalf("queue of %d, want B#1 alone", n)
+	}
+	return mr, rdb, k
+}
 
-// r21Scripts are the three semaphore scripts of one version, reading the
+// putWrongType replaces key by a list (with a TTL, as redisync's keys
+// have) and adds a remembered release whose time is over: the script's
+// prune of the released zset is then a real write.
+func putWrongType(t *testing.T, mr *miniredis.Miniredis, k schema.Semaphore, key string) {
+	t.Helper()
+	if _, err := mr.ZAdd(k.Released, 1, "old:1"); err != nil {
+		t.Fatal(err)
+	}
+	mr.SetTTL(k.Released, time.Minute)
+	mr.Del(key)
+	mr.Lpush(key, "x")
+	mr.SetTTL(key, time.Minute)
+}
+
+// A release (partial, granting the queue's head) or a withdrawal that
+// meets a key of the wrong type fails having written nothing, even when it
+// has a stale entry of the released zset to prune: the prune must follow
+// every read (the expiry zset's is sem_reclaim's; the withdrawn zset's is
+// made in withdraw mode only).
+func TestSemaphoreScriptsReleaseWithAPruneMeetingWrongTypeWritesNothing(t *testing.T) {
+	for _, mode := range []string{"release", "withdraw"} {
+		for _, suffix := range []string{":expiry", ":queue", ":waiters", ":withdrawn"} {
+			t.Run(mode+suffix, func(t *testing.T) {
+				mr, rdb, k := fullSemWithWaiter(t)
+				putWrongType(t, mr, k, semKey+suffix)
+				before := mr.Dump()
+				rel := semReleaseArgs{holder: "A", n: 1, held: 3, seq: 2, mode: "release", lease: time.Minute, size: 3, publish: "PUBLISH"}
+				if mode == "withdraw" {
+					rel = semReleaseArgs{holder: "B", n: 1, held: 0, seq: 2, mode: "withdraw", waiter: "B#1", lease: time.Minute, size: 3, publish: "PUBLISH"}
+				}
+				err := rel.call(k).run(ctx, rdb).Err()
+				if suffix == ":withdrawn" && mode == "release" {
+					// A release does not touch the withdrawn calls.
+					if err != nil {
+						t.Fatalf("release: %v, want success", err)
+					}
+					return
+				}
+				if err == nil || !errors.Is(redisError(err), ErrWrongType) {
+					t.Fatalf("%s: %v, want a WRONGTYPE error", mode, err)
+				}
+				if after := mr.Dump(); after != before {
+					t.Fatalf("the failed %s wrote:\nbefore:\n%s\nafter:\n%s", mode, before, after)
+				}
+			})
+		}
+	}
+}
+
+// A holder record that redisync did not write fails every script before
+// it writes anything: ac5b0c9 dropped the acquire's parse of the caller's
+// own record, counting on sem_used (every record) before sem_reclaim, the
+// first write. The semaphore here has an ended lease to reclaim and a
+// remembered release to prune, so that a check made after either shows.
+func TestSemaphoreScriptsJunkHolderRecordFailsBeforeAnyWrite(t *testing.T) {
+	calls := map[string]func(k schema.Semaphore) scriptCall{
+		"acquire try": func(k schema.Semaphore) scriptCall {
+			return semAcquireArgs{holder: "C", n: 1, size: 3, seq: 1, lease: time.Minute, mode: "try", waiter: "C#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"}.call(k)
+		},
+		"acquire queue": func(k schema.Semaphore) scriptCall {
+			return semAcquireArgs{holder: "C", n: 1, size: 3, seq: 1, lease: time.Minute, mode: "queue", waiter: "C#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"}.call(k)
+		},
+		"release": func(k schema.Semaphore) scriptCall {
+			return semReleaseArgs{holder: "A", n: 1, held: 3, seq: 2, mode: "release", lease: time.Minute, size: 3, publish: "PUBLISH"}.call(k)
+		},
+		"withdraw": func(k schema.Semaphore) scriptCall {
+			return semReleaseArgs{holder: "B", n: 1, held: 0, seq: 2, mode: "withdraw", waiter: "B#1", lease: time.Minute, size: 3, publish: "PUBLISH"}.call(k)
+		},
+	}
+	for name, call := range calls {
+		for _, junk := range []string{"C", "Z"} { // the caller's own record, another's
+			t.Run(name+"/"+junk, func(t *testing.T) {
+				mr, rdb, k := fullSemWithWaiter(t)
+				if _, err := mr.ZAdd(k.Released, 1, "old:1"); err != nil {
+					t.Fatal(err)
+				}
+				mr.SetTTL(k.Released, time.Minute)
+				mr.HSet(k.Holders, "E", "1:1", junk, "junk")
+				if _, err := mr.ZAdd(k.Expiry, 1, "E"); err != nil { // an ended lease
+					t.Fatal(err)
+				}
+				before := mr.Dump()
+				err := call(k).run(ctx, rdb).Err()
+				if err == nil || !errors.Is(redisError(err), ErrWrongType) {
+					t.Fatalf("%s: %v, want a WRONGTYPE error", name, err)
+				}
+				if after := mr.Dump(); after != before {
+					t.Fatalf("the failed %s wrote:\nbefore:\n%s\nafter:\n%s", name, before, after)
+				}
+			})
+		}
+	}
+}
+
+// An acquire (first attempt, queued or try; a later attempt) that meets a
+// key of the wrong type fails having written nothing, even with an ended
+// lease to reclaim first (TestSemaphoreWrongTypeIsAnErrorAndWritesNothing
+// runs on an empty semaphore, where nothing comes before the checks, and
+// leaves out the waiters and the withdrawn calls).
+func TestSemaphoreScriptsAcquireWithAReclaimMeetingWrongTypeWritesNothing(t *testing.T) {
+	attempts := map[string]semAcquireArgs{
+		"queue":  {holder: "C", n: 1, size: 3, seq: 1, lease: time.Minute, mode: "queue", waiter: "C#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"},
+		"try":    {holder: "C", n: 1, size: 3, seq: 1, lease: time.Minute, mode: "try", waiter: "C#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"},
+		"later":  {holder: "B", n: 1, size: 3, seq: 1, lease: time.Minute, mode: "queue", waiter: "B#1", queued: true, heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"},
+		"resize": {holder: "C", n: 1, size: 4, seq: 1, lease: time.Minute, mode: "queue", waiter: "C#1", heartbeat: 3 * time.Second, grant: 3 * time.Second, publish: "PUBLISH"},
+	}
+	for name, a := range attempts {
+		for _, suffix := range []string{"", ":expiry", ":queue", ":waiters", ":withdrawn", ":size"} {
+			t.Run(name+suffix, func(t *testing.T) {
+				mr, rdb, k := fullSemWithWaiter(t)
+				mr.HSet(k.Holders, "E", "1:1")
+				if _, err := mr.ZAdd(k.Expiry, 1, "E"); err != nil { // an ended lease
+					t.Fatal(err)
+				}
+				putWrongType(t, mr, k, semKey+suffix)
+				before := mr.Dump()
+				err := a.call(k).run(ctx, rdb).Err()
+				if err == nil || !errors.Is(redisError(err), ErrWrongType) {
+					t.Fatalf("acquire: %v, want a WRONGTYPE error", err)
+				}
+				if after := mr.Dump(); after != before {
+					t.Fatalf("the failed acquire wrote:\nbefore:\n%s\nafter:\n%s", before, after)
+				}
+			})
+		}
+	}
+}
+
+// Review 21: the semaphore scripts read the holders once (sem_load) and
+// the queue head once (sem_peek), and sem_serve reports whether it stopped
+// at a live waiter (4854a18, 2c4387a). The tests here run today's scripts
+// and those of diffBase (copied into testdata/semaphore-9826e3b) side by side, on a
+// real Redis, from the same states with the same arguments and the same
+// server clock, and require the same replies, the same state afterwards
+// and the same messages published: the change was to read less, not to
+// behave otherwise. A later change that means to change what the
+// semaphore scripts do updates the copy, or these tests, with it.
+
+// diffBase is the parent of the reviewed commit: the scripts it had
+// (testdata/semaphore-9826e3b) are the reference.
+const diffBase = "9826e3b"
+
+// diffClock is the fake server clock of the tests, in ms.
+const diffClock = int64(1_790_000_000_000)
+
+// diffScripts are the three semaphore scripts of one version, reading the
 // server clock from their last key (a hash with fields s and us) instead
 // of TIME, so that two versions run at the same instant.
-type r21Scripts struct {
+type diffScripts struct {
 	name                     string
 	acquire, release, resize *redis.Script
 }
 
-// r21Clocked returns lib.lua (lib) reading the clock from the last key.
-func r21Clocked(t *testing.T, lib string) string {
+// diffClocked returns lib.lua (lib) reading the clock from the last key.
+func diffClocked(t *testing.T, lib string) string {
 	t.Helper()
 	const call = "redis.call('TIME')"
 	if strings.Count(lib, call) != 1 {
@@ -57,58 +212,58 @@ func r21Clocked(t *testing.T, lib string) string {
 	return strings.Replace(lib, call, "redis.call('HMGET', KEYS[#KEYS], 's', 'us')", 1)
 }
 
-// r21Versions returns the scripts of r21Base (testdata/review21, a copy)
+// diffVersions returns the scripts of diffBase (testdata/semaphore-9826e3b, a copy)
 // and of the worktree.
-func r21Versions(t *testing.T) (old, cur r21Scripts) {
+func diffVersions(t *testing.T) (old, cur diffScripts) {
 	t.Helper()
 	read := func(file string) string {
-		b, err := os.ReadFile(filepath.Join("testdata", "review21", file))
+		b, err := os.ReadFile(filepath.Join("testdata", "semaphore-9826e3b", file))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(b)
 	}
-	oldLib, oldSem := r21Clocked(t, read("lib.lua")), read("sem_lib.lua")
-	old = r21Scripts{"old",
+	oldLib, oldSem := diffClocked(t, read("lib.lua")), read("sem_lib.lua")
+	old = diffScripts{"old",
 		redis.NewScript(oldLib + oldSem + read("sem_acquire.lua")),
 		redis.NewScript(oldLib + oldSem + read("sem_release.lua")),
 		redis.NewScript(oldLib + oldSem + read("sem_resize.lua"))}
-	lib := r21Clocked(t, luaLib)
-	cur = r21Scripts{"new",
+	lib := diffClocked(t, luaLib)
+	cur = diffScripts{"new",
 		redis.NewScript(lib + luaSemLib + luaSemAcquire),
 		redis.NewScript(lib + luaSemLib + luaSemRelease),
 		redis.NewScript(lib + luaSemLib + luaSemResize)}
 	return old, cur
 }
 
-// r21NS is one namespace of keys on the shared Redis.
-type r21NS struct {
+// diffNS is one namespace of keys on the shared Redis.
+type diffNS struct {
 	prefix string
 	keys   schema.Semaphore
 	clock  string
 }
 
-func r21Namespace(prefix string) r21NS {
+func diffNamespace(prefix string) diffNS {
 	k := schema.SemaphoreKeys(prefix, "r21")
-	return r21NS{prefix: prefix, keys: k, clock: k.Holders + ":clock"}
+	return diffNS{prefix: prefix, keys: k, clock: k.Holders + ":clock"}
 }
 
 // setClock sets the namespace's server clock to ms.
-func (ns r21NS) setClock(ctx context.Context, rdb *redis.Client, ms int64) {
+func (ns diffNS) setClock(ctx context.Context, rdb *redis.Client, ms int64) {
 	rdb.HSet(ctx, ns.clock, "s", ms/1000, "us", (ms%1000)*1000)
 	rdb.PExpire(ctx, ns.clock, time.Hour)
 }
 
 // clear removes every key of the namespace.
-func (ns r21NS) clear(ctx context.Context, rdb *redis.Client) {
+func (ns diffNS) clear(ctx context.Context, rdb *redis.Client) {
 	keys, _ := rdb.Keys(ctx, ns.prefix+":*").Result()
 	if len(keys) > 0 {
 		rdb.Del(ctx, keys...)
 	}
 }
 
-// r21Op is one script call, in a form that fits any namespace.
-type r21Op struct {
+// diffOp is one script call, in a form that fits any namespace.
+type diffOp struct {
 	kind string // "acquire", "release", "resize"
 	acq  semAcquireArgs
 	rel  semReleaseArgs
@@ -116,7 +271,7 @@ type r21Op struct {
 	to   int64
 }
 
-func (op r21Op) String() string {
+func (op diffOp) String() string {
 	switch op.kind {
 	case "acquire":
 		a := op.acq
@@ -133,7 +288,7 @@ func (op r21Op) String() string {
 // run runs op with the scripts sc in the namespace ns and returns its reply,
 // normalized (error text without script names or line numbers, and
 // without the namespace's prefix).
-func (op r21Op) run(ctx context.Context, rdb *redis.Client, sc r21Scripts, ns r21NS) string {
+func (op diffOp) run(ctx context.Context, rdb *redis.Client, sc diffScripts, ns diffNS) string {
 	var c scriptCall
 	switch op.kind {
 	case "acquire":
@@ -153,20 +308,20 @@ func (op r21Op) run(ctx context.Context, rdb *redis.Client, sc r21Scripts, ns r2
 	c.keys = append(slices.Clone(c.keys), ns.clock)
 	v, err := c.run(ctx, rdb).Result()
 	if err != nil {
-		return "error: " + r21NormalizeErr(strings.ReplaceAll(err.Error(), ns.prefix, "P"))
+		return "error: " + diffNormalizeErr(strings.ReplaceAll(err.Error(), ns.prefix, "P"))
 	}
 	return fmt.Sprint(v)
 }
 
-var r21ErrNoise = regexp.MustCompile(`(?s)stack traceback:.*$|(script: [0-9a-f]{40}, )?on @user_script:\d+\.?|user_script:\d+: ?|[0-9a-f]{40}|:\d+:`)
+var diffErrNoise = regexp.MustCompile(`(?s)stack traceback:.*$|(script: [0-9a-f]{40}, )?on @user_script:\d+\.?|user_script:\d+: ?|[0-9a-f]{40}|:\d+:`)
 
-func r21NormalizeErr(s string) string {
-	return strings.TrimSpace(r21ErrNoise.ReplaceAllString(s, ""))
+func diffNormalizeErr(s string) string {
+	return strings.TrimSpace(diffErrNoise.ReplaceAllString(s, ""))
 }
 
 // dump returns the state of the namespace (but its clock) as text: every
 // key with its type, value and whether it has a TTL, with the TTLs apart.
-func (ns r21NS) dump(ctx context.Context, rdb *redis.Client) (string, map[string]int64) {
+func (ns diffNS) dump(ctx context.Context, rdb *redis.Client) (string, map[string]int64) {
 	keys, err := rdb.Keys(ctx, ns.prefix+":*").Result()
 	if err != nil {
 		panic(err)
@@ -213,8 +368,8 @@ func (ns r21NS) dump(ctx context.Context, rdb *redis.Client) (string, map[string
 	return strings.ReplaceAll(b.String(), ns.prefix, "P"), ttls
 }
 
-// r21World builds random states and calls from a small universe of ids.
-type r21World struct {
+// diffWorld builds random states and calls from a small universe of ids.
+type diffWorld struct {
 	rng   *rand.Rand
 	size  int64
 	fence bool
@@ -225,24 +380,24 @@ type r21World struct {
 	wrong string
 }
 
-var r21Holders = []string{"app/c1-1", "app/c1-2", "app/c2-1", "app/c3-1"}
+var diffHolders = []string{"app/c1-1", "app/c1-2", "app/c2-1", "app/c3-1"}
 
-func (w *r21World) holder() string { return r21Holders[w.rng.Intn(len(r21Holders))] }
+func (w *diffWorld) holder() string { return diffHolders[w.rng.Intn(len(diffHolders))] }
 
-func (w *r21World) waiterOf(holder string) string {
+func (w *diffWorld) waiterOf(holder string) string {
 	return holder + "#" + strconv.Itoa(1+w.rng.Intn(3))
 }
 
-func (w *r21World) chance(p float64) bool { return w.rng.Float64() < p }
+func (w *diffWorld) chance(p float64) bool { return w.rng.Float64() < p }
 
-func (w *r21World) between(lo, hi int64) int64 { return lo + w.rng.Int63n(hi-lo+1) }
+func (w *diffWorld) between(lo, hi int64) int64 { return lo + w.rng.Int63n(hi-lo+1) }
 
-// r21Write is one command that builds a state.
-type r21Write func(ctx context.Context, rdb *redis.Client, k schema.Semaphore)
+// diffWrite is one command that builds a state.
+type diffWrite func(ctx context.Context, rdb *redis.Client, k schema.Semaphore)
 
 // state returns the writes of a random state, the same in any namespace.
-func (w *r21World) state() (ws []r21Write) {
-	add := func(f r21Write) { ws = append(ws, f) }
+func (w *diffWorld) state() (ws []diffWrite) {
+	add := func(f diffWrite) { ws = append(ws, f) }
 	hset := func(key func(k schema.Semaphore) string, field, value string) {
 		add(func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.HSet(ctx, key(k), field, value) })
 	}
@@ -310,7 +465,7 @@ func (w *r21World) state() (ws []r21Write) {
 	if w.chance(g) {
 		wrongType(expiry, true)
 	}
-	for _, h := range r21Holders {
+	for _, h := range diffHolders {
 		if !w.chance(0.4) {
 			continue
 		}
@@ -334,7 +489,7 @@ func (w *r21World) state() (ws []r21Write) {
 		wrongType(waiters, true)
 	}
 	var all []string
-	for _, h := range r21Holders {
+	for _, h := range diffHolders {
 		for i := 1; i <= 3; i++ {
 			all = append(all, h+"#"+strconv.Itoa(i))
 		}
@@ -375,7 +530,7 @@ func (w *r21World) state() (ws []r21Write) {
 	if w.chance(g) {
 		wrongType(withdrawn, true)
 	}
-	for _, h := range r21Holders {
+	for _, h := range diffHolders {
 		if w.chance(0.15) {
 			e := w.now + w.between(-1000, 5000)
 			zadd(released, h, e)
@@ -412,7 +567,7 @@ func (w *r21World) state() (ws []r21Write) {
 }
 
 // op returns a random call.
-func (w *r21World) op() r21Op {
+func (w *diffWorld) op() diffOp {
 	h := w.holder()
 	switch r := w.rng.Float64(); {
 	case r < 0.55:
@@ -432,7 +587,7 @@ func (w *r21World) op() r21Op {
 		if w.chance(0.05) {
 			size = w.size + 1
 		}
-		return r21Op{kind: "acquire", acq: semAcquireArgs{holder: h, n: n, size: size, held: held, seq: w.between(1, 8),
+		return diffOp{kind: "acquire", acq: semAcquireArgs{holder: h, n: n, size: size, held: held, seq: w.between(1, 8),
 			lease: time.Duration(w.between(1, 5)) * time.Second, mode: []string{"queue", "queue", "try"}[w.rng.Intn(3)],
 			waiter: waiter, queued: w.chance(0.5), heartbeat: time.Duration(w.between(1, 3)) * time.Second,
 			grant: 500 * time.Millisecond, fence: w.fence}}
@@ -448,20 +603,20 @@ func (w *r21World) op() r21Op {
 		if w.fence && w.chance(0.5) {
 			n = w.size
 		}
-		return r21Op{kind: "release", rel: semReleaseArgs{holder: h, n: n, held: w.between(0, w.size), seq: w.between(1, 8),
+		return diffOp{kind: "release", rel: semReleaseArgs{holder: h, n: n, held: w.between(0, w.size), seq: w.between(1, 8),
 			mode: mode, waiter: waiter, lease: time.Duration(w.between(1, 5)) * time.Second, size: w.size, fence: w.fence}}
 	}
 	from := w.size
 	if w.chance(0.2) {
 		from = w.between(1, 6)
 	}
-	return r21Op{kind: "resize", from: from, to: w.between(1, 6)}
+	return diffOp{kind: "resize", from: from, to: w.between(1, 6)}
 }
 
 // informed returns a random call whose arguments mostly agree with the
 // state in ns (what a live caller sends): held is what the holder holds,
 // seq follows the holder's, a queued waiter says it is queued.
-func (w *r21World) informed(ctx context.Context, rdb *redis.Client, ns r21NS) r21Op {
+func (w *diffWorld) informed(ctx context.Context, rdb *redis.Client, ns diffNS) diffOp {
 	op := w.op()
 	held := map[string][2]int64{}
 	if m, err := rdb.HGetAll(ctx, ns.keys.Holders).Result(); err == nil {
@@ -513,30 +668,30 @@ func (w *r21World) informed(ctx context.Context, rdb *redis.Client, ns r21NS) r2
 	return op
 }
 
-// r21Pair runs the same states and calls in the parent's scripts and in
+// diffPair runs the same states and calls in the parent's scripts and in
 // the worktree's, each in a namespace of its own.
-type r21Pair struct {
+type diffPair struct {
 	t        *testing.T
 	rdb      *redis.Client
-	old, cur r21Scripts
-	nsOld    r21NS
-	nsCur    r21NS
+	old, cur diffScripts
+	nsOld    diffNS
+	nsCur    diffNS
 }
 
-// newR21Pair uses the package's real Redis (redistest), or miniredis when
-// there is none (or R21_MINI=1).
-func newR21Pair(t *testing.T) *r21Pair {
+// newDiffPair uses the package's real Redis (redistest), or miniredis when
+// there is none (or REDISYNC_DIFF_MINI=1).
+func newDiffPair(t *testing.T) *diffPair {
 	t.Helper()
-	old, cur := r21Versions(t)
+	old, cur := diffVersions(t)
 	var rdb *redis.Client
 	_, noServer := exec.LookPath("redis-server")
-	if os.Getenv("R21_MINI") == "1" || (os.Getenv("REDIS_ADDR") == "" && noServer != nil) {
+	if os.Getenv("REDISYNC_DIFF_MINI") == "1" || (os.Getenv("REDIS_ADDR") == "" && noServer != nil) {
 		_, rdb, _ = newMini(t)
 	} else {
 		rdb = redistest.Client(t)
 	}
-	p := &r21Pair{t: t, rdb: rdb, old: old, cur: cur,
-		nsOld: r21Namespace("r21old"), nsCur: r21Namespace("r21new")}
+	p := &diffPair{t: t, rdb: rdb, old: old, cur: cur,
+		nsOld: diffNamespace("r21old"), nsCur: diffNamespace("r21new")}
 	t.Cleanup(func() {
 		p.nsOld.clear(context.Background(), rdb)
 		p.nsCur.clear(context.Background(), rdb)
@@ -545,8 +700,8 @@ func newR21Pair(t *testing.T) *r21Pair {
 }
 
 // reset writes the state ws, at clock now, in both namespaces.
-func (p *r21Pair) reset(ctx context.Context, ws []r21Write, now int64) {
-	for _, ns := range []r21NS{p.nsOld, p.nsCur} {
+func (p *diffPair) reset(ctx context.Context, ws []diffWrite, now int64) {
+	for _, ns := range []diffNS{p.nsOld, p.nsCur} {
 		ns.clear(ctx, p.rdb)
 		for _, f := range ws {
 			f(ctx, p.rdb, ns.keys)
@@ -557,7 +712,7 @@ func (p *r21Pair) reset(ctx context.Context, ws []r21Write, now int64) {
 
 // step runs op in both namespaces and returns the replies and states, and
 // "" or a description of how they differ.
-func (p *r21Pair) step(ctx context.Context, op r21Op) (oldReply, curReply, oldState, curState, diff string) {
+func (p *diffPair) step(ctx context.Context, op diffOp) (oldReply, curReply, oldState, curState, diff string) {
 	before, _ := p.nsCur.dump(ctx, p.rdb)
 	oldReply = op.run(ctx, p.rdb, p.old, p.nsOld)
 	curReply = op.run(ctx, p.rdb, p.cur, p.nsCur)
@@ -581,20 +736,95 @@ func (p *r21Pair) step(ctx context.Context, op r21Op) (oldReply, curReply, oldSt
 	return
 }
 
-// TestReview21DifferentialRandomStates runs random calls on random states
+// diffState returns writes that build a state from simple descriptions:
+// holders "id" -> "permits:seq" with their lease end (ms from now), and
+// the queue in order with each waiter's record.
+type diffHolder struct {
+	id, rec string
+	ends    int64 // ms from now
+}
+
+type diffWaiter struct{ id, rec string }
+
+func diffState(now int64, size string, hs []diffHolder, q []diffWaiter) []diffWrite {
+	return []diffWrite{func(ctx context.Context, c *redis.Client, k schema.Semaphore) {
+		rdb := c.Pipeline()
+		defer func() { _, _ = rdb.Exec(ctx) }()
+		rdb.Set(ctx, k.Size, size, time.Hour)
+		for _, h := range hs {
+			rdb.HSet(ctx, k.Holders, h.id, h.rec)
+			rdb.ZAdd(ctx, k.Expiry, redis.Z{Score: float64(now + h.ends), Member: h.id})
+		}
+		for i, w := range q {
+			rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(now*1000 + int64(i)), Member: w.id})
+			if w.rec != "" {
+				rdb.HSet(ctx, k.Waiters, w.id, w.rec)
+			}
+		}
+		for _, key := range []string{k.Holders, k.Expiry, k.Queue, k.Waiters} {
+			rdb.PExpire(ctx, key, time.Hour)
+		}
+	}}
+}
+
+// diffSame runs ops in order from the state ws in both versions and fails
+// the test where they differ; it returns the last state of the worktree's.
+func diffSame(t *testing.T, p *diffPair, ws []diffWrite, ops ...diffOp) string {
+	t.Helper()
+	ctx := context.Background()
+	p.reset(ctx, ws, diffClock)
+	var last string
+	for i, op := range ops {
+		or, cr, os, cs, diff := p.step(ctx, op)
+		if diff != "" {
+			t.Fatalf("step %d, %v: %s\nold: %s\nnew: %s\nstate (old):\n%s\nstate (new):\n%s", i, op, diff, or, cr, os, cs)
+		}
+		t.Logf("%v: %s", op, cr)
+		last = cs
+	}
+	return last
+}
+
+func diffAcq(holder string, n, size, held, seq int64, mode, waiter string, queued, fence bool) diffOp {
+	return diffOp{kind: "acquire", acq: semAcquireArgs{holder: holder, n: n, size: size, held: held, seq: seq, lease: 5 * time.Second,
+		mode: mode, waiter: waiter, queued: queued, heartbeat: 2 * time.Second, grant: 500 * time.Millisecond, fence: fence}}
+}
+
+func diffRel(holder string, n, held, seq int64, mode, waiter string, size int64, fence bool) diffOp {
+	return diffOp{kind: "release", rel: semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
+		lease: 5 * time.Second, size: size, fence: fence}}
+}
+
+// diffStranded returns the waiter ids that have a record in the waiters
+// hash of ns but no place in its queue: nobody grants them.
+func diffStranded(ctx context.Context, rdb *redis.Client, ns diffNS) []string {
+	var out []string
+	for f := range rdb.HGetAll(ctx, ns.keys.Waiters).Val() {
+		if strings.HasPrefix(f, "{") {
+			continue
+		}
+		if rdb.ZScore(ctx, ns.keys.Queue, f).Err() == redis.Nil {
+			out = append(out, f)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestSemaphoreScriptsDifferentialRandomStates runs random calls on random states
 // (a few with garbage values or keys of the wrong type) in the scripts of
 // the parent commit and of the worktree, and requires the same replies,
 // the same states and the same messages. A regression guard worth keeping
 // while the parent's scripts are the reference.
-func TestReview21DifferentialRandomStates(t *testing.T) {
+func TestSemaphoreScriptsDifferentialRandomStates(t *testing.T) {
 	ctx := context.Background()
-	p := newR21Pair(t)
+	p := newDiffPair(t)
 	seed := int64(21)
-	if v, err := strconv.ParseInt(os.Getenv("R21_SEED"), 10, 64); err == nil {
+	if v, err := strconv.ParseInt(os.Getenv("REDISYNC_DIFF_SEED"), 10, 64); err == nil {
 		seed = v
 	}
 	trials := 150
-	if v, err := strconv.Atoi(os.Getenv("R21_TRIALS")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("REDISYNC_DIFF_TRIALS")); err == nil {
 		trials = v
 	}
 	stats := map[string]int{}
@@ -602,7 +832,7 @@ func TestReview21DifferentialRandomStates(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	const steps = 10
 	for trial := 0; trial < trials; trial++ {
-		w := &r21World{rng: rng, size: []int64{1, 2, 3, 5}[rng.Intn(4)], fence: rng.Intn(3) == 0, now: r21Clock}
+		w := &diffWorld{rng: rng, size: []int64{1, 2, 3, 5}[rng.Intn(4)], fence: rng.Intn(3) == 0, now: diffClock}
 		switch trial % 6 {
 		case 0:
 			w.garbage = 0.05
@@ -638,22 +868,22 @@ func TestReview21DifferentialRandomStates(t *testing.T) {
 	}
 }
 
-// TestReview21WrongTypeFailsBeforeWriting puts one key of the wrong type
+// TestSemaphoreScriptsWrongTypeFailsBeforeWriting puts one key of the wrong type
 // in a few states (an empty queue among them: sem_peek's HLEN is then the
 // only read of the waiters hash before a write) and runs each kind of call:
 // a call that fails must have changed nothing, and the parent's scripts
 // must answer the same. A regression guard.
-func TestReview21WrongTypeFailsBeforeWriting(t *testing.T) {
+func TestSemaphoreScriptsWrongTypeFailsBeforeWriting(t *testing.T) {
 	ctx := context.Background()
-	p := newR21Pair(t)
-	now := r21Clock
+	p := newDiffPair(t)
+	now := diffClock
 	const size = 2
-	lease := func(h string, ms int64) r21Write {
+	lease := func(h string, ms int64) diffWrite {
 		return func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
 			rdb.ZAdd(ctx, k.Expiry, redis.Z{Score: float64(now + ms), Member: h})
 		}
 	}
-	hset := func(key func(schema.Semaphore) string, f, v string) r21Write {
+	hset := func(key func(schema.Semaphore) string, f, v string) diffWrite {
 		return func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) { rdb.HSet(ctx, key(k), f, v) }
 	}
 	holders := func(k schema.Semaphore) string { return k.Holders }
@@ -661,7 +891,7 @@ func TestReview21WrongTypeFailsBeforeWriting(t *testing.T) {
 	sizeKey := func(ctx context.Context, rdb *redis.Client, k schema.Semaphore) {
 		rdb.Set(ctx, k.Size, "2:2", time.Hour)
 	}
-	states := map[string][]r21Write{
+	states := map[string][]diffWrite{
 		"idle":                {sizeKey},
 		"full, nobody queued": {sizeKey, hset(holders, "app/c1-1", "2:3"), lease("app/c1-1", 5000)},
 		"half, one queued": {sizeKey, hset(holders, "app/c1-1", "1:3"), lease("app/c1-1", 5000),
@@ -670,16 +900,16 @@ func TestReview21WrongTypeFailsBeforeWriting(t *testing.T) {
 			},
 			hset(waiters, "app/c2-1#1", fmt.Sprintf("%d:500:2:1", now+2000))},
 	}
-	ops := func(fence bool) []r21Op {
-		acq := func(holder string, n, held, seq int64, mode, waiter string, queued bool) r21Op {
-			return r21Op{kind: "acquire", acq: semAcquireArgs{holder: holder, n: n, size: size, held: held, seq: seq, lease: 5 * time.Second,
+	ops := func(fence bool) []diffOp {
+		acq := func(holder string, n, held, seq int64, mode, waiter string, queued bool) diffOp {
+			return diffOp{kind: "acquire", acq: semAcquireArgs{holder: holder, n: n, size: size, held: held, seq: seq, lease: 5 * time.Second,
 				mode: mode, waiter: waiter, queued: queued, heartbeat: 2 * time.Second, grant: 500 * time.Millisecond, fence: fence}}
 		}
-		rel := func(holder string, n, held, seq int64, mode, waiter string) r21Op {
-			return r21Op{kind: "release", rel: semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
+		rel := func(holder string, n, held, seq int64, mode, waiter string) diffOp {
+			return diffOp{kind: "release", rel: semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
 				lease: 5 * time.Second, size: size, fence: fence}}
 		}
-		return []r21Op{
+		return []diffOp{
 			acq("app/c3-1", 2, 0, 1, "queue", "app/c3-1#1", false),
 			acq("app/c3-1", 1, 0, 1, "try", "app/c3-1#1", false),
 			acq("app/c2-1", 2, 0, 2, "queue", "app/c2-1#1", true),
@@ -720,12 +950,12 @@ func TestReview21WrongTypeFailsBeforeWriting(t *testing.T) {
 	}
 }
 
-// TestReview21SizeAbove1e14: Lua writes a number of 1e14 or more as
+// TestSemaphoreScriptsSizeAbove1e14: Lua writes a number of 1e14 or more as
 // "1e+14", so a semaphore that large stored a size record its next call
 // could not read ("does not hold a size"). Sizes above MaxSemaphoreSize
 // now fail before any call to Redis, and MaxSemaphoreSize itself works
 // (older than 4854a18: 9826e3b failed the same way).
-func TestReview21SizeAbove1e14(t *testing.T) {
+func TestSemaphoreScriptsSizeAbove1e14(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Client(t)
 	c := newClient(t, rdb, WithKeyPrefix("r21big"))
@@ -752,132 +982,73 @@ func TestReview21SizeAbove1e14(t *testing.T) {
 	}
 }
 
-// r21State returns writes that build a state from simple descriptions:
-// holders "id" -> "permits:seq" with their lease end (ms from now), and
-// the queue in order with each waiter's record.
-type r21Holder struct {
-	id, rec string
-	ends    int64 // ms from now
-}
-
-type r21Waiter struct{ id, rec string }
-
-func r21State(now int64, size string, hs []r21Holder, q []r21Waiter) []r21Write {
-	return []r21Write{func(ctx context.Context, c *redis.Client, k schema.Semaphore) {
-		rdb := c.Pipeline()
-		defer func() { _, _ = rdb.Exec(ctx) }()
-		rdb.Set(ctx, k.Size, size, time.Hour)
-		for _, h := range hs {
-			rdb.HSet(ctx, k.Holders, h.id, h.rec)
-			rdb.ZAdd(ctx, k.Expiry, redis.Z{Score: float64(now + h.ends), Member: h.id})
-		}
-		for i, w := range q {
-			rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(now*1000 + int64(i)), Member: w.id})
-			if w.rec != "" {
-				rdb.HSet(ctx, k.Waiters, w.id, w.rec)
-			}
-		}
-		for _, key := range []string{k.Holders, k.Expiry, k.Queue, k.Waiters} {
-			rdb.PExpire(ctx, key, time.Hour)
-		}
-	}}
-}
-
-// r21Same runs ops in order from the state ws in both versions and fails
-// the test where they differ; it returns the last state of the worktree's.
-func r21Same(t *testing.T, p *r21Pair, ws []r21Write, ops ...r21Op) string {
-	t.Helper()
-	ctx := context.Background()
-	p.reset(ctx, ws, r21Clock)
-	var last string
-	for i, op := range ops {
-		or, cr, os, cs, diff := p.step(ctx, op)
-		if diff != "" {
-			t.Fatalf("step %d, %v: %s\nold: %s\nnew: %s\nstate (old):\n%s\nstate (new):\n%s", i, op, diff, or, cr, os, cs)
-		}
-		t.Logf("%v: %s", op, cr)
-		last = cs
-	}
-	return last
-}
-
-func r21Acq(holder string, n, size, held, seq int64, mode, waiter string, queued, fence bool) r21Op {
-	return r21Op{kind: "acquire", acq: semAcquireArgs{holder: holder, n: n, size: size, held: held, seq: seq, lease: 5 * time.Second,
-		mode: mode, waiter: waiter, queued: queued, heartbeat: 2 * time.Second, grant: 500 * time.Millisecond, fence: fence}}
-}
-
-func r21Rel(holder string, n, held, seq int64, mode, waiter string, size int64, fence bool) r21Op {
-	return r21Op{kind: "release", rel: semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
-		lease: 5 * time.Second, size: size, fence: fence}}
-}
-
-// TestReview21ReclaimedHolderIsQueueHead: A's lease has ended (sem_reclaim
+// TestSemaphoreScriptsReclaimedHolderIsQueueHead: A's lease has ended (sem_reclaim
 // removes it) while A#2, a call of the same holder, heads the queue, then
 // a second waiter of A (A#3). Serving starts from the head read before the
 // reclaim (k.first) and from the holders read before it (k.held): A#2 must
 // be granted its 2 permits anew, not on top of the 2 that ran out, and
 // A#3 must see A#2's grant. A regression guard.
-func TestReview21ReclaimedHolderIsQueueHead(t *testing.T) {
-	p := newR21Pair(t)
-	now := r21Clock
+func TestSemaphoreScriptsReclaimedHolderIsQueueHead(t *testing.T) {
+	p := newDiffPair(t)
+	now := diffClock
 	rec := func(want, seq int64) string { return fmt.Sprintf("%d:500:%d:%d", now+2000, want, seq) }
 	for _, fence := range []bool{false, true} {
-		st := r21State(now, "4:2",
-			[]r21Holder{{"app/c1-1", "2:5", -1}, {"app/c2-1", "2:1", 5000}},
-			[]r21Waiter{{"app/c1-1#2", rec(2, 6)}, {"app/c1-1#3", rec(1, 7)}, {"app/c3-1#1", rec(1, 1)}})
+		st := diffState(now, "4:2",
+			[]diffHolder{{"app/c1-1", "2:5", -1}, {"app/c2-1", "2:1", 5000}},
+			[]diffWaiter{{"app/c1-1#2", rec(2, 6)}, {"app/c1-1#3", rec(1, 7)}, {"app/c3-1#1", rec(1, 1)}})
 		// B releases: the queue is served from the freed and the reclaimed permits.
-		end := r21Same(t, p, st, r21Rel("app/c2-1", 2, 2, 2, "release", "", 4, fence))
+		end := diffSame(t, p, st, diffRel("app/c2-1", 2, 2, 2, "release", "", 4, fence))
 		if !strings.Contains(end, "app/c1-1=3:7") {
 			t.Errorf("fence %v: want A holding 3 permits (2 + 1) with call number 7:\n%s", fence, end)
 		}
 		// A#2's own attempt serves the queue.
-		r21Same(t, p, st, r21Acq("app/c1-1", 2, 4, 0, 8, "queue", "app/c1-1#2", true, fence))
+		diffSame(t, p, st, diffAcq("app/c1-1", 2, 4, 0, 8, "queue", "app/c1-1#2", true, fence))
 		// A resize serves it too.
-		r21Same(t, p, st, r21Op{kind: "resize", from: 4, to: 5})
+		diffSame(t, p, st, diffOp{kind: "resize", from: 4, to: 5})
 		// A#2 withdraws: A#3 is served in its place.
-		r21Same(t, p, st, r21Rel("app/c1-1", 2, 0, 8, "withdraw", "app/c1-1#2", 4, fence))
+		diffSame(t, p, st, diffRel("app/c1-1", 2, 0, 8, "withdraw", "app/c1-1#2", 4, fence))
 	}
 }
 
-// TestReview21ReleaseRewritesTheHeadsRecord: a release that empties A
+// TestSemaphoreScriptsReleaseRewritesTheHeadsRecord: a release that empties A
 // rewrites the call number in the record of A's queued call (ARGV[6]),
 // which heads the queue; the grant that follows must carry the new number
 // (sem_release drops k.first), else a retry of the release would be taken
 // for a new call. A regression guard.
-func TestReview21ReleaseRewritesTheHeadsRecord(t *testing.T) {
-	p := newR21Pair(t)
-	now := r21Clock
-	st := r21State(now, "2:2",
-		[]r21Holder{{"app/c1-1", "2:4", 5000}},
-		[]r21Waiter{{"app/c1-1#2", fmt.Sprintf("%d:500:2:3", now+2000)}, {"app/c2-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
-	end := r21Same(t, p, st,
-		r21Rel("app/c1-1", 2, 2, 5, "release", "app/c1-1#2", 2, false),
-		r21Rel("app/c1-1", 2, 2, 5, "release", "app/c1-1#2", 2, false), // a retry of it
+func TestSemaphoreScriptsReleaseRewritesTheHeadsRecord(t *testing.T) {
+	p := newDiffPair(t)
+	now := diffClock
+	st := diffState(now, "2:2",
+		[]diffHolder{{"app/c1-1", "2:4", 5000}},
+		[]diffWaiter{{"app/c1-1#2", fmt.Sprintf("%d:500:2:3", now+2000)}, {"app/c2-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
+	end := diffSame(t, p, st,
+		diffRel("app/c1-1", 2, 2, 5, "release", "app/c1-1#2", 2, false),
+		diffRel("app/c1-1", 2, 2, 5, "release", "app/c1-1#2", 2, false), // a retry of it
 	)
 	if !strings.Contains(end, "app/c1-1=2:5") {
 		t.Errorf("want A#2 granted under call number 5:\n%s", end)
 	}
 }
 
-// TestReview21ManyExpiredHolders: more than 1000 holders whose lease ended
+// TestSemaphoreScriptsManyExpiredHolders: more than 1000 holders whose lease ended
 // (sem_reclaim deletes them 1000 at a time, and from k.held) with waiters
 // queued. A regression guard.
-func TestReview21ManyExpiredHolders(t *testing.T) {
-	p := newR21Pair(t)
-	now := r21Clock
-	var hs []r21Holder
+func TestSemaphoreScriptsManyExpiredHolders(t *testing.T) {
+	p := newDiffPair(t)
+	now := diffClock
+	var hs []diffHolder
 	for i := 0; i < 2500; i++ {
-		hs = append(hs, r21Holder{fmt.Sprintf("app/x%d-1", i), "1:1", -int64(i % 7)})
+		hs = append(hs, diffHolder{fmt.Sprintf("app/x%d-1", i), "1:1", -int64(i % 7)})
 	}
-	hs = append(hs, r21Holder{"app/c1-1", "1:1", 5000})
+	hs = append(hs, diffHolder{"app/c1-1", "1:1", 5000})
 	rec := fmt.Sprintf("%d:500:1:1", now+2000)
-	st := r21State(now, "3000:2", hs, []r21Waiter{{"app/c2-1#1", rec}, {"app/c3-1#1", rec}})
-	r21Same(t, p, st, r21Acq("app/c4-1", 2998, 3000, 0, 1, "queue", "app/c4-1#1", false, false))
-	r21Same(t, p, st, r21Rel("app/c1-1", 1, 1, 2, "release", "", 3000, false))
-	r21Same(t, p, st, r21Op{kind: "resize", from: 3000, to: 2})
+	st := diffState(now, "3000:2", hs, []diffWaiter{{"app/c2-1#1", rec}, {"app/c3-1#1", rec}})
+	diffSame(t, p, st, diffAcq("app/c4-1", 2998, 3000, 0, 1, "queue", "app/c4-1#1", false, false))
+	diffSame(t, p, st, diffRel("app/c1-1", 1, 1, 2, "release", "", 3000, false))
+	diffSame(t, p, st, diffOp{kind: "resize", from: 3000, to: 2})
 }
 
-// TestReview21LateAttemptOfTheHeadKeepsItsPlace: the queue's head is a
+// TestSemaphoreScriptsLateAttemptOfTheHeadKeepsItsPlace: the queue's head is a
 // waiter whose own deadline has passed (and its Client has no deadline
 // there) when its next attempt comes in. The attempt refreshes its record
 // and serving starts from the head that sem_peek read before: unless
@@ -885,16 +1056,16 @@ func TestReview21ManyExpiredHolders(t *testing.T) {
 // and the caller, which no longer asks ZSCORE after serving, is told to
 // wait with a record out of the queue, which nobody grants. The existing
 // tests do not catch that mutation. A regression guard.
-func TestReview21LateAttemptOfTheHeadKeepsItsPlace(t *testing.T) {
-	p := newR21Pair(t)
+func TestSemaphoreScriptsLateAttemptOfTheHeadKeepsItsPlace(t *testing.T) {
+	p := newDiffPair(t)
 	ctx := context.Background()
-	now := r21Clock
+	now := diffClock
 	for _, ends := range []int64{5000, -1} { // A's lease: running, or ended (the head fits)
-		st := r21State(now, "2:2",
-			[]r21Holder{{"app/c1-1", "2:3", ends}},
-			[]r21Waiter{{"app/c2-1#1", fmt.Sprintf("%d:500:2:1", now-100)}, {"app/c3-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
-		end := r21Same(t, p, st, r21Acq("app/c2-1", 2, 2, 0, 2, "queue", "app/c2-1#1", true, false))
-		if s := r21Stranded(ctx, p.rdb, p.nsCur); len(s) > 0 {
+		st := diffState(now, "2:2",
+			[]diffHolder{{"app/c1-1", "2:3", ends}},
+			[]diffWaiter{{"app/c2-1#1", fmt.Sprintf("%d:500:2:1", now-100)}, {"app/c3-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
+		end := diffSame(t, p, st, diffAcq("app/c2-1", 2, 2, 0, 2, "queue", "app/c2-1#1", true, false))
+		if s := diffStranded(ctx, p.rdb, p.nsCur); len(s) > 0 {
 			t.Errorf("A's lease ends in %d ms: %v have a record but no place in the queue:\n%s", ends, s, end)
 		}
 		queued := p.rdb.ZScore(ctx, p.nsCur.keys.Queue, "app/c2-1#1").Err() == nil
@@ -905,40 +1076,24 @@ func TestReview21LateAttemptOfTheHeadKeepsItsPlace(t *testing.T) {
 	}
 }
 
-// r21Stranded returns the waiter ids that have a record in the waiters
-// hash of ns but no place in its queue: nobody grants them.
-func r21Stranded(ctx context.Context, rdb *redis.Client, ns r21NS) []string {
-	var out []string
-	for f := range rdb.HGetAll(ctx, ns.keys.Waiters).Val() {
-		if strings.HasPrefix(f, "{") {
-			continue
-		}
-		if rdb.ZScore(ctx, ns.keys.Queue, f).Err() == redis.Nil {
-			out = append(out, f)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// TestReview21HeadDroppedAsDeadJoinsAgain (review 21, F3): sem_acquire
+// TestSemaphoreScriptsHeadDroppedAsDeadJoinsAgain (review 21, F3): sem_acquire
 // no longer asks ZSCORE after serving; it counts on the record it has just
 // refreshed being alive, as it is for every valid heartbeat. Given one
 // that has passed already (a negative heartbeat), serving drops the caller
 // from the queue's head as dead: the caller must join the queue again, as
 // 9826e3b did, and not keep a record out of the queue, which nobody
 // grants.
-func TestReview21HeadDroppedAsDeadJoinsAgain(t *testing.T) {
-	p := newR21Pair(t)
+func TestSemaphoreScriptsHeadDroppedAsDeadJoinsAgain(t *testing.T) {
+	p := newDiffPair(t)
 	ctx := context.Background()
-	now := r21Clock
-	st := r21State(now, "2:2",
-		[]r21Holder{{"app/c1-1", "2:3", 5000}},
-		[]r21Waiter{{"app/c2-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
-	op := r21Acq("app/c2-1", 1, 2, 0, 2, "queue", "app/c2-1#1", true, false)
+	now := diffClock
+	st := diffState(now, "2:2",
+		[]diffHolder{{"app/c1-1", "2:3", 5000}},
+		[]diffWaiter{{"app/c2-1#1", fmt.Sprintf("%d:500:1:1", now+2000)}})
+	op := diffAcq("app/c2-1", 1, 2, 0, 2, "queue", "app/c2-1#1", true, false)
 	op.acq.heartbeat = -time.Millisecond
-	end := r21Same(t, p, st, op)
-	if s := r21Stranded(ctx, p.rdb, p.nsCur); len(s) > 0 {
+	end := diffSame(t, p, st, op)
+	if s := diffStranded(ctx, p.rdb, p.nsCur); len(s) > 0 {
 		t.Errorf("%v have a record but no place in the queue:\n%s", s, end)
 	}
 	if p.rdb.ZScore(ctx, p.nsCur.keys.Queue, "app/c2-1#1").Err() != nil {
