@@ -26,6 +26,7 @@ import (
 // attempts is a go-redis hook that counts the runs of acquire.lua that
 // Redis answered, by the Client whose ticket ran them.
 type attempts struct {
+	passHooks
 	mu sync.Mutex
 	n  map[string]int // by client id
 }
@@ -39,8 +40,6 @@ func newBargingMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *attempt
 	rdb.AddHook(at)
 	return mr, rdb, at
 }
-
-func (a *attempts) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (a *attempts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -57,10 +56,6 @@ func (a *attempts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		a.mu.Unlock()
 		return err
 	}
-}
-
-func (a *attempts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // of returns how many attempts c made.
@@ -507,9 +502,10 @@ func TestBargingBargersGrowWhileHeld(t *testing.T) {
 }
 
 // wakeCounter counts runs of wake.lua.
-type wakeCounter struct{ n atomic.Int64 }
-
-func (w *wakeCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+type wakeCounter struct {
+	passHooks
+	n atomic.Int64
+}
 
 func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -520,10 +516,6 @@ func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return err
 	}
-}
-
-func (w *wakeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // Review 25 (independent, adversarial, of f755d84). Each test failed on

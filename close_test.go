@@ -14,9 +14,11 @@ import (
 )
 
 // afterClose is a go-redis hook that counts the commands sent once armed.
-type afterClose struct{ armed, sent atomic.Int64 }
+type afterClose struct {
+	passDial
+	armed, sent atomic.Int64
+}
 
-func (h *afterClose) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *afterClose) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if h.armed.Load() == 1 {

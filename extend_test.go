@@ -225,11 +225,10 @@ func TestMutexExtendErrors(t *testing.T) {
 // slowReply is a go-redis hook that holds up the reply of every EVALSHA of
 // one script by d, after Redis ran it: a slow network on the way back.
 type slowReply struct {
+	passHooks
 	sha string
 	d   time.Duration
 }
-
-func (h slowReply) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -239,10 +238,6 @@ func (h slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return err
 	}
-}
-
-func (h slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func TestMutexTTL(t *testing.T) {

@@ -154,6 +154,7 @@ func TestMutexHandoffRetried(t *testing.T) {
 // running it, and keeps a copy of it: the command is held up on a stalled
 // connection (go-redis gave up on it), and arrives later.
 type dropAt struct {
+	passHooks
 	mu   sync.Mutex
 	sha  string
 	args []any
@@ -173,12 +174,6 @@ func (h *dropAt) copyOf(t *testing.T) []any {
 		t.Fatal("nothing held up")
 	}
 	return append([]any(nil), h.args...)
-}
-
-func (h *dropAt) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *dropAt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *dropAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

@@ -45,13 +45,12 @@ func newClient(t *testing.T, rdb redis.UniversalClient, opts ...ClientOption) *C
 // retries after a lost reply: the command runs twice, the caller sees the
 // second reply.
 type counter struct {
+	passDial
 	n      atomic.Int64
 	mu     sync.Mutex
 	replay string // "evalsha" etc.; "" when disarmed
 	sha    string
 }
-
-func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -161,4 +160,18 @@ func withdrawnTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []st
 		keys = append(keys, key)
 	}
 	return keys
+}
+
+// passDial passes dials through untouched, for a hook (redis.Hook) that
+// embeds it.
+type passDial struct{}
+
+func (passDial) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// passHooks passes dials and pipelines through untouched: a hook
+// (redis.Hook) that embeds it writes only its ProcessHook.
+type passHooks struct{ passDial }
+
+func (passHooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -410,6 +410,7 @@ func TestClientDeadlineAloneKeepsWaiterAlive(t *testing.T) {
 // scriptRuns counts the calls of each script (EVALSHA, or EVAL when
 // Redis did not have it yet), by the script's hash.
 type scriptRuns struct {
+	passHooks
 	mu sync.Mutex
 	n  map[string]int
 }
@@ -419,8 +420,6 @@ func (h *scriptRuns) of(s *redis.Script) int {
 	defer h.mu.Unlock()
 	return h.n[s.Hash()]
 }
-
-func (h *scriptRuns) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *scriptRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -438,10 +437,6 @@ func (h *scriptRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return next(ctx, cmd)
 	}
-}
-
-func (h *scriptRuns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // A Client's waiters sleep through its first heartbeats on a lock or a

@@ -429,7 +429,10 @@ func benchStartServer(b *testing.B) string {
 // benchCounter is a go-redis hook that counts the commands sent, except
 // a new connection's handshake and the commands of a context marked by
 // benchUncounted.
-type benchCounter struct{ n atomic.Int64 }
+type benchCounter struct {
+	passDial
+	n atomic.Int64
+}
 
 type benchUncountedKey struct{}
 
@@ -449,8 +452,6 @@ func (c *benchCounter) counts(ctx context.Context, cmd redis.Cmder) bool {
 	}
 	return true
 }
-
-func (c *benchCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *benchCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {

@@ -554,16 +554,13 @@ func TestCloseReleasesHolds(t *testing.T) {
 // reply (a transient error, as a connection cut after Redis ran it), and
 // records the arguments of every acquire.lua call after it.
 type lostReplyThenRecord struct {
+	passHooks
 	mu        sync.Mutex
 	armed     bool
 	recording bool
 	after     [][]any
 }
 
-func (h *lostReplyThenRecord) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *lostReplyThenRecord) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 func (h *lostReplyThenRecord) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()

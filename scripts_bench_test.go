@@ -149,6 +149,7 @@ type benchScriptCall struct {
 // benchRecorder is a go-redis hook that records the script calls sent
 // while it is armed.
 type benchRecorder struct {
+	passHooks
 	mu     sync.Mutex
 	armed  bool
 	script []benchScriptCall
@@ -169,17 +170,11 @@ func (r *benchRecorder) disarm() []benchScriptCall {
 	return r.script
 }
 
-func (r *benchRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
 func (r *benchRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		r.record(cmd)
 		return next(ctx, cmd)
 	}
-}
-
-func (r *benchRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // record keeps cmd's keys and arguments when it is a script call

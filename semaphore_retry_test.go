@@ -21,14 +21,9 @@ import (
 // sees the second reply): go-redis retrying after a lost reply, with
 // another client's call landing in Redis between the two copies.
 type replayAround struct {
+	passHooks
 	sha     string
 	between func()
-}
-
-func (h *replayAround) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *replayAround) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *replayAround) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -70,14 +65,9 @@ func (replyError) RedisError() {}
 // failOnce fails the next EVALSHA of a script with an error reply, without
 // running it.
 type failOnce struct {
+	passHooks
 	sha atomic.Value
 	msg string // the error reply; an OOM when empty
-}
-
-func (h *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -95,12 +85,9 @@ func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 // runThenFail makes the next EVALSHA of a script fail with an error that
 // is not a reply, without running it.
-type runThenFail struct{ sha atomic.Value }
-
-func (h *runThenFail) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *runThenFail) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+type runThenFail struct {
+	passHooks
+	sha atomic.Value
 }
 
 func (h *runThenFail) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -118,6 +105,7 @@ func (h *runThenFail) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 // beforeNext runs fn before the next EVALSHA of a script.
 type beforeNext struct {
+	passHooks
 	mu  sync.Mutex
 	sha string
 	fn  func()
@@ -127,12 +115,6 @@ func (h *beforeNext) set(sha string, fn func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.fn = sha, fn
-}
-
-func (h *beforeNext) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *beforeNext) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *beforeNext) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -481,6 +463,7 @@ func TestSemaphoreHoldingEndsWhileAcquireQueued(t *testing.T) {
 // later (a copy held up on a stalled connection while go-redis's retry of
 // it went through).
 type capture struct {
+	passHooks
 	mu   sync.Mutex
 	sha  string
 	args []any
@@ -500,12 +483,6 @@ func (h *capture) copyOf(t *testing.T) []any {
 		t.Fatal("nothing captured")
 	}
 	return append([]any(nil), h.args...)
-}
-
-func (h *capture) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *capture) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *capture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -528,6 +505,7 @@ func (h *capture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // (go-redis retried it after a lost reply, inside the command, and Redis
 // refused the retry).
 type failRetry struct {
+	passHooks
 	mu      sync.Mutex
 	sha     string
 	persist bool
@@ -538,12 +516,6 @@ func (h *failRetry) arm(s *redis.Script, persist bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.persist, h.refuse = s.Hash(), persist, false
-}
-
-func (h *failRetry) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *failRetry) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *failRetry) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -734,6 +706,7 @@ func TestSemaphoreRefusedRetryOfTryAcquireLeaksRenewedPermits(t *testing.T) {
 // own retries did not get through (a network error, which a waiting call
 // takes for Redis being away for a while, and attempts again).
 type lostReplyAt struct {
+	passHooks
 	mu   sync.Mutex
 	sha  string
 	skip int
@@ -745,12 +718,6 @@ func (h *lostReplyAt) arm(s *redis.Script, skip int) <-chan struct{} {
 	defer h.mu.Unlock()
 	h.sha, h.skip, h.hit = s.Hash(), skip, make(chan struct{})
 	return h.hit
-}
-
-func (h *lostReplyAt) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *lostReplyAt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *lostReplyAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -828,6 +795,7 @@ func TestSemaphoreRetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 // when it retries after a lost reply, and runs f in between (another
 // process's call that lands between the two copies).
 type betweenCopies struct {
+	passHooks
 	mu  sync.Mutex
 	sha string
 	f   func()
@@ -837,12 +805,6 @@ func (h *betweenCopies) arm(s *redis.Script, f func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.f = s.Hash(), f
-}
-
-func (h *betweenCopies) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *betweenCopies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *betweenCopies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

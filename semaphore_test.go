@@ -476,14 +476,11 @@ func TestSemaphoreReleaseWithCancelledCallIsResolved(t *testing.T) {
 // cancelAfter is a go-redis hook that ends a context after the first
 // EVALSHA it sends has run, as if the reply was lost when it ended.
 type cancelAfter struct {
+	passHooks
 	cancel context.CancelFunc
 	done   atomic.Bool
 }
 
-func (*cancelAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (*cancelAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 func (h *cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
