@@ -13,8 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // cleanupTimeout bounds the clean-up a call does after its context ended,
@@ -459,20 +457,22 @@ func (c *Client) outlasts(err error) bool {
 // failed to reach its primary: after a failover, go-redis would otherwise
 // keep sending the slot's commands to the primary that died.
 func (c *Client) relocate() {
-	if cluster, ok := c.rdb.(*redis.ClusterClient); ok {
-		cluster.ReloadState(c.ctx)
+	if c.cluster != nil {
+		c.cluster.ReloadState(c.ctx)
 	}
 }
 
 // transient reports whether err says Redis could not be reached or could
 // not serve the call for now (a network error, a timeout, a server loading
-// its data or a cluster failing over), rather than a final answer.
+// its data, a cluster failing over, or moving the call's slot: go-redis
+// follows a redirection, ASK or MOVED, a few times, and returns the last
+// one when the slot is still on its way), rather than a final answer.
 func transient(err error) bool {
 	var ne net.Error
 	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
 	}
-	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY"} {
+	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "ASK ", "MOVED "} {
 		if strings.HasPrefix(err.Error(), prefix) {
 			return true
 		}

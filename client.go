@@ -1,7 +1,9 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"reflect"
 	"strconv"
 	"sync"
@@ -23,10 +25,11 @@ import (
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
-	rdb redis.UniversalClient
-	cfg config
-	id  string        // prefix of every owner id minted by this Client
-	seq atomic.Uint64 // last owner number
+	rdb     redis.UniversalClient
+	cluster clusterClient // rdb, when it is a Redis Cluster's client; nil otherwise
+	cfg     config
+	id      string        // prefix of every owner id minted by this Client
+	seq     atomic.Uint64 // last owner number
 
 	sub     *subscriber
 	wd      *watchdog
@@ -35,29 +38,47 @@ type Client struct {
 	obs     Observer   // WithObserver; nil: none
 	events  *events    // background events for the observer and the logger; nil: neither
 
+	probe probe // that the server has what the Client needs (see Client.ready)
+
 	ctx   context.Context // ends when the Client is closed
 	close context.CancelFunc
 }
 
-// New returns a Client that uses rdb (a *redis.Client, *redis.ClusterClient
-// or *redis.Ring; the Client never closes it). The options become the
-// defaults of every Mutex and Semaphore created by the Client. New does no
-// I/O. It returns ErrNilClient for a nil rdb, and an error wrapping
-// ErrInvalidOption for an invalid option.
+// New returns a Client that uses rdb, which the Client never closes:
 //
-// On a *redis.ClusterClient, waiters are woken through sharded pub/sub
-// (SPUBLISH and SSUBSCRIBE, Redis 7 and later): each primary delivers the
-// messages of its own slots, on one connection per primary that serves a
-// lock with waiters. WithPlainPubSub turns it off for older clusters.
+//   - a *redis.Client, for one Redis server, or for the primary of a
+//     group watched by Sentinel (redis.NewFailoverClient);
+//   - a *redis.ClusterClient, for a Redis Cluster;
+//   - a type of the user's that embeds one of them (a wrapper that adds
+//     tracing, say): redisync uses the embedded client's methods.
+//
+// Any other client is refused with ErrUnsupportedClient: a *redis.Ring
+// among them, because a Ring moves a key to another shard when a shard
+// goes down or comes back, and a lock whose state moves can have two
+// holders; use a Redis Cluster, or a RedMutex over independent servers,
+// instead. The options become the defaults of every primitive created by
+// the Client. New does no I/O. It returns ErrNilClient for a nil rdb, and
+// an error wrapping ErrInvalidOption for an invalid option.
+//
+// On a Redis Cluster, waiters are woken through sharded pub/sub (SPUBLISH
+// and SSUBSCRIBE, Redis 7 and later): each primary delivers the messages
+// of its own slots, on one connection per primary that serves a lock with
+// waiters. WithPlainPubSub turns it off for older clusters; on a cluster
+// without sharded pub/sub, the first call fails with ErrUnsupportedServer,
+// which says so.
 func New(rdb redis.UniversalClient, opts ...ClientOption) (*Client, error) {
 	if isNil(rdb) {
 		return nil, ErrNilClient
+	}
+	cluster, err := classify(rdb)
+	if err != nil {
+		return nil, err
 	}
 	cfg := with(defaultConfig(), opts, ClientOption.applyClient)
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	return clientWith(rdb, cfg), nil
+	return clientWith(rdb, cluster, cfg), nil
 }
 
 // isNil reports whether rdb is nil, or a nil pointer in an interface.
@@ -66,26 +87,62 @@ func isNil(rdb redis.UniversalClient) bool {
 	return rdb == nil || (v.Kind() == reflect.Pointer && v.IsNil())
 }
 
-// clientWith returns a Client of rdb with the defaults cfg.
-func clientWith(rdb redis.UniversalClient, cfg config) *Client {
+// clusterClient is what redisync uses of a *redis.ClusterClient, or of a
+// type that embeds one.
+type clusterClient interface {
+	redis.UniversalClient
+	Options() *redis.ClusterOptions
+	MasterForKey(ctx context.Context, key string) (*redis.Client, error)
+	ForEachShard(ctx context.Context, fn func(ctx context.Context, client *redis.Client) error) error
+	ForEachMaster(ctx context.Context, fn func(ctx context.Context, client *redis.Client) error) error
+	ReloadState(ctx context.Context)
+}
+
+// nodeClient is what redisync uses of a *redis.Client, or of a type that
+// embeds one: a connection of its own for WithReplicas.
+type nodeClient interface {
+	redis.UniversalClient
+	Options() *redis.Options
+	Conn() *redis.Conn
+}
+
+// classify tells a Redis Cluster's client (returned) from one server's
+// (nil), and refuses any other client.
+func classify(rdb redis.UniversalClient) (clusterClient, error) {
+	switch rdb := rdb.(type) {
+	case clusterClient:
+		return rdb, nil
+	case nodeClient:
+		return nil, nil
+	case interface{ Options() *redis.RingOptions }:
+		return nil, fmt.Errorf("%w: a *redis.Ring moves a lock's keys to another shard when a shard goes down or comes back, "+
+			"which can let two holders in; use a *redis.ClusterClient, or a RedMutex over independent servers", ErrUnsupportedClient)
+	}
+	return nil, fmt.Errorf("%w: %T is neither a *redis.Client nor a *redis.ClusterClient, and embeds neither", ErrUnsupportedClient, rdb)
+}
+
+// clientWith returns a Client of rdb (cluster: rdb, when it is a Redis
+// Cluster's client) with the defaults cfg.
+func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *Client {
 	c := &Client{
 		rdb:     rdb,
+		cluster: cluster,
 		cfg:     cfg,
 		id:      uuid.NewString(),
 		publish: "PUBLISH",
 	}
 	c.ctx, c.close = context.WithCancel(context.Background())
-	cluster, _ := rdb.(*redis.ClusterClient)
+	sharded := cluster
 	if cluster != nil && !c.cfg.plain {
 		c.publish = "SPUBLISH"
 	} else {
-		cluster = nil
+		sharded = nil
 	}
 	c.calls = newCallGroup(workerIdle)
 	c.obs = c.cfg.obs
 	c.events = newEvents(c.cfg.obs, c.cfg.log)
-	c.sub = newSubscriber(rdb, cluster, c.ctx, c.events, c.passOn)
-	c.wd = newWatchdog(rdb, c.ctx, c.events)
+	c.sub = newSubscriber(rdb, sharded, c.ctx, c.events, c.passOn)
+	c.wd = newWatchdog(rdb, cluster, c.ctx, c.events)
 	return c
 }
 
@@ -146,11 +203,14 @@ func (c *Client) usable() error {
 // waiting when Close came withdraws from its queue, and one that took
 // something gives it back, before Close returns, never after it, even when
 // its goroutine runs late.
-func (c *Client) enter() (leave func(), err error) {
+//
+// The first calls of a Client also check that the server has what the
+// Client needs (see ready); prefix is the calling primitive's key prefix.
+func (c *Client) enter(ctx context.Context, prefix string) (leave func(), err error) {
 	if !c.calls.start() {
 		return nil, ErrClosed
 	}
-	if err := c.usable(); err != nil {
+	if err := cmp.Or(c.usable(), c.ready(ctx, prefix)); err != nil {
 		c.calls.done()
 		return nil, err
 	}

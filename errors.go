@@ -29,6 +29,15 @@ var (
 	// ErrNilClient is returned by New given a nil Redis client, and by
 	// NewRedlock given a nil node.
 	ErrNilClient = errors.New("redisync: nil redis client")
+	// ErrUnsupportedClient is returned by New, and NewRedlock, given a
+	// Redis client that redisync cannot use (see New).
+	ErrUnsupportedClient = errors.New("redisync: unsupported redis client")
+	// ErrUnsupportedServer is returned by the first calls of a Client
+	// whose server lacks a command that redisync needs: Lua scripting
+	// (Redis 7.0 or later, Valkey 8.0 or later, with Lua) or, on a Redis
+	// Cluster, sharded pub/sub (Redis 7; or give WithPlainPubSub). The
+	// error says which, and what to do.
+	ErrUnsupportedServer = errors.New("redisync: unsupported redis server")
 	// ErrInvalidName is returned for an empty name, one longer than
 	// MaxNameLen bytes, or one that starts with '}'.
 	ErrInvalidName = errors.New("redisync: invalid name")
@@ -148,6 +157,9 @@ var (
 // of the wrong type (a script's own error carries the word after a
 // position prefix, hence Index).
 func redisError(err error) error {
+	if u := unsupported(err); u != nil {
+		return u
+	}
 	msg := oneLine(err.Error())
 	if i := strings.Index(msg, "LAYOUT redisync: "); i >= 0 {
 		return &layoutError{detail: msg[i+len("LAYOUT redisync: "):], err: err}

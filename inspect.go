@@ -337,8 +337,8 @@ func (c *Client) readAll(ctx context.Context, queue func(redis.Pipeliner)) error
 // one may be on any node (PUBLISH reaches every node), so each is asked.
 func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func(context.Context) (int64, error) {
 	pattern := globEscape(channel) + ":*" // the grant channels (schema.Lock.GrantChannel)
-	cc, cluster := c.rdb.(*redis.ClusterClient)
-	if !cluster {
+	cc := c.cluster
+	if cc == nil {
 		plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
 		return func(context.Context) (int64, error) {
 			return plain.Val()[channel] + grantChannels(channel, grants.Val()), nil

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -38,12 +36,13 @@ import (
 // lost. A value is safe for concurrent use; goroutines sharing one value
 // share its hold.
 type MultiMutex struct {
-	c     *Client
-	names []string // in the global order
-	locks []*Mutex // one per name, in that order
-	keys  []schema.Lock
-	fast  bool // every name is served by one script call
-	err   error
+	c      *Client
+	prefix string   // of the keys
+	names  []string // in the global order
+	locks  []*Mutex // one per name, in that order
+	keys   []schema.Lock
+	fast   bool // every name is served by one script call
+	err    error
 
 	op turn // held by the call of this value that takes or releases
 
@@ -61,7 +60,7 @@ type MultiMutex struct {
 // ErrInvalidName and ErrInvalidOption as NewMutex reports them.
 func (c *Client) NewMultiMutex(names []string, opts ...MutexOption) *MultiMutex {
 	cfg := with(c.cfg, opts, MutexOption.applyMutex)
-	m := &MultiMutex{c: c, op: newTurn()}
+	m := &MultiMutex{c: c, prefix: cfg.prefix, op: newTurn()}
 	m.names, m.err = lockOrder(cfg.prefix, names)
 	m.err = cmp.Or(m.err, cfg.err)
 	if m.err != nil {
@@ -74,7 +73,7 @@ func (c *Client) NewMultiMutex(names []string, opts ...MutexOption) *MultiMutex 
 		m.locks = append(m.locks, l)
 		m.keys = append(m.keys, l.keys)
 	}
-	m.fast = oneCall(c.rdb, m.keys)
+	m.fast = oneCall(c, m.keys)
 	return m
 }
 
@@ -102,12 +101,9 @@ func lockOrder(prefix string, names []string) ([]string, error) {
 	return sorted, nil
 }
 
-// oneCall reports whether one script call can take the locks ks on rdb:
-// on one Redis always; on a Ring when they share a hash tag (a Ring places
-// keys by their tag); on a Cluster, or a client redisync does not know (a
-// wrapper of another), when they share a slot, which reaches them all on
-// any deployment.
-func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
+// oneCall reports whether one script call can take the locks ks of the
+// Client c: on one Redis always; on a Cluster when they share a slot.
+func oneCall(c *Client, ks []schema.Lock) bool {
 	same := func(f func(string) string) bool {
 		for _, k := range ks[1:] {
 			if f(k.Hash) != f(ks[0].Hash) {
@@ -116,11 +112,8 @@ func oneCall(rdb redis.UniversalClient, ks []schema.Lock) bool {
 		}
 		return true
 	}
-	switch rdb.(type) {
-	case *redis.Client:
+	if c.cluster == nil {
 		return true
-	case *redis.Ring:
-		return same(schema.Tag)
 	}
 	return same(func(key string) string { return fmt.Sprint(schema.Slot(key)) })
 }
@@ -145,7 +138,7 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 
 // lock is Lock, unobserved.
 func (m *MultiMutex) lock(ctx context.Context) error {
-	leave, err := m.c.enter()
+	leave, err := m.c.enter(ctx, m.prefix)
 	if err != nil {
 		return m.wrap("lock", err)
 	}
@@ -200,7 +193,7 @@ func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 
 // tryLock is TryLock, unobserved.
 func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
-	leave, err := m.c.enter()
+	leave, err := m.c.enter(ctx, m.prefix)
 	if err != nil {
 		return false, m.wrap("trylock", err)
 	}

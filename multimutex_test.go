@@ -64,17 +64,14 @@ func TestMultiMutexOrderIsGlobal(t *testing.T) {
 	}
 }
 
-// TestMultiMutexOneCall checks which sets one script call can take: all on
-// one Redis; on a Cluster only names that share a slot (a common hash
-// tag), on a Ring only names that share a hash tag, and on a client it
-// does not know (a wrapper, which may wrap a Cluster) only names that
-// share a slot.
+// TestMultiMutexOneCall checks which name sets are taken in one script
+// call: any on one Redis; on a Cluster, or a user's type that embeds a
+// ClusterClient, only names that share a slot.
 func TestMultiMutexOneCall(t *testing.T) {
 	type wrapper struct{ *redis.ClusterClient }
 	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { _, _, _ = cluster.Close(), ring.Close(), single.Close() })
+	t.Cleanup(func() { _, _ = cluster.Close(), single.Close() })
 	keys := func(names ...string) []schema.Lock {
 		var ks []schema.Lock
 		for _, n := range names {
@@ -90,13 +87,11 @@ func TestMultiMutexOneCall(t *testing.T) {
 		{single, []string{"a", "b"}, true},
 		{cluster, []string{"a", "b"}, false},
 		{cluster, []string{"{acct}1", "{acct}2"}, true},
-		{ring, []string{"a", "b"}, false},
-		{ring, []string{"{acct}1", "{acct}2"}, true},
 		{cluster, []string{"a"}, true},
 		{wrapper{cluster}, []string{"a", "b"}, false},
 		{wrapper{cluster}, []string{"{acct}1", "{acct}2"}, true},
 	} {
-		if got := oneCall(tc.rdb, keys(tc.names...)); got != tc.want {
+		if got := oneCall(newClient(t, tc.rdb), keys(tc.names...)); got != tc.want {
 			t.Errorf("%T %q: oneCall %v, want %v", tc.rdb, tc.names, got, tc.want)
 		}
 	}

@@ -49,7 +49,8 @@ type Redlock struct {
 // NewRedlock does no I/O. It returns an error for bad input: no nodes
 // (ErrNoNodes), a nil one (ErrNilClient), the same node twice
 // (ErrDuplicateNode: the same client value, or two *redis.Client with the
-// same address and database), an invalid option (ErrInvalidOption).
+// same address and database), a client that New refuses
+// (ErrUnsupportedClient), an invalid option (ErrInvalidOption).
 //
 // An even number of nodes is accepted, but tolerates no more failures than
 // one node fewer: 4 nodes need 3, like 5; 2 nodes need both.
@@ -59,7 +60,8 @@ func NewRedlock(rdbs []redis.UniversalClient, opts ...RedlockOption) (*Redlock, 
 		return nil, err
 	}
 	for _, rdb := range rdbs {
-		r.clients = append(r.clients, clientWith(rdb, r.cfg))
+		cluster, _ := classify(rdb) // checked by checkNodes
+		r.clients = append(r.clients, clientWith(rdb, cluster, r.cfg))
 	}
 	return r, nil
 }
@@ -120,6 +122,9 @@ func checkNodes(rdbs []redis.UniversalClient) error {
 	for i, rdb := range rdbs {
 		if isNil(rdb) {
 			return fmt.Errorf("%w: redlock node %d", ErrNilClient, i)
+		}
+		if _, err := classify(rdb); err != nil {
+			return fmt.Errorf("redlock node %d: %w", i, err)
 		}
 		var key any = rdb
 		if c, ok := rdb.(*redis.Client); ok {

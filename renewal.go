@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -29,7 +27,7 @@ func (w *watchdog) split(batch []renewal) [][]renewal {
 		return nil
 	}
 	groups := [][]renewal{batch}
-	if w.cluster {
+	if w.cluster != nil {
 		bySlot := make(map[uint16][]renewal)
 		for _, r := range batch {
 			slot := schema.Slot(r.keys[0])
@@ -69,10 +67,10 @@ func (w *watchdog) renew(batch []renewal) {
 		limit = minTime(limit, r.limit)
 	}
 	res, err := w.call(limit, renewCall(batch))
-	if err != nil && w.cluster {
+	if err != nil && w.cluster != nil {
 		// The slot's primary may have failed over: have go-redis look
 		// for the new one before the retry.
-		w.rdb.(*redis.ClusterClient).ReloadState(w.ctx)
+		w.cluster.ReloadState(w.ctx)
 	}
 
 	now := time.Now()

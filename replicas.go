@@ -20,7 +20,7 @@ import (
 // replica that acknowledged may not be the one promoted, and replicas
 // acknowledge receipt, not persistence). It narrows the window in which a
 // failover grants a lock twice; it does not close it. See
-// docs/deployment.md. It needs a *redis.Client or *redis.ClusterClient.
+// docs/deployment.md.
 // n must be in [1, 100] and timeout in [1ms, MaxLease].
 //
 // The default is not to wait for replicas.
@@ -67,13 +67,11 @@ func (c *Client) runAcked(ctx context.Context, cfg config, script scriptCall, gr
 	return res, nil
 }
 
-// primary returns the client of the primary that serves key.
-func (c *Client) primary(ctx context.Context, key string) (*redis.Client, error) {
-	switch rdb := c.rdb.(type) {
-	case *redis.Client:
-		return rdb, nil
-	case *redis.ClusterClient:
-		return rdb.MasterForKey(ctx, key)
+// primary returns the client of the server that serves key: one whose
+// Conn is a connection of its own to that server.
+func (c *Client) primary(ctx context.Context, key string) (interface{ Conn() *redis.Conn }, error) {
+	if c.cluster != nil {
+		return c.cluster.MasterForKey(ctx, key)
 	}
-	return nil, fmt.Errorf("%w: WithReplicas needs a *redis.Client or *redis.ClusterClient, not %T", ErrInvalidOption, c.rdb)
+	return c.rdb.(nodeClient), nil // see classify
 }

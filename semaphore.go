@@ -144,7 +144,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	if err := s.usable(ctx, n); err != nil {
 		return s.wrap("acquire", err)
 	}
-	leave, err := s.c.enter()
+	leave, err := s.c.enter(ctx, s.cfg.prefix)
 	if err != nil {
 		return s.wrap("acquire", err)
 	}
@@ -175,7 +175,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	if err := s.usable(ctx, n); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
-	leave, err := s.c.enter()
+	leave, err := s.c.enter(ctx, s.cfg.prefix)
 	if err != nil {
 		return false, s.wrap("tryacquire", err)
 	}

@@ -52,10 +52,10 @@ const (
 // on failover and resharding).
 type subscriber struct {
 	rdb     redis.UniversalClient
-	cluster *redis.ClusterClient // set when channels are sharded (SSUBSCRIBE)
-	ctx     context.Context      // ends when the Client is closed
-	closed  <-chan struct{}      // ctx.Done()
-	ev      *events              // reconnections are told here; may be nil
+	cluster clusterClient   // set when channels are sharded (SSUBSCRIBE)
+	ctx     context.Context // ends when the Client is closed
+	closed  <-chan struct{} // ctx.Done()
+	ev      *events         // reconnections are told here; may be nil
 	wg      sync.WaitGroup
 	wmu     sync.Mutex // held while subscription changes are decided and written
 
@@ -81,7 +81,7 @@ type shard struct {
 // channels are sharded: subscribed with SSUBSCRIBE on the primary that
 // serves their slot. unheard is told each wake-up of plain waiters that
 // none took (see registry).
-func newSubscriber(rdb redis.UniversalClient, cluster *redis.ClusterClient, ctx context.Context, ev *events, unheard func(channel string)) *subscriber {
+func newSubscriber(rdb redis.UniversalClient, cluster clusterClient, ctx context.Context, ev *events, unheard func(channel string)) *subscriber {
 	return &subscriber{
 		rdb:     rdb,
 		cluster: cluster,

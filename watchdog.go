@@ -32,7 +32,7 @@ const watchdogBatch = 256
 // lets anyone else in.
 type watchdog struct {
 	rdb     redis.UniversalClient
-	cluster bool            // a Redis Cluster: one hash slot per script call
+	cluster clusterClient   // rdb, on a Redis Cluster: one hash slot per script call; nil otherwise
 	ctx     context.Context // ends when the Client is closed
 	ev      *events         // renewals and dead waiters are told here; may be nil
 	poke    chan struct{}   // wakes run early; never blocks
@@ -74,8 +74,7 @@ type keepalive struct {
 	farewell bool                   // waiters: all have left; the next call removes the Client's deadline
 }
 
-func newWatchdog(rdb redis.UniversalClient, ctx context.Context, ev *events) *watchdog {
-	_, cluster := rdb.(*redis.ClusterClient)
+func newWatchdog(rdb redis.UniversalClient, cluster clusterClient, ctx context.Context, ev *events) *watchdog {
 	return &watchdog{
 		rdb:     rdb,
 		cluster: cluster,

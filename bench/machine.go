@@ -6,20 +6,22 @@ import (
 	"os"
 	"runtime"
 	"strings"
+
+	"github.com/redisync/redisync/internal/redisinfo"
 )
 
 // machine describes where a run took place, for the report's first line.
 type machine struct {
-	redisVersion string
-	loadBefore   string // /proc/loadavg's 1-minute figure; "?" elsewhere
-	loadAfter    string
+	server     string // "redis 7.0.15", "valkey 8.1.1"
+	loadBefore string // /proc/loadavg's 1-minute figure; "?" elsewhere
+	loadAfter  string
 }
 
-// String is one line: platform, CPUs, Go and Redis versions, load.
+// String is one line: platform, CPUs, Go and server versions, load.
 func (m machine) String() string {
-	return fmt.Sprintf("%s/%s, %d CPUs (GOMAXPROCS %d), %s, redis %s; 1-minute load average %s at the start, %s at the end",
+	return fmt.Sprintf("%s/%s, %d CPUs (GOMAXPROCS %d), %s, %s; 1-minute load average %s at the start, %s at the end",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(),
-		m.redisVersion, m.loadBefore, m.loadAfter)
+		m.server, m.loadBefore, m.loadAfter)
 }
 
 // loadAverage returns the 1-minute load average, "?" when unknown. On a
@@ -35,14 +37,13 @@ func loadAverage() string {
 	return "?"
 }
 
-// version returns the server's redis_version, "?" when unknown.
+// version names the server and its version ("valkey 8.1.1"; Valkey's
+// redis_version is 7.2.4), "?" when unknown.
 func (s *server) version(ctx context.Context) string {
 	info, err := s.admin.Info(ctx, "server").Result()
 	if err != nil {
 		return "?"
 	}
-	if v := infoFields(info)["redis_version"]; v != "" {
-		return v
-	}
-	return "?"
+	i := redisinfo.Parse(info)
+	return i.Name + " " + i.Version
 }

@@ -192,7 +192,7 @@ func bench(ctx context.Context, o options) (err error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	m := machine{redisVersion: tg.any().version(ctx), loadBefore: loadAverage()}
+	m := machine{server: tg.any().version(ctx), loadBefore: loadAverage()}
 	results, err := runJobs(ctx, tg, jobs, token, o.settle)
 	if err != nil {
 		return err

@@ -69,7 +69,7 @@ func (t *target) leftovers(ctx context.Context, name string) (withTTL int64, per
 	return withTTL, persistent, nil
 }
 
-// version returns the first server's redis_version.
+// version names the first server and its version.
 func (t *target) version(ctx context.Context) string { return t.nodes[0].version(ctx) }
 
 // close closes every server (see server.close).

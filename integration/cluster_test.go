@@ -52,6 +52,8 @@ func TestCluster(t *testing.T) {
 	t.Run("PlainPubSub", func(t *testing.T) { testClusterPlainPubSub(t, c) })
 	t.Run("Semaphore", func(t *testing.T) { testClusterSemaphore(t, c) })
 	t.Run("RWMutex", func(t *testing.T) { testClusterRWMutex(t, c) })
+	t.Run("WrappedClient", func(t *testing.T) { testClusterWrapped(t, c) })
+	t.Run("SlotMigration", func(t *testing.T) { testClusterSlotMigration(t, c) })
 	t.Run("Failover", func(t *testing.T) { testClusterFailover(t, c) })
 }
 

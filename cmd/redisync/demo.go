@@ -261,7 +261,7 @@ func (d *demo) run(ctx context.Context) int {
 
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer rcancel()
-	st, err := readStatus(rctx, d.env.rdb, d.env.prefix, d.env.name)
+	st, err := readStatus(rctx, d.env.rdb, d.env.prefix, d.env.name, false)
 	if err != nil {
 		return errorf(errorCode(err), "cannot read the final state: %v", err)
 	}
@@ -293,7 +293,7 @@ func (d *demo) show(ctx context.Context, start time.Time) {
 func (d *demo) frame(start time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	st, err := readStatus(ctx, d.env.rdb, d.env.prefix, d.env.name)
+	st, err := readStatus(ctx, d.env.rdb, d.env.prefix, d.env.name, false)
 	now := time.Now()
 	live := d.env.stats.snapshot(now)
 	if d.metrics != nil {

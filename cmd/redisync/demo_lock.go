@@ -85,7 +85,7 @@ func (p *lockPart) work(ctx context.Context, env *demoEnv, m *redisync.Mutex, ci
 func (p *lockPart) learnOwner(env *demoEnv, ci, wi int) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	st, err := readStatus(ctx, env.rdb, env.prefix, env.name)
+	st, err := readStatus(ctx, env.rdb, env.prefix, env.name, false)
 	if err != nil || st.Lock.Holder == nil {
 		return ""
 	}

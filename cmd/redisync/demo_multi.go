@@ -180,7 +180,7 @@ func (p *multiPart) summary(w io.Writer, elapsed time.Duration, _ *Status) []che
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		for i := range demoAccounts {
-			st, err := readStatus(ctx, p.env.rdb, p.env.prefix, p.account(i))
+			st, err := readStatus(ctx, p.env.rdb, p.env.prefix, p.account(i), false)
 			if err != nil || st.Lock.Holder != nil || len(st.Lock.Queue) > 0 {
 				left++
 			}

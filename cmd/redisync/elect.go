@@ -96,7 +96,7 @@ func runElect(args []string) int {
 			return campaign(ctx, rdb, prefix, name, val, opts)
 		},
 		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
-			st, err := readStatus(ctx, rdb, prefix, name)
+			st, err := readStatus(ctx, rdb, prefix, name, false)
 			if err != nil || st.Election == nil || st.Election.Leader == nil {
 				return ""
 			}

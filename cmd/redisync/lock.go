@@ -194,7 +194,7 @@ func runLock(args []string) int {
 			return acquireLock(ctx, rdb, prefix, name, try, opts)
 		},
 		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
-			st, err := readStatus(ctx, rdb, prefix, name)
+			st, err := readStatus(ctx, rdb, prefix, name, false)
 			if err != nil || st.Lock.Holder == nil {
 				return ""
 			}

@@ -113,7 +113,7 @@ func runSem(args []string) int {
 			return acquireSem(ctx, rdb, prefix, name, size, n, try, opts)
 		},
 		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
-			st, err := readStatus(ctx, rdb, prefix, name)
+			st, err := readStatus(ctx, rdb, prefix, name, false)
 			if err != nil || st.Semaphore == nil || len(st.Semaphore.Holders) == 0 {
 				return ""
 			}

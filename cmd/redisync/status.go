@@ -63,8 +63,14 @@ Examples:
   if redisync status backup >/dev/null; then echo "a backup runs"; fi
   redisync status --watch deploy
   redisync status --json gpus | jq '.semaphore.available'
+  redisync status --verbose deploy
 
-JSON (--json): {"name", "prefix", "server_time_ms",
+With --verbose, status first names the server it read and its version
+(on a cluster, every primary): the first thing to give in a bug report.
+It needs INFO (see docs/acl.md).
+
+JSON (--json): {"servers"? (--verbose): [{"addr"?, "name", "version",
+  "mode", "role"}], "name", "prefix", "server_time_ms",
   "lock": {"held", "holder": {"owner", "label", "count", "lease_ms",
            "token", "metadata"?} | null, "last_token", "queue": [{"position", "owner",
            "label", "waited_ms",
@@ -94,15 +100,27 @@ redisync.WithMetadata.
 // Status is the state of one lock name (and semaphore of the same name),
 // each read in one transaction.
 type Status struct {
-	Name         string     `json:"name"`
-	Prefix       string     `json:"prefix"`
-	ServerTimeMS int64      `json:"server_time_ms"`
-	Lock         LockStatus `json:"lock"`
-	Semaphore    *SemStatus `json:"semaphore"`
-	RWMutex      *RWStatus  `json:"rwmutex"`
+	// Servers are the servers read, with --verbose: the one server, or
+	// every primary of a cluster.
+	Servers      []ServerStatus `json:"servers,omitempty"`
+	Name         string         `json:"name"`
+	Prefix       string         `json:"prefix"`
+	ServerTimeMS int64          `json:"server_time_ms"`
+	Lock         LockStatus     `json:"lock"`
+	Semaphore    *SemStatus     `json:"semaphore"`
+	RWMutex      *RWStatus      `json:"rwmutex"`
 	// Election is the election NAME (status_elect.go); null when nothing
 	// of it is stored.
 	Election *ElectStatus `json:"election"`
+}
+
+// ServerStatus names a server (redisync.Server).
+type ServerStatus struct {
+	Addr    string `json:"addr,omitempty"` // a cluster node's
+	Name    string `json:"name"`           // "redis" or "valkey"
+	Version string `json:"version"`
+	Mode    string `json:"mode"` // "standalone" or "cluster"
+	Role    string `json:"role"` // "primary" or "replica"
 }
 
 // LockStatus is the state of a lock.
@@ -150,6 +168,7 @@ func runStatus(args []string) int {
 	prefix := fs.String("prefix", "redisync", "key `prefix` of the Redis keys")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	watch := fs.Bool("watch", false, "read again every --interval until interrupted: a live view")
+	verbose := fs.Bool("verbose", false, "name the server and its version (every primary of a cluster) first")
 	interval := durationFlag(fs, "interval", time.Second, "how often --watch reads (`duration`)")
 	p, err := parseArgs(fs, statusHelp, args)
 	if errors.Is(err, errHelp) {
@@ -178,11 +197,11 @@ func runStatus(args []string) int {
 	}
 	defer func() { _ = rdb.Close() }()
 	if *watch {
-		return watchStatus(rdb, *prefix, name, *interval, *asJSON)
+		return watchStatus(rdb, *prefix, name, *interval, *asJSON, *verbose)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := readStatus(ctx, rdb, *prefix, name)
+	st, err := readStatus(ctx, rdb, *prefix, name, *verbose)
 	if err != nil {
 		return errorf(errorCode(err), "%v", trimPrefix(err))
 	}
@@ -206,7 +225,7 @@ func runStatus(args []string) int {
 // (and with --json, one compact object per line) it prints each reading
 // after the last. A failed reading is reported and the next one tried:
 // an operator's view outlives a Redis restart.
-func watchStatus(rdb redis.UniversalClient, prefix, name string, interval time.Duration, asJSON bool) int {
+func watchStatus(rdb redis.UniversalClient, prefix, name string, interval time.Duration, asJSON, verbose bool) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	_, redraw := terminalWidth(os.Stdout)
@@ -215,7 +234,7 @@ func watchStatus(rdb redis.UniversalClient, prefix, name string, interval time.D
 	defer tick.Stop()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
-		st, err := readStatus(rctx, rdb, prefix, name)
+		st, err := readStatus(rctx, rdb, prefix, name, verbose)
 		cancel()
 		var b strings.Builder
 		switch {
@@ -262,13 +281,24 @@ func (st *Status) held() bool {
 // readStatus reads the lock name and the semaphore of that name through
 // redisync's introspection (Client.InspectLock and InspectSemaphore): each
 // is read in one transaction, at one instant. It only reads. A key of
-// another type than redisync uses is an error.
-func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name string) (*Status, error) {
+// another type than redisync uses is an error. With servers, it first
+// reads which servers these are (Client.Servers).
+func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name string, servers bool) (*Status, error) {
 	c, err := redisync.New(rdb, redisync.WithKeyPrefix(prefix))
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = c.Close() }()
+	var ss []ServerStatus
+	if servers {
+		found, err := c.Servers(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range found {
+			ss = append(ss, ServerStatus{Addr: s.Addr, Name: s.Name, Version: s.Version, Mode: s.Mode, Role: s.Role})
+		}
+	}
 	l, err := c.InspectLock(ctx, name)
 	if err != nil {
 		return nil, err
@@ -277,7 +307,7 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{Name: name, Prefix: prefix, ServerTimeMS: l.ServerTime.UnixMilli(), Lock: lockStatus(l)}
+	st := &Status{Servers: ss, Name: name, Prefix: prefix, ServerTimeMS: l.ServerTime.UnixMilli(), Lock: lockStatus(l)}
 	if !s.Empty() {
 		st.Semaphore = semaphoreStatus(s)
 	}
@@ -319,6 +349,13 @@ func leaseMS(d time.Duration) int64 {
 // print writes st for people: the lock, unless it has no key and the
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
+	for _, s := range st.Servers {
+		v := fmt.Sprintf("%s %s (%s %s)", s.Name, s.Version, s.Mode, s.Role)
+		if s.Addr != "" {
+			v = s.Addr + ": " + v
+		}
+		fmt.Fprintf(out, "server %s\n", v)
+	}
 	l := st.Lock
 	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && l.BargingProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
 		st.printOthers(out)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/redisinfo"
 	"github.com/redisync/redisync/internal/redistest"
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -191,6 +192,46 @@ func TestStatusCountsPlainSubscribersOnCluster(t *testing.T) {
 		})
 	}
 	t.Run("on another node", func(t *testing.T) { statusCountsSubscriberElsewhere(t, cl) })
+	t.Run("verbose", func(t *testing.T) {
+		st, err := readStatus(context.Background(), cl.NewClient(t), "redisync", uniqueName(t), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Servers) != 3 {
+			t.Fatalf("status --verbose on a cluster of 3 primaries: servers %+v", st.Servers)
+		}
+		for _, s := range st.Servers {
+			if s.Addr == "" || s.Mode != "cluster" || s.Role != "primary" || s.Version == "" {
+				t.Fatalf("status --verbose on a cluster: server %+v, want a primary in cluster mode with its address", s)
+			}
+		}
+	})
+}
+
+// TestStatusVerboseNamesTheServer: status --verbose names the server and
+// its version as its INFO does (Valkey by its own version, not the Redis
+// version it reports), in the table and in JSON.
+func TestStatusVerboseNamesTheServer(t *testing.T) {
+	addr := redistest.Addr(t)
+	info, err := redistest.Client(t).Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := redisinfo.Parse(info)
+	name := uniqueName(t)
+	code, p := runCode(t, addr, "status", "--verbose", name)
+	line := fmt.Sprintf("server %s %s (standalone primary)\n", want.Name, want.Version)
+	if code != exitFree || !strings.HasPrefix(p.stdout.String(), line) {
+		t.Fatalf("status --verbose: exit %d, output %q; want it to start with %q", code, p.stdout.String(), line)
+	}
+	code, p = runCode(t, addr, "status", "--verbose", "--json", name)
+	var st Status
+	if err := json.Unmarshal([]byte(p.stdout.String()), &st); err != nil || code != exitFree {
+		t.Fatalf("status --verbose --json: exit %d, %v, %s", code, err, p.stdout.String())
+	}
+	if len(st.Servers) != 1 || st.Servers[0] != (ServerStatus{Name: want.Name, Version: want.Version, Mode: "standalone", Role: "primary"}) {
+		t.Fatalf("status --verbose --json: servers %+v, want %s", st.Servers, want)
+	}
 }
 
 // statusCountsSubscriberElsewhere subscribes to a lock's channel with
@@ -216,7 +257,7 @@ func statusCountsSubscriberElsewhere(t *testing.T, cl *redistest.Cluster) {
 	if _, err := ps.Receive(ctx); err != nil { // the confirmation
 		t.Fatal(err)
 	}
-	st, err := readStatus(ctx, crdb, "redisync", name)
+	st, err := readStatus(ctx, crdb, "redisync", name, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +317,7 @@ func statusCountsPlainSubscriber(t *testing.T, cl *redistest.Cluster, barging bo
 		return err == nil && n.Load() == 1
 	})
 
-	st, err := readStatus(ctx, crdb, "redisync", name)
+	st, err := readStatus(ctx, crdb, "redisync", name, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,8 +26,9 @@ const clusterTimeout = 30 * time.Second
 // StartCluster starts primaries x (1 + replicas) servers of binary
 // (redis-server) in cluster mode (node timeout 1 s, so that a failover
 // takes a few seconds), joins them with cli (redis-cli) --cluster create,
-// and waits until NotOK has nothing to say. Stop stops them.
-func StartCluster(binary, cli string, primaries, replicas int) (c *Cluster, err error) {
+// and waits until NotOK has nothing to say; extra are more arguments of
+// every server. Stop stops them.
+func StartCluster(binary, cli string, primaries, replicas int, extra ...string) (c *Cluster, err error) {
 	c = &Cluster{}
 	defer func() {
 		if err != nil {
@@ -36,6 +37,7 @@ func StartCluster(binary, cli string, primaries, replicas int) (c *Cluster, err 
 	}()
 	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"}
+	args = append(args, extra...)
 	for range primaries * (1 + replicas) {
 		s, err := start(freeClusterPort, binary, "", args...)
 		if err != nil {

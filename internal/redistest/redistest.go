@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redisinfo"
 	"github.com/redisync/redisync/internal/redisserver"
 )
 
@@ -42,6 +44,61 @@ var shared struct {
 	why       string // why there is no Redis, when addr is ""
 	server    *redisserver.Server
 	cleanup   func()
+
+	mu     sync.Mutex
+	served string // the first server the tests used, described (see note)
+}
+
+// ReportEnv names a file to which Main appends the line that says which
+// server the package's tests ran against, so that a run of many packages
+// (CI) shows one line per package; Main prints it to its output too,
+// which go test shows when the package fails.
+const ReportEnv = "REDISYNC_SERVER_REPORT"
+
+// note records the first server the package's tests use, named by what
+// its INFO says (server_name and valkey_version for Valkey, whose
+// redis_version is 7.2.4), and where it came from.
+func note(addr, from string) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.served != "" {
+		return
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer func() { _ = rdb.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	server, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		shared.served = fmt.Sprintf("a server whose INFO failed (%v), %s", err, from)
+		return
+	}
+	i := redisinfo.Parse(server)
+	shared.served = fmt.Sprintf("%s %s, %s", i.Name, i.Version, from)
+}
+
+// report prints, and appends to the file ReportEnv names, which server
+// the package's tests ran against.
+func report() {
+	shared.mu.Lock()
+	served := shared.served
+	shared.mu.Unlock()
+	if served == "" {
+		return
+	}
+	pkg := "tests"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		pkg = strings.TrimSuffix(bi.Path, ".test")
+	}
+	line := fmt.Sprintf("%s ran against %s\n", pkg, served)
+	fmt.Print(line)
+	if path := os.Getenv(ReportEnv); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err == nil {
+			_, _ = f.WriteString(line)
+			_ = f.Close()
+		}
+	}
 }
 
 // Starter starts a Redis of its own and returns its address and a function
@@ -60,6 +117,7 @@ type mainRunner struct{ m *testing.M }
 
 func (r mainRunner) Run() int {
 	code := r.m.Run()
+	report()
 	if shared.server != nil {
 		if left := persistent(shared.addr); code == 0 && len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "redistest: keys left without a TTL after the tests: %s\n", strings.Join(left, ", "))
@@ -132,14 +190,16 @@ func missing(tb testing.TB, why string) {
 // find locates or starts the package's Redis.
 func find() (addr, why string) {
 	if a := os.Getenv("REDIS_ADDR"); a != "" {
+		note(a, "REDIS_ADDR "+a)
 		return a, ""
 	}
-	if _, err := exec.LookPath("redis-server"); err == nil {
+	if path, err := exec.LookPath("redis-server"); err == nil {
 		s, err := redisserver.Start("redis-server", "")
 		if err != nil {
 			return "", err.Error()
 		}
 		shared.server = s
+		note(s.Addr, path)
 		return s.Addr, ""
 	}
 	why = "REDIS_ADDR unset, no redis-server on PATH"
@@ -147,6 +207,7 @@ func find() (addr, why string) {
 		a, stop, err := f()
 		if err == nil {
 			shared.cleanup = stop
+			note(a, "a fallback's server at "+a)
 			return a, ""
 		}
 		why += ", " + err.Error()
@@ -178,6 +239,8 @@ func Spawn(tb testing.TB, args ...string) *Server {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = s.Stop() })
+	path, _ := exec.LookPath("redis-server")
+	note(s.Addr, path)
 	return wrap(s)
 }
 

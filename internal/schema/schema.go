@@ -354,23 +354,15 @@ func Client(id string) string {
 	return id[:i]
 }
 
-// Tag returns what Redis Cluster (and a go-redis Ring) hashes of key: its
-// hash tag (the part between the first '{' and the next '}', when not
-// empty), or the whole key.
-func Tag(key string) string {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[i+1 : i+1+j]
-		}
-	}
-	return key
-}
-
 // Slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the
 // key's hash tag (the part between the first '{' and the next '}', when
 // not empty) or of the whole key, modulo 16384.
 func Slot(key string) uint16 {
-	key = Tag(key)
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
 	var crc uint16
 	for k := 0; k < len(key); k++ {
 		crc ^= uint16(key[k]) << 8
