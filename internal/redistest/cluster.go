@@ -121,11 +121,11 @@ func (c *Cluster) MigrateSlot(tb testing.TB, rdb *redis.ClusterClient, key strin
 		tb.Fatal(err)
 	}
 	slot := int(n)
-	srcID, err := src.ClusterMyID(ctx).Result()
+	srcID, err := src.Do(ctx, "CLUSTER", "MYID").Text()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	dstID, err := dst.ClusterMyID(ctx).Result()
+	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
 	if err != nil {
 		tb.Fatal(err)
 	}
