@@ -260,7 +260,9 @@ func releasing(ctx context.Context) (context.Context, context.CancelFunc) {
 // abandoned one goes on, and late (if not nil) gets its outcome when it
 // returns. It returns the script's reply.
 func (c *Client) settle(ctx context.Context, release func(context.Context) (int64, error), late func(int64, error)) (int64, bool, error) {
-	res, abandoned, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	// Sent even when ctx has ended since the caller looked (releasing):
+	// a release is due whatever ctx says.
+	res, abandoned, err := c.callFor(ctx, func(ctx context.Context) ([]int64, error) {
 		var res int64
 		err := c.persist(ctx, func() (err error) {
 			res, err = release(ctx)
@@ -275,7 +277,7 @@ func (c *Client) settle(ctx context.Context, release func(context.Context) (int6
 			}
 			late(res[0], nil)
 		}
-	})
+	}, true, false)
 	if err != nil {
 		return 0, abandoned, redisError(err)
 	}
@@ -426,7 +428,7 @@ func (c *Client) persist(ctx context.Context, call func() error) error {
 	pause := time.Duration(0) // the first retry goes at once
 	for {
 		err := call()
-		if err == nil || !(transient(err) || errors.Is(err, context.Canceled)) || time.Now().Add(pause).After(deadline) {
+		if err == nil || !(c.transient(err) || errors.Is(err, context.Canceled)) || time.Now().Add(pause).After(deadline) {
 			return err
 		}
 		c.relocate()
@@ -446,7 +448,7 @@ func (c *Client) persist(ctx context.Context, call func() error) error {
 // transient). It then has a Redis Cluster client reload its slot map, so
 // that the next attempt goes where the slot is served now.
 func (c *Client) outlasts(err error) bool {
-	if !transient(err) {
+	if !c.transient(err) {
 		return false
 	}
 	c.relocate()
@@ -464,15 +466,19 @@ func (c *Client) relocate() {
 
 // transient reports whether err says Redis could not be reached or could
 // not serve the call for now (a network error, a timeout, a server loading
-// its data, a cluster failing over, or moving the call's slot: go-redis
-// follows a redirection, ASK or MOVED, a few times, and returns the last
-// one when the slot is still on its way), rather than a final answer.
-func transient(err error) bool {
+// its data, a cluster failing over, or moving the call's slot: a cluster
+// client follows a redirection, ASK or MOVED, a few times, and returns the
+// last one when the slot is still on its way), rather than a final answer.
+func (c *Client) transient(err error) bool {
 	var ne net.Error
 	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
 	}
-	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "ASK ", "MOVED "} {
+	prefixes := []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY"}
+	if c.cluster != nil {
+		prefixes = append(prefixes, "ASK ", "MOVED ")
+	}
+	for _, prefix := range prefixes {
 		if strings.HasPrefix(err.Error(), prefix) {
 			return true
 		}

@@ -8,6 +8,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -409,4 +410,20 @@ func TestCallCloseEndsIdleWorkersAtOnce(t *testing.T) {
 	if n := g.idleWorkers(); n != 0 {
 		t.Fatalf("%d workers wait after close", n)
 	}
+}
+
+// TestSettleSendsAfterItsContextEnded: a release is sent even when its
+// context ends between the caller's look at it (releasing) and the
+// sending: the release is due whatever ctx says.
+func TestSettleSendsAfterItsContextEnded(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	var sent atomic.Bool
+	_, _, _ = c.settle(ended, func(context.Context) (int64, error) {
+		sent.Store(true)
+		return 1, nil
+	}, nil)
+	eventually(t, 5*time.Second, "the release to be sent", sent.Load)
 }

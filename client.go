@@ -1,7 +1,6 @@
 package redisync
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"reflect"
@@ -107,18 +106,35 @@ type nodeClient interface {
 }
 
 // classify tells a Redis Cluster's client (returned) from one server's
-// (nil), and refuses any other client.
+// (nil), and refuses any other client, and a wrapper of a nil one.
 func classify(rdb redis.UniversalClient) (clusterClient, error) {
 	switch rdb := rdb.(type) {
 	case clusterClient:
+		if !hasOptions(func() bool { return rdb.Options() != nil }) {
+			return nil, fmt.Errorf("%w: %T wraps a nil *redis.ClusterClient", ErrNilClient, rdb)
+		}
 		return rdb, nil
 	case nodeClient:
+		if !hasOptions(func() bool { return rdb.Options() != nil }) {
+			return nil, fmt.Errorf("%w: %T wraps a nil *redis.Client", ErrNilClient, rdb)
+		}
 		return nil, nil
 	case interface{ Options() *redis.RingOptions }:
 		return nil, fmt.Errorf("%w: a *redis.Ring moves a lock's keys to another shard when a shard goes down or comes back, "+
 			"which can let two holders in; use a *redis.ClusterClient, or a RedMutex over independent servers", ErrUnsupportedClient)
 	}
 	return nil, fmt.Errorf("%w: %T is neither a *redis.Client nor a *redis.ClusterClient, and embeds neither", ErrUnsupportedClient, rdb)
+}
+
+// hasOptions reports whether options reports a client's options, rather
+// than panicking on a nil client that a wrapper embeds.
+func hasOptions(options func() bool) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return options()
 }
 
 // clientWith returns a Client of rdb (cluster: rdb, when it is a Redis
@@ -205,12 +221,16 @@ func (c *Client) usable() error {
 // its goroutine runs late.
 //
 // The first calls of a Client also check that the server has what the
-// Client needs (see ready); prefix is the calling primitive's key prefix.
-func (c *Client) enter(ctx context.Context, prefix string) (leave func(), err error) {
+// Client needs (see ready), on channel, the caller's grant channel.
+func (c *Client) enter(ctx context.Context, channel string) (leave func(), err error) {
 	if !c.calls.start() {
 		return nil, ErrClosed
 	}
-	if err := cmp.Or(c.usable(), c.ready(ctx, prefix)); err != nil {
+	err = c.usable()
+	if err == nil {
+		err = c.ready(ctx, channel)
+	}
+	if err != nil {
 		c.calls.done()
 		return nil, err
 	}

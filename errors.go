@@ -157,15 +157,15 @@ var (
 // of the wrong type (a script's own error carries the word after a
 // position prefix, hence Index).
 func redisError(err error) error {
-	if u := unsupported(err); u != nil {
-		return u
-	}
 	msg := oneLine(err.Error())
 	if i := strings.Index(msg, "LAYOUT redisync: "); i >= 0 {
 		return &layoutError{detail: msg[i+len("LAYOUT redisync: "):], err: err}
 	}
 	i := strings.Index(msg, "WRONGTYPE")
 	if i < 0 {
+		if u := unsupported(err); u != nil {
+			return u
+		}
 		if msg == err.Error() {
 			return err
 		}

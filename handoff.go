@@ -92,7 +92,7 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("accept", err)
 	}
-	leave, err := m.c.enter(ctx, m.cfg.prefix)
+	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
 	if err != nil {
 		return m.wrap("accept", err)
 	}

@@ -106,7 +106,7 @@ func (m *MultiMutex) releaseAll(ctx context.Context) error {
 	if err == nil && len(res) != n {
 		err = fmt.Errorf("redisync: multi_release.lua replied %v", res)
 	}
-	if err != nil && !abandoned && !transient(err) {
+	if err != nil && !abandoned && !m.c.transient(err) {
 		res, err = m.releaseEach(ctx, args)
 	}
 	for i, h := range told {

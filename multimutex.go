@@ -138,7 +138,10 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 
 // lock is Lock, unobserved.
 func (m *MultiMutex) lock(ctx context.Context) error {
-	leave, err := m.c.enter(ctx, m.prefix)
+	if m.err != nil {
+		return m.wrap("lock", m.err)
+	}
+	leave, err := m.c.enter(ctx, m.keys[0].GrantChannel(m.c.id))
 	if err != nil {
 		return m.wrap("lock", err)
 	}
@@ -193,7 +196,10 @@ func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 
 // tryLock is TryLock, unobserved.
 func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
-	leave, err := m.c.enter(ctx, m.prefix)
+	if m.err != nil {
+		return false, m.wrap("trylock", m.err)
+	}
+	leave, err := m.c.enter(ctx, m.keys[0].GrantChannel(m.c.id))
 	if err != nil {
 		return false, m.wrap("trylock", err)
 	}

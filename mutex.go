@@ -94,7 +94,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("lock", err)
 	}
-	leave, err := m.c.enter(ctx, m.cfg.prefix)
+	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
 	if err != nil {
 		return m.wrap("lock", err)
 	}
@@ -132,7 +132,7 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
 	}
-	leave, err := m.c.enter(ctx, m.cfg.prefix)
+	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
 	if err != nil {
 		return false, m.wrap("trylock", err)
 	}

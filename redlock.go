@@ -3,7 +3,6 @@ package redisync
 import (
 	"cmp"
 	"fmt"
-	"reflect"
 	"sync"
 	"time"
 
@@ -123,22 +122,32 @@ func checkNodes(rdbs []redis.UniversalClient) error {
 		if isNil(rdb) {
 			return fmt.Errorf("%w: redlock node %d", ErrNilClient, i)
 		}
-		if _, err := classify(rdb); err != nil {
+		cluster, err := classify(rdb)
+		if err != nil {
 			return fmt.Errorf("redlock node %d: %w", i, err)
 		}
-		var key any = rdb
-		if c, ok := rdb.(*redis.Client); ok {
-			o := c.Options()
-			key = fmt.Sprintf("%s|%s|%d", o.Network, o.Addr, o.DB)
-		} else if !reflect.TypeOf(rdb).Comparable() {
-			continue
-		}
+		key := nodeKey(rdb, cluster)
 		if j, ok := seen[key]; ok {
 			return fmt.Errorf("%w: nodes %d and %d are the same", ErrDuplicateNode, j, i)
 		}
 		seen[key] = i
 	}
 	return nil
+}
+
+// nodeKey returns what tells one Redlock node from another: a server's
+// network, address and database; the options of a client whose address is
+// not its server's (a primary found through Sentinel), or of a cluster's,
+// which a wrapper shares with the client it wraps.
+func nodeKey(rdb redis.UniversalClient, cluster clusterClient) any {
+	if cluster != nil {
+		return cluster.Options()
+	}
+	o := rdb.(nodeClient).Options()
+	if o.Addr == "FailoverClient" { // go-redis's for redis.NewFailoverClient
+		return o
+	}
+	return fmt.Sprintf("%s|%s|%d", o.Network, o.Addr, o.DB)
 }
 
 // WithNodeTimeout sets how long a Redlock waits for one node's reply before

@@ -140,7 +140,11 @@ func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 
 // acquireOn makes one attempt on node i (waiter: as for round).
 func (m *RedMutex) acquireOn(ctx context.Context, i int, waiter string) nodeResult {
-	ok, pttl, err := m.nodes[i].tryOnce(ctx, "barge", waiter)
+	n := m.nodes[i]
+	if err := n.c.ready(ctx, n.keys.GrantChannel(n.c.id)); err != nil {
+		return nodeResult{err: err}
+	}
+	ok, pttl, err := n.tryOnce(ctx, "barge", waiter)
 	switch {
 	case err != nil:
 		return nodeResult{err: err}

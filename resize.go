@@ -23,6 +23,9 @@ func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int6
 	if err := cmp.Or(s.err, checkSize(from), c.usable(), ctx.Err()); err != nil {
 		return s.wrap("resize", err)
 	}
+	if err := c.ready(ctx, s.keys.GrantChannel(c.id)); err != nil {
+		return s.wrap("resize", err)
+	}
 	res, err := semResizeArgs{from: from, to: to, publish: c.publish}.call(s.keys).run(ctx, c.rdb).Int64Slice()
 	switch {
 	case err != nil:

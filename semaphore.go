@@ -144,7 +144,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	if err := s.usable(ctx, n); err != nil {
 		return s.wrap("acquire", err)
 	}
-	leave, err := s.c.enter(ctx, s.cfg.prefix)
+	leave, err := s.c.enter(ctx, s.keys.GrantChannel(s.c.id))
 	if err != nil {
 		return s.wrap("acquire", err)
 	}
@@ -175,7 +175,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	if err := s.usable(ctx, n); err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
-	leave, err := s.c.enter(ctx, s.cfg.prefix)
+	leave, err := s.c.enter(ctx, s.keys.GrantChannel(s.c.id))
 	if err != nil {
 		return false, s.wrap("tryacquire", err)
 	}
@@ -220,11 +220,16 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 	if err := cmp.Or(s.err, s.check(n)); err != nil {
 		return s.wrap("release", err)
 	}
-	wait, cancel := releasing(ctx)
-	defer cancel()
-	if err := s.lockOp(wait); err != nil {
+	// s's turn to talk to Redis is waited for whatever ctx says: a
+	// release is due, and the turn is held for one call at a time.
+	turn, cancelTurn := detached(ctx)
+	err := s.lockOp(turn)
+	cancelTurn()
+	if err != nil {
 		return s.wrap("release", err)
 	}
+	wait, cancel := releasing(ctx)
+	defer cancel()
 
 	s.mu.Lock()
 	h := s.cur

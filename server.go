@@ -48,23 +48,23 @@ func (c *Client) Servers(ctx context.Context) ([]Server, error) {
 	if err := cmp.Or(ctx.Err(), c.usable()); err != nil {
 		return nil, wrapOp("servers", "", err)
 	}
-	if c.cluster == nil {
-		s, err := describe(ctx, c.rdb)
-		if err != nil {
-			return nil, wrapOp("servers", "", redisError(err))
-		}
-		return []Server{s}, nil
-	}
 	var mu sync.Mutex
 	var servers []Server
-	err := c.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		s, err := describe(ctx, node)
-		s.Addr = node.Options().Addr
-		mu.Lock()
-		servers = append(servers, s)
-		mu.Unlock()
-		return err
-	})
+	_, _, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
+		if c.cluster == nil {
+			s, err := describe(ctx, c.rdb)
+			servers = []Server{s}
+			return nil, err
+		}
+		return nil, c.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			s, err := describe(ctx, node)
+			s.Addr = node.Options().Addr
+			mu.Lock()
+			servers = append(servers, s)
+			mu.Unlock()
+			return err
+		})
+	}, nil)
 	if err != nil {
 		return nil, wrapOp("servers", "", redisError(err))
 	}
@@ -96,15 +96,18 @@ type probe struct{ ok atomic.Bool }
 // see unsupported): on a Redis Cluster, sharded pub/sub (SPUBLISH, Redis
 // 7), unless WithPlainPubSub. Scripts publish after they wrote, so a
 // missing command must be found before a script meets it, not by one
-// that fails part way. The check publishes an empty message on a channel
-// under prefix that nobody subscribes to. It returns ErrUnsupportedServer,
-// saying what to do, or the error that kept it from checking.
-func (c *Client) ready(ctx context.Context, prefix string) error {
+// that fails part way. The check publishes an empty message on channel,
+// the caller's grant channel, which the scripts publish on and an ACL
+// must allow: nobody hears it before the Client's first wait, and then an
+// empty message is only a hint to look again. It returns
+// ErrUnsupportedServer, saying what to do, or the error that kept it
+// from checking.
+func (c *Client) ready(ctx context.Context, channel string) error {
 	if c.publish != "SPUBLISH" || c.probe.ok.Load() {
 		return nil
 	}
 	_, _, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return nil, c.rdb.Do(ctx, "SPUBLISH", prefix+":probe", "").Err()
+		return nil, c.rdb.Do(ctx, "SPUBLISH", channel, "").Err()
 	}, nil)
 	switch {
 	case isUnknownCommand(err):
@@ -118,18 +121,26 @@ func (c *Client) ready(ctx context.Context, prefix string) error {
 }
 
 // isUnknownCommand reports whether err says that the server does not know
-// a command, or, on Valkey without its Lua module, cannot run scripts.
+// a command (sent, or called from a script: Redis and Valkey word it
+// differently), or, on Valkey without its Lua module, cannot run scripts.
+// Only the start of the error is read: a script's own error may quote a
+// key of the user's choosing.
 func isUnknownCommand(err error) bool {
 	if err == nil {
 		return false
 	}
-	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"unknown command", "unknown redis command", "could not find scripting engine", "engine 'lua' not found"} {
-		if strings.Contains(msg, s) {
+	msg := err.Error()
+	for _, prefix := range []string{
+		"ERR unknown command ",
+		"ERR Unknown Redis command called from script",
+		"ERR Unknown command called from script",
+		"ERR Could not find scripting engine",
+	} {
+		if strings.HasPrefix(msg, prefix) {
 			return true
 		}
 	}
-	return false
+	return strings.HasPrefix(msg, "ERR Engine '") && strings.Contains(msg, "' not found")
 }
 
 // unsupported returns ErrUnsupportedServer, with what Redis said, when err

@@ -120,3 +120,72 @@ func TestServerWithoutLua(t *testing.T) {
 		t.Fatalf("%d keys written by calls that failed", n)
 	}
 }
+
+// TestUnknownCommandOnlyFromTheServer: an error is read as a missing
+// command only from the shape the server gives it, never from a key name
+// quoted in a script's own error: a lock named "unknown command" whose
+// counter holds the wrong type fails with ErrWrongType.
+func TestUnknownCommandOnlyFromTheServer(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	name := "ERR unknown command x"
+	mr.HSet("redisync:lock:{"+name+"}:token", "f", "v")
+	err := c.NewMutex(name).Lock(ctx)
+	if !errors.Is(err, ErrWrongType) || errors.Is(err, ErrUnsupportedServer) {
+		t.Fatalf("Lock with a counter of the wrong type: %v, want ErrWrongType only", err)
+	}
+	for _, msg := range []string{
+		"ERR unknown command 'EVALSHA', with args beginning with: 'abc'",
+		"ERR Unknown Redis command called from script script: 98, on @user_script:1.",
+		"ERR Unknown command called from script script: 98, on @user_script:1.",
+		"ERR Could not find scripting engine 'lua'",
+		"ERR Engine 'lua' not found",
+	} {
+		if !errors.Is(redisError(replyError(msg)), ErrUnsupportedServer) {
+			t.Errorf("%q: not ErrUnsupportedServer", msg)
+		}
+	}
+	for _, msg := range []string{
+		"NOPERM this user has no permissions to run the 'evalsha' command",
+		"ERR user_script:1: WRONGTYPE redisync: redisync:lock:{unknown command}:token does not hold a counter",
+	} {
+		if errors.Is(redisError(replyError(msg)), ErrUnsupportedServer) {
+			t.Errorf("%q: read as ErrUnsupportedServer", msg)
+		}
+	}
+}
+
+// TestNewRefusesAWrapperOfNothing: a wrapper whose embedded client is nil
+// is refused at New, not at the first call, where it would panic.
+func TestNewRefusesAWrapperOfNothing(t *testing.T) {
+	type wrappedCluster struct{ *redis.ClusterClient }
+	type wrappedClient struct{ *redis.Client }
+	for _, rdb := range []redis.UniversalClient{wrappedCluster{}, wrappedClient{}} {
+		if c, err := New(rdb); c != nil || !errors.Is(err, ErrNilClient) {
+			t.Errorf("New(%T of nil): %v, %v; want ErrNilClient", rdb, c, err)
+		}
+	}
+}
+
+// TestRedlockNodesOfEveryKind: primaries found through Sentinel are told
+// apart (go-redis gives each the same placeholder address), and one
+// server given twice, once wrapped, is found the same node.
+func TestRedlockNodesOfEveryKind(t *testing.T) {
+	type wrapped struct{ *redis.Client }
+	failover := func(master string) *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: []string{"127.0.0.1:1"}})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	a, b, c := failover("a"), failover("b"), failover("c")
+	if r, err := NewRedlock([]redis.UniversalClient{a, b, c}); err != nil {
+		t.Fatalf("three Sentinel groups: %v", err)
+	} else {
+		_ = r.Close()
+	}
+	single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = single.Close() })
+	if _, err := NewRedlock([]redis.UniversalClient{single, wrapped{single}, a}); !errors.Is(err, ErrDuplicateNode) {
+		t.Fatalf("a server given bare and wrapped: %v, want ErrDuplicateNode", err)
+	}
+}

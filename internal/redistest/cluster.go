@@ -170,7 +170,8 @@ func (c *Cluster) MigrateSlot(tb testing.TB, rdb *redis.ClusterClient, key strin
 		}
 	}
 	// rdb learns the new slot map: PrimaryFor then names to.
-	for rdb.ReloadState(ctx); ; time.Sleep(10 * time.Millisecond) {
+	for ; ; time.Sleep(10 * time.Millisecond) {
+		rdb.ReloadState(ctx)
 		if node, err := rdb.MasterForKey(ctx, key); err == nil && node.Options().Addr == to.Addr {
 			return
 		}

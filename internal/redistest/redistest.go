@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,42 +47,40 @@ var shared struct {
 	cleanup   func()
 
 	mu     sync.Mutex
-	served string // the first server the tests used, described (see note)
+	served []string // the servers the tests used, described (see note)
 }
 
 // ReportEnv names a file to which Main appends the line that says which
-// server the package's tests ran against, so that a run of many packages
+// servers the package's tests ran against, so that a run of many packages
 // (CI) shows one line per package; Main prints it to its output too,
 // which go test shows when the package fails.
 const ReportEnv = "REDISYNC_SERVER_REPORT"
 
-// note records the first server the package's tests use, named by what
-// its INFO says (server_name and valkey_version for Valkey, whose
-// redis_version is 7.2.4), and where it came from.
+// note records a server the package's tests use, named by what its INFO
+// says (server_name and valkey_version for Valkey, whose redis_version is
+// 7.2.4), and where it came from: each kind once.
 func note(addr, from string) {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if shared.served != "" {
-		return
-	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer func() { _ = rdb.Close() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	server, err := rdb.Info(ctx, "server").Result()
-	if err != nil {
-		shared.served = fmt.Sprintf("a server whose INFO failed (%v), %s", err, from)
-		return
+	served := fmt.Sprintf("a server whose INFO failed, %s", from)
+	if server, err := rdb.Info(ctx, "server").Result(); err == nil {
+		i := redisinfo.Parse(server)
+		served = fmt.Sprintf("%s %s, %s", i.Name, i.Version, from)
 	}
-	i := redisinfo.Parse(server)
-	shared.served = fmt.Sprintf("%s %s, %s", i.Name, i.Version, from)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if !slices.Contains(shared.served, served) {
+		shared.served = append(shared.served, served)
+	}
 }
 
-// report prints, and appends to the file ReportEnv names, which server
+// report prints, and appends to the file ReportEnv names, which servers
 // the package's tests ran against.
 func report() {
 	shared.mu.Lock()
-	served := shared.served
+	served := strings.Join(shared.served, "; ")
 	shared.mu.Unlock()
 	if served == "" {
 		return
