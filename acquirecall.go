@@ -213,10 +213,6 @@ func (a *acquireCall) sleeping(ws *waitSet) {
 	a.keepAlive("swait", a.waiter, s.name, swaitRenewKeys(s.keys), s.cfg.heartbeat, s.cfg.grantLease(), ws)
 }
 
-// changed: nothing else in the process changes what an Acquire waits for
-// (one Acquire of a value runs at a time).
-func (a *acquireCall) changed() <-chan struct{} { return nil }
-
 // finish ends the call: it stops the heartbeat and, when the call failed
 // after sending something that may have queued it or granted it permits,
 // withdraws it and gives back what was granted to it meanwhile. An

@@ -606,12 +606,12 @@ func TestBargingUnusedWakeupSurvivesAnEmptyWait(t *testing.T) {
 	r.addConfirmed(a, "ch", "a", true)
 	r.addConfirmed(b, "ch", "b", true)
 	r.deliver("ch", "") // a release: wakes a
-	if _, err := a.wait(ctx, time.Second, nil); err != nil {
+	if _, err := a.wait(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	// a's attempt fails transiently (no used()), it backs off: a wait
 	// with no signal.
-	if _, err := a.wait(ctx, time.Millisecond, nil); err != nil {
+	if _, err := a.wait(ctx, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	// Then its ctx ends: it leaves, passing on what it did not use.

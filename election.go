@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,18 +41,18 @@ var (
 // only a resource that rejects old fencing tokens is safe from what it
 // does after waking: see docs/guarantees.md.
 //
-// An Election value is one candidate; it is safe for concurrent use, but
-// its Campaign calls run one at a time.
+// An Election value is used as a Mutex is: goroutines that share it are
+// candidates each, served in arrival order like those of other values and
+// processes. A Campaign made with a context of the value's leadership
+// (HoldContext) changes its value, as Proclaim does; any other Campaign
+// of the value, while it leads, waits its turn as a candidate, until the
+// leadership ends (Resign, or lost) and it is served. It is safe for
+// concurrent use.
 type Election struct {
 	c    *Client
 	name string
-	cfg  config
-	keys schema.Lock
-	err  error // invalid name or option
-
-	turn turn       // held by the Campaign under way
-	mu   sync.Mutex // guards m
-	m    *Mutex     // the last won campaign's: its hold is the leadership
+	err  error  // invalid name or option
+	m    *Mutex // the election's lock: its hold is the leadership
 	// proclaims numbers the Proclaims, so that Redis applies none after a
 	// later one (see scripts/proclaim.lua).
 	proclaims atomic.Int64
@@ -91,47 +90,51 @@ func (l Leadership) Leads() bool { return l.Token != 0 }
 func (c *Client) NewElection(name string, opts ...ElectionOption) *Election {
 	cfg := with(c.cfg, opts, ElectionOption.applyElection)
 	cfg.barging, cfg.metadata = false, ""
-	return &Election{c: c, name: name, cfg: cfg, keys: schema.ElectionKeys(cfg.prefix, name),
-		err: cmp.Or(checkName(name), cfg.err), turn: newTurn()}
+	m := c.newMutex(name, cfg)
+	m.keys, m.prim, m.holds.prim = schema.ElectionKeys(cfg.prefix, name), PrimitiveElection, PrimitiveElection
+	return &Election{c: c, name: name, err: m.err, m: m}
 }
 
-// Campaign blocks until e leads the election with value, ctx ends or the
-// Client is closed; when e leads already, it changes its value (as
-// Proclaim). Candidates are served in the order they arrived, across all
-// processes: Campaign waits as a fair Mutex's Lock does, woken by a
-// message, not by polling, and leaves nothing behind when ctx ends first.
-// A value is at most MaxMetadataLen bytes (ErrInvalidValue). Campaign
-// returns ctx's error, ErrClosed and the errors of Redis as Mutex.Lock
-// does; when e leads already, what Proclaim returns (ErrNotLeader when a
-// Resign ran meanwhile, ErrLockLost when the leadership was found lost). It is safe for concurrent use; the campaigns of one Election run
-// one at a time.
+// Campaign blocks until this call leads the election with value, ctx
+// ends or the Client is closed. When ctx carries e's leadership (from
+// HoldContext), it changes the leader's value instead, as Proclaim does.
+// Candidates are served in the order they arrived, across all processes:
+// Campaign waits as a fair Mutex's Lock does, woken by a message, not by
+// polling, and leaves nothing behind when ctx ends first. A value is at
+// most MaxMetadataLen bytes (ErrInvalidValue). Campaign returns ctx's
+// error, ErrClosed and the errors of Redis as Mutex.Lock does. It is safe
+// for concurrent use.
 func (e *Election) Campaign(ctx context.Context, value string) error {
+	if h := holdIn(ctx, &e.m.holds); h != nil {
+		if err := e.usable(ctx, value); err != nil {
+			return wrapOp("campaign", e.name, err)
+		}
+		if e.isLost(h) {
+			return wrapOp("campaign", e.name, ErrLockLost)
+		}
+		return e.proclaim(ctx, h, value)
+	}
+	return observed(e.c.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error {
+		return e.campaign(ctx, value)
+	}, e.m.Token)
+}
+
+// campaign is Campaign as a candidate, unobserved.
+func (e *Election) campaign(ctx context.Context, value string) error {
 	if err := e.usable(ctx, value); err != nil {
 		return wrapOp("campaign", e.name, err)
 	}
-	if err := e.turn.take(ctx, nil); err != nil {
+	m := e.m
+	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
+	if err != nil {
 		return wrapOp("campaign", e.name, err)
 	}
-	defer e.turn.give()
-	if old := e.mutex(); old != nil {
-		if h := old.current(); h != nil {
-			if !e.isLost(old, h) {
-				return e.proclaim(ctx, old, h, value)
-			}
-			_ = old.Unlock(ctx) // ErrLockLost: drops the lost hold
-		}
-	}
-	cfg := e.cfg
-	cfg.metadata = value
-	m := e.c.newMutex(e.name, cfg)
-	m.keys, m.prim, m.holds.prim = e.keys, PrimitiveElection, PrimitiveElection
-	if err := m.Lock(ctx); err != nil {
-		return err
-	}
-	e.mu.Lock()
-	e.m = m
-	e.mu.Unlock()
-	return nil
+	defer leave()
+	ctx, stop := marked(ctx)
+	defer stop()
+	l := m.newCall("queue")
+	l.waits, l.meta = true, value
+	return m.wrapIf("campaign", block(ctx, []post{m.post()}, l))
 }
 
 // Proclaim changes the value of e's leadership without giving it up:
@@ -143,24 +146,21 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := e.usable(ctx, value); err != nil {
 		return wrapOp("proclaim", e.name, err)
 	}
-	m := e.mutex()
-	if m == nil {
-		return wrapOp("proclaim", e.name, ErrNotLeader)
-	}
-	h := m.current()
+	h := e.m.current()
 	switch {
 	case h == nil:
 		return wrapOp("proclaim", e.name, ErrNotLeader)
-	case e.isLost(m, h):
+	case e.isLost(h):
 		return wrapOp("proclaim", e.name, ErrLockLost)
 	}
-	return e.proclaim(ctx, m, h, value)
+	return e.proclaim(ctx, h, value)
 }
 
-// proclaim sets the value of h, m's hold. A hold found gone is lost,
-// unless m resigned it meanwhile.
-func (e *Election) proclaim(ctx context.Context, m *Mutex, h *hold, value string) error {
-	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(e.keys)
+// proclaim sets the value of h, e's leadership. A hold found gone is
+// lost, unless e resigned it meanwhile.
+func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
+	m := e.m
+	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(m.keys)
 	res, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		n, err := proclaim.run(ctx, e.c.rdb).Int64()
 		return []int64{n}, err
@@ -183,14 +183,10 @@ func (e *Election) proclaim(ctx context.Context, m *Mutex, h *hold, value string
 // had been lost already; otherwise as Mutex.Unlock, whose release is sent
 // even when ctx has ended.
 func (e *Election) Resign(ctx context.Context) error {
-	if err := cmp.Or(e.err, e.c.usable()); err != nil {
-		return wrapOp("resign", e.name, err)
+	if e.err != nil {
+		return wrapOp("resign", e.name, e.err)
 	}
-	m := e.mutex()
-	if m == nil {
-		return wrapOp("resign", e.name, ErrNotLeader)
-	}
-	err := m.Unlock(ctx)
+	err := e.m.Unlock(ctx)
 	if errors.Is(err, ErrNotHeld) {
 		return wrapOp("resign", e.name, ErrNotLeader)
 	}
@@ -220,7 +216,7 @@ func (e *Election) Leader(ctx context.Context) (Leadership, error) {
 func (e *Election) read(ctx context.Context) (Leadership, time.Duration, error) {
 	var l Leadership
 	var lease time.Duration
-	leader := leaderCall(e.keys)
+	leader := leaderCall(e.m.keys)
 	_, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
 		res, err := leader.run(ctx, e.c.rdb).StringSlice()
 		if err != nil {
@@ -245,10 +241,10 @@ func (e *Election) parse(res []string, l *Leadership, lease *time.Duration) erro
 	}
 	*lease = time.Duration(ms) * time.Millisecond
 	if l.Revision, err = strconv.ParseInt(res[0], 10, 64); err != nil {
-		return &wrongType{detail: e.keys.Revision + " does not hold a counter"}
+		return &wrongType{detail: e.m.keys.Revision + " does not hold a counter"}
 	}
 	if l.Token, err = strconv.ParseInt(res[1], 10, 64); err != nil {
-		return &wrongType{detail: e.keys.Token + " does not hold a counter"}
+		return &wrongType{detail: e.m.keys.Token + " does not hold a counter"}
 	}
 	l.Value = res[2]
 	return nil
@@ -256,50 +252,29 @@ func (e *Election) parse(res []string, l *Leadership, lease *time.Duration) erro
 
 // Token returns the fencing token of e's leadership, or 0 when e does not
 // lead. Every new leader's token is larger than the last's.
-func (e *Election) Token() int64 {
-	if m := e.mutex(); m != nil {
-		return m.Token()
-	}
-	return 0
-}
+func (e *Election) Token() int64 { return e.m.Token() }
 
 // Lost returns a channel that is closed when e's leadership is lost, as
 // Mutex.Lost for a hold; nil when e does not lead. Resign does not close
 // it.
-func (e *Election) Lost() <-chan struct{} {
-	if m := e.mutex(); m != nil {
-		return m.Lost()
-	}
-	return nil
-}
+func (e *Election) Lost() <-chan struct{} { return e.m.Lost() }
 
 // HoldContext returns a context, derived from parent, that is cancelled
 // the moment e's leadership ends, with cause ErrLockLost when it was lost
 // and ErrReleased when e resigned; when e does not lead, it is cancelled
-// already, with cause ErrNotHeld. See Mutex.HoldContext.
+// already, with cause ErrNotHeld. A Campaign with it changes the value of
+// the leadership. See Mutex.HoldContext.
 func (e *Election) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
-	if m := e.mutex(); m != nil {
-		return m.HoldContext(parent)
-	}
-	ctx, cancel := context.WithCancelCause(parent)
-	cancel(ErrNotHeld)
-	return ctx, func() {}
+	return e.m.HoldContext(parent)
 }
 
 // Name returns the name of the election.
 func (e *Election) Name() string { return e.name }
 
-// mutex returns the Mutex of e's last won campaign, or nil.
-func (e *Election) mutex() *Mutex {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.m
-}
-
-// isLost reports whether h, m's hold, was lost.
-func (e *Election) isLost(m *Mutex, h *hold) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// isLost reports whether h, e's leadership, was lost.
+func (e *Election) isLost(h *hold) bool {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
 	return h.isLost
 }
 

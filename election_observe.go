@@ -51,7 +51,7 @@ func (e *Election) Observe(ctx context.Context) <-chan Leadership {
 	w := &watch{e: e, out: out, kick: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(ctx)
 	l := &listener{hear: w.hear, resync: w.again}
-	err := e.c.sub.listen(e.keys.Changes, l, func() {
+	err := e.c.sub.listen(e.m.keys.Changes, l, func() {
 		defer close(out)
 		defer cancel()
 		stop := context.AfterFunc(e.c.ctx, cancel)

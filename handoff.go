@@ -3,7 +3,6 @@ package redisync
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -123,8 +122,6 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	}
 	ok, _, err := l.take(ctx, res[1], sent, m.cfg.holdLease(), true)
 	switch {
-	case errors.Is(err, errHeld): // a Lock of m won the race; given back
-		return m.wrap("accept", ErrHeld)
 	case err != nil:
 		return m.wrap("accept", err)
 	case !ok: // its lease ran out before the reply came; given back

@@ -8,10 +8,6 @@ import (
 	"time"
 )
 
-// errHeld is returned by holds.take when the value holds already: another
-// call of the same value took a hold first.
-var errHeld = errors.New("redisync: the value holds already")
-
 // errExpired is returned by holds.take when the hold's lease may have run
 // out in Redis before the reply that granted it arrived.
 var errExpired = errors.New("redisync: the hold's lease ran out before it was granted")
@@ -33,13 +29,23 @@ type hold struct {
 	taken   time.Time  // when it was taken, for events
 	handoff bool       // taken by a hand-off: a fair lock's release, or Accept
 	given   bool       // given to another process by Handoff
+	// parts are the holds it is made of, in their Mutex values: a
+	// MultiMutex's hold has one per name, in the global order; a
+	// RedMutex's one per node it holds (nil for the others), of which
+	// alive are not lost.
+	parts []*Mutex
+	alive int
 }
 
 // holds is the hold lifecycle that Mutex and Semaphore share. A value has
-// at most one hold at a time. A call that was granted one takes it; while
-// it lasts the watchdog renews its lease (or only watches its fixed
-// deadline) and loses it when a renewal finds it gone or its deadline
-// passes unrenewed; the value forgets it when it is released.
+// at most one hold at a time, from the call that took it to its last
+// release, lost or not: a Mutex's call granted the lock while the value
+// still has a hold (lost, its last Unlock not made yet) waits for that
+// Unlock before it returns, as a sync.Mutex's Lock waits for the Unlock
+// of the goroutine that holds it. While a hold lasts the watchdog renews
+// its lease (or only watches its fixed deadline) and loses it when a
+// renewal finds it gone or its deadline passes unrenewed; the value
+// forgets it when it is released.
 //
 // A hold's deadline is counted from a moment known to come before Redis
 // set its lease (the sending of the call that set it, or, for a hold
@@ -57,40 +63,57 @@ type holds struct {
 	quiet  bool // tells no events: a RedMutex's node, whose RedMutex tells its own
 	mu     sync.Mutex
 	cur    *hold
-	taken  chan struct{} // closed, and replaced, when a hold is taken
+	free   chan struct{} // closed when cur, the hold it was made for, is forgotten
 	onLost func()        // called with mu held when the current hold is lost
 }
 
 func newHolds(c *Client, prim Primitive, name string) holds {
-	return holds{c: c, prim: prim, name: name, taken: make(chan struct{})}
+	return holds{c: c, prim: prim, name: name}
 }
 
 // take makes h the value's hold; its lease of length lease was set in
-// Redis no earlier than since. e, its watchdog entry, is registered. It
-// fails, having changed nothing, with errHeld when the value holds already,
-// errExpired when the lease may have run out already, and ErrClosed when
-// the Client is closed: the caller then gives the hold back.
+// Redis no earlier than since. e, its watchdog entry, is registered at
+// once, so that h is renewed while it waits for the value's hold before it
+// (lost, and not released yet) to be released. It fails, having left h
+// unregistered, with errExpired when the lease may have run out already
+// (or h was lost while it waited), ctx's error when ctx ends first, and
+// ErrClosed when the Client is closed: the caller then gives h back.
 func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time, lease time.Duration) error {
 	if !time.Now().Before(since.Add(lease - drift(lease))) {
 		return errExpired
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cur != nil {
-		return errHeld
 	}
 	h.lost, h.ka = make(chan struct{}), e
 	e.gone = func() { s.lose(h) }
 	if !s.c.wd.add(e, since, lease) {
 		return ErrClosed
 	}
-	s.cur = h
-	close(s.taken)
-	s.taken = make(chan struct{})
-	h.taken = time.Now()
-	s.emit(KindHoldTaken, h, nil)
-	noteHold(ctx, h)
-	return nil
+	for {
+		s.mu.Lock()
+		if h.isLost {
+			s.mu.Unlock()
+			return errExpired
+		}
+		if s.cur == nil {
+			s.cur, s.free = h, make(chan struct{})
+			h.taken = time.Now()
+			s.emit(KindHoldTaken, h, nil)
+			s.mu.Unlock()
+			noteHold(ctx, h)
+			return nil
+		}
+		free := s.free
+		s.mu.Unlock()
+		select {
+		case <-free:
+		case <-h.lost:
+		case <-ctx.Done():
+			s.c.wd.remove(e)
+			return ctx.Err()
+		case <-s.c.ctx.Done():
+			s.c.wd.remove(e)
+			return ErrClosed
+		}
+	}
 }
 
 // heldKey is the key of a context value, a *heldSlot, by which do learns
@@ -132,13 +155,6 @@ func (s *holds) current() *hold {
 	return s.cur
 }
 
-// changed returns a channel closed when the value next takes a hold.
-func (s *holds) changed() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.taken
-}
-
 // lose closes h's Lost channel and stops its renewal, unless h is no longer
 // the value's hold or was lost already.
 func (s *holds) lose(h *hold) {
@@ -147,9 +163,17 @@ func (s *holds) lose(h *hold) {
 	s.loseLocked(h)
 }
 
-// loseLocked is lose with s.mu held.
+// loseLocked is lose with s.mu held. A hold that waits to become the
+// value's (see take) is marked lost, and tells nothing: it was never
+// taken.
 func (s *holds) loseLocked(h *hold) {
-	if s.cur != h || h.isLost {
+	if h.isLost || h.cause != nil {
+		return
+	}
+	if s.cur != h {
+		h.isLost = true
+		close(h.lost)
+		s.c.wd.remove(h.ka)
 		return
 	}
 	h.isLost = true
@@ -189,6 +213,7 @@ func (s *holds) forgetUntoldLocked(h *hold) {
 	end(h, ErrReleased)
 	if s.cur == h {
 		s.cur = nil
+		close(s.free)
 	}
 }
 
@@ -222,17 +247,33 @@ func end(h *hold, cause error) {
 
 // context returns a context that is cancelled when the value's current
 // hold ends, with cause ErrLockLost or ErrReleased, or when parent ends;
-// with cause ErrNotHeld at once when the value holds nothing. Its
-// CancelFunc forgets it.
+// with cause ErrNotHeld at once when the value holds nothing. It carries
+// the hold (see holdIn). Its CancelFunc forgets it.
 func (s *holds) context(parent context.Context) (context.Context, context.CancelFunc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return holdContext(&s.mu, s.cur, parent)
+	return holdContext(&s.mu, s, s.cur, parent)
 }
 
-// holdContext is holds.context for the hold h (nil: none) guarded by mu,
-// which the caller holds; the CancelFunc takes it.
-func holdContext(mu *sync.Mutex, h *hold, parent context.Context) (context.Context, context.CancelFunc) {
+// holdKey is the key under which a context carries a hold of the value
+// owner (the *holds of a Mutex or Semaphore, a *MultiMutex, ...): a
+// hold's context does, and so does what is derived from it. A Lock whose
+// ctx carries its value's hold re-enters it, and an Unlock with such a
+// ctx releases a level of that hold, whatever else the value holds.
+type holdKey struct{ owner any }
+
+// holdIn returns the hold of owner that ctx carries, or nil.
+func holdIn(ctx context.Context, owner any) *hold {
+	h, _ := ctx.Value(holdKey{owner}).(*hold)
+	return h
+}
+
+// holdContext is holds.context for the hold h (nil: none) of owner,
+// guarded by mu, which the caller holds; the CancelFunc takes it.
+func holdContext(mu *sync.Mutex, owner any, h *hold, parent context.Context) (context.Context, context.CancelFunc) {
+	if h != nil {
+		parent = context.WithValue(parent, holdKey{owner}, h)
+	}
 	ctx, cancel := context.WithCancelCause(parent)
 	switch {
 	case h == nil:
@@ -255,50 +296,26 @@ func holdContext(mu *sync.Mutex, h *hold, parent context.Context) (context.Conte
 	}
 }
 
-// do takes a hold with acquire, runs fn with the hold's context, and gives
-// it back with release, even when fn failed or the hold was lost: it
-// returns fn's error joined with release's. When the value's hold is not
-// the one acquire took any more (it was lost, and another goroutine of the
-// value took the lock anew; or another goroutine released it), it is not
-// released: that is not this call's to give back; a loss is reported.
-func (s *holds) do(ctx context.Context, acquire, release func(context.Context) error, fn func(context.Context) error) error {
-	return do(ctx, &s.mu, &s.cur, acquire, release, fn)
-}
-
-// do is holds.do for a value whose current hold is *cur, guarded by mu: a
-// Mutex's or Semaphore's holds, or a RedMutex.
-func do(ctx context.Context, mu *sync.Mutex, cur **hold, acquire, release func(context.Context) error, fn func(context.Context) error) error {
+// do takes a hold of owner with acquire (which re-enters the hold that
+// ctx carries, if any), runs fn with a context of that hold (see
+// holdContext, guarded by mu), and releases the level it took with
+// release, even when fn fails or panics (the panic goes on once the
+// release returned): it returns fn's error joined with release's. The
+// release is of that hold, whatever else the value holds by then.
+func do(ctx context.Context, owner any, mu *sync.Mutex, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
 	slot := &heldSlot{}
 	if err := acquire(context.WithValue(ctx, heldKey{}, slot)); err != nil {
 		return err
 	}
-	mu.Lock()
 	h := slot.h.Load() // the hold acquire took or re-entered
-	if h == nil || *cur != h {
-		// Another goroutine of the value released it at once; or it
-		// was lost, and another goroutine took the lock anew: that
-		// hold is not this call's to run fn under, or to release.
-		lost := h != nil && h.cause == ErrLockLost
-		mu.Unlock()
-		if lost {
-			return ErrLockLost
-		}
-		return ErrNotHeld
-	}
-	hctx, cancel := holdContext(mu, h, ctx)
-	mu.Unlock()
-	err := fn(hctx)
-	cancel()
 	mu.Lock()
-	ours, cause := *cur == h, h.cause
+	hctx, cancel := holdContext(mu, owner, h, ctx)
 	mu.Unlock()
-	switch {
-	case ours:
-		return errors.Join(err, release(ctx))
-	case cause == ErrLockLost:
-		return errors.Join(err, ErrLockLost)
-	}
-	return err // released meanwhile by another goroutine of the value
+	defer func() {
+		cancel()
+		err = errors.Join(err, release(context.WithValue(ctx, holdKey{owner}, h)))
+	}()
+	return fn(hctx)
 }
 
 // token returns the fencing token of the value's hold, or 0.

@@ -15,6 +15,7 @@ type lockCall struct {
 	mode   string // of acquire.lua: "queue" (fair Lock), "barge" or "try"
 	waits  bool   // the call waits: in mode "barge", it records its Client when it finds the lock taken
 	waiter string // the address of the call's waiter, when not its ticket (a RedMutex's node attempt)
+	meta   string // stored with the hold (WithMetadata; a campaign's value)
 
 	pttl int64 // the lock's PTTL found by the last attempt
 	place
@@ -22,15 +23,12 @@ type lockCall struct {
 
 // newCall starts a call of m in the given mode under a new ticket.
 func (m *Mutex) newCall(mode string) *lockCall {
-	return &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: mode, place: place{wd: m.c.wd}}
+	return &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: mode, meta: m.cfg.metadata, place: place{wd: m.c.wd}}
 }
 
 // attempt runs the acquire script once.
 func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m := l.m
-	if m.current() != nil {
-		return false, 0, errHeld
-	}
 	sent := time.Now()
 	// The arguments are read here, not in the call's goroutine, which an
 	// abandoned call leaves running while the call's fields change.
@@ -39,7 +37,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	// since (handed the lock, whose hold lapsed), rather than queue it
 	// again and later take a stale grant to it.
 	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
-		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: m.cfg.metadata}
+		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: l.meta}
 	if l.mode == "barge" && l.waits {
 		// Recorded for longer than the call sleeps between attempts.
 		acquire.record = 2 * m.cfg.recheck
@@ -125,9 +123,6 @@ func (l *lockCall) sleeping(ws *waitSet) {
 	m := l.m
 	l.keepAlive("wait", l.ticket, m.name, waitRenewKeys(m.keys), m.cfg.heartbeat, m.cfg.grantLease(), ws)
 }
-
-// changed is closed when another call of the same value takes a hold.
-func (l *lockCall) changed() <-chan struct{} { return l.m.changed() }
 
 // finish ends the call: it stops the heartbeat and, when the call failed
 // after sending something that may have queued or taken it, withdraws the

@@ -11,8 +11,8 @@ import (
 // (multi_acquire.lua: their keys share a slot), which succeeds when each
 // is free and nobody queues for it. It reports whether m holds them all
 // now; when it does not, it leaves nothing behind.
-func (m *MultiMutex) takeAll(ctx context.Context) (bool, error) {
-	first := m.locks[0]
+func (m *MultiMutex) takeAll(ctx context.Context, locks []*Mutex) (bool, error) {
+	first := locks[0]
 	ticket := m.c.ticket(first.cfg.label)
 	acquire := multiAcquireArgs{ticket: ticket, lease: first.cfg.holdLease(), metadata: first.cfg.metadata}.call(m.keys)
 	sent := time.Now()
@@ -21,33 +21,33 @@ func (m *MultiMutex) takeAll(ctx context.Context) (bool, error) {
 	}, func([]int64, error) {
 		ctx, cancel := detached(context.Background())
 		defer cancel()
-		m.withdraw(ctx, ticket, m.locks)
+		m.withdraw(ctx, ticket, locks)
 	})
 	switch {
 	case abandoned:
 		return false, err
 	case err != nil:
 		if mayHaveRun(err) {
-			m.cleanup(ctx, ticket, m.locks)
+			m.cleanup(ctx, ticket, locks)
 		}
 		return false, redisError(err)
 	case res[0] == 0:
 		return false, nil
-	case res[0] != 1 || len(res) != 1+len(m.locks):
-		m.cleanup(ctx, ticket, m.locks) // not on a new ticket; but leave nothing
+	case res[0] != 1 || len(res) != 1+len(locks):
+		m.cleanup(ctx, ticket, locks) // not on a new ticket; but leave nothing
 		return false, nil
 	}
-	for i, l := range m.locks {
+	for i, l := range locks {
 		call := &lockCall{m: l, ticket: ticket, mode: "try", place: place{wd: m.c.wd}}
 		if ok, _, err := call.take(ctx, res[1+i], sent, l.cfg.holdLease(), false); !ok {
 			// take gave back this name (its lease may have run out
 			// already, or the Client is closed): give back the rest.
-			_ = m.giveBack(ctx, m.locks[:i])
-			m.cleanup(ctx, ticket, m.locks[i+1:])
+			_ = m.giveBack(ctx, locks[:i])
+			m.cleanup(ctx, ticket, locks[i+1:])
 			return false, err
 		}
 	}
-	return m.commit(ctx), nil
+	return true, nil
 }
 
 // cleanup withdraws ticket from locks, as a Lock call that gives up does
@@ -66,22 +66,22 @@ func (m *MultiMutex) withdraw(ctx context.Context, ticket string, locks []*Mutex
 	}
 }
 
-// releaseAll releases the hold of every name of m: in one script call
+// releaseAll releases the hold of each of locks, m's names: in one script call
 // where they share a slot (multi_release.lua), else one call per name,
 // all at once (giveBack). As Mutex.Unlock does, each name's hold is
 // forgotten before the release is sent: no longer renewed, it runs out
 // within its lease if the release fails. A script that fails on one
 // name's keys (of the wrong type) is followed by a release of each name
 // alone, so that the others are released all the same.
-func (m *MultiMutex) releaseAll(ctx context.Context) error {
+func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 	if !m.fast || m.c.usable() != nil {
-		return m.giveBack(ctx, m.locks)
+		return m.giveBack(ctx, locks)
 	}
-	n := len(m.locks)
+	n := len(locks)
 	args := multiReleaseArgs{ids: make([]string, n), tokens: make([]int64, n), publish: m.c.publish}
 	told := make([]*hold, n) // the holds whose end is told once Redis answered
 	var lost error
-	for i, l := range m.locks {
+	for i, l := range locks {
 		l.mu.Lock()
 		if h := l.cur; h != nil {
 			args.ids[i], args.tokens[i] = h.id, h.token
@@ -107,12 +107,12 @@ func (m *MultiMutex) releaseAll(ctx context.Context) error {
 		err = fmt.Errorf("redisync: multi_release.lua replied %v", res)
 	}
 	if err != nil && !abandoned && !m.c.transient(err) {
-		res, err = m.releaseEach(ctx, args)
+		res, err = m.releaseEach(ctx, locks, args)
 	}
 	for i, h := range told {
 		gone := err == nil && res[i] == 0
 		if h != nil {
-			m.locks[i].told(h, gone)
+			locks[i].told(h, gone)
 		}
 		if gone {
 			lost = ErrLockLost
@@ -124,11 +124,11 @@ func (m *MultiMutex) releaseAll(ctx context.Context) error {
 	return lost
 }
 
-// releaseEach releases the holds args names, one call per name, in turn:
-// the replies of release.lua, and the errors joined.
-func (m *MultiMutex) releaseEach(ctx context.Context, args multiReleaseArgs) ([]int64, error) {
-	res, errs := make([]int64, len(m.locks)), make([]error, len(m.locks))
-	for i, l := range m.locks {
+// releaseEach releases the holds args names, of locks, one call per name,
+// in turn: the replies of release.lua, and the errors joined.
+func (m *MultiMutex) releaseEach(ctx context.Context, locks []*Mutex, args multiReleaseArgs) ([]int64, error) {
+	res, errs := make([]int64, len(locks)), make([]error, len(locks))
+	for i, l := range locks {
 		res[i], errs[i] = l.release(ctx, args.ids[i], args.tokens[i], "release")
 	}
 	return res, errors.Join(errs...)

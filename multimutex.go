@@ -29,25 +29,24 @@ import (
 // attempt takes them all in one call when every one is free and nobody
 // queues for it.
 //
-// A value is one owner, as a Mutex is: Lock on a value that holds the set
-// re-enters it, and only the last matching Unlock releases it. Every name
-// has its own hold, fencing token and lease, renewed by the Client's
-// watchdog; the set has one Lost channel, closed when any name's hold is
-// lost. A value is safe for concurrent use; goroutines sharing one value
-// share its hold.
+// A MultiMutex value is used as a Mutex is: goroutines that share it
+// exclude each other, each Lock call taking the set on its own; it is
+// reentrant through the hold's context (Do's, HoldContext's), and Unlock
+// may come from any goroutine. Every name has its own hold, fencing token
+// and lease, renewed by the Client's watchdog; the set has one Lost
+// channel, closed when any name's hold is lost. A lost set stays the
+// value's until its last Unlock, as a Mutex's lost hold does.
 type MultiMutex struct {
-	c      *Client
-	prefix string   // of the keys
-	names  []string // in the global order
-	locks  []*Mutex // one per name, in that order
-	keys   []schema.Lock
-	fast   bool // every name is served by one script call
-	err    error
+	c     *Client
+	cfg   config
+	names []string // in the global order
+	keys  []schema.Lock
+	fast  bool // every name is served by one script call
+	err   error
 
-	op turn // held by the call of this value that takes or releases
-
-	mu  sync.Mutex // guards cur; taken after a name's Mutex's mu, never before
-	cur *hold      // the set's hold (n: the levels re-entered); nil: none
+	mu   sync.Mutex    // guards cur; taken after a name's Mutex's mu, never before
+	cur  *hold         // the set's hold (n: the levels re-entered; parts: a Mutex per name), lost or not, until its last Unlock; nil: none
+	free chan struct{} // closed when cur, the hold it was made for, is forgotten
 }
 
 // NewMultiMutex returns a MultiMutex for the locks called names, with the
@@ -60,7 +59,7 @@ type MultiMutex struct {
 // ErrInvalidName and ErrInvalidOption as NewMutex reports them.
 func (c *Client) NewMultiMutex(names []string, opts ...MutexOption) *MultiMutex {
 	cfg := with(c.cfg, opts, MutexOption.applyMutex)
-	m := &MultiMutex{c: c, prefix: cfg.prefix, op: newTurn()}
+	m := &MultiMutex{c: c, cfg: cfg}
 	m.names, m.err = lockOrder(cfg.prefix, names)
 	m.err = cmp.Or(m.err, cfg.err)
 	if m.err != nil {
@@ -68,10 +67,7 @@ func (c *Client) NewMultiMutex(names []string, opts ...MutexOption) *MultiMutex 
 		return m
 	}
 	for _, name := range m.names {
-		l := c.newMutex(name, cfg)
-		l.onLost = m.partLost // called with l.mu held
-		m.locks = append(m.locks, l)
-		m.keys = append(m.keys, l.keys)
+		m.keys = append(m.keys, schema.LockKeys(cfg.prefix, name))
 	}
 	m.fast = oneCall(c, m.keys)
 	return m
@@ -118,28 +114,30 @@ func oneCall(c *Client, ks []schema.Lock) bool {
 	return same(func(key string) string { return fmt.Sprint(schema.Slot(key)) })
 }
 
-// Lock blocks until m holds every one of its locks, ctx ends or the Client
-// is closed. If m already holds them, Lock re-enters at once.
+// Lock blocks until every one of m's locks is held for this call, ctx
+// ends or the Client is closed. When ctx carries m's hold (Do's,
+// HoldContext's), Lock re-enters it at once.
 //
 // It takes the names one at a time in the global order (see MultiMutex),
 // each as a fair Mutex's Lock takes it, after a first attempt at taking
 // them all in one script call where they share a slot. When ctx ends or
 // an error occurs part-way, Lock releases the names it took and withdraws
 // from the queue it waited in, and returns the error: it holds all or
-// none. When m's hold was lost, or a name's hold was lost before the last
-// name was taken (under WithLease, a lease shorter than the wait), Lock
-// releases what is left of it and takes the set anew. It returns
-// ErrClosed after Close, and the errors of Redis, as Mutex.Lock does. It
-// is safe for concurrent use: a call waits for another call of m under
-// way (another goroutine's Lock or Unlock) to end.
+// none. When a name's hold is lost before the last name was taken (under
+// WithLease, a lease shorter than the wait), Lock releases what is left of
+// the set and takes it anew. It returns ErrClosed after Close, and the
+// errors of Redis, as Mutex.Lock does. It is safe for concurrent use.
 func (m *MultiMutex) Lock(ctx context.Context) error {
 	return observed(m.c.obs, ctx, m.call(OpLock), m.lock, nil)
 }
 
 // lock is Lock, unobserved.
 func (m *MultiMutex) lock(ctx context.Context) error {
-	if m.err != nil {
-		return m.wrap("lock", m.err)
+	if h := holdIn(ctx, m); h != nil {
+		return m.wrapIf("lock", m.reenter(ctx, h))
+	}
+	if err := m.usable(ctx); err != nil {
+		return m.wrap("lock", err)
 	}
 	leave, err := m.c.enter(ctx, m.keys[0].GrantChannel(m.c.id))
 	if err != nil {
@@ -148,35 +146,32 @@ func (m *MultiMutex) lock(ctx context.Context) error {
 	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
-	if err := m.begin(ctx, true, true); err != nil {
-		return m.wrap("lock", err)
-	}
-	defer m.end()
-	if m.reenter(ctx, true) {
-		return nil
-	}
 	for {
+		h := m.newHold()
+		took := false
 		if m.fast {
-			if ok, err := m.takeAll(ctx); ok || err != nil {
-				return m.wrapIf("lock", err)
+			if took, err = m.takeAll(ctx, h.parts); err != nil {
+				return m.wrap("lock", err)
 			}
 		}
-		if err := m.lockEach(ctx); err != nil {
-			return m.wrap("lock", err)
+		if !took {
+			if err := m.lockEach(ctx, h.parts); err != nil {
+				return m.wrap("lock", err)
+			}
 		}
-		if m.commit(ctx) {
-			return nil
+		if err := m.commit(ctx, h, true); !errors.Is(err, ErrLockLost) {
+			return m.wrapIf("lock", err)
 		}
 	}
 }
 
-// lockEach takes every name of m, one at a time in the global order, each
-// as a fair Mutex's Lock takes it. When one fails, it gives back those it
-// took.
-func (m *MultiMutex) lockEach(ctx context.Context) error {
-	for i, l := range m.locks {
+// lockEach takes every name of locks, one at a time in the global order,
+// each as a fair Mutex's Lock takes it. When one fails, it gives back those
+// it took.
+func (m *MultiMutex) lockEach(ctx context.Context, locks []*Mutex) error {
+	for i, l := range locks {
 		if err := l.lock(ctx); err != nil {
-			_ = m.giveBack(ctx, m.locks[:i])
+			_ = m.giveBack(ctx, locks[:i])
 			return err
 		}
 	}
@@ -184,20 +179,24 @@ func (m *MultiMutex) lockEach(ctx context.Context) error {
 }
 
 // TryLock makes one attempt to take every lock of m and never waits: it
-// reports whether m holds them all now (re-entering if it already did;
-// false, with no call to Redis, while another call of m is taking or
-// releasing the set). It does not take a lock ahead of its queued
-// waiters. Where the names share a slot it is one script call; otherwise
-// it tries the names one at a time in the global order, and gives back
-// those it took when one is not free.
+// reports whether they are all held for this call now (false while
+// another goroutine of m holds them). When ctx carries m's hold, it
+// re-enters it, as Lock does. It does not take a lock ahead of its
+// queued waiters. Where the names share a slot it is one script call;
+// otherwise it tries the names one at a time in the global order, and
+// gives back those it took when one is not free.
 func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
 	return observedTry(m.c.obs, ctx, m.call(OpTryLock), m.tryLock, nil)
 }
 
 // tryLock is TryLock, unobserved.
 func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
-	if m.err != nil {
-		return false, m.wrap("trylock", m.err)
+	if h := holdIn(ctx, m); h != nil {
+		err := m.reenter(ctx, h)
+		return err == nil, m.wrapIf("trylock", err)
+	}
+	if err := m.usable(ctx); err != nil {
+		return false, m.wrap("trylock", err)
 	}
 	leave, err := m.c.enter(ctx, m.keys[0].GrantChannel(m.c.id))
 	if err != nil {
@@ -206,40 +205,38 @@ func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
 	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
-	if m.reenter(ctx, false) {
-		return true, nil
+	h := m.newHold()
+	if m.fast {
+		if ok, err := m.takeAll(ctx, h.parts); !ok || err != nil {
+			return false, m.wrapIf("trylock", err)
+		}
+	} else {
+		for i, l := range h.parts {
+			if ok, err := l.tryLock(ctx); !ok || err != nil {
+				_ = m.giveBack(ctx, h.parts[:i])
+				return false, m.wrapIf("trylock", err)
+			}
+		}
 	}
-	switch err := m.begin(ctx, true, false); {
-	case errors.Is(err, errBusy):
-		return false, nil // another call of m is taking or releasing the set
+	switch err := m.commit(ctx, h, false); {
+	case errors.Is(err, ErrLockLost), errors.Is(err, errBusy):
+		return false, nil
 	case err != nil:
 		return false, m.wrap("trylock", err)
 	}
-	defer m.end()
-	if m.reenter(ctx, true) {
-		return true, nil
-	}
-	if m.fast {
-		ok, err := m.takeAll(ctx)
-		return ok, m.wrapIf("trylock", err)
-	}
-	for i, l := range m.locks {
-		if ok, err := l.tryLock(ctx); !ok || err != nil {
-			_ = m.giveBack(ctx, m.locks[:i])
-			return false, m.wrapIf("trylock", err)
-		}
-	}
-	return m.commit(ctx), nil
+	return true, nil
 }
 
-// Unlock releases one level of m's hold; the last level releases every
-// lock of the set, at once, each going to its next fair waiter. It returns
-// ErrNotHeld when m holds nothing, and ErrLockLost when the hold had been
-// lost (a name's hold was: another owner may have taken that name since);
-// it never touches another owner's hold. A name whose release fails does
-// not keep the others from being released: the error says which, and that
-// name is freed by Redis within its lease, no longer renewed. Like
-// Mutex.Unlock, it releases even when ctx has ended already.
+// Unlock releases one level of m's hold: of the hold ctx carries (see
+// Lock), or else of the value's hold, whichever goroutine took it. The
+// last level releases every lock of the set, at once, each going to its
+// next fair waiter. It returns ErrNotHeld when m holds nothing, and
+// ErrLockLost when the hold had been lost (a name's hold was: another
+// owner may have taken that name since); it never touches another owner's
+// hold, nor a later hold of m. A name whose release fails does not keep
+// the others from being released: the error says which, and that name is
+// freed by Redis within its lease, no longer renewed. Like Mutex.Unlock,
+// it releases even when ctx has ended already.
 func (m *MultiMutex) Unlock(ctx context.Context) error {
 	return observed(m.c.obs, ctx, m.call(OpUnlock), m.unlock, nil)
 }
@@ -249,58 +246,53 @@ func (m *MultiMutex) unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.wrap("unlock", m.err)
 	}
-	if done, err := m.unlevel(); done {
-		return m.wrapIf("unlock", err)
-	}
-	wait, cancel := releasing(ctx)
-	defer cancel()
-	if err := m.begin(wait, false, true); err != nil {
-		return m.wrap("unlock", err)
-	}
-	defer m.end()
-	if done, err := m.unlevel(); done {
-		return m.wrapIf("unlock", err)
-	}
 	m.mu.Lock()
-	h := m.cur
+	h := holdIn(ctx, m)
+	switch {
+	case h == nil:
+		h = m.cur
+	case h.cause == ErrReleased:
+		h = nil // released already
+	}
+	switch {
+	case h == nil:
+		m.mu.Unlock()
+		return m.wrap("unlock", ErrNotHeld)
+	case h.n > 1:
+		h.n--
+		lost := h.isLost
+		m.mu.Unlock()
+		if lost {
+			return m.wrap("unlock", ErrLockLost)
+		}
+		return nil
+	}
 	lost := h.isLost
 	end(h, ErrReleased) // a lost hold ended already, as lost
-	m.cur = nil
+	if m.cur == h {
+		m.cur = nil
+		close(m.free)
+	}
 	m.mu.Unlock()
-	err := m.releaseAll(wait)
+	wait, cancel := releasing(ctx)
+	defer cancel()
+	err := m.releaseAll(wait, h.parts)
 	if lost {
 		err = errors.Join(ErrLockLost, err)
 	}
 	return m.wrapIf("unlock", err)
 }
 
-// unlevel drops one level of m's hold when it has more than one, or finds
-// it has none: then it reports done, with the outcome.
-func (m *MultiMutex) unlevel() (done bool, err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	switch h := m.cur; {
-	case h == nil:
-		return true, ErrNotHeld
-	case h.n > 1:
-		h.n--
-		if h.isLost {
-			return true, ErrLockLost
-		}
-		return true, nil
-	}
-	return false, nil
-}
-
 // Tokens returns the fencing token of each name's hold, by name, or nil
 // when m does not hold the set. Each name's tokens strictly increase from
 // one hold to the next, as a Mutex's do, whoever takes it.
 func (m *MultiMutex) Tokens() map[string]int64 {
-	if m.current() == nil {
+	h := m.current()
+	if h == nil {
 		return nil
 	}
-	tokens := make(map[string]int64, len(m.locks))
-	for _, l := range m.locks {
+	tokens := make(map[string]int64, len(h.parts))
+	for _, l := range h.parts {
 		tokens[l.name] = l.Token()
 	}
 	return tokens
@@ -310,10 +302,11 @@ func (m *MultiMutex) Tokens() map[string]int64 {
 // does not hold the set or name is not one of its names.
 func (m *MultiMutex) Token(name string) int64 {
 	i := slices.Index(m.names, name)
-	if i < 0 || m.current() == nil {
+	h := m.current()
+	if i < 0 || h == nil {
 		return 0
 	}
-	return m.locks[i].Token()
+	return h.parts[i].Token()
 }
 
 // Lost returns a channel that is closed when m's current hold is lost:
@@ -331,15 +324,17 @@ func (m *MultiMutex) Lost() <-chan struct{} {
 // when m's current hold ends, as Mutex.HoldContext's: context.Cause then
 // says ErrLockLost (lost, the Lost channel closed) or ErrReleased (the
 // last Unlock). Without a hold it is cancelled at once with ErrNotHeld.
+// It carries the hold: a Lock with it re-enters it.
 func (m *MultiMutex) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return holdContext(&m.mu, m.cur, parent)
+	return holdContext(&m.mu, m, m.cur, parent)
 }
 
-// Do locks m, runs fn with m's HoldContext, and unlocks m, as Mutex.Do.
+// Do locks m, runs fn with a context of the hold, and unlocks that hold,
+// as Mutex.Do.
 func (m *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return do(ctx, &m.mu, &m.cur, m.Lock, m.Unlock, fn)
+	return do(ctx, m, &m.mu, m.Lock, m.Unlock, fn)
 }
 
 // Names returns m's names in the order they are taken: by Redis Cluster
@@ -353,66 +348,88 @@ func (m *MultiMutex) current() *hold {
 	return m.cur
 }
 
-// reenter adds a level to m's hold, if m has one. A hold that was lost is
-// dropped instead (its Lost channel stays closed), and what is left of it
-// released, so that the caller takes the set anew; unless the caller does
-// not have m's turn (turn false): then it is left as it is.
-func (m *MultiMutex) reenter(ctx context.Context, turn bool) bool {
+// newHold returns a hold of m for a call that takes the set: not m's yet
+// (see commit), with a Mutex of its own for each name, whose hold's loss
+// loses the set's.
+func (m *MultiMutex) newHold() *hold {
+	h := &hold{n: 1, lost: make(chan struct{})}
+	for _, name := range m.names {
+		l := m.c.newMutex(name, m.cfg)
+		l.onLost = func() { m.partLost(h) } // called with l.mu held
+		h.parts = append(h.parts, l)
+	}
+	return h
+}
+
+// reenter adds a level to h, m's hold that ctx carries, unless it has
+// ended: it returns why then.
+func (m *MultiMutex) reenter(ctx context.Context, h *hold) error {
+	if err := cmp.Or(m.err, m.c.usable()); err != nil {
+		return err
+	}
 	m.mu.Lock()
-	h := m.cur
-	switch {
-	case h == nil || h.isLost && !turn:
+	if h.isLost || h.cause != nil {
 		m.mu.Unlock()
-		return false
-	case h.isLost:
-		m.cur = nil
-		m.mu.Unlock()
-		_ = m.giveBack(ctx, m.locks)
-		return false
+		return cmp.Or(h.cause, ErrLockLost)
 	}
 	h.n++
 	m.mu.Unlock()
 	noteHold(ctx, h)
-	return true
+	return nil
 }
 
-// commit makes the holds of every name m's hold, one level deep, unless
-// one of them was lost already (a lease that ran out while the call waited
-// for a later name): then it gives them all back and reports false. The
-// names are looked at under m.mu, where the hold is made visible: a loss
-// told later finds m.cur (partLost), and no other call of m can re-enter
-// a hold that is then thrown away.
-func (m *MultiMutex) commit(ctx context.Context) bool {
-	// Read before m.mu: a name's Mutex takes its own lock, then m.mu, when
-	// it tells a loss (partLost).
-	lost := make([]<-chan struct{}, len(m.locks))
-	for i, l := range m.locks {
-		lost[i] = l.Lost()
-	}
-	h := &hold{n: 1, lost: make(chan struct{}), taken: time.Now()}
-	m.mu.Lock()
-	for _, c := range lost {
-		select {
-		case <-c:
+// errBusy is returned by commit, not waiting, when a hold of the value
+// that was lost has not been released yet.
+var errBusy = errors.New("redisync: a lost hold of the value is not released yet")
+
+// commit makes h, whose every name is held, m's hold, once m has no other
+// (a hold of m found there was lost, and its goroutine may still be at
+// work until its Unlock); not waiting, it fails with errBusy then. When a
+// name's hold was lost meanwhile (a lease that ran out while the call
+// waited for a later name), or the call gives up, it gives every name
+// back and fails: with ErrLockLost, ctx's error or ErrClosed.
+func (m *MultiMutex) commit(ctx context.Context, h *hold, wait bool) error {
+	for {
+		m.mu.Lock()
+		if h.isLost {
 			m.mu.Unlock()
-			_ = m.giveBack(ctx, m.locks)
-			return false
-		default:
+			_ = m.giveBack(ctx, h.parts)
+			return ErrLockLost
 		}
+		if m.cur == nil {
+			m.cur, m.free = h, make(chan struct{})
+			h.taken = time.Now()
+			m.mu.Unlock()
+			noteHold(ctx, h)
+			return nil
+		}
+		free := m.free
+		m.mu.Unlock()
+		err := errBusy
+		if wait {
+			select {
+			case <-free:
+				continue
+			case <-h.lost:
+				continue
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-m.c.ctx.Done():
+				err = ErrClosed
+			}
+		}
+		_ = m.giveBack(ctx, h.parts)
+		return err
 	}
-	m.cur = h
-	m.mu.Unlock()
-	noteHold(ctx, h)
-	return true
 }
 
-// partLost records that a name's hold was lost: so is m's. It is called by
-// the name's Mutex with its mu held.
-func (m *MultiMutex) partLost() {
+// partLost records that a name's hold was lost: so is the set's hold h,
+// m's or a call's not committed yet. It is called by the name's Mutex
+// with its mu held.
+func (m *MultiMutex) partLost(h *hold) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	h := m.cur
-	if h == nil || h.isLost {
+	if h.isLost || h.cause != nil {
 		return
 	}
 	h.isLost = true
@@ -446,33 +463,10 @@ func (m *MultiMutex) giveBack(ctx context.Context, locks []*Mutex) error {
 	return errors.Join(errs...)
 }
 
-// errBusy is returned by begin, not waiting, when another call of the
-// value has its turn.
-var errBusy = errors.New("redisync: another call of the value is under way")
-
-// begin checks that m can be used (usable: and its Client, for a call
-// that takes) and takes m's turn to take or release: waiting for it, or
-// else failing with errBusy when another call of m has it.
-func (m *MultiMutex) begin(ctx context.Context, usable, wait bool) error {
-	if m.err != nil {
-		return m.err
-	}
-	if usable {
-		if err := cmp.Or(m.c.usable(), ctx.Err()); err != nil {
-			return err
-		}
-	}
-	if !wait {
-		if !m.op.try() {
-			return errBusy
-		}
-		return nil
-	}
-	return m.op.take(ctx, nil)
+// usable checks, before any call to Redis, that m can be used now.
+func (m *MultiMutex) usable(ctx context.Context) error {
+	return cmp.Or(m.err, m.c.usable(), ctx.Err())
 }
-
-// end gives back m's turn.
-func (m *MultiMutex) end() { m.op.give() }
 
 // label names m in errors and to an Observer: its names joined with "+".
 func (m *MultiMutex) label() string { return strings.Join(m.names, "+") }

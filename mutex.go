@@ -13,26 +13,31 @@ import (
 // release retried by go-redis after a lost reply reports success.
 const tombstoneTTL = 10 * time.Second
 
-// Mutex is a reentrant lock shared by every process that uses the same
-// name and key prefix on the same Redis.
+// Mutex is a lock shared by every process that uses the same name and key
+// prefix on the same Redis.
 //
-// A Mutex value is one owner, like a thread holding a java.util.concurrent
-// ReentrantLock: Lock on a value that already holds the lock re-enters it
-// (the value counts the levels; Redis is not asked) and only the last
-// matching Unlock releases it. Different values, in one process or many,
-// exclude each other: give each goroutine that must be excluded its own
-// value (NewMutex is cheap). A value is safe for concurrent use, but
-// goroutines sharing one value share its hold and do not exclude each
-// other.
+// A Mutex value is used as a *sync.Mutex is: goroutines that share it
+// exclude each other, as they exclude the holders of every other value of
+// the same name, in this process or another. Each Lock call takes the
+// lock on its own, under a ticket of its own: the hold is stored in Redis
+// under it, a fair queue lists it in its arrival order, a hand-off names
+// it, and its hold gets a fencing token of its own. So nothing granted to
+// one call can be taken by another, and a call that gives up withdraws
+// exactly what it asked for. Unlock may be called from any goroutine, as
+// a sync.Mutex's may; it releases the value's hold.
 //
-// Each Lock or TryLock call that takes the lock anew does so under a
-// ticket of its own: the hold is stored in Redis under it, a fair queue
-// lists it, and a hand-off names it, so that nothing granted to one call
-// can be taken by another, and a call that gives up withdraws exactly what
-// it asked for.
+// The lock is reentrant through the hold's context, not through the
+// value: a Lock whose ctx comes from the hold (the ctx Do passes to its
+// function, or HoldContext's) re-enters the hold, and only the Unlock of
+// its last level releases it. Any other Lock waits its turn, even in the
+// goroutine that holds the lock (it waits until its ctx ends).
 //
 // While the lock is held its lease is renewed by the Client's watchdog
-// (unless WithLease fixed it), and Lost tells when the hold is lost.
+// (unless WithLease fixed it), and Lost tells when the hold is lost. A
+// lost hold stays the value's until its Unlock (which returns
+// ErrLockLost): a Lock of another goroutine granted the lock meanwhile
+// returns only after that Unlock, so that two goroutines of the value are
+// never inside at once.
 type Mutex struct {
 	c    *Client
 	name string
@@ -66,8 +71,10 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 	return m
 }
 
-// Lock blocks until m holds the lock, ctx ends or the Client is closed. If
-// m already holds it, Lock re-enters at once.
+// Lock blocks until the lock is held for this call, ctx ends or the
+// Client is closed. When ctx carries m's hold (it comes from Do or
+// HoldContext), Lock re-enters that hold at once, with no call to Redis;
+// ErrLockLost when that hold was lost, ErrReleased when it was released.
 //
 // A waiter sleeps until a message says the lock was handed to it (or, for
 // a barging Mutex, that it was released), and in any case no longer
@@ -78,19 +85,20 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 // queue, no subscription (clean-up still under way then goes on in the
 // background; Close waits for it).
 //
-// When m's hold was lost, Lock drops it (its Lost channel stays closed, and
-// the Unlocks it was owed are not owed any more) and takes the lock anew,
-// under a new fencing token. Lock returns ErrClosed after Close, and the
-// errors of Redis. An error reaching
-// Redis on the first attempt is returned at once; once Lock is waiting, it
-// outlives Redis being unreachable or failing over, looking again with a
-// growing pause until ctx ends. It is safe for concurrent use.
+// Lock returns ErrClosed after Close, and the errors of Redis. An error
+// reaching Redis on the first attempt is returned at once; once Lock is
+// waiting, it outlives Redis being unreachable or failing over, looking
+// again with a growing pause until ctx ends. It is safe for concurrent
+// use.
 func (m *Mutex) Lock(ctx context.Context) error {
 	return observed(m.c.obs, ctx, Call{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
 func (m *Mutex) lock(ctx context.Context) error {
+	if h := holdIn(ctx, &m.holds); h != nil {
+		return m.wrapIf("lock", m.reenter(ctx, h))
+	}
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("lock", err)
 	}
@@ -101,34 +109,30 @@ func (m *Mutex) lock(ctx context.Context) error {
 	defer leave()
 	ctx, stop := marked(ctx)
 	defer stop()
-	for {
-		if m.reenter(ctx) {
-			return nil
-		}
-		mode := "barge"
-		if !m.cfg.barging {
-			mode = "queue"
-		}
-		l := m.newCall(mode)
-		l.waits = true
-		err := block(ctx, []post{m.post()}, l)
-		if !errors.Is(err, errHeld) {
-			return m.wrapIf("lock", err)
-		}
-		// Another call of m took the lock meanwhile: re-enter it.
+	mode := "barge"
+	if !m.cfg.barging {
+		mode = "queue"
 	}
+	l := m.newCall(mode)
+	l.waits = true
+	return m.wrapIf("lock", block(ctx, []post{m.post()}, l))
 }
 
 // TryLock makes one attempt to take the lock and never waits: it reports
-// whether m holds the lock now (re-entering if it already did; taking it
-// anew if m's hold was lost, as Lock does). Unless m barges, it does not
-// take the lock ahead of queued waiters.
+// whether the lock is held for this call now. When ctx carries m's hold it
+// re-enters it, as Lock does. Otherwise it is false while anyone holds the
+// lock, another goroutine of m included. Unless m barges, it does not take
+// the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	return observedTry(m.c.obs, ctx, Call{Op: OpTryLock, Primitive: m.prim, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
 func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
+	if h := holdIn(ctx, &m.holds); h != nil {
+		err := m.reenter(ctx, h)
+		return err == nil, m.wrapIf("trylock", err)
+	}
 	if err := m.usable(ctx); err != nil {
 		return false, m.wrap("trylock", err)
 	}
@@ -143,15 +147,8 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	if !m.cfg.barging {
 		mode = "try"
 	}
-	for {
-		if m.reenter(ctx) {
-			return true, nil
-		}
-		ok, _, err := m.tryOnce(ctx, mode, "")
-		if !errors.Is(err, errHeld) {
-			return ok, m.wrapIf("trylock", err)
-		}
-	}
+	ok, _, err := m.tryOnce(ctx, mode, "")
+	return ok, m.wrapIf("trylock", err)
 }
 
 // tryOnce makes one attempt under a new ticket, in the given mode, never
@@ -169,11 +166,13 @@ func (m *Mutex) tryOnce(ctx context.Context, mode, waiter string) (bool, int64, 
 	return ok, l.pttl, err
 }
 
-// Unlock releases one level of m's hold; the last level releases the lock,
-// which goes to the next fair waiter, if any, or wakes a barging waiter
-// of one process. It returns ErrNotHeld when m holds nothing, and ErrLockLost
-// when the hold had been lost (the lock may have had another owner since);
-// it never touches another owner's hold. Releasing an inner level asks
+// Unlock releases one level of m's hold: of the hold that ctx carries
+// (see Lock), or else of the value's hold, whichever goroutine took it.
+// The last level releases the lock, which goes to the next fair waiter,
+// if any, or wakes a barging waiter of one process. It returns ErrNotHeld
+// when m holds nothing, and ErrLockLost when the hold had been lost (the
+// lock may have had another owner since); it never touches another
+// owner's hold, nor a later hold of m. Releasing an inner level asks
 // nothing of Redis: a loss not noticed yet (Lost still open) is reported
 // by the last level's Unlock.
 //
@@ -188,9 +187,15 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 
 // unlock is Unlock, unobserved: a RedMutex releases its node holds with it.
 func (m *Mutex) unlock(ctx context.Context) error {
+	m.mu.Lock()
+	h := holdIn(ctx, &m.holds)
+	switch {
+	case h == nil:
+		h = m.cur
+	case h.cause == ErrReleased:
+		h = nil // released already
+	}
 	if err := cmp.Or(m.err, m.c.usable()); err != nil {
-		m.mu.Lock()
-		h := m.cur
 		if h != nil && errors.Is(err, ErrClosed) {
 			// Lost with the Client, which may have collected the
 			// holds to release already, or not: release it here too
@@ -207,8 +212,6 @@ func (m *Mutex) unlock(ctx context.Context) error {
 		}
 		return m.wrap("unlock", err)
 	}
-	m.mu.Lock()
-	h := m.cur
 	switch {
 	case h == nil:
 		m.mu.Unlock()
@@ -269,41 +272,35 @@ func (m *Mutex) Name() string { return m.name }
 // stops by itself: context.Cause then says why, ErrLockLost when the hold
 // was lost (Lost closed; a Handoff counts as one) and ErrReleased when the
 // last Unlock released it. When m holds nothing it is cancelled already,
-// with cause ErrNotHeld. Call the CancelFunc when the work is done, as for
-// context.WithCancel.
+// with cause ErrNotHeld. It carries the hold: a Lock with it, or with a
+// context derived from it, re-enters the hold. Call the CancelFunc when
+// the work is done, as for context.WithCancel.
 func (m *Mutex) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
 	return m.context(parent)
 }
 
-// Do locks m, runs fn with m's HoldContext, and unlocks m, even when fn
-// fails or the hold is lost: it returns fn's error joined with Unlock's
-// (ErrLockLost when the hold was lost meanwhile). It never unlocks a hold
-// that another goroutine sharing m took after this one was lost. When Lock
-// fails, fn does not run and Do returns Lock's error.
+// Do locks m, runs fn with a context of the hold (see HoldContext), and
+// unlocks that hold, even when fn fails, panics (the panic goes on once
+// the lock is released) or the hold is lost: it returns fn's error joined
+// with Unlock's (ErrLockLost when the hold was lost meanwhile). When ctx
+// carries m's hold already (a Do inside a Do of m), Do re-enters it. When
+// Lock fails, fn does not run and Do returns Lock's error.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return m.do(ctx, m.Lock, m.Unlock, fn)
+	return do(ctx, &m.holds, &m.mu, m.Lock, m.Unlock, fn)
 }
 
-// reenter adds a level to m's hold, if m has one. A hold that was lost is
-// dropped instead (its Lost channel stays closed), and released in Redis
-// if it is still there, so that the caller takes the lock anew.
-func (m *Mutex) reenter(ctx context.Context) bool {
+// reenter adds a level to h, m's hold that ctx carries, unless h has
+// ended: it returns why then (ErrLockLost, ErrReleased).
+func (m *Mutex) reenter(ctx context.Context, h *hold) error {
 	m.mu.Lock()
-	h := m.cur
-	switch {
-	case h == nil:
+	if h.isLost || h.cause != nil {
 		m.mu.Unlock()
-		return false
-	case h.isLost:
-		m.forgetLocked(h)
-		m.mu.Unlock()
-		m.releaseLost(ctx, h)
-		return false
+		return cmp.Or(h.cause, ErrLockLost)
 	}
 	h.n++
 	m.mu.Unlock()
 	noteHold(ctx, h)
-	return true
+	return nil
 }
 
 // post returns where a waiter for m's lock waits, heard through m's

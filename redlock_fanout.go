@@ -16,7 +16,7 @@ type nodeResult struct {
 	err   error
 }
 
-// fanOut runs call on every node i with use[i], all at once, each with ctx
+// fanOut runs call on every node i of x with use[i], all at once, each with ctx
 // bounded by the node timeout. It returns when all have returned or the
 // node timeout has passed, with the results of those that returned (done).
 // When settled (if not nil) finds the outcome known before that, the others
@@ -25,10 +25,11 @@ type nodeResult struct {
 // nodes, which answer alike, are all waited for. A call still running when
 // fanOut returns goes on in the background (Close waits for it) and hands
 // its result to late, if any, when it returns; until then its node is left
-// out of m's rounds.
-func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Context, int) nodeResult,
+// out of x's rounds.
+func (x *redCall) fanOut(ctx context.Context, use []bool, call func(context.Context, int) nodeResult,
 	settled func([]nodeResult) bool, late func(int, nodeResult)) []nodeResult {
-	res := make([]nodeResult, len(m.nodes))
+	m := x.m
+	res := make([]nodeResult, len(x.nodes))
 	var mu sync.Mutex // guards res, pending and abandoned
 	pending, abandoned := 0, false
 	done, early := make(chan struct{}), make(chan struct{})
@@ -36,24 +37,24 @@ func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Con
 	for i := range use {
 		if use[i] {
 			pending++
-			m.setBusy(i, 1)
+			x.setBusy(i, 1)
 		}
 	}
 	if pending == 0 {
 		return res
 	}
-	finish := func(i int, x nodeResult) {
+	finish := func(i int, r nodeResult) {
 		mu.Lock()
 		if abandoned {
 			mu.Unlock()
 			if late != nil {
-				late(i, x)
+				late(i, r)
 			}
-			m.setBusy(i, -1)
+			x.setBusy(i, -1)
 			return
 		}
-		m.setBusy(i, -1)
-		res[i] = x
+		x.setBusy(i, -1)
+		res[i] = r
 		if pending--; pending == 0 {
 			close(done)
 		} else if !isEarly && settled != nil && settled(res) {
@@ -68,10 +69,10 @@ func (m *RedMutex) fanOut(ctx context.Context, use []bool, call func(context.Con
 		}
 		started := m.r.goCall(func() {
 			cctx, cancel := context.WithTimeout(ctx, m.nodeTimeout)
-			x := call(cctx, i)
+			r := call(cctx, i)
 			cancel()
-			x.done = true
-			finish(i, x)
+			r.done = true
+			finish(i, r)
 		})
 		if !started {
 			finish(i, nodeResult{done: true, err: ErrClosed})
@@ -110,10 +111,10 @@ func (m *RedMutex) quorumOK(res []nodeResult) bool {
 }
 
 // setBusy counts calls to node i still running.
-func (m *RedMutex) setBusy(i, delta int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.busy[i] += delta
+func (x *redCall) setBusy(i, delta int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.busy[i] += delta
 }
 
 // mask returns a slice of n flags, set at idx.

@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -19,93 +20,84 @@ var (
 )
 
 // round makes one attempt on every node and keeps the lock if a quorum
-// granted it in time; waiter is the address of the waiting Lock call that
-// makes it, "" for a TryLock (see Mutex.tryOnce). It reports whether m
-// holds the lock now and, when not, how long to sleep at most and whether
-// m had taken some nodes (a split). It returns an error wrapping ErrQuorum
-// when fewer than a quorum answered.
-func (m *RedMutex) round(ctx context.Context, waiter string) (acquired bool, sleep time.Duration, split bool, err error) {
-	if err := m.begin(ctx); err != nil {
+// granted it in time (for a waiting Lock, its waiters are registered under
+// x.addr; "" for a TryLock: see Mutex.tryOnce). It reports whether the
+// lock is held for the call now (its hold is m's) and, when not, how long
+// to sleep at most and whether the call had taken some nodes (a split). It
+// returns an error wrapping ErrQuorum when fewer than a quorum answered.
+func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration, split bool, err error) {
+	m := x.m
+	if err := cmp.Or(m.err, m.r.usable(), ctx.Err()); err != nil {
 		return false, 0, false, err
 	}
-	defer m.end()
-	m.mu.Lock()
-	if m.cur != nil && !m.cur.isLost {
-		m.cur.n++
-		h := m.cur
-		m.mu.Unlock()
-		noteHold(ctx, h)
-		return true, 0, false, nil
-	}
-	var stale []int
-	if m.cur != nil {
-		// The hold was lost: drop it (its Lost channel stays closed)
-		// and take the lock anew once its node holds left are released.
-		for i, in := range m.member {
-			if in {
-				stale = append(stale, i)
-			}
-		}
-		m.forget()
-	}
-	m.mu.Unlock()
-	m.releaseAll(ctx, stale)
-
 	start := time.Now()
-	use := m.idle()
-	acquireOn := func(ctx context.Context, i int) nodeResult { return m.acquireOn(ctx, i, waiter) }
-	res := m.fanOut(ctx, use, acquireOn, func(res []nodeResult) bool {
+	use := x.idle()
+	res := x.fanOut(ctx, use, x.acquireOn, func(res []nodeResult) bool {
 		// Known: won; lost for want of answers; or lost to
 		// another owner, with a quorum answering.
 		ok, busy, failed := 0, 0, 0
-		for i, x := range res {
+		for i, r := range res {
 			switch {
-			case !use[i] || (x.done && x.err != nil):
+			case !use[i] || (r.done && r.err != nil):
 				failed++
-			case x.done && x.ok:
+			case r.done && r.ok:
 				ok++
-			case x.done:
+			case r.done:
 				busy++
 			}
 		}
-		n, q := len(m.nodes), m.r.quorum
+		n, q := len(x.nodes), m.r.quorum
 		return ok >= q || failed > n-q || (ok+busy >= q && busy+failed > n-q)
-	}, m.lateAcquire)
+	}, x.lateAcquire)
 	var got []int
 	failed := &NodeErrors{}
 	answered, pttl, token := 0, int64(-1), int64(0)
-	for i, x := range res {
+	for i, r := range res {
 		switch {
 		case !use[i]:
 			failed.Nodes = append(failed.Nodes, NodeError{Node: i, Err: errNodeBusy})
-		case !x.done || x.err != nil:
-			failed.Nodes = append(failed.Nodes, nodeError(i, x))
-		case x.ok:
+		case !r.done || r.err != nil:
+			failed.Nodes = append(failed.Nodes, nodeError(i, r))
+		case r.ok:
 			answered++
 			got = append(got, i)
-			token = max(token, x.token)
+			token = max(token, r.token)
 		default:
 			answered++
-			if x.pttl >= 0 && (pttl < 0 || x.pttl < pttl) {
-				pttl = x.pttl
+			if r.pttl >= 0 && (pttl < 0 || r.pttl < pttl) {
+				pttl = r.pttl
 			}
 		}
 	}
 	var late error
 	if len(got) >= m.r.quorum {
-		held := m.raise(ctx, got, token)
+		held := x.raise(ctx, got, token)
 		elapsed := time.Since(start)
 		if len(held) >= m.r.quorum && elapsed < m.lease-drift(m.lease) {
-			noteHold(ctx, m.commit(held, token))
-			m.releaseAll(ctx, without(got, held))
-			return true, 0, false, nil
+			x.releaseAll(ctx, without(got, held))
+			err := m.commit(ctx, x, held, token, x.addr != "")
+			switch {
+			case err == nil:
+				return true, 0, false, nil
+			case errors.Is(err, errBusy):
+				x.releaseAll(ctx, held)
+				return false, 0, false, nil
+			case !errors.Is(err, ErrLockLost):
+				x.releaseAll(ctx, held)
+				return false, 0, false, err
+			}
+			// Lost while it waited for m's lost hold to be released:
+			// give it back, and go on with a hold of its own.
+			x.releaseAll(ctx, held)
+			x.h = &hold{n: 1, lost: make(chan struct{})}
+			return false, 0, false, nil
 		}
 		if len(held) >= m.r.quorum {
 			late = fmt.Errorf("%w: a quorum took %v, which leaves no validity of the lease %v",
 				ErrQuorum, elapsed.Round(time.Millisecond), m.lease)
 		}
 	}
-	m.releaseAll(ctx, got)
+	x.releaseAll(ctx, got)
 	switch {
 	case ctx.Err() != nil:
 		return false, 0, false, ctx.Err()
@@ -113,22 +105,22 @@ func (m *RedMutex) round(ctx context.Context, waiter string) (acquired bool, sle
 		return false, 0, false, late
 	case answered < m.r.quorum:
 		return false, 0, false, fmt.Errorf("%w: %d of %d nodes answered, %d needed: %w",
-			ErrQuorum, answered, len(m.nodes), m.r.quorum, failed)
+			ErrQuorum, answered, len(x.nodes), m.r.quorum, failed)
 	}
 	return false, m.sleepFor(pttl), len(got) > 0, nil
 }
 
 // raise carries token to the counters of the nodes in got, and returns
 // those that confirmed they still hold the lock.
-func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
-	res := m.fanOut(ctx, mask(len(m.nodes), got), func(ctx context.Context, i int) nodeResult {
-		n := m.nodes[i]
+func (x *redCall) raise(ctx context.Context, got []int, token int64) []int {
+	res := x.fanOut(ctx, mask(len(x.nodes), got), func(ctx context.Context, i int) nodeResult {
+		n := x.nodes[i]
 		v, err := redlockRaiseArgs{id: n.holdID(), token: token}.call(n.keys).run(ctx, n.c.rdb).Int64()
 		if err != nil {
 			return nodeResult{err: redisError(err)}
 		}
 		return nodeResult{ok: v == 1}
-	}, m.quorumOK, nil)
+	}, x.m.quorumOK, nil)
 	var held []int
 	for _, i := range got {
 		if res[i].ok {
@@ -138,36 +130,36 @@ func (m *RedMutex) raise(ctx context.Context, got []int, token int64) []int {
 	return held
 }
 
-// acquireOn makes one attempt on node i (waiter: as for round).
-func (m *RedMutex) acquireOn(ctx context.Context, i int, waiter string) nodeResult {
-	n := m.nodes[i]
+// acquireOn makes one attempt on node i.
+func (x *redCall) acquireOn(ctx context.Context, i int) nodeResult {
+	n := x.nodes[i]
 	if err := n.c.ready(ctx, n.keys.GrantChannel(n.c.id)); err != nil {
 		return nodeResult{err: err}
 	}
-	ok, pttl, err := n.tryOnce(ctx, "barge", waiter)
+	ok, pttl, err := n.tryOnce(ctx, "barge", x.addr)
 	switch {
 	case err != nil:
 		return nodeResult{err: err}
 	case !ok:
 		return nodeResult{pttl: pttl}
 	}
-	return nodeResult{ok: true, token: m.nodes[i].Token()}
+	return nodeResult{ok: true, token: x.nodes[i].Token()}
 }
 
 // lateAcquire undoes an attempt on node i that returned after its round
 // gave up on it.
-func (m *RedMutex) lateAcquire(i int, x nodeResult) {
-	if x.ok {
+func (x *redCall) lateAcquire(i int, r nodeResult) {
+	if r.ok {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		_ = m.nodes[i].unlock(ctx)
+		_ = x.nodes[i].unlock(ctx)
 	}
 }
 
 // releaseOn releases node i's hold: ok when it was released, neither ok
 // nor an error when it was not there any more.
-func (m *RedMutex) releaseOn(ctx context.Context, i int) nodeResult {
-	err := m.nodes[i].unlock(ctx)
+func (x *redCall) releaseOn(ctx context.Context, i int) nodeResult {
+	err := x.nodes[i].unlock(ctx)
 	switch {
 	case err == nil:
 		return nodeResult{ok: true}
@@ -179,22 +171,22 @@ func (m *RedMutex) releaseOn(ctx context.Context, i int) nodeResult {
 
 // releaseAll releases the node holds of the nodes in idx, which are not
 // part of a hold of m. It outlives ctx.
-func (m *RedMutex) releaseAll(ctx context.Context, idx []int) {
+func (x *redCall) releaseAll(ctx context.Context, idx []int) {
 	if len(idx) > 0 {
-		m.fanOut(context.WithoutCancel(ctx), mask(len(m.nodes), idx), m.releaseOn, m.quorumOK, nil)
+		x.fanOut(context.WithoutCancel(ctx), mask(len(x.nodes), idx), x.releaseOn, x.m.quorumOK, nil)
 	}
 }
 
-// idle returns the nodes a round may call: those with no call of m still
+// idle returns the nodes a round may call: those with no call of x still
 // running, and whose node Mutex holds nothing (a late grant not undone yet).
-func (m *RedMutex) idle() []bool {
-	use := make([]bool, len(m.nodes))
-	m.mu.Lock()
+func (x *redCall) idle() []bool {
+	use := make([]bool, len(x.nodes))
+	x.mu.Lock()
 	for i := range use {
-		use[i] = m.busy[i] == 0
+		use[i] = x.busy[i] == 0
 	}
-	m.mu.Unlock()
-	for i, n := range m.nodes { // their mu is taken before m.mu, never after
+	x.mu.Unlock()
+	for i, n := range x.nodes {
 		use[i] = use[i] && n.current() == nil
 	}
 	return use

@@ -6,16 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 )
 
-// RedMutex is a reentrant lock held on a quorum of a Redlock's nodes. It
-// has the methods of Mutex, with the same meaning, and is used the same
-// way: a value is one owner (Lock on a value that holds the lock re-enters
-// it, and only the last Unlock releases it); give each goroutine that must
-// be excluded its own value. A value is safe for concurrent use.
+// RedMutex is a lock held on a quorum of a Redlock's nodes. It has the
+// methods of Mutex, with the same meaning, and is used the same way: a
+// value excludes the goroutines that share it, each Lock call taking the
+// lock on its own; it is reentrant through the hold's context (Do's,
+// HoldContext's); Unlock may come from any goroutine; a lost hold stays
+// the value's until its last Unlock. A value is safe for concurrent use.
 //
 // Each node holds the lock as a barging Mutex of the same name would (the
 // same keys), under an owner of its own; the node's Client watchdog renews
@@ -25,21 +25,16 @@ import (
 type RedMutex struct {
 	r           *Redlock
 	name        string
-	nodes       []*Mutex // one per node, in the order of the Redlock's
-	posts       []post   // the nodes' channels, where a waiter waits
+	cfg         config
+	posts       []post // the nodes' channels, where a waiter waits
 	lease       time.Duration
 	nodeTimeout time.Duration
 	recheck     time.Duration
 	err         error
 
-	op turn // held by the call of this value that talks to Redis
-
-	mu     sync.Mutex // guards the fields below; taken after a node's mu, never before
-	cur    *hold      // the current hold (its n: the levels re-entered); nil: none
-	member []bool     // the node is part of the current hold
-	alive  []bool     // ... and its node hold is not known lost
-	nAlive int
-	busy   []int // calls to the node still running
+	mu   sync.Mutex    // guards cur and the holds' fields; taken after a node's mu, never before
+	cur  *hold         // the value's hold (n: the levels; parts: its node holds, nil where none), lost or not, until its last Unlock; nil: none
+	free chan struct{} // closed when cur, the hold it was made for, is forgotten
 }
 
 // NewMutex returns a RedMutex for the lock called name on every node of r.
@@ -54,32 +49,25 @@ func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 	// have (docs/design.md, "The fair lock").
 	cfg.barging = true
 	lease := cmp.Or(cfg.lease, cfg.watchdog)
-	n := len(r.clients)
 	m := &RedMutex{
 		r:           r,
 		name:        name,
+		cfg:         cfg,
 		lease:       lease,
 		nodeTimeout: cmp.Or(cfg.node, min(lease/10, defaultNodeTimeout)),
 		recheck:     cfg.recheck,
 		err:         cmp.Or(checkName(name), cfg.err),
-		op:          newTurn(),
-		member:      make([]bool, n),
-		alive:       make([]bool, n),
-		busy:        make([]int, n),
 	}
-	for i, c := range r.clients {
-		nm := c.newMutex(name, cfg)
-		nm.onLost = func() { m.nodeLost(i) }
-		nm.quiet = true // m tells its own holds
-		m.nodes = append(m.nodes, nm)
-		m.posts = append(m.posts, nm.post())
+	for _, c := range r.clients {
+		m.posts = append(m.posts, c.newMutex(name, cfg).post())
 	}
 	return m
 }
 
-// Lock blocks until m holds the lock on a quorum of nodes, ctx ends or the
-// Redlock is closed. If m already holds it, Lock re-enters at once, with no
-// call to Redis (and, under WithLease, without re-arming the lease).
+// Lock blocks until the lock is held for this call on a quorum of nodes,
+// ctx ends or the Redlock is closed. When ctx carries m's hold (Do's,
+// HoldContext's), Lock re-enters it at once, with no call to Redis (and,
+// under WithLease, without re-arming the lease).
 //
 // Each round tries every node at once, each for at most the node timeout
 // (WithNodeTimeout). It wins when a quorum granted the lock and raised its
@@ -92,63 +80,73 @@ func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 //
 // Lock returns an error wrapping ErrQuorum as soon as a round finds fewer
 // than a quorum of nodes answering: a lock that cannot be taken is not
-// waited for. When m's hold was lost, Lock drops it (its Lost channel
-// stays closed, and the Unlocks it was owed are not owed any more),
-// releases its node holds left and takes the lock anew. It returns
-// ErrClosed after Close, and ctx.Err() wrapped when ctx ends first; it
-// leaves nothing behind then.
+// waited for. It returns ErrClosed after Close, and ctx.Err() wrapped when
+// ctx ends first; it leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) error {
 	return observed(m.r.cfg.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
 func (m *RedMutex) lock(ctx context.Context) error {
+	if h := holdIn(ctx, m); h != nil {
+		return m.wrapIf("lock", m.reenter(ctx, h))
+	}
 	// The call's address is a ticket of its own, which no grant names:
 	// its node attempts tell its waiters from other plain waiters.
-	if err := block(ctx, m.posts, redCall{m: m, addr: m.nodes[0].c.ticket("")}); err != nil {
+	if err := block(ctx, m.posts, m.newCall(m.r.clients[0].ticket(""))); err != nil {
 		return m.wrap("lock", err)
 	}
 	return nil
 }
 
-// TryLock makes one round and never waits: it reports whether m holds the
-// lock now (re-entering if it already did; taking it anew if m's hold was
-// lost, as Lock does). When fewer than a quorum of
-// nodes answered, it returns false and an error wrapping ErrQuorum.
+// TryLock makes one round and never waits: it reports whether the lock
+// is held for this call now (false while another goroutine of m holds
+// it). When ctx carries m's hold, it re-enters it, as Lock does. When
+// fewer than a quorum of nodes answered, it returns false and an error
+// wrapping ErrQuorum.
 func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
 	return observedTry(m.r.cfg.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
 func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
-	acquired, _, _, err := m.round(ctx, "")
+	if h := holdIn(ctx, m); h != nil {
+		err := m.reenter(ctx, h)
+		return err == nil, m.wrapIf("trylock", err)
+	}
+	acquired, _, _, err := m.newCall("").round(ctx)
 	if err != nil {
 		return false, m.wrap("trylock", err)
 	}
 	return acquired, nil
 }
 
-// Unlock releases one level of m's hold; the last level releases the lock
-// on every node of the hold, at once. It returns ErrNotHeld when m holds
-// nothing, ErrLockLost when the hold had been lost (Lost was closed, or
-// fewer than a quorum of nodes still had their hold to release: the lock
-// may have had another owner meanwhile), and an
-// error wrapping ErrQuorum when more than N - quorum nodes could not be
-// told: their holds then stay until their leases run out. m forgets the
-// hold in every case.
+// Unlock releases one level of m's hold: of the hold ctx carries (see
+// Lock), or else of the value's hold, whichever goroutine took it. The
+// last level releases the lock on every node of the hold, at once. It
+// returns ErrNotHeld when m holds nothing, ErrLockLost when the hold had
+// been lost (Lost was closed, or fewer than a quorum of nodes still had
+// their hold to release: the lock may have had another owner meanwhile),
+// and an error wrapping ErrQuorum when more than N - quorum nodes could
+// not be told: their holds then stay until their leases run out. m
+// forgets the hold in every case.
 func (m *RedMutex) Unlock(ctx context.Context) error {
 	return observed(m.r.cfg.obs, ctx, Call{Op: OpUnlock, Primitive: PrimitiveRedMutex, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved.
 func (m *RedMutex) unlock(ctx context.Context) error {
-	if err := m.begin(ctx); err != nil {
+	if err := cmp.Or(m.err, m.r.usable()); err != nil {
 		return m.wrap("unlock", err)
 	}
-	defer m.end()
-
 	m.mu.Lock()
-	h := m.cur
+	h := holdIn(ctx, m)
+	switch {
+	case h == nil:
+		h = m.cur
+	case h.cause == ErrReleased:
+		h = nil // released already
+	}
 	if h == nil {
 		m.mu.Unlock()
 		return m.wrap("unlock", ErrNotHeld)
@@ -162,26 +160,31 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 		}
 		return nil
 	}
-	members := slices.Clone(m.member)
-	if !lost {
-		end(h, ErrReleased)
-	}
 	token, taken := h.token, h.taken // how it ended is told below
-	m.forget()
+	end(h, ErrReleased)              // a lost hold ended already, as lost
+	if m.cur == h {
+		m.cur = nil
+		close(m.free)
+	}
 	m.mu.Unlock()
 
-	res := m.fanOut(context.WithoutCancel(ctx), members, m.releaseOn, m.quorumOK, nil)
+	x := &redCall{m: m, nodes: h.parts, busy: make([]int, len(h.parts))}
+	members := make([]bool, len(h.parts))
+	for i, n := range h.parts {
+		members[i] = n != nil
+	}
+	res := x.fanOut(context.WithoutCancel(ctx), members, x.releaseOn, m.quorumOK, nil)
 	released, failed := 0, &NodeErrors{}
-	for i, x := range res {
+	for i, r := range res {
 		switch {
 		case !members[i]:
-		case !x.done || x.err != nil:
-			failed.Nodes = append(failed.Nodes, nodeError(i, x))
-		case x.ok:
+		case !r.done || r.err != nil:
+			failed.Nodes = append(failed.Nodes, nodeError(i, r))
+		case r.ok:
 			released++
 		}
 	}
-	unknown := len(failed.Nodes) > len(m.nodes)-m.r.quorum
+	unknown := len(failed.Nodes) > len(h.parts)-m.r.quorum
 	if !lost { // a lost hold was told already
 		kind := KindHoldReleased
 		if !unknown && released < m.r.quorum {
@@ -192,7 +195,7 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 	switch {
 	case unknown:
 		return m.wrap("unlock", fmt.Errorf("%w: %d of %d nodes not released: %w",
-			ErrQuorum, len(failed.Nodes), len(m.nodes), failed))
+			ErrQuorum, len(failed.Nodes), len(h.parts), failed))
 	case lost || released < m.r.quorum:
 		// Too many node holds were gone: another owner may have
 		// held the lock meanwhile, before the watchdog could tell.
@@ -243,73 +246,111 @@ func (m *RedMutex) Lost() <-chan struct{} {
 // when m's current hold ends, as Mutex.HoldContext's: context.Cause then
 // says ErrLockLost (lost, the Lost channel closed), or ErrReleased (the
 // last Unlock). Without a hold it is cancelled at once with ErrNotHeld.
+// It carries the hold: a Lock with it re-enters it.
 func (m *RedMutex) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return holdContext(&m.mu, m.cur, parent)
+	return holdContext(&m.mu, m, m.cur, parent)
 }
 
-// Do locks m, runs fn with m's HoldContext, and unlocks m, as Mutex.Do.
+// Do locks m, runs fn with a context of the hold, and unlocks that hold,
+// as Mutex.Do.
 func (m *RedMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return do(ctx, &m.mu, &m.cur, m.Lock, m.Unlock, fn)
+	return do(ctx, m, &m.mu, m.Lock, m.Unlock, fn)
 }
 
 // Name returns the name of the lock.
 func (m *RedMutex) Name() string { return m.name }
 
-// commit records a new hold on the nodes held, with its token, and
-// returns it.
-func (m *RedMutex) commit(held []int, token int64) *hold {
-	m.mu.Lock()
-	m.forget()
-	h := &hold{token: token, n: 1, lost: make(chan struct{}), taken: time.Now()}
-	m.cur = h
-	for _, i := range held {
-		m.member[i], m.alive[i] = true, true
+// reenter adds a level to h, m's hold that ctx carries, unless it has
+// ended: it returns why then.
+func (m *RedMutex) reenter(ctx context.Context, h *hold) error {
+	if err := cmp.Or(m.err, m.r.usable()); err != nil {
+		return err
 	}
-	m.nAlive = len(held)
-	m.emit(KindHoldTaken, nil)
+	m.mu.Lock()
+	if h.isLost || h.cause != nil {
+		m.mu.Unlock()
+		return cmp.Or(h.cause, ErrLockLost)
+	}
+	h.n++
 	m.mu.Unlock()
-	// A node hold lost before the commit was ignored by nodeLost.
+	noteHold(ctx, h)
+	return nil
+}
+
+// commit makes h, which holds the lock on the nodes of x in held with the
+// fencing token token, m's hold, once m has no other (a hold of m found
+// there was lost, and its goroutine may still be at work until its
+// Unlock); not waiting (wait false), it fails with errBusy then. It fails
+// with ErrLockLost when fewer than a quorum of the node holds are left
+// (lost while it waited), ctx's error when ctx ends first, and ErrClosed.
+func (m *RedMutex) commit(ctx context.Context, x *redCall, held []int, token int64, wait bool) error {
+	h := x.h
+	m.mu.Lock()
+	h.token, h.parts = token, make([]*Mutex, len(x.nodes))
 	for _, i := range held {
-		select {
-		case <-m.nodes[i].Lost():
-			m.nodeLost(i)
-		default:
+		h.parts[i] = x.nodes[i]
+	}
+	h.alive = len(held)
+	m.mu.Unlock()
+	// A node hold lost before it was a part was not counted.
+	for _, i := range held {
+		if isClosed(x.nodes[i].Lost()) {
+			m.nodeLost(h, i)
 		}
 	}
-	return h
-}
-
-// forget clears the current hold. m.mu must be held.
-func (m *RedMutex) forget() {
-	if m.cur != nil {
-		end(m.cur, ErrReleased) // a lost hold ended already, as lost
+	for {
+		m.mu.Lock()
+		if h.isLost {
+			m.mu.Unlock()
+			return ErrLockLost
+		}
+		if m.cur == nil {
+			m.cur, m.free = h, make(chan struct{})
+			h.taken = time.Now()
+			m.emit(KindHoldTaken, nil)
+			m.mu.Unlock()
+			noteHold(ctx, h)
+			return nil
+		}
+		free := m.free
+		m.mu.Unlock()
+		if !wait {
+			return errBusy
+		}
+		select {
+		case <-free:
+		case <-h.lost:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-x.closed():
+			return ErrClosed
+		}
 	}
-	m.cur, m.nAlive = nil, 0
-	clear(m.member)
-	clear(m.alive)
 }
 
-// nodeLost records that node i's hold was lost. It is called by the node
-// Mutex with its mu held.
-func (m *RedMutex) nodeLost(i int) {
+// nodeLost records that node i's hold of h was lost. It is called by the
+// node Mutex with its mu held.
+func (m *RedMutex) nodeLost(h *hold, i int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.alive[i] {
+	if h.parts == nil || h.parts[i] == nil || h.isLost || h.cause != nil {
+		return // not a part yet (see commit), or ended
+	}
+	if h.alive--; h.alive >= m.r.quorum {
 		return
 	}
-	m.alive[i] = false
-	m.nAlive--
-	if h := m.cur; h != nil && m.nAlive < m.r.quorum && !h.isLost {
-		h.isLost = true
-		close(h.lost)
-		end(h, ErrLockLost)
-		if m.r.usable() == ErrClosed {
-			m.emit(KindHoldReleased, ErrClosed) // Close releases it
-		} else {
-			m.emit(KindHoldLost, nil)
-		}
+	h.isLost = true
+	close(h.lost)
+	end(h, ErrLockLost)
+	if m.cur != h {
+		return // never m's: nothing to tell
+	}
+	if m.r.usable() == ErrClosed {
+		m.emit(KindHoldReleased, ErrClosed) // Close releases it
+	} else {
+		m.emit(KindHoldLost, nil)
 	}
 }
 
@@ -333,25 +374,14 @@ func (m *RedMutex) emitHold(kind Kind, token int64, taken time.Time, err error) 
 	ev.emit(e)
 }
 
-// begin checks that m can be used and takes m's turn to talk to Redis.
-func (m *RedMutex) begin(ctx context.Context) error {
-	if m.err != nil {
-		return m.err
-	}
-	if err := m.r.usable(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return m.op.take(ctx, nil)
-}
+// wrapIf adds the operation and the lock name to err, if not nil.
+func (m *RedMutex) wrapIf(op string, err error) error { return m.wrap(op, err) }
 
-// end gives back m's turn to talk to Redis.
-func (m *RedMutex) end() { m.op.give() }
-
-// wrap adds the operation and the lock name to err.
+// wrap adds the operation and the lock name to err; nil stays nil.
 func (m *RedMutex) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
 	var oe *opError
 	if errors.As(err, &oe) && oe.name == m.name && oe.op == "redlock "+op {
 		return err
@@ -359,21 +389,39 @@ func (m *RedMutex) wrap(op string, err error) error {
 	return &opError{op: "redlock " + op, name: m.name, err: err}
 }
 
-// redCall is a RedMutex.Lock call as the wait loop (block) sees it: it
-// makes rounds until one wins. It has no queue and no grant to adopt: a
-// release on any node wakes it to make another round. Its waiters are
-// registered under addr.
+// redCall is one Lock or TryLock call of a RedMutex: it makes rounds
+// until one wins, with a Mutex of its own on each node, and the hold it
+// makes m's once a round wins. As the wait loop (block) sees a Lock, it
+// has no queue and no grant to adopt: a release on any node wakes it to
+// make another round. Its waiters are registered under addr.
 type redCall struct {
-	m    *RedMutex
-	addr string
+	m     *RedMutex
+	addr  string
+	h     *hold    // the hold a round that wins makes m's
+	nodes []*Mutex // the call's Mutex on each node
+	mu    sync.Mutex
+	busy  []int // calls to the node still running
 }
 
-// attempt makes a round. After a round in which m took some nodes but not
-// a quorum (contenders split the nodes between them), it pauses a short
-// random time, so that the contenders do not meet again at once, rather
-// than be woken at once by its own releases.
-func (x redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
-	acquired, sleep, split, err := x.m.round(ctx, x.addr)
+// newCall returns a call of m whose waiters are registered under addr (""
+// for a TryLock, which does not wait).
+func (m *RedMutex) newCall(addr string) *redCall {
+	x := &redCall{m: m, addr: addr, h: &hold{n: 1, lost: make(chan struct{})}, busy: make([]int, len(m.r.clients))}
+	for i, c := range m.r.clients {
+		nm := c.newMutex(m.name, m.cfg)
+		nm.onLost = func() { m.nodeLost(x.h, i) } // called with nm.mu held
+		nm.quiet = true                           // m tells its own holds
+		x.nodes = append(x.nodes, nm)
+	}
+	return x
+}
+
+// attempt makes a round. After a round in which the call took some nodes
+// but not a quorum (contenders split the nodes between them), it pauses a
+// short random time, so that the contenders do not meet again at once,
+// rather than be woken at once by its own releases.
+func (x *redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
+	acquired, sleep, split, err := x.round(ctx)
 	if err != nil || acquired || !split {
 		return acquired, sleep, err
 	}
@@ -382,13 +430,15 @@ func (x redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 
 // outlasts: a round that finds too few nodes answering ends the call; a
 // lock that a majority cannot grant is not waited for.
-func (redCall) outlasts(error) bool { return false }
+func (*redCall) outlasts(error) bool { return false }
 
-func (redCall) sleeping(*waitSet)                           {}
-func (redCall) adopt(context.Context, string) (bool, error) { return false, nil }
-func (redCall) changed() <-chan struct{}                    { return nil }
-func (x redCall) address() string                           { return x.addr }
-func (redCall) finish(context.Context, error)               {}
+func (*redCall) sleeping(*waitSet)                           {}
+func (*redCall) adopt(context.Context, string) (bool, error) { return false, nil }
+func (x *redCall) address() string                           { return x.addr }
+func (*redCall) finish(context.Context, error)               {}
+
+// closed returns a channel closed when the Redlock is closed.
+func (x *redCall) closed() <-chan struct{} { return x.m.r.clients[0].ctx.Done() }
 
 // pause sleeps for d, or until ctx ends or the Redlock is closed.
 func (m *RedMutex) pause(ctx context.Context, d time.Duration) error {

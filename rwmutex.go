@@ -3,6 +3,8 @@ package redisync
 import (
 	"cmp"
 	"context"
+	"errors"
+	"slices"
 	"sync"
 
 	"github.com/redisync/redisync/internal/schema"
@@ -11,44 +13,60 @@ import (
 // RWMutex is a read-write lock shared by every process that uses the same
 // name and key prefix on the same Redis: many readers or one writer.
 //
-// It is a Semaphore of a fixed, very large size (RWMutexWrite) under
-// keys of its own, so that it never shares a key with a Semaphore of the
-// same name: a read holds one permit, a write all of them. So it has a
+// A RWMutex value is used as a *sync.RWMutex is: goroutines that share it
+// exclude each other as they exclude every other value's holders. Each
+// Lock and RLock call is a holder of its own in Redis, with its own place
+// in the queue and its own lease, renewed by the Client's watchdog, so a
+// reader that crashes blocks writers for at most its lease. Unlock and
+// RUnlock may be called from any goroutine, as sync.RWMutex's may.
+//
+// It is a Semaphore of a fixed, very large size (RWMutexWrite) under keys
+// of its own, so that it never shares a key with a Semaphore of the same
+// name: a read holds one permit, a write all of them. So it has a
 // Semaphore's guarantees. Arrival order is decided in Redis and served
 // strictly first come, first served: a writer waits for the readers ahead
 // of it, and readers that come after a waiting writer queue behind it, so
 // neither readers nor writers starve. The release that ends a write (or
 // the last read before a queued writer) grants, in the same script, the
 // next writer or the whole run of readers at the head of the queue, one
-// message per process; waiters sleep until then, never polling. Every
-// reader's share is a holder of its own with its own lease, renewed by
-// the Client's watchdog, so a reader that crashes blocks writers for at
-// most its lease.
+// message per process; waiters sleep until then, never polling.
 //
-// A RWMutex value is one holder, and is safe for concurrent use; its
-// levels are counted in the process, without asking Redis: RLock while it
-// holds a read or the write, and Lock while it holds the write, only add a
-// level. Unlock of its last write level while it still holds read levels
-// is a downgrade: the write ends and one read stays, in one script call
-// that lets the readers queued at the head in. Lock while it holds only
-// reads is an upgrade, which it refuses with ErrUpgrade at once (two
-// readers upgrading would wait for each other for good). Since a level is
-// added without queueing, goroutines that share a value and keep its reads
-// overlapping keep it reading, ahead of a queued writer: fairness is
-// between values, so give each goroutine a value of its own.
+// It is reentrant through a hold's context, as a Mutex is: a Lock or RLock
+// whose ctx comes from the write (Do's function's ctx, HoldContext) adds a
+// level to the write (a writer reads too), an RLock whose ctx comes from a
+// read (RDo's function's ctx) adds a level to that read, and a Lock whose
+// ctx comes from a read fails with ErrUpgrade at once (it would wait for
+// its own read for good). Any other call waits its turn, in the goroutine
+// that holds too.
 //
 // A write carries a fencing token (Token), minted in Redis by the script
-// that grants it, by the same rule as a Mutex's; a read has none.
+// that grants it, by the same rule as a Mutex's; a read has none. A hold
+// that was lost stays the value's until its last Unlock or RUnlock (which
+// returns ErrLockLost): a write granted meanwhile to another goroutine of
+// the value waits for it, as does a read granted while a lost write
+// waits for its Unlock.
 //
 // The options are those of a Semaphore (WithLease, WithWatchdogLease,
 // WithHeartbeat, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
 type RWMutex struct {
-	s    *Semaphore
-	turn turn // held by the call of the value that takes its first level
+	c    *Client
+	name string
+	cfg  config
+	keys schema.Semaphore
+	err  error // invalid name or option
 
-	mu     sync.Mutex
-	reads  int64 // read levels held
-	writes int64 // write levels held
+	mu      sync.Mutex
+	write   *rwHold       // the value's write, lost or not, until its last Unlock
+	reads   []*rwHold     // the value's reads, each until its last RUnlock
+	changed chan struct{} // closed, and replaced, when a hold is forgotten
+}
+
+// rwHold is one hold of a RWMutex, a write or a read, taken by one Lock or
+// RLock call: a holder of its own in Redis (a Semaphore value of its own).
+type rwHold struct {
+	s      *Semaphore
+	write  bool
+	levels int64 // guarded by the RWMutex's mu
 }
 
 // NewRWMutex returns a RWMutex called name. It does no I/O. An invalid
@@ -56,234 +74,371 @@ type RWMutex struct {
 // call of the RWMutex, before any call to Redis.
 func (c *Client) NewRWMutex(name string, opts ...SemaphoreOption) *RWMutex {
 	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
-	s := c.newSemaphore(name, schema.RWMutexSize, cfg, PrimitiveRWMutex, schema.RWMutexKeys(cfg.prefix, name))
-	s.fence = true
-	return &RWMutex{s: s, turn: newTurn()}
+	return &RWMutex{c: c, name: name, cfg: cfg, keys: schema.RWMutexKeys(cfg.prefix, name),
+		err: cmp.Or(checkName(name), cfg.err), changed: make(chan struct{})}
 }
 
-// RLock blocks until rw holds a read, ctx ends or the Client is closed. It
-// only adds a level when rw holds a read or the write already; otherwise
-// it waits behind every request queued before it, writers included.
+// RLock blocks until a read is held for this call, ctx ends or the Client
+// is closed: behind every request queued before it, writers included.
+// When ctx carries a hold of rw (see RWMutex), it adds a level to that
+// hold at once instead.
 //
 // When ctx ends first, RLock returns ctx.Err() wrapped and leaves nothing
-// behind, as Semaphore.Acquire. It returns ErrLockLost when rw's hold was
-// lost (release its levels first), ErrClosed after Close, and the errors
-// of Redis.
+// behind, as Semaphore.Acquire. It returns ErrClosed after Close, and the
+// errors of Redis.
 func (rw *RWMutex) RLock(ctx context.Context) error {
 	_, err := rw.observed(ctx, OpRLock, false, true)
 	return err
 }
 
 // TryRLock makes one attempt to take a read and never waits or queues: it
-// reports whether rw holds a read now. It fails when anyone is queued
-// (a writer waits), and when another call of rw that takes its first
-// level is under way.
+// reports whether a read is held for this call now. It fails when anyone
+// is queued (a writer waits). When ctx carries a hold of rw, it adds a
+// level to it, as RLock does.
 func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 	return rw.observed(ctx, OpTryRLock, false, false)
 }
 
-// Lock blocks until rw holds the write, ctx ends or the Client is closed.
-// It only adds a level when rw holds the write already; it returns
-// ErrUpgrade at once when rw holds only reads. Otherwise it waits behind
-// every request queued before it, and until no other holder is left. Its
-// other errors are RLock's.
+// Lock blocks until the write is held for this call, ctx ends or the
+// Client is closed: behind every request queued before it, and until no
+// other holder is left, the value's own readers included. When ctx
+// carries rw's write, it adds a level to it at once; when it carries a
+// read of rw, Lock returns ErrUpgrade at once. Its other errors are
+// RLock's.
 func (rw *RWMutex) Lock(ctx context.Context) error {
 	_, err := rw.observed(ctx, OpLock, true, true)
 	return err
 }
 
 // TryLock makes one attempt to take the write and never waits or queues:
-// it reports whether rw holds the write now. It returns ErrUpgrade when rw
-// holds only reads.
+// it reports whether the write is held for this call now (false while
+// anyone else holds or waits, another goroutine of rw included). ctx is
+// treated as Lock treats it.
 func (rw *RWMutex) TryLock(ctx context.Context) (bool, error) {
 	return rw.observed(ctx, OpTryLock, true, false)
 }
 
-// RUnlock gives back a read level. When it was rw's last level, the
-// read's permit is released in Redis, which grants the writer at the head
-// of the queue if nobody else reads. It returns ErrNotHeld when rw holds
-// no read, and ErrLockLost when rw's hold was lost (the level is dropped
-// all the same). The release is sent and confirmed as a Semaphore's
-// Release.
+// RUnlock gives back a level of a read: of the read that ctx carries, or
+// else of one of rw's reads (one that was lost first, so that the Unlock
+// owed to it is paid before any other). At the read's last level its
+// permit is released in Redis, which grants the writer at the head of the
+// queue if nobody else reads. It returns ErrNotHeld when rw holds no read,
+// and ErrLockLost when the read was lost. The release is sent and
+// confirmed as a Semaphore's Release. Given a ctx of rw's write, it gives
+// back a level of the write, as Unlock does.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	return rw.observedRelease(ctx, OpRUnlock, false)
 }
 
-// Unlock gives back a write level. At rw's last write level the write
-// ends: the lock goes to the head of the queue, a writer or the run of
-// readers there, in the same script; when rw still holds read levels it
-// keeps one read (a downgrade). It returns ErrNotHeld when rw holds no
-// write; its other errors are RUnlock's.
+// Unlock gives back a level of rw's write: of the write that ctx carries,
+// or else of rw's write, whichever goroutine took it. At its last level
+// the write ends: the lock goes to the head of the queue, a writer or the
+// run of readers there, in the same script. It returns ErrNotHeld when rw
+// holds no write; its other errors are RUnlock's.
 func (rw *RWMutex) Unlock(ctx context.Context) error {
 	return rw.observedRelease(ctx, OpUnlock, true)
+}
+
+// Do takes the write, runs fn with a context of it (see HoldContext), and
+// releases it, even when fn fails or panics: it returns fn's error joined
+// with Unlock's. When ctx carries rw's write, Do re-enters it. When Lock
+// fails, fn does not run and Do returns Lock's error.
+func (rw *RWMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	return rw.do(ctx, true, fn)
+}
+
+// RDo takes a read, runs fn with a context of it (cancelled when the read
+// is lost, with cause ErrLockLost; an RLock with it re-enters the read),
+// and releases it, even when fn fails or panics: it returns fn's error
+// joined with RUnlock's. When RLock fails, fn does not run and RDo returns
+// RLock's error.
+func (rw *RWMutex) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
+	return rw.do(ctx, false, fn)
 }
 
 // Token returns the fencing token of rw's write while it holds one, and 0
 // otherwise: a read has no token.
 func (rw *RWMutex) Token() int64 {
-	rw.mu.Lock()
-	w := rw.writes
-	rw.mu.Unlock()
-	if w == 0 {
-		return 0
+	if w := rw.current(); w != nil {
+		return w.s.token()
 	}
-	return rw.s.token()
+	return 0
 }
 
-// Lost returns a channel that is closed when rw's hold, read or write, is
-// lost: its lease could not be renewed in time, it was removed behind rw's
-// back, its fixed lease ran out, or the Client was closed. Releasing it
-// normally does not close it; a downgrade keeps it. When rw holds nothing,
-// Lost returns nil (a channel that never delivers).
-func (rw *RWMutex) Lost() <-chan struct{} { return rw.s.Lost() }
+// Lost returns a channel that is closed when rw's write is lost: its lease
+// could not be renewed in time, it was removed behind rw's back, its fixed
+// lease ran out, or the Client was closed. Releasing it normally does not
+// close it. When rw holds no write, Lost returns nil (a channel that never
+// delivers). A read's loss cancels RDo's context.
+func (rw *RWMutex) Lost() <-chan struct{} {
+	if w := rw.current(); w != nil {
+		return w.s.Lost()
+	}
+	return nil
+}
 
 // HoldContext returns a context, derived from parent, that is cancelled
-// the moment rw's hold ends (a downgrade does not end it): context.Cause
-// says ErrLockLost when it was lost, ErrReleased when rw gave back its
-// last level. When rw holds nothing it is cancelled already, with cause
-// ErrNotHeld. Call the CancelFunc when the work is done.
+// the moment rw's write ends: context.Cause says ErrLockLost when it was
+// lost, ErrReleased when it was released. When rw holds no write it is
+// cancelled already, with cause ErrNotHeld. It carries the write: a Lock
+// or RLock with it re-enters it. Call the CancelFunc when the work is
+// done.
 func (rw *RWMutex) HoldContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return rw.s.HoldContext(parent)
+	w := rw.current()
+	if w == nil {
+		ctx, cancel := context.WithCancelCause(parent)
+		cancel(ErrNotHeld)
+		return ctx, func() {}
+	}
+	return rw.context(parent, w)
 }
 
 // Name returns the name of the lock.
-func (rw *RWMutex) Name() string { return rw.s.name }
+func (rw *RWMutex) Name() string { return rw.name }
 
-// observed runs acquire, told to the Client's Observer if it has one.
+// rwHoldKey is the key under which a context carries a hold of the RWMutex rw.
+type rwHoldKey struct{ rw *RWMutex }
+
+// heldIn returns the hold of rw that ctx carries, or nil.
+func (rw *RWMutex) heldIn(ctx context.Context) *rwHold {
+	h, _ := ctx.Value(rwHoldKey{rw}).(*rwHold)
+	return h
+}
+
+// context returns a context of h, derived from parent, that carries it.
+func (rw *RWMutex) context(parent context.Context, h *rwHold) (context.Context, context.CancelFunc) {
+	return h.s.HoldContext(context.WithValue(parent, rwHoldKey{rw}, h))
+}
+
+// current returns rw's write, or nil.
+func (rw *RWMutex) current() *rwHold {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return rw.write
+}
+
+// observed runs take, told to the Client's Observer if it has one.
 func (rw *RWMutex) observed(ctx context.Context, op Op, write, wait bool) (bool, error) {
-	return observedTry(rw.s.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
-		return rw.acquire(ctx, op, write, wait)
+	return observedTry(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
+		h, err := rw.take(ctx, op, write, wait)
+		return h != nil, err
 	}, rw.Token)
 }
 
 // observedRelease runs release, told to the Client's Observer if it has
 // one.
 func (rw *RWMutex) observedRelease(ctx context.Context, op Op, write bool) error {
-	return observed(rw.s.c.obs, ctx, rw.call(op), func(ctx context.Context) error { return rw.release(ctx, op, write) }, nil)
+	return observed(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) error { return rw.release(ctx, op, write) }, nil)
 }
 
 // call describes a call op of rw to an Observer.
 func (rw *RWMutex) call(op Op) Call {
-	return Call{Op: op, Primitive: PrimitiveRWMutex, Name: rw.s.name}
+	return Call{Op: op, Primitive: PrimitiveRWMutex, Name: rw.name}
 }
 
-// acquire takes a level, a write or a read, waiting for it or not.
-func (rw *RWMutex) acquire(ctx context.Context, op Op, write, wait bool) (bool, error) {
-	if err := cmp.Or(rw.s.err, rw.s.c.usable(), ctx.Err()); err != nil {
-		return false, rw.wrap(op, err)
+// do takes a hold, a write or a read, runs fn with a context of it, and
+// gives it back, even when fn fails or panics.
+func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Context) error) (err error) {
+	op, release := OpRLock, OpRUnlock
+	if write {
+		op, release = OpLock, OpUnlock
 	}
-	if ok, err := rw.reenter(write); ok || err != nil {
-		return ok, rw.wrap(op, err)
+	var h *rwHold
+	_, err = observedTry(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
+		var err error
+		h, err = rw.take(ctx, op, write, true)
+		return h != nil, err
+	}, rw.Token)
+	if err != nil {
+		return err
 	}
-	if wait {
-		if err := rw.turn.take(ctx, rw.s.c.ctx.Done()); err != nil {
-			return false, rw.wrap(op, err)
-		}
-	} else if !rw.turn.try() {
-		return false, nil // a call of rw taking its first level is ahead
+	hctx, cancel := rw.context(ctx, h)
+	defer func() {
+		cancel()
+		err = errors.Join(err, rw.observedRelease(context.WithValue(ctx, rwHoldKey{rw}, h), release, write))
+	}()
+	return fn(hctx)
+}
+
+// take takes a level, a write or a read, waiting for it or not (wait), and
+// returns the hold it took or re-entered; nil and no error when a try
+// found the lock taken.
+func (rw *RWMutex) take(ctx context.Context, op Op, write, wait bool) (*rwHold, error) {
+	if h := rw.heldIn(ctx); h != nil {
+		return rw.reenter(op, h, write)
 	}
-	defer rw.turn.give()
-	// Another call of rw may have taken a level while this one waited.
-	if ok, err := rw.reenter(write); ok || err != nil {
-		return ok, rw.wrap(op, err)
+	if err := cmp.Or(rw.err, rw.c.usable(), ctx.Err()); err != nil {
+		return nil, rw.wrap(op, err)
 	}
 	n := int64(1)
 	if write {
-		n = rw.s.size
+		n = schema.RWMutexSize
 	}
-	ok, err := true, error(nil)
-	if wait {
-		err = rw.s.acquire(ctx, n)
-	} else {
-		ok, err = rw.s.tryAcquire(ctx, n)
+	for {
+		s := rw.c.newSemaphore(rw.name, schema.RWMutexSize, rw.cfg, PrimitiveRWMutex, rw.keys)
+		s.fence = true
+		ok, err := true, error(nil)
+		if wait {
+			err = s.acquire(ctx, n)
+		} else {
+			ok, err = s.tryAcquire(ctx, n)
+		}
+		if err != nil || !ok {
+			return nil, rw.wrap(op, unwrapOp(err))
+		}
+		h := &rwHold{s: s, write: write, levels: 1}
+		err = rw.claim(ctx, h, wait)
+		if err == nil {
+			return h, nil
+		}
+		// Not the value's: give it back (and, when it was lost while it
+		// waited, take the lock anew).
+		_ = s.releaseN(context.WithoutCancel(ctx), n)
+		switch {
+		case errors.Is(err, errBusy):
+			return nil, nil
+		case !errors.Is(err, ErrLockLost) || !wait:
+			return nil, rw.wrap(op, err)
+		}
 	}
-	if err != nil || !ok {
-		return false, rw.wrap(op, err)
-	}
-	rw.mu.Lock()
-	if write {
-		rw.writes = 1
-	} else {
-		rw.reads = 1
-	}
-	rw.mu.Unlock()
-	return true, nil
 }
 
-// reenter adds a level to rw's hold when it has one that allows it. It
-// reports whether it did, and fails with ErrUpgrade for a write while rw
-// holds only reads, and with ErrLockLost when the hold was lost.
-func (rw *RWMutex) reenter(write bool) (bool, error) {
+// claim makes h, just taken in Redis, one of rw's holds. A write waits
+// until rw has no other hold, a read until rw has no write: the holds of
+// rw found there were lost (Redis granted h), and their goroutines may
+// still be at work until their Unlock. It fails, not waiting, with
+// errBusy; when h is lost while it waits, with ErrLockLost.
+func (rw *RWMutex) claim(ctx context.Context, h *rwHold, wait bool) error {
+	for {
+		rw.mu.Lock()
+		if rw.write == nil && (!h.write || len(rw.reads) == 0) {
+			if h.write {
+				rw.write = h
+			} else {
+				rw.reads = append(rw.reads, h)
+			}
+			rw.mu.Unlock()
+			return nil
+		}
+		changed := rw.changed
+		rw.mu.Unlock()
+		if !wait {
+			return errBusy
+		}
+		select {
+		case <-changed:
+		case <-h.s.Lost():
+			return ErrLockLost
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-rw.c.ctx.Done():
+			return ErrClosed
+		}
+	}
+}
+
+// reenter adds a level to h, a hold of rw that a call's ctx carries, for a call
+// that takes a write (write) or a read. A write asked for under a read is
+// an upgrade: ErrUpgrade.
+func (rw *RWMutex) reenter(op Op, h *rwHold, write bool) (*rwHold, error) {
+	if write && !h.write {
+		return nil, rw.wrap(op, ErrUpgrade)
+	}
+	if err := cmp.Or(rw.err, rw.c.usable()); err != nil {
+		return nil, rw.wrap(op, err)
+	}
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	switch {
-	case rw.reads == 0 && rw.writes == 0:
-		return false, nil
-	case write && rw.writes == 0:
-		return false, ErrUpgrade
-	case rw.lost():
-		return false, ErrLockLost
-	case write:
-		rw.writes++
-	default:
-		rw.reads++
+	if !rw.holds(h) {
+		return nil, rw.wrap(op, ErrReleased)
 	}
-	return true, nil
+	select {
+	case <-h.s.Lost():
+		return nil, rw.wrap(op, ErrLockLost)
+	default:
+	}
+	h.levels++
+	return h, nil
 }
 
-// release gives back a level, a write or a read, and in Redis the permits
-// that rw holds no more: all of them at its last level, all but one
-// at the end of a write while reads remain.
+// holds reports whether h is one of rw's holds. rw.mu must be held.
+func (rw *RWMutex) holds(h *rwHold) bool {
+	return rw.write == h || slices.Contains(rw.reads, h)
+}
+
+// release gives back a level of a hold: the hold ctx carries, or rw's
+// write (write), or one of its reads, lost ones first. At its last level
+// the hold's permits are released in Redis.
 func (rw *RWMutex) release(ctx context.Context, op Op, write bool) error {
-	if rw.s.err != nil {
-		return rw.wrap(op, rw.s.err)
+	if rw.err != nil {
+		return rw.wrap(op, rw.err)
 	}
 	rw.mu.Lock()
-	var n int64 // the permits to give back
+	h := rw.heldIn(ctx)
 	switch {
-	case write && rw.writes == 0, !write && rw.reads == 0:
-		rw.mu.Unlock()
-		return rw.wrap(op, ErrNotHeld)
-	case write:
-		if rw.writes--; rw.writes == 0 {
-			n = rw.s.size
-			if rw.reads > 0 {
-				n-- // a downgrade: one read stays
+	case h != nil && !rw.holds(h):
+		h = nil // released already
+	case h == nil && write:
+		h = rw.write
+	case h == nil && len(rw.reads) > 0:
+		h = rw.reads[len(rw.reads)-1]
+		for _, r := range rw.reads {
+			if isClosed(r.s.Lost()) {
+				h = r
+				break
 			}
 		}
-	default:
-		if rw.reads--; rw.reads == 0 && rw.writes == 0 {
-			n = 1
-		}
 	}
-	lost := n == 0 && rw.lost()
-	rw.mu.Unlock()
-	switch {
-	case lost:
-		return rw.wrap(op, ErrLockLost)
-	case n == 0:
+	if h == nil || (write && !h.write) {
+		rw.mu.Unlock()
+		return rw.wrap(op, ErrNotHeld)
+	}
+	if h.levels--; h.levels > 0 {
+		rw.mu.Unlock()
+		if isClosed(h.s.Lost()) {
+			return rw.wrap(op, ErrLockLost)
+		}
 		return nil
 	}
-	return rw.wrap(op, rw.s.releaseN(ctx, n))
+	if h.write {
+		rw.write = nil
+	} else {
+		rw.reads = slices.DeleteFunc(rw.reads, func(r *rwHold) bool { return r == h })
+	}
+	close(rw.changed)
+	rw.changed = make(chan struct{})
+	rw.mu.Unlock()
+	n := int64(1)
+	if h.write {
+		n = schema.RWMutexSize
+	}
+	return rw.wrap(op, unwrapOp(h.s.releaseN(ctx, n)))
 }
 
-// lost reports whether rw's hold was lost (or dropped).
-func (rw *RWMutex) lost() bool {
-	rw.s.mu.Lock()
-	defer rw.s.mu.Unlock()
-	return rw.s.cur == nil || rw.s.cur.isLost
+// isClosed reports whether c is closed.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
-// wrap adds the operation and the lock's name to err, in place of the
-// semaphore's operation that failed under it.
+// unwrapOp returns what an opError wraps, or err.
+func unwrapOp(err error) error {
+	if oe, ok := err.(*opError); ok {
+		return oe.err
+	}
+	return err
+}
+
+// wrap adds the operation and the lock's name to err.
 func (rw *RWMutex) wrap(op Op, err error) error {
 	if err == nil {
 		return nil
 	}
-	if oe, ok := err.(*opError); ok {
-		err = oe.err
-	}
-	return wrapOp(string(op), rw.s.name, err)
+	return wrapOp(string(op), rw.name, err)
 }
 
 // RWMutexWrite is the number of permits a write holds, or waits for, in

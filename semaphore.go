@@ -360,7 +360,7 @@ func (s *Semaphore) HoldContext(parent context.Context) (context.Context, contex
 func (s *Semaphore) Do(ctx context.Context, n int64, fn func(ctx context.Context) error) error {
 	acquire := func(ctx context.Context) error { return s.Acquire(ctx, n) }
 	release := func(ctx context.Context) error { return s.Release(ctx, n) }
-	return s.do(ctx, acquire, release, fn)
+	return do(ctx, &s.holds, &s.mu, acquire, release, fn)
 }
 
 // Size returns the number of permits of the semaphore.

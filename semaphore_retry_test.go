@@ -552,17 +552,7 @@ func (h *failRetry) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func isClosed(ch <-chan struct{}) bool {
-	if ch == nil {
-		return false
-	}
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
+
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 

@@ -3,7 +3,6 @@ package redisync
 import (
 	"cmp"
 	"context"
-	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -29,10 +28,6 @@ type contender interface {
 	// adopt takes what a message addressed to the call handed to it. It
 	// reports false when the call must attempt again.
 	adopt(ctx context.Context, grant string) (bool, error)
-	// changed returns a channel closed when the call must look again for
-	// a reason of its own process (nil: never). It is read before the
-	// attempt whose outcome the sleep that follows rests on.
-	changed() <-chan struct{}
 	// address returns the call's address in grant messages; it may
 	// change after an attempt.
 	address() string
@@ -65,7 +60,7 @@ type post struct {
 func block(ctx context.Context, posts []post, x contender) (err error) {
 	var ws *waitSet // registered on every post
 	defer func() {
-		if err != nil && !errors.Is(err, errHeld) {
+		if err != nil {
 			// Once ctx's deadline has passed, the call fails with it,
 			// whatever else failed in between (see ended).
 			err = cmp.Or(ended(ctx), err)
@@ -82,7 +77,6 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 	waiting := false // an attempt found the primitive taken
 	backoff := time.Duration(0)
 	for {
-		changed := x.changed()
 		done, sleep, err := x.attempt(ctx)
 		switch {
 		case err != nil && waiting && ended(ctx) == nil && x.outlasts(err):
@@ -111,7 +105,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 		}
 		ws.retarget(x.address())
 		x.sleeping(ws)
-		grant, err := ws.wait(ctx, sleep, changed)
+		grant, err := ws.wait(ctx, sleep)
 		if err != nil {
 			return err
 		}

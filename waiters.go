@@ -429,12 +429,12 @@ func (s *waitSet) ringLocked() {
 	}
 }
 
-// wait sleeps until a member is signalled, d has passed, changed is
-// closed, ctx ends or a registry of the set is closed (ErrClosed); while a
+// wait sleeps until a member is signalled, d has passed, ctx ends or a
+// registry of the set is closed (ErrClosed); while a
 // member's channel is not confirmed, it sleeps at most deafPoll. It
 // consumes every signal received, and returns the grant that came with
 // one, if any.
-func (s *waitSet) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) (string, error) {
+func (s *waitSet) wait(ctx context.Context, d time.Duration) (string, error) {
 	s.mu.Lock()
 	bell := s.bell
 	s.mu.Unlock()
@@ -449,7 +449,6 @@ func (s *waitSet) wait(ctx context.Context, d time.Duration, changed <-chan stru
 		select {
 		case <-bell:
 		case <-t.C:
-		case <-changed:
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}

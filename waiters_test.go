@@ -34,7 +34,7 @@ func fired(ws *waitSet) bool {
 func waitAsync(ws *waitSet, ctx context.Context, d time.Duration) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		_, err := ws.wait(ctx, d, nil)
+		_, err := ws.wait(ctx, d)
 		done <- err
 	}()
 	return done
@@ -53,7 +53,7 @@ func TestRegistryPlainMessageWakesOneWaiterInOrder(t *testing.T) {
 	if !fired(b) || fired(c) {
 		t.Fatalf("after two messages: fired b %v c %v, want b only", fired(b), fired(c))
 	}
-	if g, err := a.wait(ctx, time.Hour, nil); g != "" || err != nil {
+	if g, err := a.wait(ctx, time.Hour); g != "" || err != nil {
 		t.Fatalf("a's wait: %q, %v; want no grant, nil", g, err)
 	}
 	if fired(a) {
@@ -72,20 +72,20 @@ func TestRegistryGrantGoesToItsTicket(t *testing.T) {
 	if fired(a) || !fired(b) {
 		t.Fatalf("fired a %v b %v, want b only", fired(a), fired(b))
 	}
-	if g, err := b.wait(ctx, time.Hour, nil); g != "t2:7" || err != nil {
+	if g, err := b.wait(ctx, time.Hour); g != "t2:7" || err != nil {
 		t.Fatalf("b's wait: %q, %v; want t2:7", g, err)
 	}
 	// A call that changes its address gets the grants sent to the new one.
 	a.retarget("t3")
 	r.deliver("ch", "t1:8 t3:9")
-	if g, _ := a.wait(ctx, 0, nil); g != "t3:9" {
+	if g, _ := a.wait(ctx, 0); g != "t3:9" {
 		t.Fatalf("a's grant after retarget: %q, want t3:9", g)
 	}
 	// A later plain signal keeps the grant that came first.
 	r.deliver("ch", "t1:10")
 	r.deliver("ch", "t2:11")
 	b.nudge()
-	if g, _ := b.wait(ctx, 0, nil); g != "t2:11" {
+	if g, _ := b.wait(ctx, 0); g != "t2:11" {
 		t.Fatalf("b's grant after a nudge: %q, want t2:11", g)
 	}
 }
@@ -98,7 +98,7 @@ func TestRegistryLeavePassesOnUnusedWakeups(t *testing.T) {
 		if got := fired(next); got != want {
 			t.Fatalf("%s: next waiter signalled %v, want %v", what, got, want)
 		}
-		_, _ = next.wait(ctx, 0, nil)
+		_, _ = next.wait(ctx, 0)
 	}
 	// The first waiters registered are signalled first: register the
 	// leaver ahead of next for each case.
@@ -117,19 +117,19 @@ func TestRegistryLeavePassesOnUnusedWakeups(t *testing.T) {
 
 	ws = lead()
 	r.deliver("ch", "")
-	_, _ = ws.wait(ctx, 0, nil)
+	_, _ = ws.wait(ctx, 0)
 	ws.leave(true)
 	check("a signal consumed and not used, leaving after a failure", true)
 
 	ws = lead()
 	r.deliver("ch", "")
-	_, _ = ws.wait(ctx, 0, nil)
+	_, _ = ws.wait(ctx, 0)
 	ws.leave(false)
 	check("a signal consumed, leaving after a success", false)
 
 	ws = lead()
 	r.deliver("ch", "")
-	_, _ = ws.wait(ctx, 0, nil)
+	_, _ = ws.wait(ctx, 0)
 	ws.used()
 	ws.leave(true)
 	check("a signal used by an attempt", false)
@@ -161,8 +161,8 @@ func TestRegistryConfirmation(t *testing.T) {
 	if !fired(a) || !fired(b) {
 		t.Fatal("the confirmation did not wake every waiter of a channel a waiter went on without")
 	}
-	_, _ = a.wait(ctx, 0, nil)
-	_, _ = b.wait(ctx, 0, nil)
+	_, _ = a.wait(ctx, 0)
+	_, _ = b.wait(ctx, 0)
 	if ws := newWaitSet(); r.addConfirmed(ws, "ch", "c", true) == nil {
 		t.Fatal("addConfirmed did not register on a confirmed channel")
 	}
@@ -173,8 +173,8 @@ func TestRegistryConfirmation(t *testing.T) {
 	if !fired(a) || !fired(b) {
 		t.Fatal("a second confirmation did not wake every waiter")
 	}
-	_, _ = a.wait(ctx, 0, nil)
-	_, _ = b.wait(ctx, 0, nil)
+	_, _ = a.wait(ctx, 0)
+	_, _ = b.wait(ctx, 0)
 
 	// A lapse makes the channel unconfirmed until confirmed anew, which
 	// wakes every waiter.
@@ -213,17 +213,6 @@ func TestWaitSetBounds(t *testing.T) {
 	cancel()
 	if err := result(t, done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("wait with its ctx cancelled: %v, want context.Canceled", err)
-	}
-
-	changed := make(chan struct{})
-	ended := make(chan error, 1)
-	go func() {
-		_, err := ws.wait(ctx, time.Hour, changed)
-		ended <- err
-	}()
-	close(changed)
-	if err := result(t, ended); err != nil {
-		t.Fatalf("wait ended by changed: %v", err)
 	}
 
 	done = waitAsync(ws, ctx, time.Hour)
