@@ -167,7 +167,7 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 	if s.cfg.maxHold > 0 {
 		e.until = since.Add(s.cfg.maxHold)
 	}
-	err := s.holds.take(ctx, h, e, since, lease)
+	err := s.holds.take(ctx, h, e, since, lease, false)
 	if err == nil {
 		a.left()
 		return true, 0, nil

@@ -98,6 +98,8 @@ func (c *Client) NewElection(name string, opts ...ElectionOption) *Election {
 // Campaign blocks until this call leads the election with value, ctx
 // ends or the Client is closed. When ctx carries e's leadership (from
 // HoldContext), it changes the leader's value instead, as Proclaim does.
+// When e's leadership was lost, Campaign forgets it (its Resign is not
+// owed any more): a candidate that lost campaigns again.
 // Candidates are served in the order they arrived, across all processes:
 // Campaign waits as a fair Mutex's Lock does, woken by a message, not by
 // polling, and leaves nothing behind when ctx ends first. A value is at
@@ -128,6 +130,16 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
 	if err != nil {
 		return wrapOp("campaign", e.name, err)
+	}
+	m.mu.Lock()
+	h := m.cur
+	lost := h != nil && h.isLost
+	if lost {
+		m.forgetLocked(h)
+	}
+	m.mu.Unlock()
+	if lost {
+		m.releaseLost(ctx, h) // if Redis has it still
 	}
 	defer leave()
 	ctx, stop := marked(ctx)

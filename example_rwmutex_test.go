@@ -44,26 +44,23 @@ func ExampleRWMutex() {
 	fmt.Println("writer beside readers:", ok)
 	_ = r1.RUnlock(ctx)
 	_ = r2.RUnlock(ctx)
-	if err := w.Lock(ctx); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("the write has a fencing token:", w.Token() > 0)
 
-	// The writer may read too, and downgrade: Unlock ends the write and
-	// keeps the read, so other readers come in but no writer.
-	_ = w.RLock(ctx)
-	_ = w.Unlock(ctx)
-	ok, _ = r1.TryRLock(ctx)
-	fmt.Println("a reader beside the downgraded writer:", ok)
-	_ = r1.RUnlock(ctx)
+	// The write has a fencing token, and reads too, through its context.
+	_ = w.Do(ctx, func(ctx context.Context) error {
+		fmt.Println("the write has a fencing token:", w.Token() > 0)
+		fmt.Println("a read under the write:", w.RLock(ctx) == nil)
+		return w.RUnlock(ctx)
+	})
 
-	// A read is never upgraded to a write: that could deadlock.
-	fmt.Println(errors.Is(w.Lock(ctx), redisync.ErrUpgrade))
-	_ = w.RUnlock(ctx)
+	// A read's context refuses a write: an upgrade could deadlock.
+	_ = r1.RDo(ctx, func(ctx context.Context) error {
+		fmt.Println(errors.Is(r1.Lock(ctx), redisync.ErrUpgrade))
+		return nil
+	})
 	// Output:
 	// two readers at once: true
 	// writer beside readers: false
 	// the write has a fencing token: true
-	// a reader beside the downgraded writer: true
+	// a read under the write: true
 	// true
 }

@@ -105,7 +105,9 @@ func TestMutexExtendFixedLease(t *testing.T) {
 	}
 
 	// Re-entering does not re-arm the extended lease, nor cut it.
-	if err := m.Lock(ctx); err != nil {
+	hctx, cancel := m.HoldContext(ctx)
+	defer cancel()
+	if err := m.Lock(hctx); err != nil {
 		t.Fatal(err)
 	}
 	if ttl := mr.TTL(key); ttl != 5*time.Second {

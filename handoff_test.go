@@ -25,7 +25,9 @@ func TestMutexHandoff(t *testing.T) {
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Lock(ctx); err != nil { // re-entered: the whole hold goes
+	hctx, cancel := a.HoldContext(ctx)
+	defer cancel()
+	if err := a.Lock(hctx); err != nil { // re-entered: the whole hold goes
 		t.Fatal(err)
 	}
 	lost, token := a.Lost(), a.Token()

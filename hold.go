@@ -73,12 +73,13 @@ func newHolds(c *Client, prim Primitive, name string) holds {
 
 // take makes h the value's hold; its lease of length lease was set in
 // Redis no earlier than since. e, its watchdog entry, is registered at
-// once, so that h is renewed while it waits for the value's hold before it
-// (lost, and not released yet) to be released. It fails, having left h
-// unregistered, with errExpired when the lease may have run out already
-// (or h was lost while it waited), ctx's error when ctx ends first, and
-// ErrClosed when the Client is closed: the caller then gives h back.
-func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time, lease time.Duration) error {
+// once, so that h is renewed while it waits (wait) for the value's hold
+// before it (lost, and not released yet) to be released. It fails, having
+// left h unregistered, with errExpired when the lease may have run out
+// already (or h was lost while it waited), errBusy when it would wait and
+// may not, ctx's error when ctx ends first, and ErrClosed when the Client
+// is closed: the caller then gives h back.
+func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time, lease time.Duration, wait bool) error {
 	if !time.Now().Before(since.Add(lease - drift(lease))) {
 		return errExpired
 	}
@@ -103,6 +104,10 @@ func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time
 		}
 		free := s.free
 		s.mu.Unlock()
+		if !wait {
+			s.c.wd.remove(e)
+			return errBusy
+		}
 		select {
 		case <-free:
 		case <-h.lost:

@@ -3,8 +3,8 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,11 +28,11 @@ func TestMutexHoldContext(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
 	hctx, cancel = m.HoldContext(ctx)
 	defer cancel()
+	if err := m.Lock(hctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,10 @@ func TestMutexHoldContext(t *testing.T) {
 	}
 
 	// The parent's end ends it too.
-	if err := m.Lock(ctx); err != nil { // takes the lock anew (point 7)
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) { // the lost hold's
+		t.Fatalf("Unlock of the lost hold: %v, want ErrLockLost", err)
+	}
+	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	parent, stop := context.WithCancel(ctx)
@@ -200,17 +203,12 @@ func (o *hookObserver) CallEnd(_ context.Context, c Call) {
 
 func (o *hookObserver) Event(Event) {}
 
-// Review 10, finding 2. Do runs fn under, and then unlocks, the value's
-// hold as it finds it after Lock returned, not the hold its Lock took. If
-// that hold is lost and another goroutine of the value takes the lock anew
-// in between (Lock takes a lost hold's lock anew), Do unlocks the other
-// goroutine's hold, and reports success for work done without its own
-// hold. hold.go's do promises: "When the value's hold is not the one
-// acquire took any more (it was lost, and another goroutine of the value
-// took the lock anew ...), it is not released". The window is made
-// deterministic by an Observer's CallEnd, which runs in Do's goroutine
-// after its Lock took the hold.
-func TestRedMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
+// Do's hold is lost between its Lock and fn (an Observer's CallEnd runs in
+// Do's goroutine after its Lock took the hold), and another goroutine of
+// the value locks meanwhile: that Lock is granted a quorum, but returns
+// only once Do, whose fn runs under the lost hold's cancelled context,
+// has given the lost hold back (ErrLockLost), and Do never releases it.
+func TestRedMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	obs := &hookObserver{}
 	r := newRedlock(t, rdbs, WithObserver(obs), WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
@@ -218,7 +216,7 @@ func TestRedMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
 	key := "redisync:lock:{l}"
 
 	var fired atomic.Bool
-	var other int64 // the token of the hold the other goroutine took
+	other := make(chan error, 1) // the other goroutine's Lock
 	obs.onEnd = func(c Call) {
 		if c.Op != OpLock || c.Err != nil || !fired.CompareAndSwap(false, true) {
 			return
@@ -234,39 +232,30 @@ func TestRedMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
 			t.Error("the hold was not lost")
 			return
 		}
-		// ... and another goroutine of the value takes the lock anew.
-		errc := make(chan error, 1)
-		go func() { errc <- m.Lock(ctx) }()
-		if err := <-errc; err != nil {
-			t.Errorf("the other goroutine's Lock: %v", err)
-			return
-		}
-		other = m.Token()
+		// ... and another goroutine of the value locks.
+		go func() { other <- m.Lock(ctx) }()
 	}
 
-	ranUnder := int64(0)
-	err := m.Do(ctx, func(context.Context) error {
-		ranUnder = m.Token()
+	var hctxErr error
+	err := m.Do(ctx, func(hctx context.Context) error {
+		hctxErr = hctx.Err()
+		select {
+		case err := <-other:
+			return fmt.Errorf("the other goroutine's Lock returned (%v) while Do's lost hold was not given back", err)
+		case <-time.After(100 * time.Millisecond):
+		}
 		return nil
 	})
-	if !fired.Load() || other == 0 {
-		t.Fatal("the other goroutine took no hold")
+	if !fired.Load() {
+		t.Fatal("the hook did not run")
 	}
-	if !errors.Is(err, ErrLockLost) {
-		t.Errorf("Do whose hold was lost before fn ran: %v, want ErrLockLost", err)
+	if !errors.Is(err, ErrLockLost) || hctxErr == nil {
+		t.Fatalf("Do whose hold was lost before fn ran: %v (fn's context: %v), want ErrLockLost and a cancelled context", err, hctxErr)
 	}
-	if ranUnder == other {
-		t.Errorf("fn ran under the other goroutine's hold (token %d)", other)
+	if err := <-other; err != nil {
+		t.Fatalf("the other goroutine's Lock: %v", err)
 	}
-	if m.Lost() == nil || m.Token() != other {
-		t.Errorf("Do unlocked the hold another goroutine took (token %d); m now holds token %d", other, m.Token())
-	}
-	// The other goroutine's hold is on the nodes its round took: a
-	// quorum, not every node (node 2's old hold may still have been on
-	// its way out then: see RedMutex.idle).
-	m.mu.Lock()
-	member := slices.Clone(m.member)
-	m.mu.Unlock()
+	member := redMembers(m)
 	n := 0
 	for i, mr := range mrs {
 		if !member[i] {
@@ -280,18 +269,20 @@ func TestRedMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
 	if n < 2 {
 		t.Errorf("the other goroutine holds %d nodes, want a quorum", n)
 	}
-	_ = m.Unlock(ctx)
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
-// Review 10, finding 2, on a Mutex (the same do in hold.go).
-func TestMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
+// TestRedMutexDoSparesAnotherGoroutinesHold, on a Mutex.
+func TestMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	obs := &hookObserver{}
 	c := newClient(t, rdb, WithObserver(obs))
 	m := c.NewMutex("job")
 
 	var fired atomic.Bool
-	var other int64
+	other := make(chan error, 1)
 	obs.onEnd = func(call Call) {
 		if call.Op != OpLock || call.Err != nil || !fired.CompareAndSwap(false, true) {
 			return
@@ -300,25 +291,31 @@ func TestMutexDoUnlocksAnotherGoroutinesHold(t *testing.T) {
 		if _, err := m.TTL(ctx); !errors.Is(err, ErrLockLost) { // finds it gone: lost
 			t.Errorf("TTL of a deleted hold: %v", err)
 		}
-		errc := make(chan error, 1)
-		go func() { errc <- m.Lock(ctx) }()
-		if err := <-errc; err != nil {
-			t.Errorf("the other goroutine's Lock: %v", err)
-			return
-		}
-		other = m.Token()
+		go func() { other <- m.Lock(ctx) }()
 	}
-	err := m.Do(ctx, func(context.Context) error { return nil })
-	if !fired.Load() || other == 0 {
-		t.Fatal("the other goroutine took no hold")
+	err := m.Do(ctx, func(context.Context) error {
+		select {
+		case err := <-other:
+			return fmt.Errorf("the other goroutine's Lock returned (%v) while Do's lost hold was not given back", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		return nil
+	})
+	if !fired.Load() {
+		t.Fatal("the hook did not run")
 	}
 	if !errors.Is(err, ErrLockLost) {
-		t.Errorf("Do whose hold was lost before fn ran: %v, want ErrLockLost", err)
+		t.Fatalf("Do whose hold was lost before fn ran: %v, want ErrLockLost", err)
 	}
-	if m.Lost() == nil || m.Token() != other || !mr.Exists("redisync:lock:{job}") {
-		t.Errorf("Do unlocked the hold another goroutine took (token %d); m now holds token %d", other, m.Token())
+	if err := <-other; err != nil {
+		t.Fatalf("the other goroutine's Lock: %v", err)
 	}
-	_ = m.Unlock(ctx)
+	if m.Token() == 0 || !mr.Exists("redisync:lock:{job}") {
+		t.Fatalf("Do released the hold another goroutine took: token %d, key exists %v", m.Token(), mr.Exists("redisync:lock:{job}"))
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // HoldContext says the context is cancelled "the moment" the hold ends
@@ -349,26 +346,31 @@ func TestMutexHoldContextLiveAfterLostCloses(t *testing.T) {
 }
 
 // Do on a value shared by goroutines: fn's hold is lost, and another
-// goroutine's Lock of the value takes the lock anew (point 7: the Unlocks
-// owed to the lost hold are not owed any more). Do's Unlock then releases
-// the other goroutine's new hold: it runs unprotected, and its own Unlock
-// finds nothing.
-func TestMutexDoUnlocksAnotherGoroutinesNewHold(t *testing.T) {
+// goroutine's Lock of the value is granted meanwhile. That Lock returns
+// only once Do gave its lost hold back, and Do's Unlock, owed to the lost
+// hold, does not release the new one.
+func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithWatchdogLease(150*time.Millisecond))
 	m := c.NewMutex("job")
+	done := make(chan error, 1)
 	err := m.Do(ctx, func(hctx context.Context) error {
 		mr.Del("redisync:lock:{job}")
 		<-hctx.Done()
-		done := make(chan error)
 		go func() { done <- m.Lock(ctx) }() // another goroutine of the value
-		if err := <-done; err != nil {
-			t.Error(err)
+		eventually(t, 5*time.Second, "the other Lock granted in Redis", func() bool { return mr.Exists("redisync:lock:{job}") })
+		select {
+		case err := <-done:
+			t.Errorf("the other goroutine's Lock returned (%v) before Do gave the lost hold back", err)
+		case <-time.After(50 * time.Millisecond):
 		}
 		return context.Cause(hctx)
 	})
 	if !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Do: %v, want ErrLockLost", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 	if m.Token() == 0 || !mr.Exists("redisync:lock:{job}") {
 		t.Fatalf("after Do, the other goroutine's Lock (not unlocked yet) holds nothing: token %d, key exists %v", m.Token(), mr.Exists("redisync:lock:{job}"))

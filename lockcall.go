@@ -74,7 +74,9 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 // take makes the hold granted to the ticket m's, its lease of length lease
 // having been set no earlier than since (handoff: it was handed over).
 // When m cannot take it, it is given back (and handed on): if its lease
-// may have run out already, the call goes on waiting.
+// may have run out already, the call goes on waiting; if m has a lost
+// hold not unlocked yet, a call that waits waits for that Unlock, and
+// one that does not (a TryLock) reports the lock not taken.
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
@@ -84,13 +86,16 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	if m.cfg.maxHold > 0 {
 		e.until = since.Add(m.cfg.maxHold)
 	}
-	err := m.take(ctx, h, e, since, lease)
+	err := m.take(ctx, h, e, since, lease, l.waits || l.mode == "accept")
 	if err == nil {
 		l.left()
 		return true, 0, nil
 	}
 	l.withdraw(ctx)
-	if errors.Is(err, errExpired) {
+	switch {
+	case errors.Is(err, errBusy):
+		return false, 0, nil
+	case errors.Is(err, errExpired):
 		// Attempt again at once, under a new ticket: the withdrawal of
 		// this one may still be on its way, and must not meet a hold
 		// taken anew under it.

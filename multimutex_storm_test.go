@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // nameChecker records who is inside each name's critical section: it
@@ -317,14 +318,14 @@ func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- m.Lock(ctx) }()
-	var lost <-chan struct{}
-	eventually(t, 5*time.Second, "the first name taken", func() bool { lost = m.locks[0].Lost(); return lost != nil })
-	first := m.locks[0].Token()
-	select {
-	case <-lost:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the first name's fixed lease did not run out")
+	rdb := redistest.Client(t)
+	k := schema.LockKeys(schema.DefaultPrefix, m.Names()[0])
+	eventually(t, 5*time.Second, "the first name taken", func() bool { return rdb.Exists(ctx, k.Hash).Val() == 1 })
+	first, err := rdb.Get(ctx, k.Token).Int64()
+	if err != nil {
+		t.Fatal(err)
 	}
+	eventually(t, 5*time.Second, "the first name's fixed lease to run out", func() bool { return rdb.Exists(ctx, k.Hash).Val() == 0 })
 	if err := other.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +369,7 @@ func TestMultiMutexLateReplyUndone(t *testing.T) {
 		t.Fatalf("Lock: %v, want its deadline", err)
 	}
 	held := func() bool {
-		n, err := rdb.Exists(ctx, m.locks[0].keys.Hash, m.locks[1].keys.Hash).Result()
+		n, err := rdb.Exists(ctx, m.keys[0].Hash, m.keys[1].Hash).Result()
 		return err != nil || n > 0
 	}
 	eventually(t, 5*time.Second, "the late take to run", held)

@@ -87,8 +87,10 @@ func TestMutexReentrantCountsAndToken(t *testing.T) {
 		t.Fatalf("the hold's count in Redis is %q, want 1", got)
 	}
 	sent := cnt.n.Load()
+	hctx, cancel := m.HoldContext(ctx)
+	defer cancel()
 	for i := 2; i <= 3; i++ {
-		if err := m.Lock(ctx); err != nil {
+		if err := m.Lock(hctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -285,10 +287,10 @@ func TestMutexLostWhenKeyRemoved(t *testing.T) {
 	}
 }
 
-// A value whose hold was lost takes the lock anew on its next Lock, with
-// no Unlock in between (issue 19: a loop that only checks Lock's error is
-// not stuck), and the loss stays visible on the old Lost channel.
-func TestMutexLockAfterLossTakesANewHold(t *testing.T) {
+// TestMutexLostHoldOwesItsUnlocks: a hold lost with two levels is the
+// value's until both Unlocks (each ErrLockLost); then Lock and TryLock
+// take a new hold, with a larger token and a Lost channel of its own.
+func TestMutexLostHoldOwesItsUnlocks(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	// The loss is seen within a third of the lease; the new hold must
 	// outlive the watchdog's pauses on a loaded machine.
@@ -307,9 +309,11 @@ func TestMutexLockAfterLossTakesANewHold(t *testing.T) {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.Lock(ctx); err != nil { // a second level, lost with the hold
+		hctx, cancel := m.HoldContext(ctx)
+		if err := m.Lock(hctx); err != nil { // a second level, lost with the hold
 			t.Fatal(err)
 		}
+		cancel()
 		lost, token := m.Lost(), m.Token()
 		mr.Del("redisync:lock:{again}")
 		select {
@@ -317,16 +321,19 @@ func TestMutexLockAfterLossTakesANewHold(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("Lost not closed after the key was removed")
 		}
+		if ok, err := m.TryLock(ctx); ok || err != nil {
+			t.Fatalf("TryLock while the lost hold's Unlocks are owed: %v, %v; want false", ok, err)
+		}
+		for range 2 {
+			if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+				t.Fatalf("an Unlock owed to the lost hold: %v, want ErrLockLost", err)
+			}
+		}
 		if err := try(); err != nil {
-			t.Fatalf("Lock after the loss, without an Unlock: %v, want a new hold", err)
+			t.Fatalf("Lock once the lost hold was unlocked: %v, want a new hold", err)
 		}
 		if m.Token() <= token || m.Lost() == lost {
 			t.Fatalf("the new hold has token %d (the lost one %d) and the same Lost channel: %v", m.Token(), token, m.Lost() == lost)
-		}
-		select {
-		case <-lost:
-		default:
-			t.Fatal("the lost hold's Lost channel was reopened")
 		}
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock of the new hold: %v", err)

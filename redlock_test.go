@@ -116,6 +116,19 @@ func TestRedlockQuorumSizes(t *testing.T) {
 	}
 }
 
+// redMembers reports, for each node, whether m's hold holds it.
+func redMembers(m *RedMutex) []bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	member := make([]bool, len(m.r.clients))
+	if m.cur != nil {
+		for i, n := range m.cur.parts {
+			member[i] = n != nil
+		}
+	}
+	return member
+}
+
 // lockOnAll takes m with every node in the hold. Under the race detector
 // a node can answer a round too late and be left out of it (its grant is
 // undone), which a test of what each node holds cannot use: it tries
@@ -126,10 +139,7 @@ func lockOnAll(t *testing.T, m *RedMutex) {
 		if err := m.Lock(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		m.mu.Lock()
-		all := !slices.Contains(m.member, false)
-		m.mu.Unlock()
-		if all {
+		if !slices.Contains(redMembers(m), false) {
 			return
 		}
 		if err := m.Unlock(context.Background()); err != nil {
@@ -144,8 +154,13 @@ func TestRedlockLockUnlockReentrant(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	r := newRedlock(t, rdbs)
 	a, b := r.NewMutex("x"), r.NewMutex("x")
-	for range 3 {
-		if err := a.Lock(ctx); err != nil {
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := a.HoldContext(ctx)
+	defer cancel()
+	for range 2 {
+		if err := a.Lock(hctx); err != nil { // re-entered
 			t.Fatal(err)
 		}
 	}
@@ -286,7 +301,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	eventually(t, 5*time.Second, "node 0's hold reported lost", func() bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		return !m.alive[0]
+		return m.cur.alive == 2
 	})
 	select {
 	case <-m.Lost():
@@ -299,9 +314,12 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed after a quorum of node holds was lost")
 	}
-	// A Lock takes the lock anew, without a ritual Unlock (issue 19,
-	// point 7); the old Lost channel stays closed.
+	// The lost hold is the value's until its Unlock; then a Lock takes
+	// the lock anew; the old Lost channel stays closed.
 	lost, token := m.Lost(), m.Token()
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock of the lost hold: %v, want ErrLockLost", err)
+	}
 	if err := m.Lock(ctx); err != nil {
 		t.Fatalf("Lock after the hold was lost: %v", err)
 	}

@@ -66,6 +66,7 @@ type RWMutex struct {
 type rwHold struct {
 	s      *Semaphore
 	write  bool
+	scoped bool  // taken by Do or RDo, which release it by its context
 	levels int64 // guarded by the RWMutex's mu
 }
 
@@ -119,8 +120,8 @@ func (rw *RWMutex) TryLock(ctx context.Context) (bool, error) {
 }
 
 // RUnlock gives back a level of a read: of the read that ctx carries, or
-// else of one of rw's reads (one that was lost first, so that the Unlock
-// owed to it is paid before any other). At the read's last level its
+// else of one of rw's reads taken by RLock or TryRLock (one that was lost
+// first, so that the RUnlock owed to it is paid before any other). At the read's last level its
 // permit is released in Redis, which grants the writer at the head of the
 // queue if nobody else reads. It returns ErrNotHeld when rw holds no read,
 // and ErrLockLost when the read was lost. The release is sent and
@@ -220,7 +221,7 @@ func (rw *RWMutex) current() *rwHold {
 // observed runs take, told to the Client's Observer if it has one.
 func (rw *RWMutex) observed(ctx context.Context, op Op, write, wait bool) (bool, error) {
 	return observedTry(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
-		h, err := rw.take(ctx, op, write, wait)
+		h, err := rw.take(ctx, op, write, wait, false)
 		return h != nil, err
 	}, rw.Token)
 }
@@ -246,7 +247,7 @@ func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Conte
 	var h *rwHold
 	_, err = observedTry(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
 		var err error
-		h, err = rw.take(ctx, op, write, true)
+		h, err = rw.take(ctx, op, write, true, true)
 		return h != nil, err
 	}, rw.Token)
 	if err != nil {
@@ -262,8 +263,8 @@ func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Conte
 
 // take takes a level, a write or a read, waiting for it or not (wait), and
 // returns the hold it took or re-entered; nil and no error when a try
-// found the lock taken.
-func (rw *RWMutex) take(ctx context.Context, op Op, write, wait bool) (*rwHold, error) {
+// found the lock taken. A hold taken for Do or RDo is scoped.
+func (rw *RWMutex) take(ctx context.Context, op Op, write, wait, scoped bool) (*rwHold, error) {
 	if h := rw.heldIn(ctx); h != nil {
 		return rw.reenter(op, h, write)
 	}
@@ -286,7 +287,7 @@ func (rw *RWMutex) take(ctx context.Context, op Op, write, wait bool) (*rwHold, 
 		if err != nil || !ok {
 			return nil, rw.wrap(op, unwrapOp(err))
 		}
-		h := &rwHold{s: s, write: write, levels: 1}
+		h := &rwHold{s: s, write: write, scoped: scoped, levels: 1}
 		err = rw.claim(ctx, h, wait)
 		if err == nil {
 			return h, nil
@@ -380,14 +381,8 @@ func (rw *RWMutex) release(ctx context.Context, op Op, write bool) error {
 		h = nil // released already
 	case h == nil && write:
 		h = rw.write
-	case h == nil && len(rw.reads) > 0:
-		h = rw.reads[len(rw.reads)-1]
-		for _, r := range rw.reads {
-			if isClosed(r.s.Lost()) {
-				h = r
-				break
-			}
-		}
+	case h == nil:
+		h = rw.anyRead()
 	}
 	if h == nil || (write && !h.write) {
 		rw.mu.Unlock()
@@ -413,6 +408,24 @@ func (rw *RWMutex) release(ctx context.Context, op Op, write bool) error {
 		n = schema.RWMutexSize
 	}
 	return rw.wrap(op, unwrapOp(h.s.releaseN(ctx, n)))
+}
+
+// anyRead returns the read an RUnlock without a hold's context releases:
+// one that an RLock or TryRLock took (RDo releases its own), a lost one
+// first, so that the RUnlock owed to it is paid before any other; nil
+// when there is none. rw.mu must be held.
+func (rw *RWMutex) anyRead() *rwHold {
+	var h *rwHold
+	for _, r := range rw.reads {
+		switch {
+		case r.scoped:
+		case isClosed(r.s.Lost()):
+			return r
+		default:
+			h = r
+		}
+	}
+	return h
 }
 
 // isClosed reports whether c is closed.

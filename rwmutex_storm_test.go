@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -26,7 +27,7 @@ func newReal(t *testing.T) *redis.Client { return redistest.Client(t) }
 // was made (or to when its Lost was seen closed), so that it lies inside
 // the hold Redis granted.
 type rwSpan struct {
-	owner      int
+	owner      int // the goroutine
 	write      bool
 	token      int64
 	start, end time.Time
@@ -44,10 +45,9 @@ func (h *rwHistory) add(s rwSpan) {
 	h.mu.Unlock()
 }
 
-// check fails the test when a write overlaps any hold of another owner,
-// or when write tokens do not increase in the order the writes started
-// (writes of one owner that overlap share its token). It returns how many
-// pairs of reads of different owners overlapped.
+// check fails the test when a write overlaps any other hold, or when
+// write tokens do not increase in the order the writes started. It
+// returns how many pairs of reads overlapped.
 func (h *rwHistory) check(t *testing.T) (sharedReads int) {
 	t.Helper()
 	h.mu.Lock()
@@ -55,20 +55,16 @@ func (h *rwHistory) check(t *testing.T) (sharedReads int) {
 	s := slices.Clone(h.spans)
 	slices.SortFunc(s, func(a, b rwSpan) int { return a.start.Compare(b.start) })
 	var lastToken int64
-	lastOwner := -1
 	for i, a := range s {
 		if a.write {
-			if a.token < lastToken || (a.token == lastToken && a.owner != lastOwner) {
-				t.Errorf("write of owner %d started after a write with token %d but has token %d", a.owner, lastToken, a.token)
+			if a.token <= lastToken {
+				t.Errorf("write of goroutine %d started after a write with token %d but has token %d", a.owner, lastToken, a.token)
 			}
-			lastToken, lastOwner = a.token, a.owner
+			lastToken = a.token
 		}
 		for _, b := range s[i+1:] {
 			if !b.start.Before(a.end) {
 				break
-			}
-			if a.owner == b.owner {
-				continue
 			}
 			if a.write || b.write {
 				t.Errorf("overlap: owner %d (write %v, %v..%v) and owner %d (write %v, %v..%v)",
@@ -91,12 +87,13 @@ func stormDeadline(rng *rand.Rand) time.Duration {
 
 // TestRWMutexCancellationStorm: 3 Clients and 12 goroutines call RLock,
 // Lock, TryRLock and TryLock on one name again and again with deadlines of
-// 0-5 ms (some 100 ms), hold a little, re-enter, and downgrade writes to
-// reads: in "own", each goroutine with a RWMutex value of its own; in
-// "shared", 4 of them share a value by two (an owner: its levels add up,
-// and a write asked for while the other goroutine reads is refused with
-// ErrUpgrade). No write may overlap another owner's hold, write tokens
-// must increase, and afterwards the lock must be free and its queue empty.
+// 0-5 ms (some 100 ms), hold a little, and re-enter through the hold's
+// context (a read under a write; a write asked for under a read is
+// refused with ErrUpgrade): in "own", each goroutine with a RWMutex value
+// of its own; in "shared", 4 of them share a value by two, which excludes
+// them as it excludes any other holder. No write may overlap another
+// goroutine's hold, write tokens must increase, and afterwards the lock
+// must be free and its queue empty.
 func TestRWMutexCancellationStorm(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("REDISYNC_STORM_SEED"); s != "" {
@@ -114,25 +111,18 @@ func rwStorm(t *testing.T, seed uint64, values int) {
 	t.Logf("seed %d (REDISYNC_STORM_SEED replays it)", seed)
 	clients := []*Client{newClient(t, rdb), newClient(t, rdb), newClient(t, rdb)}
 	var h rwHistory
-	var cancelled, writes, downgrades, upgrades atomic.Int64
+	var n stormCounts
 	stop := time.Now().Add(3 * time.Second)
 	var wg sync.WaitGroup
 	vs := make([]*RWMutex, values)
 	for v := range vs {
 		vs[v] = clients[v%len(clients)].NewRWMutex(name, WithHeartbeat(300*time.Millisecond))
 	}
-	shared := 12 - values // values 0..shared-1 have two goroutines
 	for g := range 12 {
-		owner := g % values
 		rng := rand.New(rand.NewPCG(seed, uint64(g)))
 		wg.Go(func() {
 			for time.Now().Before(stop) {
-				err := stormRound(vs[owner], owner, rng, &h, &cancelled, &writes, &downgrades)
-				if errors.Is(err, ErrUpgrade) && owner < shared {
-					upgrades.Add(1)
-					continue
-				}
-				if err != nil {
+				if err := stormRound(vs[g%values], g, rng, &h, &n); err != nil {
 					t.Error(err)
 					return
 				}
@@ -141,81 +131,113 @@ func rwStorm(t *testing.T, seed uint64, values int) {
 	}
 	wg.Wait()
 	reads := h.check(t)
-	t.Logf("%d holds, %d writes, %d downgrades, %d upgrades refused, %d calls cancelled, %d overlapping reads",
-		len(h.spans), writes.Load(), downgrades.Load(), upgrades.Load(), cancelled.Load(), reads)
-	if writes.Load() == 0 || downgrades.Load() == 0 || cancelled.Load() == 0 || reads == 0 || (shared > 0 && upgrades.Load() == 0) {
+	t.Logf("%d holds, %d writes, %d reads under a write, %d upgrades refused, %d calls cancelled, %d overlapping reads",
+		len(h.spans), n.writes.Load(), n.nested.Load(), n.upgrades.Load(), n.cancelled.Load(), reads)
+	if n.writes.Load() == 0 || n.nested.Load() == 0 || n.upgrades.Load() == 0 || n.cancelled.Load() == 0 || reads == 0 {
 		t.Error("the storm exercised too little")
 	}
 	keys := schema.RWMutexKeys(schema.DefaultPrefix, name)
-	eventually(t, 5*time.Second, "the lock to be free and its queue empty", func() bool {
+	left := func() bool {
 		n, err := rdb.Exists(ctx, keys.Holders, keys.Queue).Result()
 		return err == nil && n == 0
-	})
+	}
+	for deadline := time.Now().Add(5 * time.Second); !left(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lock is not free 5 s after the storm: holders %v, queue %v, waiters %v", rdb.HGetAll(ctx, keys.Holders).Val(),
+				rdb.ZRangeWithScores(ctx, keys.Queue, 0, -1).Val(), rdb.HGetAll(ctx, keys.Waiters).Val())
+		}
+	}
 }
 
-// stormRound makes one call of the storm and, when it took a hold, holds
-// it a little and releases it.
-func stormRound(rw *RWMutex, owner int, rng *rand.Rand, h *rwHistory, cancelled, writes, downgrades *atomic.Int64) error {
+// stormCounts counts what the storm did.
+type stormCounts struct{ cancelled, writes, nested, upgrades atomic.Int64 }
+
+// stormRound makes one call of the storm for goroutine g and, when it
+// took a hold, holds it a little, re-entering it or asking for an upgrade
+// under it at random, and releases it.
+func stormRound(rw *RWMutex, g int, rng *rand.Rand, h *rwHistory, n *stormCounts) error {
 	write := rng.IntN(4) == 0
 	try := rng.IntN(4) == 0
 	cctx, cancel := context.WithTimeout(ctx, stormDeadline(rng))
-	var ok bool
+	defer cancel()
+	var took bool // a try took the hold
 	var err error
 	switch {
 	case write && try:
-		ok, err = rw.TryLock(cctx)
-	case write:
-		err = rw.Lock(cctx)
-		ok = err == nil
+		took, err = rw.TryLock(cctx)
 	case try:
-		ok, err = rw.TryRLock(cctx)
-	default:
-		err = rw.RLock(cctx)
-		ok = err == nil
+		took, err = rw.TryRLock(cctx)
 	}
-	cancel()
-	if errors.Is(err, context.DeadlineExceeded) {
-		cancelled.Add(1)
+	work := func() { time.Sleep(time.Duration(rng.IntN(1000)) * time.Microsecond) }
+	held := false // the hold came from a try: its context (a write's) is not round's
+	round := func(hctx context.Context) error {
+		span := rwSpan{owner: g, write: write, token: rw.Token(), start: time.Now()}
+		if !write {
+			span.token = 0
+		}
+		work()
+		switch {
+		case held:
+		case write && rng.IntN(2) == 0: // a read under the write
+			if err := rw.RLock(hctx); err != nil {
+				return err
+			}
+			work()
+			if err := rw.RUnlock(hctx); err != nil {
+				return err
+			}
+			n.nested.Add(1)
+		case !write && rng.IntN(4) == 0: // an upgrade: refused at once
+			if err := rw.Lock(hctx); !errors.Is(err, ErrUpgrade) {
+				return fmt.Errorf("a write asked for under a read: %v, want ErrUpgrade", err)
+			}
+			n.upgrades.Add(1)
+		}
+		span.end = time.Now()
+		if hctx.Err() != nil {
+			span.end = span.start // lost: the hold is not counted on
+		}
+		h.add(span)
 		return nil
 	}
-	if err != nil || !ok {
-		return err
-	}
-	span := rwSpan{owner: owner, write: write, token: rw.Token(), start: time.Now()}
-	lost := rw.Lost()
-	hold := func() { time.Sleep(time.Duration(rng.IntN(1000)) * time.Microsecond) }
-	end := func(s rwSpan) rwSpan {
-		s.end = time.Now()
-		select {
-		case <-lost:
-			s.end = s.start // lost: the hold is not counted on
-		default:
+	switch {
+	case took: // taken by a try: release as Unlock or RUnlock does
+		held = true
+		err = round(context.Background())
+		release := rw.RUnlock
+		if write {
+			release = rw.Unlock
 		}
-		return s
-	}
-	hold()
-	if !write {
-		h.add(end(span))
-		return rw.RUnlock(ctx)
-	}
-	writes.Add(1)
-	if rng.IntN(2) == 0 { // re-enter: a read under the write, then downgrade
-		if err := rw.RLock(ctx); err != nil {
-			return err
+		err = errors.Join(err, release(ctx))
+	case try:
+	default:
+		// The deadline bounds the wait, not the hold: it is stopped
+		// once the hold is taken.
+		actx, acancel := context.WithCancel(ctx)
+		timer := time.AfterFunc(stormDeadline(rng), acancel)
+		do := rw.RDo
+		if write {
+			do = rw.Do
 		}
-		hold()
-		h.add(end(span))
-		if err := rw.Unlock(ctx); err != nil {
-			return err
+		err = do(actx, func(hctx context.Context) error {
+			if !timer.Stop() {
+				return context.DeadlineExceeded // too late: its context ended
+			}
+			return round(hctx)
+		})
+		acancel()
+		if errors.Is(err, context.Canceled) {
+			err = context.DeadlineExceeded
 		}
-		downgrades.Add(1)
-		read := rwSpan{owner: owner, start: time.Now()}
-		hold()
-		h.add(end(read))
-		return rw.RUnlock(ctx)
 	}
-	h.add(end(span))
-	return rw.Unlock(ctx)
+	if write && err == nil && (took || !try) {
+		n.writes.Add(1)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		n.cancelled.Add(1)
+		return nil
+	}
+	return err
 }
 
 // TestRWMutexWriterNotStarvedByReaders: relays of readers on two Clients

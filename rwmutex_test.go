@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -151,65 +152,63 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 	}
 }
 
-func TestRWMutexReentryDowngradeAndUpgrade(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+// TestRWMutexReentryAndUpgrade: the write re-enters through its context,
+// as a write and as a read, without Redis; a reader and a writer of other
+// values queue behind it in that order; inside a read's context a write
+// is refused with ErrUpgrade; a write asked for outside it waits.
+func TestRWMutexReentryAndUpgrade(t *testing.T) {
+	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	rw, other, writer := c.NewRWMutex("rw"), c.NewRWMutex("rw"), c.NewRWMutex("rw")
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	token := rw.Token()
-	// Reentry, both ways, without Redis.
-	if err := rw.Lock(ctx); err != nil {
+	hctx, cancel := rw.HoldContext(ctx)
+	defer cancel()
+	sent := cnt.n.Load()
+	if err := rw.Lock(hctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rw.RLock(ctx); err != nil {
+	if err := rw.RLock(hctx); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := rw.TryRLock(ctx); !ok || err != nil {
+	if ok, err := rw.TryRLock(hctx); !ok || err != nil {
 		t.Fatalf("TryRLock under the write: %v, %v", ok, err)
+	}
+	if n := cnt.n.Load() - sent; n != 0 {
+		t.Fatalf("re-entering sent %d commands, want none", n)
+	}
+	if ok, err := rw.TryRLock(ctx); ok || err != nil {
+		t.Fatalf("TryRLock outside the write's context: %v, %v; want false", ok, err)
 	}
 	// other reads and writer writes: both queue, in that order.
 	read := async(func() error { return other.RLock(ctx) })
 	eventually(t, 5*time.Second, "the reader to queue", func() bool { return rwQueueLen(t, mr) == 1 })
 	write := async(func() error { return writer.Lock(ctx) })
 	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 2 })
-	if err := rw.Unlock(ctx); err != nil { // one write level of two
-		t.Fatal(err)
-	}
-	if rw.Token() != token {
-		t.Fatalf("token %d after an inner Unlock, want %d", rw.Token(), token)
+	for range 3 { // the inner levels
+		if err := rw.Unlock(hctx); err != nil {
+			t.Fatal(err)
+		}
+		if rw.Token() != token || hctx.Err() != nil {
+			t.Fatalf("token %d (want %d), context %v after an inner Unlock", rw.Token(), token, hctx.Err())
+		}
 	}
 	pending(t, read, "RLock under a write")
-	lost := rw.Lost()
-	if err := rw.Unlock(ctx); err != nil { // the downgrade
+	if err := rw.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(hctx), ErrReleased) {
+		t.Fatalf("the write's context after its last Unlock: %v, want ErrReleased", context.Cause(hctx))
 	}
 	if err := result(t, read); err != nil {
 		t.Fatalf("the reader queued behind the write: %v", err)
 	}
-	if rw.Token() != 0 {
-		t.Fatalf("token %d after the downgrade, want 0", rw.Token())
-	}
-	if rw.Lost() != lost {
-		t.Fatal("the downgrade ended the hold")
-	}
-	pending(t, write, "Lock beside readers")
-	if err := rw.Lock(ctx); !errors.Is(err, ErrUpgrade) {
-		t.Fatalf("Lock holding reads: %v, want ErrUpgrade", err)
-	}
-	if ok, err := rw.TryLock(ctx); ok || !errors.Is(err, ErrUpgrade) {
-		t.Fatalf("TryLock holding reads: %v, %v, want ErrUpgrade", ok, err)
-	}
-	if err := rw.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+	pending(t, write, "Lock beside a reader")
+	if err := other.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Unlock with no write: %v, want ErrNotHeld", err)
 	}
-	for range 2 {
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pending(t, write, "Lock beside a reader")
 	if err := other.RUnlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -220,6 +219,18 @@ func TestRWMutexReentryDowngradeAndUpgrade(t *testing.T) {
 		t.Fatalf("handed-over write's token %d, not above %d", writer.Token(), token)
 	}
 	if err := writer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := other.RDo(ctx, func(rctx context.Context) error {
+		if err := other.Lock(rctx); !errors.Is(err, ErrUpgrade) {
+			return fmt.Errorf("Lock inside a read's context: %v, want ErrUpgrade", err)
+		}
+		if ok, err := other.TryLock(rctx); ok || !errors.Is(err, ErrUpgrade) {
+			return fmt.Errorf("TryLock inside a read's context: %v, %v, want ErrUpgrade", ok, err)
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := rw.RUnlock(ctx); !errors.Is(err, ErrNotHeld) {
@@ -286,15 +297,26 @@ func TestRWMutexFIFOAcrossClients(t *testing.T) {
 
 // TestRWMutexCrashedReaderBlocksForItsLease: a reader that never releases
 // (its process gone; here its fixed lease is left to run out unrenewed)
-// keeps a writer out for no longer than its lease.
+// keeps a writer out for no longer than its lease; the reader's context
+// ends with the loss.
 func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	rdb := newReal(t)
 	name := uniqueName(t)
 	const lease = 300 * time.Millisecond
 	reader := newClient(t, rdb).NewRWMutex(name, WithLease(lease))
-	if err := reader.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	reading := make(chan struct{})
+	readDone := async(func() error {
+		return reader.RDo(ctx, func(rctx context.Context) error {
+			close(reading)
+			select {
+			case <-rctx.Done():
+				return context.Cause(rctx)
+			case <-time.After(5 * time.Second):
+				return errors.New("the crashed reader's context did not end")
+			}
+		})
+	})
+	<-reading
 	start := time.Now()
 	other := newClient(t, rdb).NewRWMutex(name, WithLease(time.Hour))
 	if err := other.RLock(ctx); err != nil { // a live reader, released at once
@@ -312,16 +334,11 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	if took := time.Since(start); took < lease-50*time.Millisecond || took > lease+time.Second {
 		t.Fatalf("the writer got in after %v, want about the reader's lease %v", took, lease)
 	}
-	select {
-	case <-reader.Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the crashed reader's Lost did not close")
+	if err := result(t, readDone); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RDo of the lost read: %v, want ErrLockLost", err)
 	}
 	if err := writer.Unlock(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if err := reader.RUnlock(ctx); !errors.Is(err, ErrLockLost) {
-		t.Fatalf("RUnlock of the lost read: %v, want ErrLockLost", err)
 	}
 }
 
@@ -373,7 +390,9 @@ func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
 	}
 }
 
-func TestRWMutexHoldContextOutlivesADowngrade(t *testing.T) {
+// TestRWMutexHoldContext: the write's context outlives reads taken and
+// given back under it, and ends with the write, ErrReleased.
+func TestRWMutexHoldContext(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
 	rw := c.NewRWMutex("rw")
@@ -387,16 +406,16 @@ func TestRWMutexHoldContextOutlivesADowngrade(t *testing.T) {
 	}
 	hctx, cancel = rw.HoldContext(ctx)
 	defer cancel()
-	if err := rw.RLock(ctx); err != nil {
+	if err := rw.RLock(hctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rw.Unlock(ctx); err != nil { // the downgrade
+	if err := rw.RUnlock(hctx); err != nil {
 		t.Fatal(err)
 	}
 	if hctx.Err() != nil {
-		t.Fatalf("the downgrade ended the hold's context: %v", context.Cause(hctx))
+		t.Fatalf("a read under the write ended its context: %v", context.Cause(hctx))
 	}
-	if err := rw.RUnlock(ctx); err != nil {
+	if err := rw.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(context.Cause(hctx), ErrReleased) {
@@ -412,10 +431,15 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 	}
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	r := holder.NewRWMutex("rw")
-	if err := r.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lost := r.Lost()
+	reading := make(chan struct{})
+	readDone := async(func() error {
+		return r.RDo(ctx, func(rctx context.Context) error {
+			close(reading)
+			<-rctx.Done()
+			return context.Cause(rctx)
+		})
+	})
+	<-reading
 	w := c.NewRWMutex("rw")
 	locked := async(func() error { return w.Lock(ctx) })
 	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 1 })
@@ -425,10 +449,8 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 	if err := holder.Close(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-lost:
-	default:
-		t.Fatal("Close left the read's Lost open")
+	if err := result(t, readDone); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the read's RDo at Close: %v, want its context ended as lost", err)
 	}
 	if err := result(t, read); !errors.Is(err, ErrClosed) {
 		t.Fatalf("RLock queued at Close: %v, want ErrClosed", err)
@@ -448,7 +470,9 @@ func TestRWMutexLostHoldIsReportedUntilReleased(t *testing.T) {
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rw.RLock(ctx); err != nil {
+	hctx, cancel := rw.HoldContext(ctx)
+	defer cancel()
+	if err := rw.RLock(hctx); err != nil { // a read level under the write
 		t.Fatal(err)
 	}
 	lost := rw.Lost()
@@ -458,17 +482,20 @@ func TestRWMutexLostHoldIsReportedUntilReleased(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost did not close")
 	}
-	if err := rw.RLock(ctx); !errors.Is(err, ErrLockLost) {
-		t.Fatalf("RLock on a lost hold: %v, want ErrLockLost", err)
+	if err := rw.RLock(hctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RLock under a lost write: %v, want ErrLockLost", err)
 	}
-	if err := rw.Lock(ctx); !errors.Is(err, ErrLockLost) {
-		t.Fatalf("Lock on a lost hold: %v, want ErrLockLost", err)
+	if err := rw.Lock(hctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Lock under a lost write: %v, want ErrLockLost", err)
+	}
+	if ok, err := rw.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock while the lost write's Unlocks are owed: %v, %v; want false", ok, err)
+	}
+	if err := rw.RUnlock(hctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("RUnlock of the read level of a lost write: %v, want ErrLockLost", err)
 	}
 	if err := rw.Unlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Unlock of a lost write: %v, want ErrLockLost", err)
-	}
-	if err := rw.RUnlock(ctx); !errors.Is(err, ErrLockLost) {
-		t.Fatalf("RUnlock of a lost read: %v, want ErrLockLost", err)
 	}
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatalf("Lock once the lost hold was released: %v", err)

@@ -1,0 +1,438 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// span is one hold as its holder saw it: from just after the call that
+// granted it returned to just before the call that released it.
+type span struct {
+	who        string
+	start, end time.Time
+	token      int64 // 0: none
+	read       bool  // a RWMutex's read: reads may overlap each other
+}
+
+// holdLog records the holds of one lock and checks them: no two overlap
+// (but reads), and tokens strictly increase in the order the holds began.
+type holdLog struct {
+	mu    sync.Mutex
+	spans []span
+}
+
+func (l *holdLog) add(s span) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.spans = append(l.spans, s)
+}
+
+// check fails the test at the first overlap or token out of order, and
+// returns the number of holds.
+func (l *holdLog) check(t *testing.T) int {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	spans := slices.Clone(l.spans)
+	slices.SortFunc(spans, func(a, b span) int { return a.start.Compare(b.start) })
+	for i, a := range spans {
+		for _, b := range spans[i+1:] {
+			if !b.start.Before(a.end) {
+				break
+			}
+			if !(a.read && b.read) {
+				t.Fatalf("two holds overlap: %s [%v, %v] and %s [%v, %v]", a.who, a.start.Format(time.StampMicro),
+					a.end.Format(time.StampMicro), b.who, b.start.Format(time.StampMicro), b.end.Format(time.StampMicro))
+			}
+		}
+	}
+	var last int64
+	for _, s := range spans {
+		if s.token == 0 {
+			continue
+		}
+		if s.token <= last {
+			t.Fatalf("token %d of %s after token %d: tokens must increase with each hold", s.token, s.who, last)
+		}
+		last = s.token
+	}
+	return len(spans)
+}
+
+// register is a resource updated read-modify-write under a lock, fenced:
+// it refuses a write whose token is below the highest it has seen. Under
+// a lock that excludes, no update is lost: its value counts the updates.
+type register struct {
+	mu      sync.Mutex
+	value   int64
+	highest int64
+}
+
+func (r *register) read() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.value
+}
+
+func (r *register) write(token, v int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if token < r.highest {
+		return fmt.Errorf("write with token %d refused: token %d wrote already", token, r.highest)
+	}
+	r.highest, r.value = max(r.highest, token), v
+	return nil
+}
+
+// exclusive is a lock as the sharing tests use it: one value, shared.
+type exclusive struct {
+	lock   func(context.Context) error
+	unlock func(context.Context) error
+	token  func() int64
+}
+
+// shareValue has workers goroutines share each of values, taking it rounds
+// times each and updating the register under it, and checks that no two
+// holds overlapped, tokens increased, and no update was lost.
+func shareValue(t *testing.T, values []exclusive, workers, rounds int) {
+	t.Helper()
+	var log holdLog
+	var reg register
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*len(values))
+	for v, x := range values {
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(v), uint64(w)))
+				for range rounds {
+					if err := x.lock(ctx); err != nil {
+						errs <- err
+						return
+					}
+					s := span{who: fmt.Sprintf("value %d goroutine %d", v, w), start: time.Now(), token: x.token()}
+					n := reg.read()
+					time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond) // the work
+					err := reg.write(s.token, n+1)
+					s.end = time.Now()
+					log.add(s)
+					if err := errors.Join(err, x.unlock(ctx)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	holds := log.check(t)
+	if got := reg.read(); got != int64(holds) || holds != len(values)*workers*rounds {
+		t.Fatalf("register %d after %d holds (%d expected): updates were lost", got, holds, len(values)*workers*rounds)
+	}
+}
+
+// TestSharedValueExcludes: goroutines that share one value exclude each
+// other, as those of a *sync.Mutex do, on every primitive that excludes;
+// two values of two Clients share the lock besides.
+func TestSharedValueExcludes(t *testing.T) {
+	cs := []*Client{newClient(t, redistest.Client(t)), newClient(t, redistest.Client(t))}
+	for _, tc := range []struct {
+		name  string
+		value func(c *Client, name string) exclusive
+	}{
+		{"Mutex", func(c *Client, name string) exclusive {
+			m := c.NewMutex(name)
+			return exclusive{m.Lock, m.Unlock, m.Token}
+		}},
+		{"BargingMutex", func(c *Client, name string) exclusive {
+			m := c.NewMutex(name, Barging())
+			return exclusive{m.Lock, m.Unlock, m.Token}
+		}},
+		{"RWMutex", func(c *Client, name string) exclusive {
+			rw := c.NewRWMutex(name)
+			return exclusive{rw.Lock, rw.Unlock, rw.Token}
+		}},
+		{"MultiMutex", func(c *Client, name string) exclusive {
+			m := c.NewMultiMutex([]string{name + ":a", name + ":b"})
+			return exclusive{m.Lock, m.Unlock, func() int64 { return m.Token(name + ":a") }}
+		}},
+		{"Election", func(c *Client, name string) exclusive {
+			e := c.NewElection(name)
+			return exclusive{func(ctx context.Context) error { return e.Campaign(ctx, "v") }, e.Resign, e.Token}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := redistest.Name(t)
+			shareValue(t, []exclusive{tc.value(cs[0], name), tc.value(cs[1], name)}, 4, 6)
+		})
+	}
+	t.Run("RedMutex", func(t *testing.T) {
+		_, rdbs, _ := newMiniNodes(t, 3)
+		var values []exclusive
+		for range 2 {
+			m := newRedlock(t, rdbs).NewMutex(redistest.Name(t))
+			values = append(values, exclusive{m.Lock, m.Unlock, m.Token})
+		}
+		shareValue(t, values, 4, 6)
+	})
+}
+
+// TestSharedValueReadsAndWrites: goroutines sharing one RWMutex value read
+// together and write alone, with each other and with another value's.
+func TestSharedValueReadsAndWrites(t *testing.T) {
+	name := redistest.Name(t)
+	rws := []*RWMutex{newClient(t, redistest.Client(t)).NewRWMutex(name), newClient(t, redistest.Client(t)).NewRWMutex(name)}
+	var log holdLog
+	var reg register
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for v, rw := range rws {
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				write := w%3 == 0
+				for range 6 {
+					lock, unlock := rw.RLock, rw.RUnlock
+					if write {
+						lock, unlock = rw.Lock, rw.Unlock
+					}
+					if err := lock(ctx); err != nil {
+						errs <- err
+						return
+					}
+					s := span{who: fmt.Sprintf("value %d goroutine %d (write %v)", v, w, write), start: time.Now(), token: rw.Token(), read: !write}
+					n := reg.read()
+					time.Sleep(200 * time.Microsecond) // the work
+					var err error
+					if write {
+						err = reg.write(s.token, n+1)
+					} else if now := reg.read(); now != n {
+						err = fmt.Errorf("a read saw the register change from %d to %d", n, now)
+					}
+					s.end = time.Now()
+					if !write {
+						s.token = 0 // a read has no token
+					}
+					log.add(s)
+					if err := errors.Join(err, unlock(ctx)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	log.check(t)
+	if got := reg.read(); got != 2*2*6 {
+		t.Fatalf("register %d after %d writes: updates were lost", got, 2*2*6)
+	}
+}
+
+// TestSharedValueKeepsEachCallsPlace: the Lock calls of goroutines that
+// share a value queue each in their own arrival order, across processes,
+// and each hold gets a token of its own.
+func TestSharedValueKeepsEachCallsPlace(t *testing.T) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	shared := newClient(t, rdb).NewMutex(name)
+	other := newClient(t, redistest.Client(t)).NewMutex(name)
+	if err := shared.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	var tokens []int64
+	done := make(chan error, 3)
+	for i, w := range []struct {
+		who string
+		m   *Mutex
+	}{{"shared 1", shared}, {"other", other}, {"shared 2", shared}} {
+		go func() {
+			err := w.m.Do(ctx, func(ctx context.Context) error {
+				mu.Lock()
+				order, tokens = append(order, w.who), append(tokens, w.m.Token())
+				mu.Unlock()
+				return nil
+			})
+			done <- err
+		}()
+		eventually(t, 5*time.Second, w.who+" queued", func() bool { return rdb.ZCard(ctx, shared.keys.Queue).Val() == int64(i+1) })
+	}
+	if err := shared.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fmt.Sprint(order) != "[shared 1 other shared 2]" {
+		t.Fatalf("served %v, want arrival order [shared 1 other shared 2]", order)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("tokens %v: each hold must have a larger one", tokens)
+		}
+	}
+}
+
+// TestReentryFollowsTheHoldsContext: a Do inside a Do of the same value
+// re-enters the hold; a Lock without the hold's context waits its turn,
+// even in the goroutine that holds, until its ctx ends; TryLock is false.
+func TestReentryFollowsTheHoldsContext(t *testing.T) {
+	c := newClient(t, redistest.Client(t))
+	m := c.NewMutex(redistest.Name(t))
+	var inner int64
+	err := m.Do(ctx, func(hctx context.Context) error {
+		outer := m.Token()
+		if err := m.Do(hctx, func(context.Context) error {
+			inner = m.Token()
+			return nil
+		}); err != nil {
+			return err
+		}
+		if inner != outer {
+			return fmt.Errorf("the inner Do ran under token %d, the outer under %d: it did not re-enter", inner, outer)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		if err := m.Lock(wctx); !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("a Lock without the hold's context while held: %v, want it to wait until its deadline", err)
+		}
+		if ok, err := m.TryLock(ctx); ok || err != nil {
+			return fmt.Errorf("a TryLock without the hold's context while held: %v, %v; want false", ok, err)
+		}
+		if ok, err := m.TryLock(hctx); !ok || err != nil {
+			return fmt.Errorf("a TryLock with the hold's context: %v, %v; want it to re-enter", ok, err)
+		}
+		return m.Unlock(hctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Lost() != nil || m.Token() != 0 {
+		t.Fatal("m still holds after the outer Do")
+	}
+}
+
+// TestUnlockOfALostHoldSparesTheNextHold: a hold lost before its Unlock
+// stays the value's until that Unlock: another goroutine's Lock granted
+// meanwhile returns only after it, and that Unlock (ErrLockLost) never
+// releases the later hold, which any goroutine may then Unlock.
+func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
+	rdb := redistest.Client(t)
+	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	m := c.NewMutex(redistest.Name(t))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := m.Token()
+	lost := m.Lost()
+	if err := rdb.Del(ctx, m.keys.Hash).Err(); err != nil { // lost behind its back
+		t.Fatal(err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hold deleted behind its back was not lost")
+	}
+	got := make(chan error, 1)
+	go func() { got <- m.Lock(ctx) }()
+	// The lock is free in Redis: the second call is granted there, but
+	// must not return before the lost hold's Unlock.
+	eventually(t, 5*time.Second, "the second call granted in Redis", func() bool {
+		return rdb.Exists(ctx, m.keys.Hash).Val() == 1
+	})
+	select {
+	case err := <-got:
+		t.Fatalf("a Lock returned (%v) before the Unlock owed to the value's lost hold", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the Unlock of the lost hold: %v, want ErrLockLost", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if tok := m.Token(); tok <= first || rdb.Exists(ctx, m.keys.Hash).Val() != 1 {
+		t.Fatalf("after the lost hold's Unlock: token %d (the lost one's %d), key exists %d; want the later hold intact",
+			tok, first, rdb.Exists(ctx, m.keys.Hash).Val())
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Unlock(ctx) }() // any goroutine may unlock
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rdb.Exists(ctx, m.keys.Hash).Val() != 0 {
+		t.Fatal("the later hold is still in Redis after its Unlock")
+	}
+}
+
+// TestRWMutexSharedValueWaits: on one RWMutex value, a Lock outside a
+// read's context waits for that read to end (no ErrUpgrade), a new RLock
+// waits behind a queued writer, and TryLock while another goroutine reads
+// is false; inside the read's context a Lock is ErrUpgrade at once.
+func TestRWMutexSharedValueWaits(t *testing.T) {
+	rdb := redistest.Client(t)
+	rw := newClient(t, rdb).NewRWMutex(redistest.Name(t))
+	wrote, read := make(chan error, 1), make(chan error, 1)
+	err := rw.RDo(ctx, func(rctx context.Context) error {
+		if err := rw.Lock(rctx); !errors.Is(err, ErrUpgrade) {
+			return fmt.Errorf("Lock inside the read's context: %v, want ErrUpgrade", err)
+		}
+		if ok, err := rw.TryLock(ctx); ok || err != nil {
+			return fmt.Errorf("TryLock while another call reads: %v, %v; want false", ok, err)
+		}
+		go func() {
+			err := rw.Lock(ctx)
+			if err == nil {
+				err = rw.Unlock(ctx)
+			}
+			wrote <- err
+		}()
+		queue := rw.keys.Queue
+		eventually(t, 5*time.Second, "the writer queued", func() bool { return rdb.ZCard(ctx, queue).Val() == 1 })
+		go func() {
+			err := rw.RLock(ctx)
+			if err == nil {
+				err = rw.RUnlock(ctx)
+			}
+			read <- err
+		}()
+		eventually(t, 5*time.Second, "the reader queued behind the writer", func() bool { return rdb.ZCard(ctx, queue).Val() == 2 })
+		select {
+		case err := <-wrote:
+			return fmt.Errorf("the writer returned (%v) while a read was held", err)
+		case err := <-read:
+			return fmt.Errorf("a new reader returned (%v) ahead of the queued writer", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both are served once the read ends: the writer, then the reader.
+	if err := errors.Join(<-wrote, <-read); err != nil {
+		t.Fatal(err)
+	}
+}
