@@ -53,7 +53,6 @@ func (f failing) attempt(context.Context) (bool, time.Duration, error) { return 
 func (failing) outlasts(error) bool                                    { return false }
 func (failing) sleeping(*waitSet)                                      {}
 func (failing) adopt(context.Context, string) (bool, error)            { return false, nil }
-func (failing) changed() <-chan struct{}                               { return nil }
 func (failing) address() string                                        { return "" }
 func (failing) finish(context.Context, error)                          {}
 

@@ -65,7 +65,7 @@ type Client struct {
 // waiters. WithPlainPubSub turns it off for older clusters; on a cluster
 // without sharded pub/sub, the first call fails with ErrUnsupportedServer,
 // which says so.
-func New(rdb redis.UniversalClient, opts ...ClientOption) (*Client, error) {
+func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 	if isNil(rdb) {
 		return nil, ErrNilClient
 	}
@@ -73,7 +73,7 @@ func New(rdb redis.UniversalClient, opts ...ClientOption) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := with(defaultConfig(), opts, ClientOption.applyClient)
+	cfg := with(defaultConfig(), atClient, opts)
 	if cfg.err != nil {
 		return nil, cfg.err
 	}

@@ -64,7 +64,7 @@ func (c *slowCtx) hold() {
 
 // closingClient returns a Client on the Redis at addr whose commands hook
 // counts once armed.
-func closingClient(t *testing.T, addr string, opts ...ClientOption) (*Client, *afterClose) {
+func closingClient(t *testing.T, addr string, opts ...Option) (*Client, *afterClose) {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 256})
 	t.Cleanup(func() { _ = rdb.Close() })

@@ -1,11 +1,24 @@
 // Package redisync provides distributed synchronization primitives on
-// Redis for Go services: a reentrant, leased Mutex with a blocking
-// Lock(ctx), fair (FIFO) unless it opts out, fencing tokens, a counting
-// Semaphore whose permits are leased to their holders, and a fair RWMutex
-// (many readers or one writer, each reader on a lease of its own). It
-// works on a
-// single Redis, a primary with replicas (WithReplicas), Redis Cluster
-// (sharded pub/sub), and independent Redis nodes (NewRedlock).
+// Redis for Go services: a leased Mutex with a blocking Lock(ctx), fair
+// (FIFO) unless it opts out, fencing tokens, a counting Semaphore whose
+// permits are leased to their holders, and a fair RWMutex (many readers
+// or one writer, each reader on a lease of its own). It works on a single
+// Redis, a primary with replicas (WithReplicas), Redis Cluster (sharded
+// pub/sub), and independent Redis nodes (NewRedlock).
+//
+// # Sharing a value
+//
+// A Mutex, RWMutex, MultiMutex or RedMutex value is used as a *sync.Mutex
+// is: the goroutines that share it exclude each other, and everyone else
+// who locks the same name, in this process or another. Each Lock call
+// takes the lock on its own, with its own place in the queue and its own
+// fencing token; Unlock may come from any goroutine. A lock is reentrant
+// through its hold's context: a Lock (or Do) whose ctx comes from the
+// hold, the ctx that Do passes its function or HoldContext's, adds a
+// level to the hold; any other Lock waits its turn, in the goroutine that
+// holds too. A Semaphore value is one holder, as a
+// golang.org/x/sync/semaphore.Weighted is: permits taken through it add
+// up.
 //
 // # Waiting without polling
 //
@@ -28,9 +41,10 @@
 // # Leases, the watchdog and loss
 //
 // Every hold has a lease in Redis, so a holder that dies frees the lock
-// when the lease runs out. By default the Client's watchdog keeps a 30 s
-// lease alive while the lock is held, renewing every hold of the Client in
-// one script call every 10 s. When a renewal finds the hold gone, or
+// when the lease runs out. By default the Client's watchdog keeps a 15 s
+// lease alive while the lock is held (DefaultCrashTimeout; see
+// WithCrashTimeout), renewing every hold of the Client in one script call
+// every 5 s. When a renewal finds the hold gone, or
 // renewals fail until the lease must have run out by the local clock, the
 // hold is lost: Mutex.Lost is closed before Redis can give the lock to
 // anyone else, and Unlock reports ErrLockLost.
@@ -58,10 +72,10 @@
 //
 // # Options
 //
-// An option's type says where it applies: Option everywhere, LocalOption
-// on one deployment (New, NewMutex, NewSemaphore), FairnessOption to New and
-// NewMutex, LockOption to locks, SetupOption to what a Client runs (New,
-// NewRedlock), RedOption to a Redlock. Giving one where it has no meaning,
+// An option's type says where it applies: Option everywhere, Option
+// on one deployment (New, NewMutex, NewSemaphore), Option to New and
+// NewMutex, Option to locks, Option to what a Client runs (New,
+// NewRedlock), Option to a Redlock. Giving one where it has no meaning,
 // such as Barging to a Semaphore, does not compile. Options of New (or
 // NewRedlock) are the defaults of everything it creates; those given to
 // one value override them.

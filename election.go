@@ -87,8 +87,8 @@ func (l Leadership) Leads() bool { return l.Token != 0 }
 //
 // The election's keys and channels share the hash tag {name}, so that they
 // live in one Redis Cluster slot; they are not a Mutex's of the same name.
-func (c *Client) NewElection(name string, opts ...ElectionOption) *Election {
-	cfg := with(c.cfg, opts, ElectionOption.applyElection)
+func (c *Client) NewElection(name string, opts ...Option) *Election {
+	cfg := with(c.cfg, atElection, opts)
 	cfg.barging, cfg.metadata = false, ""
 	m := c.newMutex(name, cfg)
 	m.keys, m.prim, m.holds.prim = schema.ElectionKeys(cfg.prefix, name), PrimitiveElection, PrimitiveElection
@@ -305,8 +305,8 @@ func (e *Election) usable(ctx context.Context, value string) error {
 // token, Lease its remaining lease) and the lock's queue the candidates
 // waiting, next first. opts name the election's keys (WithKeyPrefix) as
 // for NewElection; other options do not matter.
-func (c *Client) InspectElection(ctx context.Context, name string, opts ...ElectionOption) (*LockState, error) {
-	cfg := with(c.cfg, opts, ElectionOption.applyElection)
+func (c *Client) InspectElection(ctx context.Context, name string, opts ...Option) (*LockState, error) {
+	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect election", name, err)
 	}

@@ -22,7 +22,7 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	k := schema.ElectionKeys("redisync", name)
 	proxy := redistest.NewProxy(t, redistest.Addr(t))
 	watcher := newClient(t, redistest.NewClient(t, proxy.Addr))
-	opts := []ClientOption{WithWatchdogLease(300 * time.Millisecond)}
+	opts := []Option{WithCrashTimeout(300 * time.Millisecond)}
 	x := newClient(t, rdb, opts...).NewElection(name)
 	y := newClient(t, rdb, opts...).NewElection(name)
 	z := newClient(t, rdb, opts...).NewElection(name)

@@ -82,7 +82,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 	)
 	name := redistest.Name(t)
 	addr := redistest.Addr(t)
-	opts := []ClientOption{WithWatchdogLease(lease), WithHeartbeat(lease), WithRecheck(100 * time.Millisecond)}
+	opts := []Option{WithCrashTimeout(lease), WithWaiterTimeout(lease), WithRecheck(100 * time.Millisecond)}
 
 	var (
 		mu       sync.Mutex

@@ -99,9 +99,18 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	if a.Token() != 0 || a.Lost() != nil {
 		t.Fatal("a still leads after Resign")
 	}
-	if err := b.Campaign(ctx, "b2"); err != nil { // leads already: proclaims
+	// A Campaign of the leading value without its leadership's context
+	// is a candidate as any other: it waits while the value leads.
+	wctx, wcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if err := b.Campaign(wctx, "b3"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second Campaign of the leader: %v, want it to wait until its deadline", err)
+	}
+	wcancel()
+	hctx, hcancel := b.HoldContext(ctx)
+	if err := b.Campaign(hctx, "b2"); err != nil { // with the leadership's context: proclaims
 		t.Fatal(err)
 	}
+	hcancel()
 	if p := nextChange(t, obs); p.Value != "b2" || p.Token != nb.Token {
 		t.Fatalf("observed %+v after b campaigned again, want b2 with token %d", p, nb.Token)
 	}
@@ -271,7 +280,7 @@ func TestElectionObserveReconnect(t *testing.T) {
 func TestElectionRedisRestart(t *testing.T) {
 	srv := redistest.Spawn(t, "--save", "", "--appendonly", "no")
 	name := redistest.Name(t)
-	opts := []ClientOption{WithWatchdogLease(300 * time.Millisecond)}
+	opts := []Option{WithCrashTimeout(300 * time.Millisecond)}
 	leader := newClient(t, redistest.NewClient(t, srv.Addr), opts...)
 	watcher := newClient(t, redistest.NewClient(t, srv.Addr))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -314,7 +323,7 @@ func TestElectionObserveExpiry(t *testing.T) {
 	rdb := redistest.Client(t)
 	name := redistest.Name(t)
 	c := newClient(t, rdb)
-	e := c.NewElection(name, WithLease(200*time.Millisecond))
+	e := c.NewElection(name, WithFixedLease(200*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	obs := c.NewElection(name).Observe(ctx)

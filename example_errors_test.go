@@ -64,7 +64,7 @@ func Example_errors() {
 
 	fmt.Println("Unlock, not held:", whatToDo(client.NewMutex("report").Unlock(ctx)))
 	fmt.Println("empty name:", whatToDo(client.NewMutex("").Lock(ctx)))
-	fmt.Println("lease of 0:", whatToDo(client.NewMutex("report", redisync.WithLease(0)).Lock(ctx)))
+	fmt.Println("lease of 0:", whatToDo(client.NewMutex("report", redisync.WithFixedLease(0)).Lock(ctx)))
 
 	rdb.Set(ctx, "redisync:lock:{config}", "not a lock", 0)
 	fmt.Println("key of another type:", whatToDo(client.NewMutex("config").Lock(ctx)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"sync"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -21,6 +22,8 @@ func embeddedRedis() (*redis.Client, func()) {
 	return rdb, func() { _ = rdb.Close(); mr.Close() }
 }
 
+// A Mutex is shared by the goroutines it excludes, as a *sync.Mutex is,
+// and excludes them from every other process that locks the same name.
 func ExampleMutex() {
 	rdb, stop := embeddedRedis()
 	defer stop()
@@ -32,12 +35,43 @@ func ExampleMutex() {
 	}
 	defer client.Close()
 
-	m := client.NewMutex("nightly-report") // one value per owner, e.g. per goroutine
-	if err := m.Lock(ctx); err != nil {    // blocks until held or ctx ends
+	report := client.NewMutex("nightly-report") // one value, shared
+	counter := 0
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := report.Lock(ctx); err != nil { // blocks until held or ctx ends
+				log.Print(err)
+				return
+			}
+			defer report.Unlock(ctx)
+			counter++ // one goroutine at a time, in every process
+		}()
+	}
+	wg.Wait()
+	fmt.Println("counter:", counter)
+	// Output: counter: 3
+}
+
+// While a lock is held, pass its fencing token to what it guards, and stop
+// when it is lost.
+func ExampleMutex_Token() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+	client, err := redisync.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	m := client.NewMutex("nightly-report")
+	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("held with a fencing token:", m.Token() > 0)
-
 	select {
 	case <-m.Lost():
 		fmt.Println("lost the lock: stop writing")
@@ -127,14 +161,20 @@ func ExampleMutex_Do() {
 	}
 	defer client.Close()
 
-	err = client.NewMutex("nightly-report").Do(ctx, func(ctx context.Context) error {
+	m := client.NewMutex("nightly-report")
+	err = m.Do(ctx, func(ctx context.Context) error {
 		// Pass ctx to the work: it is cancelled, with context.Cause
-		// ErrLockLost, if the lock is lost.
+		// ErrLockLost, if the lock is lost. A Do (or Lock) of m with it
+		// re-enters the hold; any other Lock waits its turn.
 		fmt.Println("reporting under the lock")
-		return ctx.Err()
+		return m.Do(ctx, func(ctx context.Context) error {
+			fmt.Println("re-entered, same token")
+			return ctx.Err()
+		})
 	})
 	fmt.Println("done:", err)
 	// Output:
 	// reporting under the lock
+	// re-entered, same token
 	// done: <nil>
 }

@@ -46,7 +46,7 @@ func renewed(t *testing.T, m *Mutex, since time.Time) {
 // set, and cut it, would leave the key to expire before the deadline.
 func TestWatchdogRenewalNeverShortensALease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(60*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(60*time.Millisecond))
 	m := c.NewMutex("long")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestWatchdogRenewalNeverShortensALease(t *testing.T) {
 func TestMutexExtendFixedLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("ext", WithLease(time.Second))
+	m := c.NewMutex("ext", WithFixedLease(time.Second))
 	key := "redisync:lock:{ext}"
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 	// A short lease, for renewals to come soon; not so short that a
 	// loaded machine's late renewal loses the hold before Extend (60 ms
 	// did, once, in CI beside another test run).
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	m := c.NewMutex("extwd")
 	key := "redisync:lock:{extwd}"
 	if err := m.Lock(ctx); err != nil {
@@ -163,7 +163,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 
 func TestMutexExtendErrors(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(time.Minute))
+	c := newClient(t, rdb, WithCrashTimeout(time.Minute))
 	m := c.NewMutex("exterr")
 	key := "redisync:lock:{exterr}"
 
@@ -198,7 +198,7 @@ func TestMutexExtendErrors(t *testing.T) {
 	// reports the loss, closes Lost, and leaves the new owner's lease be.
 	lost := m.Lost()
 	mr.Del(key)
-	other := c.NewMutex("exterr", WithLease(time.Second))
+	other := c.NewMutex("exterr", WithFixedLease(time.Second))
 	if ok, err := other.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("another owner's TryLock: %v, %v", ok, err)
 	}
@@ -245,7 +245,7 @@ func (h slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestMutexTTL(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("ttl", WithLease(2*time.Second))
+	m := c.NewMutex("ttl", WithFixedLease(2*time.Second))
 	key := "redisync:lock:{ttl}"
 	if d, err := m.TTL(ctx); d != 0 || !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("TTL with nothing held: %v, %v, want 0, ErrNotHeld", d, err)
@@ -274,7 +274,7 @@ func TestMutexTTL(t *testing.T) {
 	// Lost; later calls say so without asking Redis.
 	lost := m.Lost()
 	mr.Del(key)
-	other := c.NewMutex("ttl", WithLease(time.Second))
+	other := c.NewMutex("ttl", WithFixedLease(time.Second))
 	if ok, err := other.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("another owner's TryLock: %v, %v", ok, err)
 	}
@@ -305,7 +305,7 @@ func TestMutexTTL(t *testing.T) {
 func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
-	c := newClient(t, rdb, WithWatchdogLease(lease), WithMaxHold(limit))
+	c := newClient(t, rdb, WithCrashTimeout(lease), WithMaxHold(limit))
 	m := c.NewMutex("hung")
 	key := "redisync:lock:{hung}"
 	start := time.Now()
@@ -364,7 +364,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 // Extend is the holder's own call: the cap does not undo it.
 func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(60*time.Millisecond), WithMaxHold(30*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(60*time.Millisecond), WithMaxHold(30*time.Millisecond))
 	m := c.NewMutex("capext")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -396,7 +396,7 @@ func TestRedlockMaxHold(t *testing.T) {
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
 	// The default node timeout, a tenth of the lease, is shorter than a
 	// first script load on the embedded Redis under -race.
-	r := newRedlock(t, rdbs, WithWatchdogLease(lease), WithMaxHold(limit), WithNodeTimeout(100*time.Millisecond))
+	r := newRedlock(t, rdbs, WithCrashTimeout(lease), WithMaxHold(limit), WithNodeTimeout(100*time.Millisecond))
 	m := r.NewMutex("hung")
 	start := time.Now()
 	if err := m.Lock(ctx); err != nil {
@@ -421,7 +421,7 @@ func TestRedlockMaxHold(t *testing.T) {
 func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("late", WithLease(time.Second))
+	m := c.NewMutex("late", WithFixedLease(time.Second))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 func TestSemaphoreMaxHold(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
-	c := newClient(t, rdb, WithWatchdogLease(lease), WithMaxHold(limit))
+	c := newClient(t, rdb, WithCrashTimeout(lease), WithMaxHold(limit))
 	s := c.NewSemaphore("hung", 2)
 	start := time.Now()
 	if err := s.Acquire(ctx, 1); err != nil {

@@ -14,7 +14,7 @@ import (
 // it returns the handle to pass to that process. The lock is never held by
 // two at once: m gives the hold up first (its Lost channel closes, and m
 // holds nothing, whatever its levels), then Redis keeps the hold under the
-// handle for one lease (WithLease, or the watchdog lease), for Accept to
+// handle for one lease (WithFixedLease, or the watchdog lease), for Accept to
 // take with a new fencing token. If nobody accepts it in time, it runs out
 // as a lost hold does, and the lock is free.
 //

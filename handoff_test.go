@@ -75,7 +75,7 @@ func TestMutexHandoff(t *testing.T) {
 
 func TestMutexHandoffErrors(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(200*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(200*time.Millisecond))
 	m := c.NewMutex("job")
 	if _, err := m.Handoff(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Handoff holding nothing: %v, want ErrNotHeld", err)

@@ -29,7 +29,7 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *counter) {
 }
 
 // newClient returns a redisync Client closed at the end of the test.
-func newClient(t *testing.T, rdb redis.UniversalClient, opts ...ClientOption) *Client {
+func newClient(t *testing.T, rdb redis.UniversalClient, opts ...Option) *Client {
 	t.Helper()
 	c, err := New(rdb, opts...)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 // its cause tells a loss from a release.
 func TestMutexHoldContext(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(150*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
 	m := c.NewMutex("job")
 
 	hctx, cancel := m.HoldContext(ctx)
@@ -86,7 +86,7 @@ func TestMutexHoldContext(t *testing.T) {
 
 func TestMutexDo(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(150*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
 	m := c.NewMutex("job")
 	boom := errors.New("boom")
 	err := m.Do(ctx, func(ctx context.Context) error {
@@ -140,7 +140,7 @@ func TestSemaphoreDo(t *testing.T) {
 // hold (ErrReleased, ErrLockLost) and Do unlocks, or reports the loss.
 func TestRedMutexHoldContextAndDo(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
-	r := newRedlock(t, rdbs, WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
+	r := newRedlock(t, rdbs, WithCrashTimeout(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
 	m := r.NewMutex("l")
 	if hctx, cancel := m.HoldContext(ctx); !errors.Is(context.Cause(hctx), ErrNotHeld) {
 		t.Errorf("without a hold: cause %v, want ErrNotHeld", context.Cause(hctx))
@@ -211,7 +211,7 @@ func (o *hookObserver) Event(Event) {}
 func TestRedMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	obs := &hookObserver{}
-	r := newRedlock(t, rdbs, WithObserver(obs), WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
+	r := newRedlock(t, rdbs, WithObserver(obs), WithCrashTimeout(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
 	m := r.NewMutex("l")
 	key := "redisync:lock:{l}"
 
@@ -351,7 +351,7 @@ func TestMutexHoldContextLiveAfterLostCloses(t *testing.T) {
 // hold, does not release the new one.
 func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(150*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
 	m := c.NewMutex("job")
 	done := make(chan error, 1)
 	err := m.Do(ctx, func(hctx context.Context) error {

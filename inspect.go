@@ -69,7 +69,7 @@ type LockWaiter struct {
 	Waited time.Duration // since it joined the queue, by the server's clock
 	// Heartbeat is the time left before the waiter is skipped unless its
 	// Client sends a heartbeat (one for all its waiters of the lock, every
-	// third of WithHeartbeat); negative when overdue.
+	// third of WithWaiterTimeout); negative when overdue.
 	Heartbeat time.Duration
 	// HandoffLease is the lease of a hold handed to it, until its watchdog
 	// takes over.
@@ -140,8 +140,8 @@ type SemaphoreWaiter struct {
 // what it returns was true at one instant. opts name the lock's keys
 // (WithKeyPrefix) as for NewMutex; other options do not matter. A key of
 // another type than redisync writes is ErrWrongType.
-func (c *Client) InspectLock(ctx context.Context, name string, opts ...MutexOption) (*LockState, error) {
-	cfg := with(c.cfg, opts, MutexOption.applyMutex)
+func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
+	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
@@ -224,8 +224,8 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 // size, the permits in use, its holders with their leases and its queue
 // in order. It reads as InspectLock does; opts name the keys as for
 // NewSemaphore. A semaphore never used, or idle for an hour, is Empty.
-func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...SemaphoreOption) (*SemaphoreState, error) {
-	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
+func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
+	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}

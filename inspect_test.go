@@ -12,9 +12,9 @@ import (
 func TestInspectLockFreeHeldAndQueued(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	hb := 600 * time.Millisecond
-	holder := newClient(t, rdb, WithLabel("web-1"), WithHeartbeat(hb))
-	waitA := newClient(t, rdb, WithLabel("worker-a"), WithHeartbeat(hb))
-	waitB := newClient(t, rdb, WithLabel("worker-b"), WithHeartbeat(hb))
+	holder := newClient(t, rdb, WithLabel("web-1"), WithWaiterTimeout(hb))
+	waitA := newClient(t, rdb, WithLabel("worker-a"), WithWaiterTimeout(hb))
+	waitB := newClient(t, rdb, WithLabel("worker-b"), WithWaiterTimeout(hb))
 
 	st, err := holder.InspectLock(ctx, "job")
 	if err != nil {

@@ -200,7 +200,7 @@ func TestLayoutHoldHandedOverByLayout1StaysUnmarked(t *testing.T) {
 	// the old version (published on the lock's channel, not on its
 	// Client's grant channel): it takes the hold handed to it at its next
 	// recheck, within the hand-off lease (see docs/upgrading.md).
-	cb := newClient(t, rdb, WithLabel("new-waiter"), WithWatchdogLease(lease), WithRecheck(100*time.Millisecond))
+	cb := newClient(t, rdb, WithLabel("new-waiter"), WithCrashTimeout(lease), WithRecheck(100*time.Millisecond))
 	b := cb.NewMutex("job")
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -18,7 +18,7 @@ import (
 // sending, never from the reply, so that it still comes before Redis can
 // let anyone else in, at any latency.
 //
-// With a fixed lease (WithLease), Extend is how a hold is kept past its
+// With a fixed lease (WithFixedLease), Extend is how a hold is kept past its
 // lease. Under the watchdog it gives a one-off longer lease: the watchdog
 // goes on renewing the hold at its usual lease and interval, and a renewal
 // never cuts the longer lease short, so the hold outlasts failing renewals

@@ -40,7 +40,7 @@ func lockAsync(m *Mutex) <-chan error {
 // records alone: its cost does not grow with their number.
 func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithHeartbeat(150*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(150*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "shared")
 	holder := c.NewMutex("shared")
 	if err := holder.Lock(ctx); err != nil {
@@ -115,7 +115,7 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 func TestClosedClientRemovesItsDeadline(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	a := newClient(t, rdb)
-	b := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	b := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "closed")
 	holder := a.NewMutex("closed")
 	if err := holder.Lock(ctx); err != nil {
@@ -155,7 +155,7 @@ func merge(chans []<-chan error) <-chan error {
 // heartbeat, which finds the Client's deadline passed, and queues again.
 func TestMutexWaiterDroppedAsDeadQueuesAgain(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "dropped")
 	holder, w := c.NewMutex("dropped"), c.NewMutex("dropped")
 	if err := holder.Lock(ctx); err != nil {
@@ -199,7 +199,7 @@ func TestHandoffAfterLongWaitIsAdoptedFromItsMessage(t *testing.T) {
 			// Long enough that a loaded machine delivers the grant well
 			// within the hand-off lease (the heartbeat).
 			const hb = 500 * time.Millisecond
-			c := newClient(t, rdb, WithHeartbeat(hb), WithRecheck(time.Hour))
+			c := newClient(t, rdb, WithWaiterTimeout(hb), WithRecheck(time.Hour))
 			if sem {
 				adoptsAfterLongWaitSemaphore(t, mr, c, hb)
 			} else {
@@ -377,7 +377,7 @@ func TestRanBeforeSkipsHeartbeatsAfterTheGrant(t *testing.T) {
 // alive: the release hands the lock to that very ticket.
 func TestClientDeadlineAloneKeepsWaiterAlive(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithHeartbeat(150*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(150*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "alone")
 	holder, m := c.NewMutex("alone"), c.NewMutex("alone")
 	if err := holder.Lock(ctx); err != nil {
@@ -452,7 +452,7 @@ func TestFirstHeartbeatsWakeNoWaiter(t *testing.T) {
 			_, rdb, _ := newMini(t)
 			runs := &scriptRuns{n: map[string]int{}}
 			rdb.AddHook(runs)
-			c := newClient(t, rdb, WithHeartbeat(600*time.Millisecond), WithRecheck(time.Hour))
+			c := newClient(t, rdb, WithWaiterTimeout(600*time.Millisecond), WithRecheck(time.Hour))
 			const waiters = 3
 			var done []<-chan error
 			var release func() error

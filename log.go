@@ -75,6 +75,6 @@ func logEvent(log *slog.Logger, e Event) {
 // effect as an option of New (and of NewRedlock).
 //
 // The default, as with a nil l, is no logging.
-func WithLogger(l *slog.Logger) SetupOption {
-	return setting(func(cfg *config) { cfg.log = l })
+func WithLogger(l *slog.Logger) Option {
+	return option("WithLogger", atClient|atRedlock, func(cfg *config) { cfg.log = l })
 }

@@ -57,8 +57,8 @@ type MultiMutex struct {
 // is reported by every call of the MultiMutex, before any call to Redis:
 // ErrNoNames for no names, ErrDuplicateName for a name given twice,
 // ErrInvalidName and ErrInvalidOption as NewMutex reports them.
-func (c *Client) NewMultiMutex(names []string, opts ...MutexOption) *MultiMutex {
-	cfg := with(c.cfg, opts, MutexOption.applyMutex)
+func (c *Client) NewMultiMutex(names []string, opts ...Option) *MultiMutex {
+	cfg := with(c.cfg, atMutex, opts)
 	m := &MultiMutex{c: c, cfg: cfg}
 	m.names, m.err = lockOrder(cfg.prefix, names)
 	m.err = cmp.Or(m.err, cfg.err)
@@ -124,7 +124,7 @@ func oneCall(c *Client, ks []schema.Lock) bool {
 // an error occurs part-way, Lock releases the names it took and withdraws
 // from the queue it waited in, and returns the error: it holds all or
 // none. When a name's hold is lost before the last name was taken (under
-// WithLease, a lease shorter than the wait), Lock releases what is left of
+// WithFixedLease, a lease shorter than the wait), Lock releases what is left of
 // the set and takes it anew. It returns ErrClosed after Close, and the
 // errors of Redis, as Mutex.Lock does. It is safe for concurrent use.
 func (m *MultiMutex) Lock(ctx context.Context) error {

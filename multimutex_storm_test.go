@@ -253,11 +253,11 @@ func TestMultiMutexCrashFreesAll(t *testing.T) {
 	const lease = 500 * time.Millisecond
 	for _, tc := range []struct {
 		name  string
-		opt   MutexOption
+		opt   Option
 		crash bool
 	}{
-		{"watchdog-crash", WithWatchdogLease(lease), true},
-		{"fixed-lease", WithLease(lease), false},
+		{"watchdog-crash", WithCrashTimeout(lease), true},
+		{"fixed-lease", WithFixedLease(lease), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
@@ -311,7 +311,7 @@ func TestMultiMutexCrashFreesAll(t *testing.T) {
 func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
 	c := newClient(t, redistest.Client(t))
 	base := redistest.Name(t)
-	m := c.NewMultiMutex([]string{base + ":a", base + ":b"}, WithLease(500*time.Millisecond))
+	m := c.NewMultiMutex([]string{base + ":a", base + ":b"}, WithFixedLease(500*time.Millisecond))
 	other := c.NewMutex(m.Names()[1])
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ func TestMultiMutexBadInputFailsBeforeRedis(t *testing.T) {
 		{"duplicate", c.NewMultiMutex([]string{"a", "b", "a"}), ErrDuplicateName},
 		{"empty name", c.NewMultiMutex([]string{"a", ""}), ErrInvalidName},
 		{"name without a hash tag", c.NewMultiMutex([]string{"}a"}), ErrInvalidName},
-		{"bad option", c.NewMultiMutex([]string{"a", "b"}, WithLease(0)), ErrInvalidOption},
+		{"bad option", c.NewMultiMutex([]string{"a", "b"}, WithFixedLease(0)), ErrInvalidOption},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -33,7 +33,7 @@ const tombstoneTTL = 10 * time.Second
 // goroutine that holds the lock (it waits until its ctx ends).
 //
 // While the lock is held its lease is renewed by the Client's watchdog
-// (unless WithLease fixed it), and Lost tells when the hold is lost. A
+// (unless WithFixedLease fixed it), and Lost tells when the hold is lost. A
 // lost hold stays the value's until its Unlock (which returns
 // ErrLockLost): a Lock of another goroutine granted the lock meanwhile
 // returns only after that Unlock, so that two goroutines of the value are
@@ -54,8 +54,8 @@ type Mutex struct {
 //
 // The lock's keys and channel share the hash tag {name}, so that they live
 // in one Redis Cluster slot.
-func (c *Client) NewMutex(name string, opts ...MutexOption) *Mutex {
-	return c.newMutex(name, with(c.cfg, opts, MutexOption.applyMutex))
+func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
+	return c.newMutex(name, with(c.cfg, atMutex, opts))
 }
 
 // newMutex returns a Mutex for the lock called name with the options cfg.

@@ -40,11 +40,11 @@ import (
 func BenchmarkMutexLockUnlock(b *testing.B) {
 	for _, tc := range []struct {
 		name string
-		opts []ClientOption
+		opts []Option
 	}{
 		{"default", nil},
-		{"barging", []ClientOption{Barging()}},
-		{"observed", []ClientOption{WithObserver(nopObserver{})}},
+		{"barging", []Option{Barging()}},
+		{"observed", []Option{WithObserver(nopObserver{})}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
@@ -110,10 +110,10 @@ var benchDelIfOwner = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] 
 func BenchmarkMutexTryLockHeld(b *testing.B) {
 	for _, tc := range []struct {
 		name string
-		opts []MutexOption
+		opts []Option
 	}{
 		{"default", nil},
-		{"barging", []MutexOption{Barging()}},
+		{"barging", []Option{Barging()}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
@@ -351,7 +351,7 @@ func benchParseInfo(b *testing.B, info string) benchStats {
 }
 
 // benchClient returns a redisync Client closed when the benchmark ends.
-func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...ClientOption) *Client {
+func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Client {
 	b.Helper()
 	c, err := New(rdb, opts...)
 	if err != nil {

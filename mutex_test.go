@@ -33,11 +33,11 @@ func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"empty name", c.NewMutex(""), ctx, ErrInvalidName},
 		{"long name", c.NewMutex(strings.Repeat("x", MaxNameLen+1)), ctx, ErrInvalidName},
 		{"name without a hash tag", c.NewMutex("}a"), ctx, ErrInvalidName},
-		{"zero lease", c.NewMutex("a", WithLease(0)), ctx, ErrInvalidOption},
-		{"negative lease", c.NewMutex("a", WithLease(-time.Second)), ctx, ErrInvalidOption},
-		{"huge lease", c.NewMutex("a", WithLease(MaxLease+1)), ctx, ErrInvalidOption},
-		{"tiny watchdog lease", c.NewMutex("a", WithWatchdogLease(2*time.Millisecond)), ctx, ErrInvalidOption},
-		{"zero heartbeat", c.NewMutex("a", WithHeartbeat(0)), ctx, ErrInvalidOption},
+		{"zero lease", c.NewMutex("a", WithFixedLease(0)), ctx, ErrInvalidOption},
+		{"negative lease", c.NewMutex("a", WithFixedLease(-time.Second)), ctx, ErrInvalidOption},
+		{"huge lease", c.NewMutex("a", WithFixedLease(MaxLease+1)), ctx, ErrInvalidOption},
+		{"tiny watchdog lease", c.NewMutex("a", WithCrashTimeout(2*time.Millisecond)), ctx, ErrInvalidOption},
+		{"zero heartbeat", c.NewMutex("a", WithWaiterTimeout(0)), ctx, ErrInvalidOption},
 		{"zero recheck", c.NewMutex("a", WithRecheck(0)), ctx, ErrInvalidOption},
 		{"negative max hold", c.NewMutex("a", WithMaxHold(-time.Second)), ctx, ErrInvalidOption},
 		{"empty label", c.NewMutex("a", WithLabel("")), ctx, ErrInvalidOption},
@@ -172,7 +172,7 @@ func TestMutexWrongTypeTokenFailsAWaiterAtOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			c := newClient(t, rdb)
-			var o []MutexOption
+			var o []Option
 			if !fair {
 				o = append(o, Barging())
 			}
@@ -267,7 +267,7 @@ func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 
 func TestMutexLostWhenKeyRemoved(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(30*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(30*time.Millisecond))
 	m := c.NewMutex("lost")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -294,7 +294,7 @@ func TestMutexLostHoldOwesItsUnlocks(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	// The loss is seen within a third of the lease; the new hold must
 	// outlive the watchdog's pauses on a loaded machine.
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	m := c.NewMutex("again")
 	for _, try := range []func() error{
 		func() error { return m.Lock(ctx) },
@@ -372,7 +372,7 @@ func TestMutexUnlockAfterLossLeavesOtherOwnerAlone(t *testing.T) {
 func TestFixedLeaseLostAtDeadline(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("fixed", WithLease(50*time.Millisecond))
+	m := c.NewMutex("fixed", WithFixedLease(50*time.Millisecond))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -425,12 +425,12 @@ func TestCloseEndsWaitersAndHolds(t *testing.T) {
 func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		opts []MutexOption
+		opts []Option
 		want int64 // commands from the Unlock to the waiter's return
 		why  string
 	}{
 		{"fair", nil, 1, "the release, which hands the lock over"},
-		{"barging", []MutexOption{Barging()}, 2, "release, acquire"},
+		{"barging", []Option{Barging()}, 2, "release, acquire"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, rdb, cnt := newMini(t)

@@ -360,6 +360,6 @@ func (q *events) deliver(e Event) {
 // NewRedlock, whose node Clients share o).
 //
 // The default is no observer: a call then pays one nil check.
-func WithObserver(o Observer) SetupOption {
-	return setting(func(cfg *config) { cfg.obs = o })
+func WithObserver(o Observer) Option {
+	return option("WithObserver", atClient|atRedlock, func(cfg *config) { cfg.obs = o })
 }

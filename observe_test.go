@@ -164,7 +164,7 @@ func equalCounts(a, b map[Outcome]int) bool {
 func TestObserverHoldEvents(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
+	c, err := New(rdb, WithObserver(rec), WithCrashTimeout(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
 	rec.gate.Lock()
-	c := newClient(t, rdb, WithObserver(rec), WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithObserver(rec), WithCrashTimeout(300*time.Millisecond))
 	m := c.NewMutex("blocked")
 	for range 5 {
 		if err := m.Lock(ctx); err != nil {
@@ -279,7 +279,7 @@ func TestLoggerWarnings(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := New(rdb, WithLogger(log), WithWatchdogLease(2*time.Second), WithHeartbeat(100*time.Millisecond))
+	a, err := New(rdb, WithLogger(log), WithCrashTimeout(2*time.Second), WithWaiterTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,91 +20,68 @@ const (
 	minDuration = time.Millisecond
 )
 
-// Each option says by its type where it applies, so that an option given
-// where it has no meaning (Barging to a Semaphore, WithPlainPubSub to a Mutex)
-// does not compile. An option given to New (or NewRedlock) is the default
-// of everything the Client (or Redlock) creates; one given to NewMutex or
-// NewSemaphore overrides it for that value.
+// Option configures a Client (New), a Redlock (NewRedlock), or one
+// primitive (NewMutex, NewSemaphore, ...): each option's documentation
+// says where it applies. Given to New or NewRedlock, an option is the
+// default of everything created from it that it applies to; given to one
+// constructor, it overrides that default for that value. An option given
+// where it means nothing (Barging to a Semaphore, WithPlainPubSub to a
+// Mutex) is ErrInvalidOption, from New (or NewRedlock), or from every call
+// of the value built with it. A nil Option is skipped.
+type Option interface{ setting() setting }
 
-// ClientOption configures New.
-type ClientOption interface{ applyClient(*config) }
-
-// MutexOption configures NewMutex (and InspectLock, which uses its key
-// prefix).
-type MutexOption interface{ applyMutex(*config) }
-
-// SemaphoreOption configures NewSemaphore (and ResizeSemaphore and
-// InspectSemaphore, which use its key prefix).
-type SemaphoreOption interface{ applySemaphore(*config) }
-
-// RedlockOption configures NewRedlock.
-type RedlockOption interface{ applyRedlock(*config) }
-
-// RedMutexOption configures Redlock.NewMutex.
-type RedMutexOption interface{ applyRedMutex(*config) }
-
-// ElectionOption configures NewElection (and InspectElection, which uses
-// its key prefix).
-type ElectionOption interface{ applyElection(*config) }
-
-// Option applies everywhere: New, NewMutex, NewSemaphore, NewElection,
-// NewRedlock and Redlock.NewMutex.
-type Option interface {
-	ClientOption
-	MutexOption
-	SemaphoreOption
-	RedlockOption
-	RedMutexOption
-	ElectionOption
+// setting is what an Option is: a change to a config, and where it means
+// something.
+type setting struct {
+	name  string // as a user writes it, for errors
+	where where
+	set   func(*config)
 }
 
-// LocalOption applies to New, NewMutex, NewSemaphore and NewElection: to
-// primitives on one Redis deployment, not to a Redlock.
-type LocalOption interface {
-	ClientOption
-	MutexOption
-	SemaphoreOption
-	ElectionOption
+func (s setting) setting() setting { return s }
+
+// where is the set of places an option means something in.
+type where uint16
+
+// The places an option can be given to.
+const (
+	atClient    where = 1 << iota // New
+	atMutex                       // NewMutex, NewMultiMutex
+	atSemaphore                   // NewSemaphore
+	atRWMutex                     // NewRWMutex
+	atElection                    // NewElection
+	atRedlock                     // NewRedlock
+	atRedMutex                    // Redlock.NewMutex
+	atInspect                     // InspectLock, InspectSemaphore, InspectRWMutex, InspectElection, ResizeSemaphore
+
+	// local: the primitives of one deployment, whose defaults New sets.
+	local = atMutex | atSemaphore | atRWMutex | atElection
+	// locks: the primitives that hold a lease.
+	leased = local | atRedMutex
+)
+
+// places names each place, for errors.
+var places = []struct {
+	at   where
+	name string
+}{
+	{atClient, "New"}, {atMutex, "NewMutex, NewMultiMutex"}, {atSemaphore, "NewSemaphore"}, {atRWMutex, "NewRWMutex"},
+	{atElection, "NewElection"}, {atRedlock, "NewRedlock"}, {atRedMutex, "Redlock.NewMutex"},
+	{atInspect, "Inspect..., ResizeSemaphore"},
 }
 
-// LockOption applies to locks: New, NewMutex, NewRedlock and
-// Redlock.NewMutex.
-type LockOption interface {
-	ClientOption
-	MutexOption
-	RedlockOption
-	RedMutexOption
+// option returns the Option called name, which means something where.
+// Given to New (or NewRedlock), an option that means something to a
+// primitive that New (or a Redlock) creates means something there too.
+func option(name string, at where, set func(*config)) Option {
+	if at&local != 0 {
+		at |= atClient
+	}
+	if at&atRedMutex != 0 {
+		at |= atRedlock
+	}
+	return setting{name: name, where: at, set: set}
 }
-
-// FairnessOption applies to New and NewMutex.
-type FairnessOption interface {
-	ClientOption
-	MutexOption
-}
-
-// SetupOption applies to what a Client runs for everything it creates (its
-// subscriber, observer and logger): New, and NewRedlock for the Client of
-// each node.
-type SetupOption interface {
-	ClientOption
-	RedlockOption
-}
-
-// RedOption applies to NewRedlock and Redlock.NewMutex.
-type RedOption interface {
-	RedlockOption
-	RedMutexOption
-}
-
-// setting is every option: a change to a config.
-type setting func(*config)
-
-func (s setting) applyClient(cfg *config)    { s(cfg) }
-func (s setting) applyMutex(cfg *config)     { s(cfg) }
-func (s setting) applySemaphore(cfg *config) { s(cfg) }
-func (s setting) applyRedlock(cfg *config)   { s(cfg) }
-func (s setting) applyRedMutex(cfg *config)  { s(cfg) }
-func (s setting) applyElection(cfg *config)  { s(cfg) }
 
 // config is the set of options of one primitive.
 type config struct {
@@ -126,11 +103,16 @@ type config struct {
 	err            error         // the first invalid option
 }
 
+// DefaultCrashTimeout is how long the lease of a hold lasts, renewed by
+// the watchdog while its holder lives: a holder whose process dies keeps
+// others out for at most this long (see WithCrashTimeout).
+const DefaultCrashTimeout = 15 * time.Second
+
 func defaultConfig() config {
 	return config{
 		label:     defaultLabel(),
 		prefix:    "redisync",
-		watchdog:  30 * time.Second,
+		watchdog:  DefaultCrashTimeout,
 		heartbeat: 3 * time.Second,
 		recheck:   10 * time.Second,
 	}
@@ -151,15 +133,32 @@ func (cfg *config) grantLease() time.Duration {
 	return min(cfg.heartbeat, cfg.watchdog)
 }
 
-// with returns a copy of cfg with opts applied by apply (a nil option is
-// skipped).
-func with[O any](cfg config, opts []O, apply func(O, *config)) config {
+// with returns a copy of cfg with opts applied, given at place (a nil
+// option is skipped): an option that means nothing there is an invalid
+// one.
+func with(cfg config, at where, opts []Option) config {
 	for _, o := range opts {
-		if any(o) != nil {
-			apply(o, &cfg)
+		if o == nil {
+			continue
 		}
+		s := o.setting()
+		if s.where&at == 0 {
+			cfg.invalid("%s means nothing to %s", s.name, placeName(at))
+			continue
+		}
+		s.set(&cfg)
 	}
 	return cfg
+}
+
+// placeName names the place at.
+func placeName(at where) string {
+	for _, p := range places {
+		if p.at == at {
+			return p.name
+		}
+	}
+	return "this"
 }
 
 // invalid records the first invalid option.
@@ -178,34 +177,53 @@ func (cfg *config) checkDuration(what string, d time.Duration) bool {
 	return true
 }
 
-// WithLease gives every hold a fixed lease d, with no watchdog renewal: the
-// lock is released by Redis d after it was taken (re-entering does not
-// re-arm it; a Semaphore's Acquire and partial Release re-arm its
-// holder's), and Lost is closed when d has passed locally. d must be in
-// [1ms, MaxLease].
+// WithCrashTimeout sets how long a holder whose process dies (or loses
+// Redis for good) keeps others out: the lease of each hold, which the
+// Client's watchdog renews every d/3 while the holder lives. A shorter d
+// frees a crashed holder's locks sooner, and costs a renewal call more
+// often (one call per Client and renewal round, whatever the number of
+// holds); a hold whose renewals fail for about d is lost (Lost closes). d
+// must be in [3ms, MaxLease]. It applies to every primitive that holds (a
+// Mutex, RWMutex, Semaphore, MultiMutex, Election, RedMutex), and to New
+// and NewRedlock as their default.
 //
-// The default is no fixed lease: the watchdog keeps a lease of 30 s (see
-// WithWatchdogLease) alive while the lock is held.
-func WithLease(d time.Duration) Option {
-	return setting(func(cfg *config) {
-		if cfg.checkDuration("lease", d) {
+// The default is DefaultCrashTimeout, 15 s.
+func WithCrashTimeout(d time.Duration) Option {
+	return option("WithCrashTimeout", leased, func(cfg *config) {
+		if cfg.checkDuration("crash timeout", d) && cfg.checkDuration("crash timeout/3", d/3) {
+			cfg.watchdog = d
+		}
+	})
+}
+
+// WithFixedLease gives every hold a fixed lease d, with no watchdog
+// renewal: the lock is released by Redis d after it was taken (re-entering
+// does not re-arm it; a Semaphore's Acquire and partial Release re-arm its
+// holder's), and Lost is closed when d has passed locally; Extend
+// lengthens it. d must be in [1ms, MaxLease]. It applies where
+// WithCrashTimeout does.
+//
+// The default is no fixed lease: the watchdog keeps the lease alive (see
+// WithCrashTimeout).
+func WithFixedLease(d time.Duration) Option {
+	return option("WithFixedLease", leased, func(cfg *config) {
+		if cfg.checkDuration("fixed lease", d) {
 			cfg.lease = d
 		}
 	})
 }
 
-// WithWatchdogLease sets the lease that the watchdog keeps alive while a
-// lock is held; it renews it every d/3. A holder whose process dies frees
-// the lock after at most d. d must be in [3ms, MaxLease].
+// WithLease is WithFixedLease.
 //
-// The default is 30 s.
-func WithWatchdogLease(d time.Duration) Option {
-	return setting(func(cfg *config) {
-		if cfg.checkDuration("watchdog lease", d) && cfg.checkDuration("watchdog lease/3", d/3) {
-			cfg.watchdog = d
-		}
-	})
-}
+// Deprecated: use WithFixedLease, whose name says that the lease is not
+// renewed; WithCrashTimeout sets the renewed one.
+func WithLease(d time.Duration) Option { return WithFixedLease(d) }
+
+// WithWatchdogLease is WithCrashTimeout.
+//
+// Deprecated: use WithCrashTimeout, whose name says what the lease is
+// for.
+func WithWatchdogLease(d time.Duration) Option { return WithCrashTimeout(d) }
 
 // WithMaxHold caps how long the watchdog renews a hold: once d has passed
 // since the hold was taken, no renewal is sent. A holder that hangs but
@@ -216,14 +234,14 @@ func WithWatchdogLease(d time.Duration) Option {
 // affected. Extend is not capped: it is the holder's own call, made when
 // it is evidently alive. d must not be negative; 0 means no cap.
 //
-// A Mutex uses it, a RedMutex too (its node holds are renewed no longer),
-// and a Semaphore for its holding (counted from when the value went from
-// no permits to some). A hold with a fixed lease (WithLease) is never
-// renewed anyway.
+// It applies where WithCrashTimeout does: to a RedMutex too (its node
+// holds are renewed no longer), and to a Semaphore for its holding
+// (counted from when the value went from no permits to some). A hold with
+// a fixed lease (WithFixedLease) is never renewed anyway.
 //
 // The default is no cap.
 func WithMaxHold(d time.Duration) Option {
-	return setting(func(cfg *config) {
+	return option("WithMaxHold", leased, func(cfg *config) {
 		if d < 0 {
 			cfg.invalid("max hold %v is negative", d)
 			return
@@ -232,35 +250,45 @@ func WithMaxHold(d time.Duration) Option {
 	})
 }
 
-// WithHeartbeat sets how long a fair waiter stays queued without a
-// heartbeat (sent every d/3 by the Client), and the lease of a hold handed
-// to a waiter until its watchdog extends it. A waiter whose process dies is
-// skipped within d; a hand-off to a waiter that died frees the lock within
-// d. d must be in [3ms, MaxLease].
+// WithWaiterTimeout sets how long a queued waiter whose process died
+// keeps its place (and a lock handed to it, others out): a waiter is kept
+// alive by a heartbeat its Client sends every d/3, one per lock however
+// many of its waiters queue there, and a hold handed to a waiter has a
+// lease of d until its watchdog extends it. d must be in [3ms, MaxLease].
+// It applies to the primitives that queue their waiters (a fair Mutex,
+// RWMutex, Semaphore, MultiMutex, Election), and to New as their default.
 //
 // A handed-over hold's deadline counts from the last heartbeat that Redis
 // confirmed before the hand-off, up to d/3 and a round trip earlier, and
 // its first renewal takes another round trip: so d must exceed three round
-// trips to Redis (and the watchdog lease too), or a waiter handed the lock
+// trips to Redis (and the crash timeout too), or a waiter handed the lock
 // loses it at once (safely: Lost closes before anyone else can get in).
 //
 // The default is 3 s.
-func WithHeartbeat(d time.Duration) LocalOption {
-	return setting(func(cfg *config) {
-		if cfg.checkDuration("heartbeat", d) && cfg.checkDuration("heartbeat/3", d/3) {
+func WithWaiterTimeout(d time.Duration) Option {
+	return option("WithWaiterTimeout", local, func(cfg *config) {
+		if cfg.checkDuration("waiter timeout", d) && cfg.checkDuration("waiter timeout/3", d/3) {
 			cfg.heartbeat = d
 		}
 	})
 }
+
+// WithHeartbeat is WithWaiterTimeout.
+//
+// Deprecated: use WithWaiterTimeout, whose name says what it bounds.
+func WithHeartbeat(d time.Duration) Option { return WithWaiterTimeout(d) }
 
 // WithRecheck sets the longest a waiter sleeps without asking Redis again
 // when no message wakes it. Messages are only a hint (pub/sub may lose one
 // across a reconnect), so this bounds every wait. d must be in [1ms,
 // MaxLease].
 //
+// It applies to every primitive that waits, and to New and NewRedlock as
+// their default.
+//
 // The default is 10 s.
 func WithRecheck(d time.Duration) Option {
-	return setting(func(cfg *config) {
+	return option("WithRecheck", leased, func(cfg *config) {
 		if cfg.checkDuration("recheck interval", d) {
 			cfg.recheck = d
 		}
@@ -270,9 +298,13 @@ func WithRecheck(d time.Duration) Option {
 // WithKeyPrefix sets the prefix of every Redis key and channel. It must not
 // be empty nor contain '{' or '}' (the name is the keys' hash tag).
 //
+// It applies everywhere: to New and NewRedlock as the default, to every
+// primitive, and to the Inspect calls and ResizeSemaphore, which read and
+// change a primitive's keys.
+//
 // The default is "redisync".
 func WithKeyPrefix(p string) Option {
-	return setting(func(cfg *config) {
+	return option("WithKeyPrefix", leased|atInspect, func(cfg *config) {
 		if p == "" || strings.ContainsAny(p, "{}") {
 			cfg.invalid("key prefix %q must be non-empty and without braces", p)
 			return
@@ -290,28 +322,33 @@ func WithKeyPrefix(p string) Option {
 // and an uncontended Lock and Unlock run a call fewer inside Redis.
 // docs/benchmarks.md measures the trade-off.
 //
+// It applies to a Mutex and a MultiMutex (each of its names), and to New
+// as their default. (A RedMutex always barges: see NewMutex of Redlock.)
+//
 // The default is fair: a Mutex serves its waiters first come, first
 // served across all processes, and the release that frees the lock hands
 // it directly to the next waiter, in the same script. See the package
 // documentation.
-func Barging() FairnessOption {
-	return setting(func(cfg *config) { cfg.barging = true })
+func Barging() Option {
+	return option("Barging", atMutex, func(cfg *config) { cfg.barging = true })
 }
 
 // Fair makes a Mutex fair, the default: given to NewMutex, it undoes a
 // Client's Barging for that Mutex. See Barging.
-func Fair() FairnessOption {
-	return setting(func(cfg *config) { cfg.barging = false })
+func Fair() Option {
+	return option("Fair", atMutex, func(cfg *config) { cfg.barging = false })
 }
 
 // WithPlainPubSub makes a Client on a Redis Cluster wake waiters with
 // plain PUBLISH and SUBSCRIBE, which every node of the cluster relays to
-// every other, instead of sharded pub/sub, which needs Redis 7. It only
-// has an effect as an option of New, and only on a *redis.ClusterClient.
+// every other, instead of sharded pub/sub, which needs Redis 7. Every
+// Client of a cluster must agree: a waiter subscribed one way does not hear
+// a release published the other. It applies to New and NewRedlock (each
+// node's Client), and matters only on a Redis Cluster.
 //
-// The default on a *redis.ClusterClient is sharded pub/sub.
-func WithPlainPubSub() SetupOption {
-	return setting(func(cfg *config) { cfg.plain = true })
+// The default on a Redis Cluster is sharded pub/sub.
+func WithPlainPubSub() Option {
+	return option("WithPlainPubSub", atClient|atRedlock, func(cfg *config) { cfg.plain = true })
 }
 
 // checkName validates a primitive's name. The name is its keys' hash tag
@@ -340,9 +377,10 @@ const MaxLabelLen = 64
 //
 // A label is 1 to MaxLabelLen printable ASCII characters other than space,
 // '{' and '}' (which would change a key's hash tag): ErrInvalidOption
-// otherwise. It costs nothing in calls; it makes hold ids longer.
+// otherwise. It costs nothing in calls; it makes hold ids longer. It
+// applies to New and NewRedlock as the default, and to every primitive.
 func WithLabel(label string) Option {
-	return setting(func(cfg *config) {
+	return option("WithLabel", leased, func(cfg *config) {
 		if err := checkLabel(label); err != "" {
 			cfg.invalid("label %q %s", label, err)
 			return
@@ -363,10 +401,14 @@ const MaxMetadataLen = 1024
 // most MaxMetadataLen bytes (ErrInvalidOption otherwise), of any content.
 // A Semaphore does not store it.
 //
+// It applies to a Mutex, a MultiMutex (each name's hold) and a RedMutex,
+// and to New and NewRedlock as their default. (An Election's value is the
+// metadata of its leader's hold: see Campaign.)
+//
 // The default is none. It costs no call; it adds its length to each
 // acquisition's request.
-func WithMetadata(meta string) LockOption {
-	return setting(func(cfg *config) {
+func WithMetadata(meta string) Option {
+	return option("WithMetadata", atMutex|atRedMutex, func(cfg *config) {
 		if len(meta) > MaxMetadataLen {
 			cfg.invalid("metadata of %d bytes is longer than %d", len(meta), MaxMetadataLen)
 			return

@@ -1,57 +1,60 @@
 package redisync
 
 import (
-	"bufio"
 	"errors"
+	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Issue 15, point 5: an option given where it does not apply does not
-// compile. testdata/misuse gives six; the compiler must refuse each line.
-func TestOptionMisuseDoesNotCompile(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the compiler")
+// TestOptionWhereItMeansNothing: one Option type serves every
+// constructor; an option given where it means nothing is ErrInvalidOption,
+// from New and NewRedlock, and from every call of a value built with it,
+// before any call to Redis.
+func TestOptionWhereItMeansNothing(t *testing.T) {
+	_, rdb, cnt := newMini(t)
+	c := newClient(t, rdb)
+	r := newRedlock(t, []redis.UniversalClient{rdb})
+	for _, tc := range []struct {
+		what string
+		call func() error
+	}{
+		{"Barging to a Semaphore", func() error { return c.NewSemaphore("s", 1, Barging()).Acquire(ctx, 1) }},
+		{"Barging to a RWMutex", func() error { return c.NewRWMutex("rw", Barging()).Lock(ctx) }},
+		{"Barging to an Election", func() error { return c.NewElection("e", Barging()).Campaign(ctx, "v") }},
+		{"WithPlainPubSub to a Mutex", func() error { return c.NewMutex("m", WithPlainPubSub()).Lock(ctx) }},
+		{"WithNodeTimeout to a Mutex", func() error { return c.NewMutex("m", WithNodeTimeout(time.Second)).Lock(ctx) }},
+		{"WithMetadata to a Semaphore", func() error { return c.NewSemaphore("s", 1, WithMetadata("x")).Acquire(ctx, 1) }},
+		{"WithObserver to a RedMutex", func() error { return r.NewMutex("m", WithObserver(nil)).Lock(ctx) }},
+		{"WithReplicas to a RedMutex", func() error { return r.NewMutex("m", WithReplicas(1, time.Second)).Lock(ctx) }},
+		{"WithWaiterTimeout to a RedMutex", func() error { return r.NewMutex("m", WithWaiterTimeout(time.Second)).Lock(ctx) }},
+		{"WithLabel to InspectLock", func() error { _, err := c.InspectLock(ctx, "m", WithLabel("x")); return err }},
+		{"Barging to NewRedlock", func() error { _, err := NewRedlock([]redis.UniversalClient{rdb}, Barging()); return err }},
+		{"WithNodeTimeout to New", func() error { _, err := New(rdb, WithNodeTimeout(time.Second)); return err }},
+	} {
+		if err := tc.call(); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", tc.what, err)
+		} else if !strings.Contains(err.Error(), "means nothing") {
+			t.Errorf("%s: %q does not say where the option means nothing", tc.what, err)
+		}
 	}
-	src := filepath.Join("testdata", "misuse", "main.go")
-	f, err := os.Open(src)
-	if err != nil {
+	if n := cnt.n.Load(); n != 0 {
+		t.Errorf("%d commands reached Redis", n)
+	}
+	// Given to New, an option of the primitives is their default: a
+	// Semaphore of a barging Client is as any other.
+	barging := newClient(t, rdb, Barging(), WithMetadata("x"))
+	s := barging.NewSemaphore("s", 1)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatalf("a Semaphore of a Client given Barging: %v", err)
+	}
+	if err := s.Release(ctx, 1); err != nil {
 		t.Fatal(err)
-	}
-	want := map[int]string{} // line -> what it misuses
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		if _, what, ok := strings.Cut(sc.Text(), "// misuse: "); ok {
-			want[n] = what
-		}
-	}
-	_ = f.Close()
-	if len(want) != 6 {
-		t.Fatalf("%d misuses in %s, want 6", len(want), src)
-	}
-	out, err := exec.Command("go", "build", "-o", os.DevNull, "./testdata/misuse").CombinedOutput()
-	if err == nil {
-		t.Fatalf("go build of %s succeeded; want it refused", src)
-	}
-	refused := map[int]bool{}
-	for _, m := range regexp.MustCompile(`main\.go:(\d+):\d+: .*does not implement`).FindAllStringSubmatch(string(out), -1) {
-		n, _ := strconv.Atoi(m[1])
-		refused[n] = true
-	}
-	for n, what := range want {
-		if !refused[n] {
-			t.Errorf("line %d (%s) compiled; go build said:\n%s", n, what, out)
-		}
-	}
-	if len(refused) != len(want) {
-		t.Errorf("refused lines %v, want exactly %v:\n%s", refused, want, out)
 	}
 }
 
@@ -63,13 +66,13 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		what string
 		rdb  redis.UniversalClient
-		opts []ClientOption
+		opts []Option
 		want error
 	}{
 		{"nil client", nil, nil, ErrNilClient},
 		{"typed nil client", typedNil, nil, ErrNilClient},
-		{"bad lease", rdb, []ClientOption{WithLease(0)}, ErrInvalidOption},
-		{"bad label", rdb, []ClientOption{WithLabel("a b")}, ErrInvalidOption},
+		{"bad lease", rdb, []Option{WithFixedLease(0)}, ErrInvalidOption},
+		{"bad label", rdb, []Option{WithLabel("a b")}, ErrInvalidOption},
 	} {
 		if c, err := New(tc.rdb, tc.opts...); c != nil || !errors.Is(err, tc.want) {
 			t.Errorf("New, %s: %v, %v; want nil, %v", tc.what, c, err, tc.want)
@@ -82,5 +85,78 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 	_ = c.Close()
 	if n := cnt.n.Load(); n != 0 {
 		t.Errorf("%d commands sent", n)
+	}
+}
+
+// TestDeprecatedLeaseOptions: the lease options' old names set what their
+// new names do, for one release.
+func TestDeprecatedLeaseOptions(t *testing.T) {
+	got := with(defaultConfig(), atMutex, []Option{WithLease(time.Second), WithWatchdogLease(2 * time.Second), WithHeartbeat(3 * time.Second)})
+	want := with(defaultConfig(), atMutex, []Option{WithFixedLease(time.Second), WithCrashTimeout(2 * time.Second), WithWaiterTimeout(3 * time.Second)})
+	if got.lease != want.lease || got.watchdog != want.watchdog || got.heartbeat != want.heartbeat || got.err != nil {
+		t.Fatalf("old names: lease %v, watchdog %v, heartbeat %v, %v; new names: %v, %v, %v",
+			got.lease, got.watchdog, got.heartbeat, got.err, want.lease, want.watchdog, want.heartbeat)
+	}
+	if d := defaultConfig().watchdog; d != DefaultCrashTimeout {
+		t.Fatalf("default crash timeout %v, want %v", d, DefaultCrashTimeout)
+	}
+}
+
+// documentedOptions are the options docs/options.md lists, in its order,
+// with the default it gives each.
+var documentedOptions = []struct {
+	opt         Option
+	what, deflt string
+}{
+	{WithCrashTimeout(time.Second), "how long a crashed holder keeps others out: the lease the watchdog renews every third of it", "15 s"},
+	{WithFixedLease(time.Second), "a lease that is not renewed: the hold ends when it runs out (Extend lengthens it)", "renewed"},
+	{WithMaxHold(time.Second), "stop renewing a hold this long after it was taken (a holder that hangs loses it)", "no cap"},
+	{WithWaiterTimeout(time.Second), "how long a queued waiter whose process died keeps its place", "3 s"},
+	{WithRecheck(time.Second), "the longest a waiter sleeps without a message", "10 s"},
+	{Barging(), "take a free lock ahead of queued waiters (Redisson's unfair lock)", "fair"},
+	{Fair(), "undo a Client's Barging for one Mutex", "fair"},
+	{WithMetadata(""), "a string stored with every hold, read by InspectLock and redisync status", "none"},
+	{WithLabel("x"), "how hold ids start, to name the holder to people", "host/pid"},
+	{WithKeyPrefix("x"), "the prefix of every key and channel", "redisync"},
+	{WithReplicas(1, time.Second), "wait for n replicas to acknowledge every acquisition (WAIT)", "no wait"},
+	{WithNodeTimeout(time.Second), "how long a Redlock round waits for one node", "lease/10, at most 500 ms"},
+	{WithPlainPubSub(), "PUBLISH and SUBSCRIBE on a Redis Cluster, for servers before Redis 7", "sharded pub/sub"},
+	{WithObserver(nil), "tell an Observer every call and background event (metrics, traces)", "none"},
+	{WithLogger(nil), "log what an operator must see with log/slog", "none"},
+}
+
+// optionsTable renders docs/options.md's table from the options' own
+// places.
+func optionsTable() string {
+	var b strings.Builder
+	b.WriteString("| option | what it sets | default |")
+	for _, p := range places {
+		b.WriteString(" " + p.name + " |")
+	}
+	b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(places)) + "\n")
+	for _, o := range documentedOptions {
+		s := o.opt.setting()
+		fmt.Fprintf(&b, "| `%s` | %s | %s |", s.name, o.what, o.deflt)
+		for _, p := range places {
+			mark := ""
+			if s.where&p.at != 0 {
+				mark = "yes"
+			}
+			b.WriteString(" " + mark + " |")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// TestOptionsDocumented: docs/options.md's table says where each option
+// applies as the options themselves do.
+func TestOptionsDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("docs", "options.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := optionsTable(); !strings.Contains(string(b), want) {
+		t.Fatalf("docs/options.md lacks the table of the options as they are; it should hold:\n\n%s", want)
 	}
 }

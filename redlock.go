@@ -53,8 +53,8 @@ type Redlock struct {
 //
 // An even number of nodes is accepted, but tolerates no more failures than
 // one node fewer: 4 nodes need 3, like 5; 2 nodes need both.
-func NewRedlock(rdbs []redis.UniversalClient, opts ...RedlockOption) (*Redlock, error) {
-	r := &Redlock{cfg: with(defaultConfig(), opts, RedlockOption.applyRedlock), quorum: len(rdbs)/2 + 1}
+func NewRedlock(rdbs []redis.UniversalClient, opts ...Option) (*Redlock, error) {
+	r := &Redlock{cfg: with(defaultConfig(), atRedlock, opts), quorum: len(rdbs)/2 + 1}
 	if err := cmp.Or(checkNodes(rdbs), r.cfg.err); err != nil {
 		return nil, err
 	}
@@ -154,11 +154,12 @@ func nodeKey(rdb redis.UniversalClient, cluster clusterClient) any {
 // it counts the node as failed for this round (the call goes on in the
 // background, and whatever it did is undone when it returns). It should be
 // small next to the lease: the time a round takes is taken off the lock's
-// validity. d must be in [1ms, MaxLease]. Only a Redlock uses it.
+// validity. d must be in [1ms, MaxLease]. It applies to NewRedlock, as
+// the default, and to a RedMutex.
 //
 // The default is a tenth of the lease, at most 500 ms.
-func WithNodeTimeout(d time.Duration) RedOption {
-	return setting(func(cfg *config) {
+func WithNodeTimeout(d time.Duration) Option {
+	return option("WithNodeTimeout", atRedMutex, func(cfg *config) {
 		if cfg.checkDuration("node timeout", d) {
 			cfg.node = d
 		}

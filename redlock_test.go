@@ -29,7 +29,7 @@ func newMiniNodes(t *testing.T, n int) ([]*miniredis.Miniredis, []redis.Universa
 }
 
 // newRedlock returns a Redlock closed at the end of the test.
-func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...RedlockOption) *Redlock {
+func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...Option) *Redlock {
 	t.Helper()
 	r, err := NewRedlock(rdbs, opts...)
 	if err != nil {
@@ -47,7 +47,7 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 	cases := []struct {
 		what string
 		rdbs []redis.UniversalClient
-		opts []RedlockOption
+		opts []Option
 		name string
 		want error
 	}{
@@ -57,8 +57,8 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 		{"typed nil node", []redis.UniversalClient{rdbs[0], typedNil}, nil, "a", ErrNilClient},
 		{"same client twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "a", ErrDuplicateNode},
 		{"same address twice", []redis.UniversalClient{rdbs[0], rdbs[1], same}, nil, "a", ErrDuplicateNode},
-		{"bad lease", rdbs, []RedlockOption{WithLease(0)}, "a", ErrInvalidOption},
-		{"bad node timeout", rdbs, []RedlockOption{WithNodeTimeout(0)}, "a", ErrInvalidOption},
+		{"bad lease", rdbs, []Option{WithFixedLease(0)}, "a", ErrInvalidOption},
+		{"bad node timeout", rdbs, []Option{WithNodeTimeout(0)}, "a", ErrInvalidOption},
 		{"empty name", rdbs, nil, "", ErrInvalidName},
 		{"bad lock option", rdbs, nil, "a", ErrInvalidOption},
 	}
@@ -74,9 +74,9 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 				return
 			}
 			t.Cleanup(func() { _ = r.Close() })
-			var opts []RedMutexOption
+			var opts []Option
 			if tc.what == "bad lock option" {
-				opts = append(opts, WithLease(-1))
+				opts = append(opts, WithFixedLease(-1))
 			}
 			m := r.NewMutex(tc.name, opts...)
 			if err := m.Lock(context.Background()); !errors.Is(err, tc.want) {
@@ -95,7 +95,7 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 			t.Errorf("node %d got %d commands, want none", i, n)
 		}
 	}
-	// Fair is not a RedlockOption: giving it to a Redlock does not
+	// Fair is not a Option: giving it to a Redlock does not
 	// compile (TestOptionMisuseDoesNotCompile).
 }
 
@@ -293,7 +293,7 @@ func TestRedlockNoQuorum(t *testing.T) {
 func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
-	r := newRedlock(t, rdbs, WithWatchdogLease(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond)) // a node timeout that a busy machine meets
+	r := newRedlock(t, rdbs, WithCrashTimeout(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond)) // a node timeout that a busy machine meets
 	m := r.NewMutex("l")
 	lockOnAll(t, m)
 	key := "redisync:lock:{l}"

@@ -40,8 +40,8 @@ type RedMutex struct {
 // NewMutex returns a RedMutex for the lock called name on every node of r.
 // It does no I/O; bad input (ErrInvalidName, ErrInvalidOption, or the
 // Redlock's own) is reported by every call, before any call to Redis.
-func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
-	cfg := with(r.cfg, opts, RedMutexOption.applyRedMutex)
+func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
+	cfg := with(r.cfg, atRedMutex, opts)
 	// A RedMutex barges: independent nodes keep independent queues, which
 	// may order the same waiters differently, so that each node would hand
 	// its lock to another waiter and none reach a quorum. Ordering waiters
@@ -67,7 +67,7 @@ func (r *Redlock) NewMutex(name string, opts ...RedMutexOption) *RedMutex {
 // Lock blocks until the lock is held for this call on a quorum of nodes,
 // ctx ends or the Redlock is closed. When ctx carries m's hold (Do's,
 // HoldContext's), Lock re-enters it at once, with no call to Redis (and,
-// under WithLease, without re-arming the lease).
+// under WithFixedLease, without re-arming the lease).
 //
 // Each round tries every node at once, each for at most the node timeout
 // (WithNodeTimeout). It wins when a quorum granted the lock and raised its

@@ -21,11 +21,13 @@ import (
 // acknowledge receipt, not persistence). It narrows the window in which a
 // failover grants a lock twice; it does not close it. See
 // docs/deployment.md.
-// n must be in [1, 100] and timeout in [1ms, MaxLease].
+// n must be in [1, 100] and timeout in [1ms, MaxLease]. It applies to the
+// primitives of one deployment (a Mutex, RWMutex, Semaphore, MultiMutex,
+// Election), and to New as their default; not to a Redlock.
 //
 // The default is not to wait for replicas.
-func WithReplicas(n int, timeout time.Duration) LocalOption {
-	return setting(func(cfg *config) {
+func WithReplicas(n int, timeout time.Duration) Option {
+	return option("WithReplicas", local, func(cfg *config) {
 		if n < 1 || n > 100 {
 			cfg.invalid("replicas %d is outside [1, 100]", n)
 			return

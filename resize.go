@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // ResizeSemaphore changes the size of the semaphore called name from
@@ -18,8 +20,9 @@ import (
 // After a growth the waiters that now fit are granted at once. From then
 // on, Semaphore values of the old size fail with ErrSizeMismatch: open
 // them again with the new one.
-func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...SemaphoreOption) error {
-	s := c.NewSemaphore(name, to, opts...)
+func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...Option) error {
+	cfg := with(c.cfg, atInspect, opts)
+	s := c.newSemaphore(name, to, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
 	if err := cmp.Or(s.err, checkSize(from), c.usable(), ctx.Err()); err != nil {
 		return s.wrap("resize", err)
 	}

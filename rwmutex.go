@@ -46,8 +46,8 @@ import (
 // the value waits for it, as does a read granted while a lost write
 // waits for its Unlock.
 //
-// The options are those of a Semaphore (WithLease, WithWatchdogLease,
-// WithHeartbeat, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
+// The options are those of a Semaphore (WithFixedLease, WithCrashTimeout,
+// WithWaiterTimeout, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
 type RWMutex struct {
 	c    *Client
 	name string
@@ -73,8 +73,8 @@ type rwHold struct {
 // NewRWMutex returns a RWMutex called name. It does no I/O. An invalid
 // name (ErrInvalidName) or option (ErrInvalidOption) is reported by every
 // call of the RWMutex, before any call to Redis.
-func (c *Client) NewRWMutex(name string, opts ...SemaphoreOption) *RWMutex {
-	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
+func (c *Client) NewRWMutex(name string, opts ...Option) *RWMutex {
+	cfg := with(c.cfg, atRWMutex, opts)
 	return &RWMutex{c: c, name: name, cfg: cfg, keys: schema.RWMutexKeys(cfg.prefix, name),
 		err: cmp.Or(checkName(name), cfg.err), changed: make(chan struct{})}
 }
@@ -464,8 +464,8 @@ const RWMutexWrite = schema.RWMutexSize
 // holder or waiter with RWMutexWrite permits is a write, one with 1 a
 // read. opts name the keys as for NewRWMutex. A lock never used, or idle
 // for an hour, is Empty.
-func (c *Client) InspectRWMutex(ctx context.Context, name string, opts ...SemaphoreOption) (*SemaphoreState, error) {
-	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
+func (c *Client) InspectRWMutex(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
+	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect rwmutex", name, err)
 	}

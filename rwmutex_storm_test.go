@@ -116,7 +116,7 @@ func rwStorm(t *testing.T, seed uint64, values int) {
 	var wg sync.WaitGroup
 	vs := make([]*RWMutex, values)
 	for v := range vs {
-		vs[v] = clients[v%len(clients)].NewRWMutex(name, WithHeartbeat(300*time.Millisecond))
+		vs[v] = clients[v%len(clients)].NewRWMutex(name, WithWaiterTimeout(300*time.Millisecond))
 	}
 	for g := range 12 {
 		rng := rand.New(rand.NewPCG(seed, uint64(g)))

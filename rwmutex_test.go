@@ -57,7 +57,7 @@ func TestRWMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 	}{
 		{"empty name", c.NewRWMutex(""), ctx, ErrInvalidName},
 		{"name without a hash tag", c.NewRWMutex("}rw"), ctx, ErrInvalidName},
-		{"invalid option", c.NewRWMutex("rw", WithLease(0)), ctx, ErrInvalidOption},
+		{"invalid option", c.NewRWMutex("rw", WithFixedLease(0)), ctx, ErrInvalidOption},
 		{"cancelled context", c.NewRWMutex("rw"), cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
@@ -303,7 +303,7 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	rdb := newReal(t)
 	name := uniqueName(t)
 	const lease = 300 * time.Millisecond
-	reader := newClient(t, rdb).NewRWMutex(name, WithLease(lease))
+	reader := newClient(t, rdb).NewRWMutex(name, WithFixedLease(lease))
 	reading := make(chan struct{})
 	readDone := async(func() error {
 		return reader.RDo(ctx, func(rctx context.Context) error {
@@ -318,7 +318,7 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	})
 	<-reading
 	start := time.Now()
-	other := newClient(t, rdb).NewRWMutex(name, WithLease(time.Hour))
+	other := newClient(t, rdb).NewRWMutex(name, WithFixedLease(time.Hour))
 	if err := other.RLock(ctx); err != nil { // a live reader, released at once
 		t.Fatal(err)
 	}
@@ -465,7 +465,7 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 
 func TestRWMutexLostHoldIsReportedUntilReleased(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	rw := c.NewRWMutex("rw")
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -28,13 +28,13 @@ import (
 // without asking Redis again.
 //
 // While permits are held their lease is renewed by the Client's watchdog
-// (unless WithLease fixed it), and Lost tells when they are lost.
+// (unless WithFixedLease fixed it), and Lost tells when they are lost.
 //
 // The options work as for a Mutex (WithMaxHold caps how long a holding is
 // renewed, from when the value went from no permits to some, however many
-// Acquires and Releases follow): WithLease gives permits a fixed lease
+// Acquires and Releases follow): WithFixedLease gives permits a fixed lease
 // (re-armed by every Acquire and partial Release of the holder) and
-// WithWatchdogLease sets the renewed one; WithHeartbeat sets how long a
+// WithCrashTimeout sets the renewed one; WithWaiterTimeout sets how long a
 // queued waiter stays queued without a heartbeat, and the lease of permits
 // granted to a waiter until its watchdog extends them; WithRecheck bounds
 // every sleep. A Semaphore is always fair; Barging is no option of it.
@@ -83,8 +83,8 @@ const MaxSemaphoreSize = schema.RWMutexSize
 // with another size fails with ErrSizeMismatch. The size is kept while the
 // semaphore is in use and for an hour after its last Acquire; change it
 // with Client.ResizeSemaphore.
-func (c *Client) NewSemaphore(name string, size int64, opts ...SemaphoreOption) *Semaphore {
-	cfg := with(c.cfg, opts, SemaphoreOption.applySemaphore)
+func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphore {
+	cfg := with(c.cfg, atSemaphore, opts)
 	return c.newSemaphore(name, size, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
 }
 

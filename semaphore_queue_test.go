@@ -215,7 +215,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	const hb = 30 * time.Millisecond
-	c := newClient(t, rdb, WithHeartbeat(hb), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(hb), WithRecheck(time.Hour))
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 
 func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithRecheck(time.Hour)) // grant lease 3 s, lease 30 s
+	c := newClient(t, rdb, WithRecheck(time.Hour)) // grant lease 3 s, lease DefaultCrashTimeout
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -268,8 +268,8 @@ func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if left := time.Until(time.UnixMilli(int64(exp))); left < 25*time.Second {
-		t.Fatalf("the holder's lease ends in %v, want about 30s (the watchdog renews after 10s)", left)
+	if left := time.Until(time.UnixMilli(int64(exp))); left < DefaultCrashTimeout-5*time.Second {
+		t.Fatalf("the holder's lease ends in %v, want about %v (the watchdog renews after a third of it)", left, DefaultCrashTimeout)
 	}
 	if err := w.Release(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -278,7 +278,7 @@ func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 
 func TestSemaphoreWaiterDroppedAsDeadQueuesAgainWithHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

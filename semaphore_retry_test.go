@@ -143,7 +143,7 @@ func TestSemaphoreLostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	// A lease short enough that the loss is seen soon, long enough that
 	// the later holding is not lost to a starved watchdog under -race.
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	s := c.NewSemaphore("s", 2)
 
 	// Long enough for the Acquire (a new Client's first call loads the
@@ -227,7 +227,7 @@ func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
 // withdrawn" although nothing went wrong but a lost reply.
 func TestSemaphoreRetriedRotationFailsAcquire(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
-	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -308,7 +308,7 @@ func TestSemaphoreFailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
 			fail, cut := &failOnce{}, &runThenFail{}
 			rdb.AddHook(fail)
 			rdb.AddHook(cut)
-			c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+			c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 			s := c.NewSemaphore("s", 3)
 			if err := s.Acquire(ctx, 3); err != nil {
 				t.Fatal(err)
@@ -349,7 +349,7 @@ func TestSemaphoreQueuedAcquireRevivesReleasedHoldingsPermits(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close(); _ = rdbX.Close() })
 	hook := &failOnce{}
 	rdb.AddHook(hook)
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond), WithRecheck(time.Hour))
 	cx := newClient(t, rdbX)
 	s, x := c.NewSemaphore("s", 2), cx.NewSemaphore("s", 2)
 	if err := s.Acquire(ctx, 1); err != nil {
@@ -552,8 +552,6 @@ func (h *failRetry) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-
-
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // Review 4, finding 1: a late copy of the first attempt of a holding (the
@@ -749,7 +747,7 @@ func TestSemaphoreRetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &lostReplyAt{}
 	rdb.AddHook(hook)
-	c := newClient(t, rdb, WithHeartbeat(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	x, s := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
 	if err := x.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)

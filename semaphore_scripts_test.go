@@ -180,16 +180,12 @@ func TestSemaphoreScriptsAcquireWithAReclaimMeetingWrongTypeWritesNothing(t *tes
 // Review 21: the semaphore scripts read the holders once (sem_load) and
 // the queue head once (sem_peek), and sem_serve reports whether it stopped
 // at a live waiter (4854a18, 2c4387a). The tests here run today's scripts
-// and those of diffBase (copied into testdata/semaphore-9826e3b) side by side, on a
+// and those of the reference (copied into testdata/semaphore-9826e3b) side by side, on a
 // real Redis, from the same states with the same arguments and the same
 // server clock, and require the same replies, the same state afterwards
 // and the same messages published: the change was to read less, not to
 // behave otherwise. A later change that means to change what the
 // semaphore scripts do updates the copy, or these tests, with it.
-
-// diffBase is the parent of the reviewed commit: the scripts it had
-// (testdata/semaphore-9826e3b) are the reference.
-const diffBase = "9826e3b"
 
 // diffClock is the fake server clock of the tests, in ms.
 const diffClock = int64(1_790_000_000_000)

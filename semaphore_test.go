@@ -71,7 +71,7 @@ func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"zero permits", c.NewSemaphore("s", 3), 0, ctx, ErrInvalidPermits},
 		{"negative permits", c.NewSemaphore("s", 3), -1, ctx, ErrInvalidPermits},
 		{"more permits than size", c.NewSemaphore("s", 3), 4, ctx, ErrInvalidPermits},
-		{"invalid option", c.NewSemaphore("s", 3, WithLease(0)), 1, ctx, ErrInvalidOption},
+		{"invalid option", c.NewSemaphore("s", 3, WithFixedLease(0)), 1, ctx, ErrInvalidOption},
 		{"cancelled context", c.NewSemaphore("s", 3), 1, cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
@@ -328,7 +328,7 @@ func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	// Grant lease (the heartbeat) and recheck long: the permits must be
 	// given back, not left to run out.
-	c := newClient(t, rdb, WithRecheck(time.Hour), WithHeartbeat(time.Hour))
+	c := newClient(t, rdb, WithRecheck(time.Hour), WithWaiterTimeout(time.Hour))
 	holder, w, next := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
 	if err := holder.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
@@ -367,7 +367,7 @@ func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
 func TestSemaphoreExpiredHolderIsReclaimed(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	dead := c.NewSemaphore("s", 2, WithLease(time.Minute))
+	dead := c.NewSemaphore("s", 2, WithFixedLease(time.Minute))
 	if err := dead.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +425,7 @@ func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	// The loss is seen within a third of the lease; the later holding
 	// must outlive the watchdog's pauses under -race.
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	s := c.NewSemaphore("s", 2)
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -135,10 +135,10 @@ func shareValue(t *testing.T, values []exclusive, workers, rounds int) {
 	}
 	wg.Wait()
 	close(errs)
+	holds := log.check(t)
 	for err := range errs {
 		t.Fatal(err)
 	}
-	holds := log.check(t)
 	if got := reg.read(); got != int64(holds) || holds != len(values)*workers*rounds {
 		t.Fatalf("register %d after %d holds (%d expected): updates were lost", got, holds, len(values)*workers*rounds)
 	}
@@ -181,9 +181,10 @@ func TestSharedValueExcludes(t *testing.T) {
 	}
 	t.Run("RedMutex", func(t *testing.T) {
 		_, rdbs, _ := newMiniNodes(t, 3)
+		name := redistest.Name(t)
 		var values []exclusive
 		for range 2 {
-			m := newRedlock(t, rdbs).NewMutex(redistest.Name(t))
+			m := newRedlock(t, rdbs).NewMutex(name)
 			values = append(values, exclusive{m.Lock, m.Unlock, m.Token})
 		}
 		shareValue(t, values, 4, 6)
@@ -340,7 +341,7 @@ func TestReentryFollowsTheHoldsContext(t *testing.T) {
 // releases the later hold, which any goroutine may then Unlock.
 func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
 	rdb := redistest.Client(t)
-	c := newClient(t, rdb, WithWatchdogLease(300*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	m := c.NewMutex(redistest.Name(t))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 func TestNothingLeftWithoutTTL(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	for _, opts := range [][]MutexOption{{Barging()}, nil} {
+	for _, opts := range [][]Option{{Barging()}, nil} {
 		a, b := c.NewMutex("m", opts...), c.NewMutex("m", opts...)
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -114,7 +114,7 @@ func TestTokensIncreaseAcrossStateExpiry(t *testing.T) {
 // Review 5, finding 2: a semaphore's size is to live "while it is in use
 // and an hour after its last Acquire", but a partial Release re-arms the
 // holder's lease (sem_rearm) without the size key's TTL, and with a fixed
-// lease nothing renews it. A holder that acquires with WithLease and gives
+// lease nothing renews it. A holder that acquires with WithFixedLease and gives
 // back part of its permits late in the lease holds the rest past the size
 // key's expiry; the size is then gone while the semaphore is in use, and a
 // Semaphore opened with another size is accepted (ErrSizeMismatch is not
@@ -123,7 +123,7 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	c := newClient(t, rdb, WithLease(59*time.Minute))
+	c := newClient(t, rdb, WithFixedLease(59*time.Minute))
 	t0 := time.Now()
 	mr.SetTime(t0)
 	s := c.NewSemaphore("s", 2)
@@ -164,9 +164,9 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 func TestSelfHandoffHoldOutlivesItsTokenCounter(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
-	a := newClient(t, rdb, WithLabel("a"), WithLease(time.Minute))
-	b := newClient(t, rdb, WithLabel("b"), WithWatchdogLease(2*time.Hour),
-		WithMaxHold(10*time.Minute), WithHeartbeat(2*time.Minute), WithRecheck(20*time.Millisecond))
+	a := newClient(t, rdb, WithLabel("a"), WithFixedLease(time.Minute))
+	b := newClient(t, rdb, WithLabel("b"), WithCrashTimeout(2*time.Hour),
+		WithMaxHold(10*time.Minute), WithWaiterTimeout(2*time.Minute), WithRecheck(20*time.Millisecond))
 	ma, mb := a.NewMutex("job"), b.NewMutex("job")
 	if err := ma.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 	k := schema.LockKeys("redisync", "job")
 
 	t.Run("mint", func(t *testing.T) {
-		m := newClient(t, rdb).NewMutex("job", WithLease(2*time.Hour))
+		m := newClient(t, rdb).NewMutex("job", WithFixedLease(2*time.Hour))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +216,7 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 		}
 	})
 	t.Run("extend", func(t *testing.T) {
-		m := newClient(t, rdb).NewMutex("job", WithLease(time.Second))
+		m := newClient(t, rdb).NewMutex("job", WithFixedLease(time.Second))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +230,7 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 	})
 	t.Run("renew", func(t *testing.T) {
 		lease := 300 * time.Millisecond
-		m := newClient(t, rdb, WithWatchdogLease(lease)).NewMutex("job")
+		m := newClient(t, rdb, WithCrashTimeout(lease)).NewMutex("job")
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -240,7 +240,7 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 	})
 	t.Run("redlock raise", func(t *testing.T) {
 		c := newClient(t, rdb)
-		m := c.NewMutex("job", WithLease(2*time.Hour))
+		m := c.NewMutex("job", WithFixedLease(2*time.Hour))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -57,7 +57,7 @@ func redisyncLibrary(barging bool) library {
 
 // newRedisyncInstance returns a redisync Client on rdb.
 func newRedisyncInstance(rdb redis.UniversalClient, barging bool) (instance, error) {
-	var opts []redisync.ClientOption
+	var opts []redisync.Option
 	if barging {
 		opts = append(opts, redisync.Barging())
 	}

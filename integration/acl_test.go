@@ -135,7 +135,7 @@ func (s aclServer) noDenials(t *testing.T) {
 
 // aclClients returns n redisync Clients, each on a go-redis client of its
 // own logged in as user, closed when the test ends.
-func (s aclServer) aclClients(t *testing.T, user string, n int, opts ...redisync.ClientOption) []*redisync.Client {
+func (s aclServer) aclClients(t *testing.T, user string, n int, opts ...redisync.Option) []*redisync.Client {
 	t.Helper()
 	cs := make([]*redisync.Client, n)
 	for i := range cs {
@@ -208,7 +208,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 
 	t.Run("TryLock", func(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 2)
-		for _, opts := range [][]redisync.MutexOption{{redisync.Barging()}, nil} {
+		for _, opts := range [][]redisync.Option{{redisync.Barging()}, nil} {
 			name := redistest.Name(t)
 			a, b := cs[0].NewMutex(name, opts...), cs[1].NewMutex(name, opts...)
 			if ok, err := a.TryLock(ctx); !ok || err != nil {
@@ -235,7 +235,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		// and waited on for 3 leases, everything must have been renewed
 		// (a fair waiter's and a semaphore waiter's heartbeats too).
 		const lease = 300 * time.Millisecond
-		cs := s.aclClients(t, "redisync", 2, redisync.WithWatchdogLease(lease), redisync.WithHeartbeat(lease))
+		cs := s.aclClients(t, "redisync", 2, redisync.WithCrashTimeout(lease), redisync.WithWaiterTimeout(lease))
 		name := redistest.Name(t)
 		holder, waiter := cs[0].NewMutex(name), cs[1].NewMutex(name)
 		sem, semWaiter := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)

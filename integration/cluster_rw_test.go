@@ -37,7 +37,7 @@ func (c *rwCS) leave(write bool) {
 // slot, grants through sharded pub/sub), one write in four, and then
 // checks on each that readers share it and a writer excludes them.
 func testClusterRWMutex(t *testing.T, c *redistest.Cluster) {
-	cs := clusterClients(t, c, 3, redisync.WithWatchdogLease(300*time.Millisecond))
+	cs := clusterClients(t, c, 3, redisync.WithCrashTimeout(300*time.Millisecond))
 	admin := c.NewClient(t)
 	names := namesOnEveryPrimary(t, c, admin, 3)
 	ins := make([]rwCS, len(names))

@@ -15,7 +15,7 @@ import (
 
 // clusterClients returns n redisync Clients on cluster clients of their
 // own, closed at the end of the test.
-func clusterClients(t *testing.T, c *redistest.Cluster, n int, opts ...redisync.ClientOption) []*redisync.Client {
+func clusterClients(t *testing.T, c *redistest.Cluster, n int, opts ...redisync.Option) []*redisync.Client {
 	t.Helper()
 	cs := make([]*redisync.Client, n)
 	for i := range cs {
@@ -62,7 +62,7 @@ func TestCluster(t *testing.T) {
 // different slots fall due together, and checks that each Client
 // subscribes through one connection per primary at most.
 func testClusterExclusion(t *testing.T, c *redistest.Cluster) {
-	cs := clusterClients(t, c, 3, redisync.WithWatchdogLease(300*time.Millisecond))
+	cs := clusterClients(t, c, 3, redisync.WithCrashTimeout(300*time.Millisecond))
 	admin := c.NewClient(t)
 	names := namesOnEveryPrimary(t, c, admin, 12)
 	var wg sync.WaitGroup
@@ -131,7 +131,7 @@ func testClusterExclusion(t *testing.T, c *redistest.Cluster) {
 // script call (a cluster refuses a script whose keys span slots).
 func testClusterRenewal(t *testing.T, c *redistest.Cluster) {
 	const lease = 300 * time.Millisecond
-	cl := clusterClients(t, c, 1, redisync.WithWatchdogLease(lease))[0]
+	cl := clusterClients(t, c, 1, redisync.WithCrashTimeout(lease))[0]
 	admin := c.NewClient(t)
 	var held []*redisync.Mutex
 	for _, name := range namesOnEveryPrimary(t, c, admin, 6) {
@@ -180,7 +180,7 @@ func testClusterPlainPubSub(t *testing.T, c *redistest.Cluster) {
 // different slots fall due together.
 func testClusterSemaphore(t *testing.T, c *redistest.Cluster) {
 	const size = 3
-	cs := clusterClients(t, c, 3, redisync.WithWatchdogLease(300*time.Millisecond))
+	cs := clusterClients(t, c, 3, redisync.WithCrashTimeout(300*time.Millisecond))
 	admin := c.NewClient(t)
 	names := namesOnEveryPrimary(t, c, admin, 3)
 	ins := make([]inCS, len(names))
@@ -284,7 +284,7 @@ func testClusterFairOrder(t *testing.T, c *redistest.Cluster) {
 // primary's waiters are served as usual; the failed-over lock's waiters
 // all get it once the replica has taken over.
 func testClusterFailover(t *testing.T, c *redistest.Cluster) {
-	cs := clusterClients(t, c, 2, redisync.WithWatchdogLease(2*time.Second), redisync.WithRecheck(time.Minute))
+	cs := clusterClients(t, c, 2, redisync.WithCrashTimeout(2*time.Second), redisync.WithRecheck(time.Minute))
 	admin := c.NewClient(t)
 	names := namesOnEveryPrimary(t, c, admin, 2)
 	doomed := c.PrimaryFor(t, admin, lockKey(names[0]))

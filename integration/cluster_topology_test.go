@@ -24,7 +24,7 @@ func testClusterWrapped(t *testing.T, c *redistest.Cluster) {
 	const lease = 300 * time.Millisecond
 	var cs []*redisync.Client
 	for range 2 {
-		cl, err := redisync.New(traced{c.NewClient(t)}, redisync.WithWatchdogLease(lease), redisync.WithRecheck(time.Minute))
+		cl, err := redisync.New(traced{c.NewClient(t)}, redisync.WithCrashTimeout(lease), redisync.WithRecheck(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func testClusterWrapped(t *testing.T, c *redistest.Cluster) {
 // 2 s) and heartbeats (every second) to run in the middle of it.
 func testClusterSlotMigration(t *testing.T, c *redistest.Cluster) {
 	const lease = 6 * time.Second
-	cs := clusterClients(t, c, 3, redisync.WithWatchdogLease(lease), redisync.WithRecheck(time.Minute))
+	cs := clusterClients(t, c, 3, redisync.WithCrashTimeout(lease), redisync.WithRecheck(time.Minute))
 	admin := c.NewClient(t)
 	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)

@@ -116,7 +116,7 @@ func TestFairStrictArrivalOrder(t *testing.T) {
 
 func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
-	opts := []redisync.ClientOption{redisync.WithHeartbeat(heartbeat)}
+	opts := []redisync.Option{redisync.WithWaiterTimeout(heartbeat)}
 	cs := newClients(t, 2, opts...)
 	rdb := admin(t)
 	name := redistest.Name(t)
@@ -172,7 +172,7 @@ func TestFairDeadWaiterIsSkipped(t *testing.T) {
 
 func TestFairLongWaitIsNotEvicted(t *testing.T) {
 	const heartbeat = 150 * time.Millisecond
-	cs := newClients(t, 2, redisync.WithHeartbeat(heartbeat))
+	cs := newClients(t, 2, redisync.WithWaiterTimeout(heartbeat))
 	rdb := admin(t)
 	name := redistest.Name(t)
 	holder := cs[0].NewMutex(name)

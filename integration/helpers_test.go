@@ -18,7 +18,7 @@ var ctx = context.Background()
 
 // newClients returns n redisync Clients, each on a go-redis client of its
 // own (as n processes would have), closed at the end of the test.
-func newClients(t *testing.T, n int, opts ...redisync.ClientOption) []*redisync.Client {
+func newClients(t *testing.T, n int, opts ...redisync.Option) []*redisync.Client {
 	t.Helper()
 	addr := redistest.Addr(t)
 	cs := make([]*redisync.Client, n)
@@ -156,7 +156,7 @@ func until(deadline time.Time) func(int) bool {
 }
 
 // mutexes returns n Mutex values for name, dealt round-robin to cs.
-func mutexes(cs []*redisync.Client, name string, n int, opts ...redisync.MutexOption) []locker {
+func mutexes(cs []*redisync.Client, name string, n int, opts ...redisync.Option) []locker {
 	ls := make([]locker, n)
 	for i := range ls {
 		ls[i] = cs[i%len(cs)].NewMutex(name, opts...)

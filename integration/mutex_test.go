@@ -52,8 +52,13 @@ func TestMutexReentrantOnRealRedis(t *testing.T) {
 	cs := newClients(t, 2)
 	name := redistest.Name(t)
 	a, b := cs[0].NewMutex(name), cs[1].NewMutex(name)
-	for range 3 {
-		if err := a.Lock(ctx); err != nil {
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := a.HoldContext(ctx)
+	defer cancel()
+	for range 2 {
+		if err := a.Lock(hctx); err != nil { // re-entered
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +89,7 @@ func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 	const lease = time.Second
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
-	crashed, err := redisync.New(redistest.NewClient(t, addr), redisync.WithLease(lease))
+	crashed, err := redisync.New(redistest.NewClient(t, addr), redisync.WithFixedLease(lease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +113,7 @@ func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 }
 
 func TestMutexLostWhenKeyDeletedBehindHolder(t *testing.T) {
-	c := newClients(t, 1, redisync.WithWatchdogLease(300*time.Millisecond))[0]
+	c := newClients(t, 1, redisync.WithCrashTimeout(300*time.Millisecond))[0]
 	name := redistest.Name(t)
 	m := c.NewMutex(name)
 	if err := m.Lock(ctx); err != nil {
@@ -188,7 +193,7 @@ func TestMutexBlockedWaitersDoNotPoll(t *testing.T) {
 // blockedWaitersDoNotPoll is one case of TestMutexBlockedWaitersDoNotPoll.
 func blockedWaitersDoNotPoll(t *testing.T, barging bool) {
 	const clients, n = 4, 20
-	var opts []redisync.MutexOption
+	var opts []redisync.Option
 	if barging {
 		opts = append(opts, redisync.Barging())
 	}
@@ -290,12 +295,19 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 	}
 	count := func() string { return admin(t).HGet(ctx, lockKey(name), ownerOf(t, name)).Val() }
 
+	hctx := ctx // the hold's context, once held
 	for i, step := range []struct {
 		op   func() error
 		want string
 	}{
-		{func() error { return m.Lock(ctx) }, "1"},
-		{func() error { return m.Lock(ctx) }, "1"}, // re-entry is counted by m, not in Redis
+		{func() error {
+			err := m.Lock(ctx)
+			var cancel context.CancelFunc
+			hctx, cancel = m.HoldContext(ctx)
+			t.Cleanup(cancel)
+			return err
+		}, "1"},
+		{func() error { return m.Lock(hctx) }, "1"}, // re-entry is counted by m, not in Redis
 		{func() error { return m.Unlock(ctx) }, "1"},
 	} {
 		p.DropReplies(1)
@@ -406,7 +418,7 @@ func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, fair := range []bool{false, true} {
-		var opts []redisync.MutexOption
+		var opts []redisync.Option
 		if !fair {
 			opts = append(opts, redisync.Barging())
 		}

@@ -32,7 +32,7 @@ func spawnNodes(t *testing.T, n int) []*redistest.Server {
 // newRedlocks returns k Redlocks over the servers, each with go-redis
 // clients of its own (as k processes would have), closed at the end of the
 // test.
-func newRedlocks(t *testing.T, ss []*redistest.Server, k int, opts ...redisync.RedlockOption) []*redisync.Redlock {
+func newRedlocks(t *testing.T, ss []*redistest.Server, k int, opts ...redisync.Option) []*redisync.Redlock {
 	t.Helper()
 	rs := make([]*redisync.Redlock, k)
 	for j := range rs {
@@ -389,7 +389,7 @@ func (f *fenced) write(token int64, who string) error {
 func TestRedlockLostWhenMajorityLost(t *testing.T) {
 	const lease = time.Second
 	ss := spawnNodes(t, 3)
-	rs := newRedlocks(t, ss, 1, redisync.WithWatchdogLease(lease), redisync.WithNodeTimeout(200*time.Millisecond))
+	rs := newRedlocks(t, ss, 1, redisync.WithCrashTimeout(lease), redisync.WithNodeTimeout(200*time.Millisecond))
 	m := rs[0].NewMutex(redistest.Name(t))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

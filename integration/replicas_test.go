@@ -39,7 +39,7 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 
 	for _, fair := range []bool{false, true} {
-		var opts []redisync.MutexOption
+		var opts []redisync.Option
 		if !fair {
 			opts = append(opts, redisync.Barging())
 		}

@@ -16,7 +16,7 @@ import (
 func TestRWMutexWaitersDoNotPoll(t *testing.T) {
 	const waiters = 10
 	name := redistest.Name(t)
-	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithHeartbeat(time.Minute))
+	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithWaiterTimeout(time.Minute))
 	holder := cs[0].NewRWMutex(name)
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -80,16 +80,16 @@ func TestSemaphoreNeverOversubscribed(t *testing.T) {
 func TestSemaphoreCrashedHolderFreesPermitsWithinLease(t *testing.T) {
 	const lease = time.Second
 	t.Run("fixed lease", func(t *testing.T) {
-		testCrashedHolder(t, lease, redisync.WithLease(lease))
+		testCrashedHolder(t, lease, redisync.WithFixedLease(lease))
 	})
 	t.Run("watchdog lease", func(t *testing.T) {
-		testCrashedHolder(t, lease, redisync.WithWatchdogLease(lease))
+		testCrashedHolder(t, lease, redisync.WithCrashTimeout(lease))
 	})
 }
 
 // testCrashedHolder checks that a holder whose Client is closed without
 // Release loses its permits to a waiter within lease + 300ms.
-func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.ClientOption) {
+func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
 	name := redistest.Name(t)
 	cs := newClients(t, 2, opt, redisync.WithRecheck(time.Hour))
 	holder, waiter := cs[0].NewSemaphore(name, 3), cs[1].NewSemaphore(name, 3)
@@ -235,7 +235,7 @@ func TestSemaphoreWaitersDoNotPoll(t *testing.T) {
 	const waiters = 10
 	name := redistest.Name(t)
 	// Long heartbeat and recheck: nothing is due during the measurement.
-	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithHeartbeat(time.Minute))
+	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithWaiterTimeout(time.Minute))
 	holder := cs[0].NewSemaphore(name, 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

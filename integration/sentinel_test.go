@@ -28,7 +28,7 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 		return err == nil && len(rs) == 1 && rs[0]["flags"] == "slave"
 	})
 
-	newFailover := func(opts ...redisync.ClientOption) *redisync.Client {
+	newFailover := func(opts ...redisync.Option) *redisync.Client {
 		rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{sentinel.Addr}})
 		t.Cleanup(func() { _ = rdb.Close() })
 		c, err := redisync.New(rdb, opts...)

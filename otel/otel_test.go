@@ -125,7 +125,7 @@ func outcomeOf(err error) string {
 func TestContendedRunMetrics(t *testing.T) {
 	mr, rdb := newRedis(t)
 	tel := newTelemetry(t)
-	c, err := redisync.New(rdb, redisync.WithObserver(tel.obs), redisync.WithWatchdogLease(300*time.Millisecond))
+	c, err := redisync.New(rdb, redisync.WithObserver(tel.obs), redisync.WithCrashTimeout(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

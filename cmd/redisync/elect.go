@@ -108,7 +108,7 @@ func runElect(args []string) int {
 }
 
 // campaign blocks until this process leads the election name with value.
-func campaign(ctx context.Context, rdb redis.UniversalClient, prefix, name, value string, opts []redisync.ClientOption) (*hold, error) {
+func campaign(ctx context.Context, rdb redis.UniversalClient, prefix, name, value string, opts []redisync.Option) (*hold, error) {
 	c, err := redisync.New(rdb, opts...)
 	if err != nil {
 		return nil, err

@@ -116,7 +116,7 @@ func noWaitFlags(fs *flag.FlagSet) *bool {
 }
 
 // check validates the flags and returns the library options they give.
-func (f holdFlags) check() ([]redisync.ClientOption, error) {
+func (f holdFlags) check() ([]redisync.Option, error) {
 	if err := checkPrefix(*f.prefix); err != nil {
 		return nil, err
 	}
@@ -130,13 +130,13 @@ func (f holdFlags) check() ([]redisync.ClientOption, error) {
 	case *f.noWait && *f.wait > 0:
 		return nil, errors.New("--no-wait and --wait: give one")
 	}
-	opts := []redisync.ClientOption{
+	opts := []redisync.Option{
 		redisync.WithKeyPrefix(*f.prefix),
-		redisync.WithWatchdogLease(*f.watchdog),
-		redisync.WithHeartbeat(*f.heartbeat),
+		redisync.WithCrashTimeout(*f.watchdog),
+		redisync.WithWaiterTimeout(*f.heartbeat),
 	}
 	if *f.lease > 0 {
-		opts = append(opts, redisync.WithLease(*f.lease))
+		opts = append(opts, redisync.WithFixedLease(*f.lease))
 	}
 	return opts, nil
 }
@@ -210,7 +210,7 @@ var errBusy = errors.New("taken")
 
 // acquireLock blocks until the lock name is held; with try, it makes one
 // attempt and fails with errBusy.
-func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name string, try bool, opts []redisync.ClientOption) (*hold, error) {
+func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name string, try bool, opts []redisync.Option) (*hold, error) {
 	c, err := redisync.New(rdb, opts...)
 	if err != nil {
 		return nil, err

@@ -154,7 +154,7 @@ func uniqueName(t *testing.T) string {
 
 // holdLock takes the lock name from the test through the library; it is
 // released when the test ends.
-func holdLock(t *testing.T, name string, opts ...redisync.MutexOption) *redisync.Mutex {
+func holdLock(t *testing.T, name string, opts ...redisync.Option) *redisync.Mutex {
 	t.Helper()
 	c, err := redisync.New(redistest.Client(t))
 	if err != nil {
@@ -296,7 +296,7 @@ func TestWaitExpires(t *testing.T) {
 	for _, fair := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
 			name, ran := uniqueName(t), filepath.Join(t.TempDir(), "ran")
-			var opts []redisync.MutexOption
+			var opts []redisync.Option
 			args := []string{"lock", "--wait", "300ms"}
 			if !fair {
 				opts = append(opts, redisync.Barging())

@@ -136,7 +136,7 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 // resizeSem changes the size of the semaphore name from size to to.
-func resizeSem(t target, name string, size, to int64, opts []redisync.ClientOption) int {
+func resizeSem(t target, name string, size, to int64, opts []redisync.Option) int {
 	ctx := context.Background()
 	rdb, err := connect(ctx, t)
 	if err != nil {
@@ -159,7 +159,7 @@ func resizeSem(t target, name string, size, to int64, opts []redisync.ClientOpti
 
 // acquireSem blocks until n permits of the semaphore name are held; with
 // try, it makes one attempt and fails with errBusy.
-func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name string, size, n int64, try bool, opts []redisync.ClientOption) (*hold, error) {
+func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name string, size, n int64, try bool, opts []redisync.Option) (*hold, error) {
 	c, err := redisync.New(rdb, opts...)
 	if err != nil {
 		return nil, err

@@ -275,7 +275,7 @@ func statusCountsPlainSubscriber(t *testing.T, cl *redistest.Cluster, barging bo
 	ctx := context.Background()
 	name := uniqueName(t)
 	k := schema.LockKeys("redisync", name)
-	opts := []redisync.ClientOption{redisync.WithPlainPubSub()}
+	opts := []redisync.Option{redisync.WithPlainPubSub()}
 	if barging {
 		opts = append(opts, redisync.Barging())
 	}

@@ -135,7 +135,7 @@ func TestFairQueuedWaiterSIGKILL(t *testing.T) {
 	rdb := redistest.NewClient(t, addr)
 	name := redistest.Name(t)
 	queueLen := func() int64 { return rdb.ZCard(ctx, lockKey(name)+":queue").Val() }
-	opts := []redisync.ClientOption{redisync.WithHeartbeat(hb)}
+	opts := []redisync.Option{redisync.WithWaiterTimeout(hb)}
 
 	h := newClient(t, addr, opts...).NewMutex(name)
 	if err := h.Lock(ctx); err != nil {
@@ -241,7 +241,7 @@ func TestSemaphoreHolderSIGKILL(t *testing.T) {
 	holder.send("acquire 2")
 	holder.expect("acquired 2", 5*time.Second)
 
-	c := newClient(t, addr, redisync.WithWatchdogLease(lease))
+	c := newClient(t, addr, redisync.WithCrashTimeout(lease))
 	other := c.NewSemaphore(name, size)
 	if err := other.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -64,7 +64,7 @@ func TestElectionLeaderSIGKILL(t *testing.T) {
 		t.Fatalf("observed %+v, want a with token %d", l, ta)
 	}
 
-	b := newClient(t, addr, redisync.WithWatchdogLease(lease)).NewElection(name)
+	b := newClient(t, addr, redisync.WithCrashTimeout(lease)).NewElection(name)
 	won := make(chan time.Time, 1)
 	go func() {
 		if err := b.Campaign(ctx, "b"); err != nil {
@@ -120,7 +120,7 @@ func TestElectionLeaderSIGSTOPFencing(t *testing.T) {
 
 	a.pause()
 	paused := time.Now()
-	b := newClient(t, addr, redisync.WithWatchdogLease(lease)).NewElection(name)
+	b := newClient(t, addr, redisync.WithCrashTimeout(lease)).NewElection(name)
 	cctx, cancel := context.WithTimeout(ctx, lease+5*time.Second)
 	defer cancel()
 	if err := b.Campaign(cctx, "b"); err != nil {

@@ -37,7 +37,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 		return err
 	})
 	m := proxiedClient(t, px, hook).NewMutex(name,
-		redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
 
 	// Goroutine A waits on m, queued behind X.
 	a := lockAsync(m, ctx)

@@ -30,10 +30,13 @@ func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
 		}},
 		{"mutex-reentered", func(t *testing.T, c *redisync.Client, name string) string {
 			m := c.NewMutex(name)
-			for range 2 {
-				if err := m.Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			hctx, hcancel := m.HoldContext(ctx)
+			defer hcancel()
+			if err := m.Lock(hctx); err != nil { // re-entered
+				t.Fatal(err)
 			}
 			t.Logf("Unlock(ended ctx) of level 2: %v", m.Unlock(ended))
 			t.Logf("Unlock(ctx) of level 1: %v", m.Unlock(ctx))
@@ -61,7 +64,7 @@ func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
 			addr := redistest.Addr(t)
 			rdb := redistest.NewClient(t, addr)
 			name := redistest.Name(t)
-			c := newClient(t, addr, redisync.WithWatchdogLease(lease))
+			c := newClient(t, addr, redisync.WithCrashTimeout(lease))
 			key := tc.run(t, c, name)
 			if !goneWithin(t, rdb, key, 2*lease) {
 				t.Fatalf("%s is still in Redis %v after the release with an ended ctx (PTTL %v): the watchdog keeps renewing a hold its owner let go",

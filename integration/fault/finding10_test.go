@@ -64,7 +64,7 @@ func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 					rdb.Del(ctx, keys...)
 				}
 			})
-			var o []redisync.MutexOption
+			var o []redisync.Option
 			if !tc.fair {
 				o = append(o, redisync.Barging())
 			}

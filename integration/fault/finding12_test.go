@@ -28,13 +28,15 @@ func TestFinding12WatchdogDeadlineRace(t *testing.T) {
 	}{
 		{"mutex", func(c *redisync.Client, name string) (func() error, func(), error) {
 			m := c.NewMutex(name)
+			err := m.Lock(ctx)
+			hctx, cancel := m.HoldContext(ctx)
 			step := func() error {
-				if err := m.Lock(ctx); err != nil {
+				if err := m.Lock(hctx); err != nil { // re-entered
 					return err
 				}
-				return m.Unlock(ctx)
+				return m.Unlock(hctx)
 			}
-			return step, func() { _ = m.Unlock(ctx) }, m.Lock(ctx)
+			return step, func() { cancel(); _ = m.Unlock(ctx) }, err
 		}},
 		{"semaphore", func(c *redisync.Client, name string) (func() error, func(), error) {
 			s := c.NewSemaphore(name, 2)
@@ -49,7 +51,7 @@ func TestFinding12WatchdogDeadlineRace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
-			c := newClient(t, addr, redisync.WithWatchdogLease(lease))
+			c := newClient(t, addr, redisync.WithCrashTimeout(lease))
 			name := redistest.Name(t)
 			var steps, losses atomic.Int64
 			errs := make(chan error, holders)

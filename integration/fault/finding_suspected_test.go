@@ -39,7 +39,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer x.Unlock(ctx)
-		c := proxiedClient(t, px, nil, redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		c := proxiedClient(t, px, nil, redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
 		rng := rand.New(rand.NewPCG(1, 2))
 		for i := range 12 {
 			m := c.NewMutex(name)
@@ -94,7 +94,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			return next(ctx, cmd)
 		}))
 		// A long heartbeat and recheck keep A quiet while it waits.
-		c, err := redisync.New(crdb, redisync.WithHeartbeat(30*time.Second), redisync.WithRecheck(time.Minute))
+		c, err := redisync.New(crdb, redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,9 +178,14 @@ func TestFindingBUnlockAfterLostKeepsOthersHold(t *testing.T) {
 			if !tc.waitFor {
 				wd = time.Minute // no renewal (which would notice) during the test
 			}
-			m := newClient(t, addr, redisync.WithWatchdogLease(wd)).NewMutex(name)
-			for range tc.levels {
-				if err := m.Lock(ctx); err != nil {
+			m := newClient(t, addr, redisync.WithCrashTimeout(wd)).NewMutex(name)
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			hctx, cancel := m.HoldContext(ctx)
+			defer cancel()
+			for range tc.levels - 1 {
+				if err := m.Lock(hctx); err != nil { // re-entered
 					t.Fatal(err)
 				}
 			}

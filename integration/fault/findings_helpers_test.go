@@ -186,7 +186,7 @@ func within(t *testing.T, d time.Duration, what string, f func() error) error {
 
 // proxiedClient returns a redisync Client whose go-redis client goes
 // through px, with hook (if any) added; both are closed when the test ends.
-func proxiedClient(t *testing.T, px *redistest.Proxy, hook redis.Hook, opts ...redisync.ClientOption) *redisync.Client {
+func proxiedClient(t *testing.T, px *redistest.Proxy, hook redis.Hook, opts ...redisync.Option) *redisync.Client {
 	t.Helper()
 	rdb := redistest.NewClient(t, px.Addr)
 	if hook != nil {

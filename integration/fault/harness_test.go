@@ -28,7 +28,7 @@ func channel(name string) string { return lockKey(name) + ":ch" }
 
 // newClient returns a redisync Client on a go-redis client of its own to
 // addr, closed (before the go-redis client) when the test ends.
-func newClient(t *testing.T, addr string, opts ...redisync.ClientOption) *redisync.Client {
+func newClient(t *testing.T, addr string, opts ...redisync.Option) *redisync.Client {
 	t.Helper()
 	c, err := redisync.New(redistest.NewClient(t, addr), opts...)
 	if err != nil {

@@ -53,29 +53,29 @@ func TestBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		lockName   string
-		clientOpts []redisync.ClientOption
-		mutexOpts  []redisync.MutexOption
+		clientOpts []redisync.Option
+		mutexOpts  []redisync.Option
 		ctx        context.Context
 		want       error
 		closed     bool
 	}{
 		{name: "empty name", lockName: "", want: redisync.ErrInvalidName},
 		{name: "huge name", lockName: huge, want: redisync.ErrInvalidName},
-		{name: "zero lease", mutexOpts: mutexOpts(redisync.WithLease(0)), want: redisync.ErrInvalidOption},
-		{name: "negative lease", mutexOpts: mutexOpts(redisync.WithLease(-time.Second)), want: redisync.ErrInvalidOption},
-		{name: "sub-ms lease", mutexOpts: mutexOpts(redisync.WithLease(999 * time.Microsecond)), want: redisync.ErrInvalidOption},
-		{name: "lease over max", mutexOpts: mutexOpts(redisync.WithLease(redisync.MaxLease + 1)), want: redisync.ErrInvalidOption},
-		{name: "overflowing lease", mutexOpts: mutexOpts(redisync.WithLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
-		{name: "min int lease", mutexOpts: mutexOpts(redisync.WithLease(math.MinInt64)), want: redisync.ErrInvalidOption},
-		{name: "watchdog 2ms", mutexOpts: mutexOpts(redisync.WithWatchdogLease(2 * time.Millisecond)), want: redisync.ErrInvalidOption},
-		{name: "negative watchdog", mutexOpts: mutexOpts(redisync.WithWatchdogLease(-1)), want: redisync.ErrInvalidOption},
-		{name: "overflowing watchdog", mutexOpts: mutexOpts(redisync.WithWatchdogLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
-		{name: "zero heartbeat", mutexOpts: mutexOpts(redisync.WithHeartbeat(0)), want: redisync.ErrInvalidOption},
+		{name: "zero lease", mutexOpts: mutexOpts(redisync.WithFixedLease(0)), want: redisync.ErrInvalidOption},
+		{name: "negative lease", mutexOpts: mutexOpts(redisync.WithFixedLease(-time.Second)), want: redisync.ErrInvalidOption},
+		{name: "sub-ms lease", mutexOpts: mutexOpts(redisync.WithFixedLease(999 * time.Microsecond)), want: redisync.ErrInvalidOption},
+		{name: "lease over max", mutexOpts: mutexOpts(redisync.WithFixedLease(redisync.MaxLease + 1)), want: redisync.ErrInvalidOption},
+		{name: "overflowing lease", mutexOpts: mutexOpts(redisync.WithFixedLease(math.MaxInt64)), want: redisync.ErrInvalidOption},
+		{name: "min int lease", mutexOpts: mutexOpts(redisync.WithFixedLease(math.MinInt64)), want: redisync.ErrInvalidOption},
+		{name: "watchdog 2ms", mutexOpts: mutexOpts(redisync.WithCrashTimeout(2 * time.Millisecond)), want: redisync.ErrInvalidOption},
+		{name: "negative watchdog", mutexOpts: mutexOpts(redisync.WithCrashTimeout(-1)), want: redisync.ErrInvalidOption},
+		{name: "overflowing watchdog", mutexOpts: mutexOpts(redisync.WithCrashTimeout(math.MaxInt64)), want: redisync.ErrInvalidOption},
+		{name: "zero heartbeat", mutexOpts: mutexOpts(redisync.WithWaiterTimeout(0)), want: redisync.ErrInvalidOption},
 		{name: "zero recheck", mutexOpts: mutexOpts(redisync.WithRecheck(0)), want: redisync.ErrInvalidOption},
 		{name: "recheck over max", mutexOpts: mutexOpts(redisync.WithRecheck(redisync.MaxLease + time.Nanosecond)), want: redisync.ErrInvalidOption},
 		{name: "empty prefix", mutexOpts: mutexOpts(redisync.WithKeyPrefix("")), want: redisync.ErrInvalidOption},
 		{name: "prefix with brace", mutexOpts: mutexOpts(redisync.WithKeyPrefix("a{b")), want: redisync.ErrInvalidOption},
-		{name: "invalid client default", clientOpts: opts(redisync.WithLease(-1)), want: redisync.ErrInvalidOption},
+		{name: "invalid client default", clientOpts: opts(redisync.WithFixedLease(-1)), want: redisync.ErrInvalidOption},
 		{name: "cancelled ctx", ctx: cancelled, want: context.Canceled},
 		{name: "expired ctx", ctx: expired, want: context.DeadlineExceeded},
 		{name: "closed client", closed: true, want: redisync.ErrClosed},
@@ -151,9 +151,9 @@ func TestBadInput(t *testing.T) {
 	})
 }
 
-func opts(o ...redisync.ClientOption) []redisync.ClientOption { return o }
+func opts(o ...redisync.Option) []redisync.Option { return o }
 
-func mutexOpts(o ...redisync.MutexOption) []redisync.MutexOption { return o }
+func mutexOpts(o ...redisync.Option) []redisync.Option { return o }
 
 // snapshot returns a lock's keys as DUMP payloads (missing keys as "").
 func snapshot(t *testing.T, rdb *redis.Client, keys []string) []string {
@@ -213,7 +213,7 @@ func TestWrongKeyTypes(t *testing.T) {
 						// acquire reads the waiters' records.
 						rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
 					}
-					var o []redisync.MutexOption
+					var o []redisync.Option
 					if !fair {
 						o = append(o, redisync.Barging())
 					}
@@ -340,7 +340,7 @@ func (h *stubHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessP
 // invalid (the sentinel) with no command sent; valid input reaches Redis
 // (errStub comes back) on Lock and TryLock; Unlock of nothing held is
 // ErrNotHeld, with no command.
-func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.MutexOption) {
+func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	hook := &stubHook{}
@@ -406,19 +406,19 @@ func FuzzOptions(f *testing.F) {
 	f.Add(int64(redisync.MaxLease)+1, int64(0), int64(0), int64(0), "x", false)
 	f.Add(int64(math.MaxInt64), int64(math.MinInt64), int64(0), int64(0), "{", false)
 	f.Fuzz(func(t *testing.T, lease, watchdog, heartbeat, recheck int64, prefix string, fair bool) {
-		var o []redisync.MutexOption
+		var o []redisync.Option
 		bad := false
 		inRange := func(v, lo int64) bool { return v >= lo && v <= int64(redisync.MaxLease) }
 		if lease != 0 {
-			o = append(o, redisync.WithLease(time.Duration(lease)))
+			o = append(o, redisync.WithFixedLease(time.Duration(lease)))
 			bad = bad || !inRange(lease, ms)
 		}
 		if watchdog != 0 {
-			o = append(o, redisync.WithWatchdogLease(time.Duration(watchdog)))
+			o = append(o, redisync.WithCrashTimeout(time.Duration(watchdog)))
 			bad = bad || !inRange(watchdog, 3*ms)
 		}
 		if heartbeat != 0 {
-			o = append(o, redisync.WithHeartbeat(time.Duration(heartbeat)))
+			o = append(o, redisync.WithWaiterTimeout(time.Duration(heartbeat)))
 			bad = bad || !inRange(heartbeat, 3*ms)
 		}
 		if recheck != 0 {

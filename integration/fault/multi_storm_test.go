@@ -21,8 +21,8 @@ import (
 // connections at random (half the go-redis clients honouring ctx
 // deadlines on the socket), 4 names, and on each Client a fair Mutex of
 // one name and three MultiMutexes of 2 to 4 names (in a random order),
-// each used by one goroutine (goroutines sharing a value share its hold,
-// and could keep it between them for the whole storm); deadlines drawn as
+// each used by one goroutine but the first MultiMutex, shared by two
+// (which exclude each other as any two holders do); deadlines drawn as
 // TestStorm's (mostly 0-5 ms). Each name's history (every hold of a name, by a Mutex or a
 // MultiMutex) is checked as TestStorm checks one lock: no two owners'
 // holds overlap, tokens follow the grant order. After the Clients close,
@@ -69,9 +69,13 @@ func TestMultiStorm(t *testing.T) {
 				}
 				lk = c.NewMultiMutex(ns)
 			}
-			{
+			goroutines := 1
+			if v == 1 {
+				goroutines = 2
+			}
+			for g := range goroutines {
 				rng := s.rng(uint64(len(workers)))
-				who := owner
+				who := fmt.Sprintf("%s.g%d", owner, g)
 				workers = append(workers, func(stop time.Time) {
 					for time.Now().Before(stop) {
 						lctx, cancel := context.WithTimeout(ctx, drawDeadline(rng))
@@ -80,7 +84,7 @@ func TestMultiStorm(t *testing.T) {
 						cancel()
 						switch {
 						case err == nil:
-							if multiHold(s, parts, rng, owner, who, lk) > 1 {
+							if multiHold(s, parts, rng, who, lk) > 1 {
 								multis.Add(1)
 							}
 						case expired && deadlineErr(err):
@@ -144,7 +148,7 @@ func (m single) Tokens() map[string]int64 { return map[string]int64{m.Name(): m.
 
 // multiHold runs one hold of lk, granted just now: it records it in the
 // history of each of its names, and returns how many names it held.
-func multiHold(s *storm, parts map[string]*storm, rng *rand.Rand, owner, who string, lk multiLocker) int {
+func multiHold(s *storm, parts map[string]*storm, rng *rand.Rand, who string, lk multiLocker) int {
 	start := time.Now()
 	tokens, lost := lk.Tokens(), lk.Lost()
 	t := time.NewTimer(time.Duration(rng.Int64N(int64(maxHold))))
@@ -161,7 +165,7 @@ func multiHold(s *storm, parts map[string]*storm, rng *rand.Rand, owner, who str
 		if tok <= 0 {
 			s.fail("bad token", "%s: %s token %d right after Lock returned", who, n, tok)
 		}
-		parts[n].record(history.Hold{Owner: owner, Who: who, Start: start, End: end, Token: tok, Lost: wasLost})
+		parts[n].record(history.Hold{Owner: who, Who: who, Start: start, End: end, Token: tok, Lost: wasLost})
 		names = append(names, n)
 	}
 	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -125,7 +125,7 @@ func TestGapRace(t *testing.T) {
 
 // gapRace is one case of TestGapRace.
 func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool) {
-	var opts []redisync.MutexOption
+	var opts []redisync.Option
 	if barging {
 		opts = append(opts, redisync.Barging())
 	}
@@ -140,7 +140,7 @@ func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool
 	defer letGo()
 	// A fair waiter's heartbeat (a second apart by default) would find
 	// the hand-off too: a long one leaves it to the second look.
-	waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck), redisync.WithHeartbeat(30*time.Second)).NewMutex(name, opts...)
+	waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck), redisync.WithWaiterTimeout(30*time.Second)).NewMutex(name, opts...)
 	done := lockAsync(waiter, ctx)
 	select {
 	case <-held:

@@ -34,7 +34,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	srv := redistest.Spawn(t)
 	admin := redistest.NewClient(t, srv.Addr)
 	name := redistest.Name(t)
-	opts := []redisync.ClientOption{redisync.WithWatchdogLease(2 * time.Second), redisync.WithRecheck(2 * time.Second)}
+	opts := []redisync.Option{redisync.WithCrashTimeout(2 * time.Second), redisync.WithRecheck(2 * time.Second)}
 
 	holder := newClient(t, srv.Addr, opts...).NewMutex(name)
 	for i := range 6 { // move the token counter on
@@ -236,7 +236,7 @@ func TestShutdownIsQuiet(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &countingHook{}
 	rdb.AddHook(hook)
-	c, err := redisync.New(rdb, redisync.WithWatchdogLease(lease))
+	c, err := redisync.New(rdb, redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	name := redistest.Name(t)
 	tokenKey := lockKey(name) + ":token"
 
-	a := newClient(t, primary.Addr, redisync.WithWatchdogLease(3*time.Second)).NewMutex(name)
+	a := newClient(t, primary.Addr, redisync.WithCrashTimeout(3*time.Second)).NewMutex(name)
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func TestFinding7StalledPrimaryDelaysHealthyRenewals(t *testing.T) {
 		},
 	})
 	t.Cleanup(func() { _ = rdb.Close() })
-	c, err := redisync.New(rdb, redisync.WithWatchdogLease(lease))
+	c, err := redisync.New(rdb, redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,9 +19,9 @@ import (
 // The waiter's Client talks to Redis through a proxy with 150 ms of
 // latency each way; the holder (direct) releases, handing the lock over.
 // The waiter's hold then cannot be extended: it has a fixed lease
-// (fixed-lease, WithLease 600 ms), or its requests are swallowed from just
+// (fixed-lease, WithFixedLease 600 ms), or its requests are swallowed from just
 // before the release while Redis's messages still reach it
-// (watchdog-half-open, WithWatchdogLease 1.5 s, which caps the hand-off
+// (watchdog-half-open, WithCrashTimeout 1.5 s, which caps the hand-off
 // lease; the heartbeat keeps its default of 3 s). A direct
 // Client takes the lock with TryLock as soon as Redis lets it; at that
 // moment the waiter's Lost must be closed. On the code of the finding it
@@ -30,12 +30,12 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 	const latency = 150 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
-		opts     []redisync.MutexOption
+		opts     []redisync.Option
 		lease    time.Duration // of the handed-over hold
 		halfOpen bool
 	}{
-		{"fixed-lease", []redisync.MutexOption{redisync.WithLease(600 * time.Millisecond)}, 600 * time.Millisecond, false},
-		{"watchdog-half-open", []redisync.MutexOption{redisync.WithWatchdogLease(1500 * time.Millisecond)}, 1500 * time.Millisecond, true},
+		{"fixed-lease", []redisync.Option{redisync.WithFixedLease(600 * time.Millisecond)}, 600 * time.Millisecond, false},
+		{"watchdog-half-open", []redisync.Option{redisync.WithCrashTimeout(1500 * time.Millisecond)}, 1500 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := redistest.Addr(t)
@@ -115,7 +115,7 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 //     confirmed before the grant (up to a third of the heartbeat and a
 //     round trip earlier), and its first renewal takes another round trip,
 //     so a hand-off lease under three round trips runs out first (see
-//     WithHeartbeat). This case checks that the waiter stays queued and,
+//     WithWaiterTimeout). This case checks that the waiter stays queued and,
 //     after the hand-off, only that nobody else holds the lock while the
 //     waiter's Lost is open.
 func TestFinding3LongQueuedHandoffKeepsHold(t *testing.T) {
@@ -145,7 +145,7 @@ func testLongQueuedHandoff(t *testing.T, heartbeat time.Duration, keeps bool) {
 		t.Fatal(err)
 	}
 	waiter := newClient(t, px.Addr).NewMutex(name,
-		redisync.WithHeartbeat(heartbeat), redisync.WithWatchdogLease(lease))
+		redisync.WithWaiterTimeout(heartbeat), redisync.WithCrashTimeout(lease))
 	lctx, cancel := context.WithTimeout(ctx, queue+10*time.Second)
 	defer cancel()
 	done := lockAsync(waiter, lctx)

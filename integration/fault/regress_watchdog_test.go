@@ -50,7 +50,7 @@ func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
 		// Take X just before the heartbeat falls due (a deliberate
 		// timing), then cut A off.
 		<-time.After(time.Until(queuedAt.Add(heartbeat/3 - before)))
-		aX := a.NewMutex(x, redisync.WithWatchdogLease(lease))
+		aX := a.NewMutex(x, redisync.WithCrashTimeout(lease))
 		if err := aX.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -63,7 +63,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 	})
 	ra := redistest.NewClient(t, addr)
 	ra.AddHook(hook)
-	a, err := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	a, err := redisync.New(ra, redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 	})
 	ra := redistest.NewClient(t, addr)
 	ra.AddHook(hook)
-	a, err := redisync.New(ra, redisync.WithWatchdogLease(lease))
+	a, err := redisync.New(ra, redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,8 +295,8 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 func TestReview2SemaphoreWaiterBehindDeadHeadSleeps(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
-	opts := []redisync.ClientOption{redisync.WithWatchdogLease(6 * time.Second),
-		redisync.WithHeartbeat(time.Second), redisync.WithRecheck(30 * time.Second)}
+	opts := []redisync.Option{redisync.WithCrashTimeout(6 * time.Second),
+		redisync.WithWaiterTimeout(time.Second), redisync.WithRecheck(30 * time.Second)}
 	h := newClient(t, addr, opts...).NewSemaphore(name, 3)
 	if err := h.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

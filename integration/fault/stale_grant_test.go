@@ -41,7 +41,7 @@ func TestFairStaleGrantAfterPause(t *testing.T) {
 	rdb := redistest.NewClient(t, addr)
 	name := redistest.Name(t)
 	queueLen := func() int64 { return rdb.ZCard(ctx, lockKey(name)+":queue").Val() }
-	c := newClient(t, addr, redisync.WithHeartbeat(hb), redisync.WithWatchdogLease(hb))
+	c := newClient(t, addr, redisync.WithWaiterTimeout(hb), redisync.WithCrashTimeout(hb))
 	h, x := c.NewMutex(name), c.NewMutex(name)
 	w := startHolder(t, "serve", "-addr", addr, "-name", name, "-fair",
 		"-heartbeat", hb.String(), "-watchdog", hb.String(), "-recheck", "100ms")

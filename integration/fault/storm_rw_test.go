@@ -14,9 +14,10 @@ import (
 )
 
 // rwMutexes storms one read-write lock with stormClients Clients, each
-// with 3 RWMutex values of a goroutine each (goroutines sharing a value
-// share its levels, which history.Semaphore would add up), one write in
-// four. A read is recorded as 1 permit and a write as RWMutexWrite, so
+// with 2 RWMutex values, the first shared by 2 goroutines (each of whose
+// holds is its own), one write in four, through Do and RDo (whose
+// contexts end when a hold, a read's too, is lost). A read is recorded as
+// 1 permit and a write as RWMutexWrite, so
 // that history.Semaphore with that size checks that no reader is inside a
 // write and no two writes overlap; history.Mutex checks the writes'
 // tokens; an occupancy counter beside the fenced register counts the
@@ -38,11 +39,13 @@ func (s *storm) rwMutexes() {
 		}
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
-		for v := range 3 {
+		for v, n := range []int{2, 1} {
 			rw := c.NewRWMutex(s.name)
-			owner := fmt.Sprintf("c%d.v%d", i, v)
-			rng := s.rng(uint64(len(workers)))
-			workers = append(workers, func(stop time.Time) { s.rwLoop(rng, owner, register, rw, stop) })
+			for g := range n {
+				who := fmt.Sprintf("c%d.v%d.g%d", i, v, g)
+				rng := s.rng(uint64(len(workers)))
+				workers = append(workers, func(stop time.Time) { s.rwLoop(rng, who, register, rw, stop) })
+			}
 		}
 	}
 	s.run(workers)
@@ -70,67 +73,87 @@ func (s *storm) rwMutexes() {
 	s.report()
 }
 
-// rwLoop is one goroutine of a read-write lock storm: RLock, or one time
-// in four Lock, with a drawn deadline; when granted, hold for up to
-// maxHold (stopping when Lost closes) and release.
-func (s *storm) rwLoop(rng *rand.Rand, owner, register string, rw *redisync.RWMutex, stop time.Time) {
+// rwLoop is one goroutine of a read-write lock storm: RDo, or one time
+// in four Do, with a drawn deadline for the wait (not the hold); when
+// granted, hold for up to maxHold (stopping when the hold's context ends:
+// it was lost) and release.
+func (s *storm) rwLoop(rng *rand.Rand, who, register string, rw *redisync.RWMutex, stop time.Time) {
 	for time.Now().Before(stop) {
 		write := rng.IntN(4) == 0
-		lock, what := rw.RLock, "RLock"
+		do, what := rw.RDo, "RDo"
 		if write {
-			lock, what = rw.Lock, "Lock"
+			do, what = rw.Do, "Do"
 		}
 		d := drawDeadline(rng)
-		lctx, cancel := context.WithTimeout(ctx, d)
+		actx, cancel := context.WithCancel(ctx)
+		timer := time.AfterFunc(d, cancel)
 		begun := time.Now()
-		err := lock(lctx)
-		end := time.Now()
-		expired := expiredBy(lctx, end)
+		var end time.Time
+		granted, wasLost := false, false
+		err := do(actx, func(hctx context.Context) error {
+			end = time.Now()
+			if !timer.Stop() { // its deadline came with the grant
+				return context.Canceled
+			}
+			granted = true
+			wasLost = s.holdRW(rng, who, register, rw, write, end, hctx)
+			return nil
+		})
 		cancel()
+		if !granted {
+			end = time.Now()
+		}
 		s.locks.Add(1)
 		switch {
-		case err == nil:
+		case granted:
 			s.grants.Add(1)
-			if end.After(begun.Add(d)) {
-				s.lateGrants.Add(1)
+			s.unlocks.Add(1)
+			switch {
+			case err == nil:
+			case errors.Is(err, redisync.ErrLockLost):
+				s.unlockLost.Add(1)
+				if !wasLost {
+					s.fail("hold gone before Lost", "%s: %s's release: %v; its context was live (held from %v)", who, what, err, s.since(end))
+				}
+			default:
+				s.fail("unlock error", "%s: %s: %v", who, what, err)
 			}
-			s.holdRW(rng, owner, register, rw, write, end)
-		case expired && deadlineErr(err):
+		case errors.Is(err, context.Canceled):
 			s.ctxErrs.Add(1)
 			if end.Sub(begun.Add(d)) > tooLate {
 				s.lateErrs.Add(1)
 			}
 			s.mu.Lock()
-			s.cancelled = append(s.cancelled, call{owner, begun, end})
+			s.cancelled = append(s.cancelled, call{who, begun, end})
 			s.mu.Unlock()
 		default:
-			s.fail("lock error", "%s: %s (deadline %v, expired %v): %v", owner, what, d, expired, err)
+			s.fail("lock error", "%s: %s (deadline %v): %v", who, what, d, err)
 		}
 	}
 }
 
-// holdRW runs one hold of rw, a write or a read, granted at start.
-func (s *storm) holdRW(rng *rand.Rand, owner, register string, rw *redisync.RWMutex, write bool, start time.Time) {
-	h := history.Hold{Owner: owner, Who: owner, Start: start, Permits: 1}
-	lost := rw.Lost()
+// holdRW runs one hold of rw, a write or a read, granted at start, whose
+// context is hctx, and reports whether it was lost (hctx ended) before
+// its release.
+func (s *storm) holdRW(rng *rand.Rand, who, register string, rw *redisync.RWMutex, write bool, start time.Time, hctx context.Context) bool {
+	h := history.Hold{Owner: who, Who: who, Start: start, Permits: 1}
+	lost := hctx.Done()
 	if write {
 		h.Permits, h.Token = redisync.RWMutexWrite, rw.Token()
 		if h.Token <= 0 {
-			s.fail("bad token", "%s: Token() = %d right after Lock returned", owner, h.Token)
+			s.fail("bad token", "%s: Token() = %d right after Do granted the write", who, h.Token)
 		}
-		ok, err := fence.Write(ctx, s.admin, register, h.Token, owner, owner)
+		ok, err := fence.Write(ctx, s.admin, register, h.Token, who, who)
 		s.fenceWrites.Add(1)
 		switch {
 		case err != nil:
-			s.fail("fence error", "%s: %v", owner, err)
+			s.fail("fence error", "%s: %v", who, err)
 		case !ok && !closed(lost):
-			s.fail("fence rejected a live writer", "%s: token %d rejected, Lost open, held since %v", owner, h.Token, s.since(start))
+			s.fail("fence rejected a live writer", "%s: token %d rejected, context live, held since %v", who, h.Token, s.since(start))
 		}
-	} else if rw.Token() != 0 {
-		s.fail("bad token", "%s: a read has token %d", owner, rw.Token())
 	}
 	if err := occupancy.Run(ctx, s.admin, []string{s.reg}, h.Permits).Err(); err != nil {
-		s.fail("occupancy error", "%s: %v", owner, err)
+		s.fail("occupancy error", "%s: %v", who, err)
 	}
 	tm := time.NewTimer(time.Duration(rng.Int64N(int64(maxHold))))
 	select {
@@ -142,26 +165,8 @@ func (s *storm) holdRW(rng *rand.Rand, owner, register string, rw *redisync.RWMu
 		s.lostSeen.Add(1)
 	}
 	s.record(h)
-	wasLost := closed(lost)
 	if err := occupancy.Run(ctx, s.admin, []string{s.reg}, -h.Permits).Err(); err != nil {
-		s.fail("occupancy error", "%s: %v", owner, err)
+		s.fail("occupancy error", "%s: %v", who, err)
 	}
-	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	unlock := rw.RUnlock
-	if write {
-		unlock = rw.Unlock
-	}
-	err := unlock(uctx)
-	s.unlocks.Add(1)
-	switch {
-	case err == nil:
-	case errors.Is(err, redisync.ErrLockLost):
-		s.unlockLost.Add(1)
-		if !wasLost {
-			s.fail("hold gone before Lost", "%s: release: %v; Lost was open (held from %v)", owner, err, s.since(start))
-		}
-	default:
-		s.fail("unlock error", "%s: release: %v", owner, err)
-	}
+	return closed(lost)
 }

@@ -45,8 +45,10 @@ const (
 // clients honour context deadlines on the socket (a call cut in the middle
 // of a script), half do not (a call that returns late).
 //
-// Every hold is recorded, with its owner (the lock value: goroutines
-// sharing a value share its hold) and fencing token, as the interval from
+// Every hold is recorded, with its owner (for a lock, the goroutine that
+// took it: goroutines that share a value exclude each other; for the
+// semaphore, the value, whose permits add up) and fencing token, as the
+// interval from
 // just after Lock returned to just before Unlock was called, or to when
 // its holder saw Lost close, if earlier: a recorded interval lies inside
 // the real hold. Each subtest fails on any of:
@@ -136,16 +138,16 @@ const (
 )
 
 // stormOpts are the options of every Client of a storm.
-var stormOpts = []redisync.ClientOption{
-	redisync.WithHeartbeat(heartbeat),
-	redisync.WithWatchdogLease(3 * time.Second),
+var stormOpts = []redisync.Option{
+	redisync.WithWaiterTimeout(heartbeat),
+	redisync.WithCrashTimeout(3 * time.Second),
 	redisync.WithRecheck(200 * time.Millisecond),
 }
 
 // stormRedlockOpts are those of every Redlock of a storm (a Redlock has no
 // queue, so no heartbeat).
-var stormRedlockOpts = []redisync.RedlockOption{
-	redisync.WithWatchdogLease(3 * time.Second),
+var stormRedlockOpts = []redisync.Option{
+	redisync.WithCrashTimeout(3 * time.Second),
 	redisync.WithRecheck(200 * time.Millisecond),
 }
 
@@ -256,7 +258,8 @@ type locker interface {
 }
 
 // shares says how many goroutines share each lock value of a Client: one
-// value of 3 goroutines, one of 2 and one of their own.
+// value of 3 goroutines, one of 2 and one of their own. A lock value's
+// goroutines exclude each other as different values' do.
 var shares = []int{3, 2, 1}
 
 // mutexes storms one lock name with stormClients Clients on the package's
@@ -278,7 +281,7 @@ func (s *storm) mutexes(fair func(v int) bool) {
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 		for v, n := range shares {
-			var opts []redisync.MutexOption
+			var opts []redisync.Option
 			kind := "fair"
 			if !fair(v) {
 				opts, kind = append(opts, redisync.Barging()), "plain"
@@ -288,7 +291,7 @@ func (s *storm) mutexes(fair func(v int) bool) {
 			for g := range n {
 				rng := s.rng(uint64(len(workers)))
 				who := fmt.Sprintf("%s.g%d", owner, g)
-				workers = append(workers, func(stop time.Time) { s.lockLoop(rng, owner, who, m, stop) })
+				workers = append(workers, func(stop time.Time) { s.lockLoop(rng, who, m, stop) })
 			}
 		}
 	}
@@ -333,7 +336,7 @@ func (s *storm) redMutexes() {
 			for g := range n {
 				rng := s.rng(uint64(len(workers)))
 				who := fmt.Sprintf("%s.g%d", owner, g)
-				workers = append(workers, func(stop time.Time) { s.lockLoop(rng, owner, who, m, stop) })
+				workers = append(workers, func(stop time.Time) { s.lockLoop(rng, who, m, stop) })
 			}
 		}
 	}
@@ -374,7 +377,7 @@ func (s *storm) run(workers []func(stop time.Time)) {
 // lockLoop is one goroutine of a mutex storm: Lock with a drawn deadline,
 // and when granted, write the token to the fenced register, hold for up
 // to maxHold (stopping when Lost closes) and Unlock.
-func (s *storm) lockLoop(rng *rand.Rand, owner, who string, m locker, stop time.Time) {
+func (s *storm) lockLoop(rng *rand.Rand, who string, m locker, stop time.Time) {
 	for time.Now().Before(stop) {
 		d := drawDeadline(rng)
 		lctx, cancel := context.WithTimeout(ctx, d)
@@ -391,19 +394,15 @@ func (s *storm) lockLoop(rng *rand.Rand, owner, who string, m locker, stop time.
 			if end.After(begun.Add(d)) {
 				s.lateGrants.Add(1)
 			}
-			s.holdMutex(rng, owner, who, m, end)
+			s.holdMutex(rng, who, m, end)
 		case expired && deadlineErr(err):
 			s.ctxErrs.Add(1)
 			if late {
 				s.lateErrs.Add(1)
 			}
 			s.mu.Lock()
-			s.cancelled = append(s.cancelled, call{owner, begun, end})
+			s.cancelled = append(s.cancelled, call{who, begun, end})
 			s.mu.Unlock()
-		case errors.Is(err, redisync.ErrLockLost):
-			// Another goroutine of the value holds a hold that was lost:
-			// it will Unlock.
-			s.lockLost.Add(1)
 		case errors.Is(err, redisync.ErrQuorum):
 			// A RedMutex gives up at once when nodes do not answer, or
 			// are still busy with an earlier call of the value that
@@ -436,13 +435,13 @@ func deadlineErr(err error) bool {
 }
 
 // holdMutex runs one hold of m, granted at start.
-func (s *storm) holdMutex(rng *rand.Rand, owner, who string, m locker, start time.Time) {
-	h := history.Hold{Owner: owner, Who: who, Start: start, Token: m.Token()}
+func (s *storm) holdMutex(rng *rand.Rand, who string, m locker, start time.Time) {
+	h := history.Hold{Owner: who, Who: who, Start: start, Token: m.Token()}
 	lost := m.Lost()
 	if h.Token <= 0 {
 		s.fail("bad token", "%s: Token() = %d right after Lock returned", who, h.Token)
 	}
-	ok, err := fence.Write(ctx, s.admin, s.reg, h.Token, who, owner)
+	ok, err := fence.Write(ctx, s.admin, s.reg, h.Token, who, who)
 	s.fenceWrites.Add(1)
 	switch {
 	case err != nil:

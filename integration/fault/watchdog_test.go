@@ -40,7 +40,7 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 			name := redistest.Name(t)
 			hrdb := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: tc.ctxTimeout})
 			t.Cleanup(func() { _ = hrdb.Close() })
-			hc, err := redisync.New(hrdb, redisync.WithWatchdogLease(lease))
+			hc, err := redisync.New(hrdb, redisync.WithCrashTimeout(lease))
 			if err != nil {
 				t.Fatal(err)
 			}

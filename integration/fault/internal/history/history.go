@@ -5,8 +5,10 @@
 // A recorded interval is thus inside the real hold, so two recorded
 // intervals that overlap prove two real holds that overlapped.
 //
-// Owners are the lock values (a Mutex or Semaphore value): goroutines that
-// share a value share its hold, so their intervals may overlap each other.
+// Owners are what a lock excludes from each other: for a lock, the
+// goroutine that held (goroutines that share a lock value exclude each
+// other); for a semaphore, its value (permits taken through one value add
+// up), whose intervals may overlap each other.
 package history
 
 import (
@@ -191,12 +193,6 @@ func Overlaps(holds []Hold, owner string, start, end time.Time, lookBack int) bo
 		}
 	}
 	return false
-}
-
-func sorted(holds []Hold, f func(a, b Hold) int) []Hold {
-	s := slices.Clone(holds)
-	slices.SortStableFunc(s, f)
-	return s
 }
 
 func minTime(a, b time.Time) time.Time {

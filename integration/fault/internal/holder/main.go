@@ -118,16 +118,16 @@ func main() {
 	}
 }
 
-func options() []redisync.ClientOption {
-	var opts []redisync.ClientOption
+func options() []redisync.Option {
+	var opts []redisync.Option
 	if *lease > 0 {
-		opts = append(opts, redisync.WithLease(*lease))
+		opts = append(opts, redisync.WithFixedLease(*lease))
 	}
 	if *watchdog > 0 {
-		opts = append(opts, redisync.WithWatchdogLease(*watchdog))
+		opts = append(opts, redisync.WithCrashTimeout(*watchdog))
 	}
 	if *heartbeat > 0 {
-		opts = append(opts, redisync.WithHeartbeat(*heartbeat))
+		opts = append(opts, redisync.WithWaiterTimeout(*heartbeat))
 	}
 	if *recheck > 0 {
 		opts = append(opts, redisync.WithRecheck(*recheck))
