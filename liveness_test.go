@@ -155,7 +155,7 @@ func merge(chans []<-chan error) <-chan error {
 // heartbeat, which finds the Client's deadline passed, and queues again.
 func TestMutexWaiterDroppedAsDeadQueuesAgain(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(300*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "dropped")
 	holder, w := c.NewMutex("dropped"), c.NewMutex("dropped")
 	if err := holder.Lock(ctx); err != nil {

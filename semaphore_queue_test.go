@@ -214,7 +214,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 
 func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	const hb = 30 * time.Millisecond
+	const hb = 300 * time.Millisecond
 	c := newClient(t, rdb, WithWaiterTimeout(hb), WithRecheck(time.Hour))
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
@@ -278,7 +278,7 @@ func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 
 func TestSemaphoreWaiterDroppedAsDeadQueuesAgainWithHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
+	c := newClient(t, rdb, WithWaiterTimeout(300*time.Millisecond), WithRecheck(time.Hour))
 	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
