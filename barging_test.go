@@ -90,11 +90,8 @@ func bargingWaiter(t *testing.T, ctx context.Context, mr *miniredis.Miniredis, r
 
 // subscribed reports whether c's subscription of channel is confirmed.
 func subscribed(c *Client, channel string) bool {
-	r := c.sub.reg
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ch := r.channels[channel]
-	return ch != nil && ch.confirmed
+	_, _, confirmed, _ := c.sub.reg.Waiters(channel)
+	return confirmed
 }
 
 // lockG returns a barging Mutex of a new Client on rdb that holds the lock
@@ -111,19 +108,8 @@ func lockG(t *testing.T, rdb *redis.Client) *Mutex {
 // plainWaiters returns how many plain waiters c's subscriber has on the
 // grant channel of the lock "g".
 func plainWaiters(c *Client) int {
-	name := schema.LockKeys(schema.DefaultPrefix, "g").GrantChannel(c.id)
-	r := c.sub.reg
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	if ch := r.channels[name]; ch != nil {
-		for _, w := range ch.waiters {
-			if w.plain {
-				n++
-			}
-		}
-	}
-	return n
+	_, plain, _, _ := c.sub.reg.Waiters(schema.LockKeys(schema.DefaultPrefix, "g").GrantChannel(c.id))
+	return plain
 }
 
 // pendingResult fails the test if done has a result already.
@@ -390,9 +376,8 @@ func TestBargingFairChannelWithoutPassSwallowsWakeup(t *testing.T) {
 	}
 	name := k.GrantChannel(a.id)
 	eventually(t, 10*time.Second, "a's channel to be swept", func() bool {
-		a.sub.reg.mu.Lock()
-		defer a.sub.reg.mu.Unlock()
-		return a.sub.reg.channels[name] == nil
+		_, _, _, known := a.sub.reg.Waiters(name)
+		return !known
 	})
 	wb, db := bargingWaiter(t, ctx, mr, rdb, at, b)
 
@@ -521,47 +506,6 @@ func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // Review 25 (independent, adversarial, of f755d84). Each test failed on
 // f755d84.
 
-// A fair-only channel (no plain waiter ever waited on it): a reconnect
-// (confirm of a confirmed channel) wakes its fair waiter and tells unheard
-// nothing; nor does the fair waiter when it leaves without using the
-// signal (its ctx ended, or the attempt in flight took the lock): no
-// wake.lua in a Client that never had a barging waiter.
-func TestBargingFairLeaveTellsUnheard(t *testing.T) {
-	var unheard []string
-	r := newRegistry(func(name string) { unheard = append(unheard, name) })
-	fair := newWaitSet()
-	r.add(fair, "fair", "f", false)
-	r.confirm("fair")
-	r.lapse("fair")
-	r.confirm("fair") // a reconnect: wakes the fair waiter, tells nobody
-	if len(unheard) != 0 {
-		t.Fatalf("reconnect told %q", unheard)
-	}
-	fair.leave(true) // e.g. its ctx ended with the signal unused
-	if len(unheard) != 0 {
-		t.Errorf("a fair waiter leaving with a reconnect's signal told unheard %q: a wake.lua in a fair-only Client", unheard)
-	}
-}
-
-// One empty message is passed on once: the plain waiter leaves with it
-// (unheard told, the fair waiter woken as a hint), then the fair waiter
-// leaves without using it (on f755d84 unheard was told again: two
-// wake.lua, two Clients woken, for one release).
-func TestBargingOneWakeupPassedOnTwice(t *testing.T) {
-	var unheard []string
-	r := newRegistry(func(name string) { unheard = append(unheard, name) })
-	fair, plain := newWaitSet(), newWaitSet()
-	r.add(fair, "mixed", "f", false)
-	r.add(plain, "mixed", "p", true)
-	r.confirm("mixed")
-	r.deliver("mixed", "")
-	plain.leave(true)
-	fair.leave(false) // its attempt in flight took the lock: signal unused
-	if !slices.Equal(unheard, []string{"mixed"}) {
-		t.Errorf("one wake-up told unheard %q, want once", unheard)
-	}
-}
-
 // Client level: a fair-only Client (default Mutex, no Barging anywhere)
 // whose waiter is woken by a reconnect (wakeAll, as registry.missed does)
 // as its ctx ends runs no wake.lua.
@@ -580,45 +524,13 @@ func TestBargingFairOnlyClientRunsWake(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.NewMutex("g").Lock(wctx) }()
 	eventually(t, 5*time.Second, "the fair waiter to subscribe", func() bool { return confirmedWaiters(a, name) == 1 })
-	r := a.sub.reg
-	r.mu.Lock()
-	r.channels[name].wakeAll() // what confirm after a reconnect does
+	a.sub.reg.Confirm(name) // a confirmation of a confirmed channel: a reconnect's, which wakes every waiter
 	cancel()
-	r.mu.Unlock()
 	if err := result(t, done); !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
 	_ = a.Close() // waits for background calls
 	if n := wc.n.Load(); n != 0 {
 		t.Errorf("a fair-only Client ran wake.lua %d times", n)
-	}
-}
-
-// Review 9, finding 3: a plain wake-up that a call took, and that no
-// attempt used (the attempt failed: Redis away for a moment), is forgotten
-// by the next wait that brings no signal, so that the call, ending with an
-// error afterwards, does not pass it on: the other waiter of the process
-// sleeps to its bound although the lock is free.
-func TestBargingUnusedWakeupSurvivesAnEmptyWait(t *testing.T) {
-	r := newRegistry(nil)
-	r.channels["ch"] = &channel{name: "ch", ready: make(chan struct{}), confirmed: true}
-	a, b := newWaitSet(), newWaitSet()
-	r.addConfirmed(a, "ch", "a", true)
-	r.addConfirmed(b, "ch", "b", true)
-	r.deliver("ch", "") // a release: wakes a
-	if _, err := a.wait(ctx, time.Second); err != nil {
-		t.Fatal(err)
-	}
-	// a's attempt fails transiently (no used()), it backs off: a wait
-	// with no signal.
-	if _, err := a.wait(ctx, time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	// Then its ctx ends: it leaves, passing on what it did not use.
-	a.leave(true)
-	select {
-	case <-b.bell:
-	default:
-		t.Fatal("the wake-up a took and never used was not passed on to b")
 	}
 }

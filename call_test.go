@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redisync/redisync/internal/waiters"
 )
 
 // passedCtx is a context whose deadline has passed but which has not been
@@ -51,7 +53,7 @@ type failing struct{ err error }
 
 func (f failing) attempt(context.Context) (bool, time.Duration, error) { return false, 0, f.err }
 func (failing) outlasts(error) bool                                    { return false }
-func (failing) sleeping(*waitSet)                                      {}
+func (failing) sleeping(*waiters.Set)                                  {}
 func (failing) adopt(context.Context, string) (bool, error)            { return false, nil }
 func (failing) address() string                                        { return "" }
 func (failing) finish(context.Context, error)                          {}

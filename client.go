@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // Client creates locks and semaphores on one Redis deployment. It owns the
@@ -31,7 +32,7 @@ type Client struct {
 	seq     atomic.Uint64 // last owner number
 
 	sub     *subscriber
-	wd      *watchdog
+	wd      *watchdog.Watchdog
 	calls   *callGroup // calls to Redis running in the Client's worker goroutines
 	publish string     // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
 	obs     Observer   // WithObserver; nil: none
@@ -158,7 +159,19 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 	c.obs = c.cfg.obs
 	c.events = newEvents(c.cfg.obs, c.cfg.log)
 	c.sub = newSubscriber(rdb, sharded, c.ctx, c.events, c.passOn)
-	c.wd = newWatchdog(rdb, cluster, c.ctx, c.events)
+	wcfg := watchdog.Config{
+		Renew: func(ctx context.Context, batch []watchdog.Renewal) ([]int64, error) {
+			return renewCall(batch).run(ctx, rdb).Int64Slice()
+		},
+		Sharded: cluster != nil,
+	}
+	if cluster != nil {
+		wcfg.Reload = func() { cluster.ReloadState(c.ctx) }
+	}
+	if c.events != nil {
+		wcfg.Events = c.events
+	}
+	c.wd = watchdog.New(c.ctx, wcfg)
 	return c
 }
 
@@ -188,7 +201,7 @@ const closeTimeout = 2 * time.Second
 func (c *Client) Close() error {
 	c.close()
 	c.sub.wait()
-	held := c.wd.wait()
+	held := c.wd.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	var wg sync.WaitGroup

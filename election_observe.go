@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redisync/redisync/internal/schema"
+	"github.com/redisync/redisync/internal/waiters"
 )
 
 // watchInbox bounds the changes an observer keeps while its reader is
@@ -47,10 +48,10 @@ func (e *Election) Observe(ctx context.Context) <-chan Leadership {
 		return out
 	}
 	// The first state is read once the channel is subscribed (see
-	// listener): no change made after it can be missed then.
+	// waiters.Listener): no change made after it can be missed then.
 	w := &watch{e: e, out: out, kick: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(ctx)
-	l := &listener{hear: w.hear, resync: w.again}
+	l := &waiters.Listener{Hear: w.hear, Resync: w.again}
 	err := e.c.sub.listen(e.m.keys.Changes, l, func() {
 		defer close(out)
 		defer cancel()

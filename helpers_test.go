@@ -112,14 +112,11 @@ func (c *counter) take(cmd redis.Cmder) bool {
 // confirmedWaiters returns how many waiters of c wait on channel once its
 // subscription is confirmed, and 0 until then.
 func confirmedWaiters(c *Client, channel string) int {
-	r := c.sub.reg
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ch := r.channels[channel]
-	if ch == nil || !ch.confirmed {
+	all, _, confirmed, _ := c.sub.reg.Waiters(channel)
+	if !confirmed {
 		return 0
 	}
-	return len(ch.waiters)
+	return all
 }
 
 // eventually fails the test unless cond becomes true within d.

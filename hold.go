@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // errExpired is returned by holds.take when the hold's lease may have run
@@ -24,11 +26,11 @@ type hold struct {
 	// when it ends.
 	cancels map[*context.CancelCauseFunc]struct{}
 	isLost  bool
-	freed   bool       // a confirmed release ended it (a Semaphore's holding)
-	ka      *keepalive // its watchdog entry
-	taken   time.Time  // when it was taken, for events
-	handoff bool       // taken by a hand-off: a fair lock's release, or Accept
-	given   bool       // given to another process by Handoff
+	freed   bool            // a confirmed release ended it (a Semaphore's holding)
+	ka      *watchdog.Entry // its watchdog entry
+	taken   time.Time       // when it was taken, for events
+	handoff bool            // taken by a hand-off: a fair lock's release, or Accept
+	given   bool            // given to another process by Handoff
 	// parts are the holds it is made of, in their Mutex values: a
 	// MultiMutex's hold has one per name, in the global order; a
 	// RedMutex's one per node it holds (nil for the others), of which
@@ -79,13 +81,13 @@ func newHolds(c *Client, prim Primitive, name string) holds {
 // already (or h was lost while it waited), errBusy when it would wait and
 // may not, ctx's error when ctx ends first, and ErrClosed when the Client
 // is closed: the caller then gives h back.
-func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time, lease time.Duration, wait bool) error {
-	if !time.Now().Before(since.Add(lease - drift(lease))) {
+func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time.Time, lease time.Duration, wait bool) error {
+	if !time.Now().Before(since.Add(lease - watchdog.Drift(lease))) {
 		return errExpired
 	}
 	h.lost, h.ka = make(chan struct{}), e
-	e.gone = func() { s.lose(h) }
-	if !s.c.wd.add(e, since, lease) {
+	e.Gone = func() { s.lose(h) }
+	if !s.c.wd.Add(e, since, lease) {
 		return ErrClosed
 	}
 	for {
@@ -105,17 +107,17 @@ func (s *holds) take(ctx context.Context, h *hold, e *keepalive, since time.Time
 		free := s.free
 		s.mu.Unlock()
 		if !wait {
-			s.c.wd.remove(e)
+			s.c.wd.Remove(e)
 			return errBusy
 		}
 		select {
 		case <-free:
 		case <-h.lost:
 		case <-ctx.Done():
-			s.c.wd.remove(e)
+			s.c.wd.Remove(e)
 			return ctx.Err()
 		case <-s.c.ctx.Done():
-			s.c.wd.remove(e)
+			s.c.wd.Remove(e)
 			return ErrClosed
 		}
 	}
@@ -178,7 +180,7 @@ func (s *holds) loseLocked(h *hold) {
 	if s.cur != h {
 		h.isLost = true
 		close(h.lost)
-		s.c.wd.remove(h.ka)
+		s.c.wd.Remove(h.ka)
 		return
 	}
 	h.isLost = true
@@ -194,7 +196,7 @@ func (s *holds) loseLocked(h *hold) {
 	}
 	close(h.lost)
 	end(h, ErrLockLost)
-	s.c.wd.remove(h.ka)
+	s.c.wd.Remove(h.ka)
 	if s.onLost != nil {
 		s.onLost()
 	}
@@ -214,7 +216,7 @@ func (s *holds) forgetLocked(h *hold) {
 // (see told): the release may find that Redis no longer had it. s.mu must
 // be held.
 func (s *holds) forgetUntoldLocked(h *hold) {
-	s.c.wd.remove(h.ka)
+	s.c.wd.Remove(h.ka)
 	end(h, ErrReleased)
 	if s.cur == h {
 		s.cur = nil

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redisync/redisync/internal/schema"
+	"github.com/redisync/redisync/internal/waiters"
 )
 
 // queuedTickets returns the tickets in the queue of the lock keys k.
@@ -57,9 +58,7 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiters to queue and sleep", func() bool {
 		return len(queuedTickets(t, mr, k)) == n && asleep(c) == n
 	})
-	c.wd.mu.Lock()
-	entries := len(c.wd.waiting)
-	c.wd.mu.Unlock()
+	_, entries := c.wd.Sleepers()
 	if entries != 1 {
 		t.Fatalf("%d watchdog entries for %d waiters of one Client on one lock; want 1", entries, n)
 	}
@@ -289,9 +288,9 @@ func TestSplitGrant(t *testing.T) {
 		{"a/c-9:x", "", 0, 0, false},
 		{"nocolon", "", 0, 0, false},
 	} {
-		a, v, ms, ok := splitGrant(tc.grant)
+		a, v, ms, ok := waiters.ParseGrant(tc.grant)
 		if ok != tc.ok || (ok && (a != tc.address || v != tc.value || ms != tc.ms)) {
-			t.Errorf("splitGrant(%q) = %q, %d, %d, %v; want %q, %d, %d, %v", tc.grant, a, v, ms, ok, tc.address, tc.value, tc.ms, tc.ok)
+			t.Errorf("waiters.ParseGrant(%q) = %q, %d, %d, %v; want %q, %d, %d, %v", tc.grant, a, v, ms, ok, tc.address, tc.value, tc.ms, tc.ok)
 		}
 	}
 	if _, _, ok := parseGrant("a/c-1:5:9", "a/c-2"); ok {
@@ -357,19 +356,6 @@ func TestLapseReportedByTwoHeartbeats(t *testing.T) {
 	}
 	if len(ins.Queue) != 1 || !ins.Queue[0].Alive {
 		t.Fatalf("inspect: %+v; want the waiter alive by its Client's deadline", ins.Queue)
-	}
-}
-
-// ranBefore takes only heartbeats that ran strictly before the grant.
-func TestRanBeforeSkipsHeartbeatsAfterTheGrant(t *testing.T) {
-	w := &watchdog{}
-	t0 := time.Now()
-	e := &keepalive{ran: [4]stamp{{}, {sent: t0, ms: 100}, {sent: t0.Add(time.Second), ms: 200}, {sent: t0.Add(2 * time.Second), ms: 300}}}
-	if got := w.ranBefore(e, 200); !got.Equal(t0) {
-		t.Fatalf("ranBefore(200) = %v, want the heartbeat that ran at 100 (sent %v)", got, t0)
-	}
-	if got := w.ranBefore(e, 100); !got.IsZero() {
-		t.Fatalf("ranBefore(100) = %v, want none", got)
 	}
 }
 

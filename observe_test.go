@@ -307,9 +307,8 @@ func TestLoggerWarnings(t *testing.T) {
 	go func() { done <- w.Lock(ctx) }()
 	// Its heartbeat is registered once it sleeps, after its last attempt.
 	eventually(t, 5*time.Second, "the waiter to sleep", func() bool {
-		a.wd.mu.Lock()
-		defer a.wd.mu.Unlock()
-		return len(a.wd.waiting) == 1
+		_, entries := a.wd.Sleepers()
+		return entries == 1
 	})
 	lost := m.Lost()
 	mr.Del("redisync:lock:{logged}")

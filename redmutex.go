@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/redisync/redisync/internal/waiters"
 )
 
 // RedMutex is a lock held on a quorum of a Redlock's nodes. It has the
@@ -432,7 +434,7 @@ func (x *redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 // lock that a majority cannot grant is not waited for.
 func (*redCall) outlasts(error) bool { return false }
 
-func (*redCall) sleeping(*waitSet)                           {}
+func (*redCall) sleeping(*waiters.Set)                       {}
 func (*redCall) adopt(context.Context, string) (bool, error) { return false, nil }
 func (x *redCall) address() string                           { return x.addr }
 func (*redCall) finish(context.Context, error)               {}

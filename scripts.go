@@ -1,9 +1,13 @@
 package redisync
 
 import (
+	"context"
 	_ "embed"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/schema"
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // The Lua scripts, each prefixed with the shared helpers of lib.lua. Run
@@ -60,3 +64,285 @@ var (
 	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)
 	semResizeScript  = redis.NewScript(luaLib + luaSemLib + luaSemResize)
 )
+
+// The typed arguments of the Lua scripts, one wrapper per script in the
+// order of scripts.go: the only place that knows in which order a script
+// reads its KEYS and ARGV, which its header in scripts/ documents.
+// Durations go as whole milliseconds, flags as flag does.
+
+// scriptCall is one call of a script: the script with its KEYS and ARGV,
+// in the order it reads them.
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+// run sends the call on rdb: EVALSHA, then EVAL when the server does not
+// know the script yet.
+func (c scriptCall) run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return c.script.Run(ctx, rdb, c.keys, c.args...)
+}
+
+// acquireArgs are the arguments of scripts/acquire.lua.
+type acquireArgs struct {
+	ticket    string        // the call's own id
+	lease     time.Duration // of the hold it takes
+	mode      string        // "barge", "queue" or "try"
+	heartbeat time.Duration // the waiter's heartbeat ttl (mode "queue")
+	handoff   time.Duration // the lease of a hold handed to it (mode "queue")
+	publish   string        // PUBLISH or SPUBLISH
+	queued    bool          // an earlier attempt of the call queued the ticket
+	metadata  string        // stored with the hold; "" for none
+	record    time.Duration // mode "barge": how long the Client is recorded as waiting; 0 for none
+	others    bool          // mode "barge": other plain waiters of the Client wait for the lock
+}
+
+// call returns the script's call on the lock k.
+func (a acquireArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{acquireScript,
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ticket), k.Bargers},
+		[]any{a.ticket, a.lease.Milliseconds(), a.mode, a.heartbeat.Milliseconds(),
+			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata,
+			a.record.Milliseconds(), flag(a.others)}}.elect(k)
+}
+
+// elect adds an election's revision key and channel of changes (see
+// schema.ElectionKeys) to the call of acquire.lua or release.lua on the
+// lock k, when k is an election's: its last key and argument.
+func (c scriptCall) elect(k schema.Lock) scriptCall {
+	if k.Revision != "" {
+		c.keys = append(c.keys, k.Revision)
+		c.args = append(c.args, k.Changes)
+	}
+	return c
+}
+
+// releaseArgs are the arguments of scripts/release.lua. Its release
+// tombstone lasts tombstoneTTL.
+type releaseArgs struct {
+	id      string // the hold id, or the ticket that withdraws
+	token   int64  // the hold's fencing token; 0 when unknown
+	publish string // PUBLISH or SPUBLISH
+	mode    string // "release" or "withdraw"
+}
+
+// call returns the script's call on the lock k.
+func (a releaseArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{releaseScript,
+		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id), k.Bargers},
+		[]any{a.id, a.token, tombstoneTTL.Milliseconds(), k.Channel, a.publish, a.mode}}.elect(k)
+}
+
+// wakeCall returns the call of scripts/wake.lua on the lock k, which
+// passes on a wake-up of plain waiters that reached none.
+func wakeCall(k schema.Lock, publish string) scriptCall {
+	return scriptCall{wakeScript, []string{k.Hash, k.Bargers}, []any{k.Channel, publish}}
+}
+
+// renewCall returns the call of scripts/renew.lua that renews batch: the
+// keys of its entries in turn, and a triple kind, owner, ms per entry. An
+// entry's keys are one of the four layouts below, by kind.
+func renewCall(batch []watchdog.Renewal) scriptCall {
+	var keys []string
+	args := make([]any, 0, 3*len(batch))
+	for _, r := range batch {
+		keys = append(keys, r.Keys...)
+		args = append(args, r.Kind, r.Owner, r.TTL.Milliseconds())
+	}
+	return scriptCall{renewScript, keys, args}
+}
+
+// holdRenewKeys returns the keys in renew.lua of a hold of the lock k
+// (kind "hold").
+func holdRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Token} }
+
+// semRenewKeys returns the keys in renew.lua of a holder of the
+// semaphore k (kind "sem").
+func semRenewKeys(k schema.Semaphore) []string { return []string{k.Holders, k.Expiry, k.Size} }
+
+// waitRenewKeys returns the keys in renew.lua of the fair waiters of the
+// lock k (kind "wait"): the last is what they wait for.
+func waitRenewKeys(k schema.Lock) []string { return []string{k.Queue, k.Waiters, k.Hash} }
+
+// swaitRenewKeys returns the keys in renew.lua of the waiters of the
+// semaphore k (kind "swait"): the last is what they wait for.
+func swaitRenewKeys(k schema.Semaphore) []string { return []string{k.Queue, k.Waiters, k.Holders} }
+
+// extendArgs are the arguments of scripts/extend.lua.
+type extendArgs struct {
+	id    string        // the hold id
+	lease time.Duration // the least lease from now
+}
+
+// call returns the script's call on the lock k.
+func (a extendArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{extendScript, []string{k.Hash, k.Token}, []any{a.id, a.lease.Milliseconds()}}
+}
+
+// ttlArgs are the arguments of scripts/ttl.lua.
+type ttlArgs struct {
+	id string // the hold id
+}
+
+// call returns the script's call on the lock k.
+func (a ttlArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{ttlScript, []string{k.Hash}, []any{a.id}}
+}
+
+// handoffGiveArgs are the arguments of scripts/handoff.lua in mode "give".
+// The holder's release tombstone lasts tombstoneTTL.
+type handoffGiveArgs struct {
+	id     string        // the holder's ticket
+	handle string        // under which the hold waits for its taker
+	lease  time.Duration // how long it waits for its taker before it runs out
+	token  int64         // the hold's fencing token
+}
+
+// call returns the script's call on the lock k.
+func (a handoffGiveArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{handoffScript,
+		[]string{k.Hash, k.Token, k.Tombstone(a.id)},
+		[]any{"give", a.id, a.handle, a.lease.Milliseconds(), a.token, tombstoneTTL.Milliseconds()}}
+}
+
+// handoffTakeArgs are the arguments of scripts/handoff.lua in mode "take".
+type handoffTakeArgs struct {
+	handle   string        // from the giver's Handoff
+	ticket   string        // the taker's
+	lease    time.Duration // of the hold taken
+	metadata string        // the taker's; "" for none
+}
+
+// call returns the script's call on the lock k.
+func (a handoffTakeArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{handoffScript,
+		[]string{k.Hash, k.Token, k.Tombstone(a.ticket)},
+		[]any{"take", a.handle, a.ticket, a.lease.Milliseconds(), a.metadata}}
+}
+
+// semAcquireArgs are the arguments of scripts/sem_acquire.lua.
+type semAcquireArgs struct {
+	holder    string        // the holder id
+	n         int64         // permits wanted
+	size      int64         // of the semaphore, as the caller knows it
+	held      int64         // the permits the caller believes it holds
+	seq       int64         // the caller's call number
+	lease     time.Duration // of the permits granted
+	mode      string        // "queue" or "try"
+	waiter    string        // the call's waiter id, "holder#call"
+	queued    bool          // an earlier attempt of the call queued it, or may have
+	heartbeat time.Duration // the waiter's heartbeat ttl
+	grant     time.Duration // the lease of a grant to a waiter
+	publish   string        // PUBLISH or SPUBLISH
+	fence     bool          // a RWMutex's: a write is granted a fencing token
+}
+
+// call returns the script's call on the semaphore k.
+func (a semAcquireArgs) call(k schema.Semaphore) scriptCall {
+	return scriptCall{semAcquireScript,
+		[]string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters, k.Withdrawn, k.Released, k.Token},
+		[]any{a.holder, a.n, a.size, a.held, a.seq, a.lease.Milliseconds(), a.mode, a.waiter, flag(a.queued),
+			a.heartbeat.Milliseconds(), a.grant.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
+}
+
+// semReleaseArgs are the arguments of scripts/sem_release.lua. The memory
+// of a full release lasts tombstoneTTL.
+type semReleaseArgs struct {
+	holder  string        // the holder id
+	n       int64         // permits to give back ("release"), or wanted by the waiter ("withdraw")
+	held    int64         // the permits the caller believes it holds
+	seq     int64         // the caller's call number
+	mode    string        // "release" or "withdraw"
+	waiter  string        // the waiter id withdrawn, or of the holder's Acquire under way; or ""
+	lease   time.Duration // re-armed while the holder keeps permits
+	size    int64         // as the caller knows it
+	publish string        // PUBLISH or SPUBLISH
+	fence   bool          // a RWMutex's (semAcquireArgs.fence)
+}
+
+// call returns the script's call on the semaphore k.
+func (a semReleaseArgs) call(k schema.Semaphore) scriptCall {
+	return scriptCall{semReleaseScript,
+		[]string{k.Holders, k.Expiry, k.Queue, k.Waiters, k.Released, k.Withdrawn, k.Size, k.Token},
+		[]any{a.holder, a.n, a.held, a.seq, a.mode, a.waiter, a.lease.Milliseconds(), a.size,
+			tombstoneTTL.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
+}
+
+// semResizeArgs are the arguments of scripts/sem_resize.lua.
+type semResizeArgs struct {
+	from, to int64  // the size expected to be stored, and the new one
+	publish  string // PUBLISH or SPUBLISH
+}
+
+// call returns the script's call on the semaphore k.
+func (a semResizeArgs) call(k schema.Semaphore) scriptCall {
+	return scriptCall{semResizeScript,
+		[]string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters},
+		[]any{a.from, a.to, k.Channel, a.publish}}
+}
+
+// redlockRaiseArgs are the arguments of scripts/redlock_raise.lua.
+type redlockRaiseArgs struct {
+	id    string // the owner id of the node's hold
+	token int64  // the Redlock's token
+}
+
+// call returns the script's call on the lock k, one node's.
+func (a redlockRaiseArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{redlockRaiseScript, []string{k.Hash, k.Token}, []any{a.id, a.token}}
+}
+
+// multiAcquireArgs are the arguments of scripts/multi_acquire.lua.
+type multiAcquireArgs struct {
+	ticket   string        // the call's own id, under which every hold is stored
+	lease    time.Duration // of the holds it takes
+	metadata string        // stored with every hold; "" for none
+}
+
+// call returns the script's call on the locks ks, which share a slot.
+func (a multiAcquireArgs) call(ks []schema.Lock) scriptCall {
+	keys := make([]string, 0, 4*len(ks))
+	for _, k := range ks {
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Tombstone(a.ticket))
+	}
+	return scriptCall{multiAcquireScript, keys, []any{a.ticket, a.lease.Milliseconds(), a.metadata}}
+}
+
+// multiReleaseArgs are the arguments of scripts/multi_release.lua. Its
+// release tombstones last tombstoneTTL.
+type multiReleaseArgs struct {
+	ids     []string // the hold id on each lock
+	tokens  []int64  // the hold's token on each lock; 0 when unknown
+	publish string   // PUBLISH or SPUBLISH
+}
+
+// call returns the script's call on the locks ks, which share a slot.
+func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
+	keys := make([]string, 0, 6*len(ks))
+	args := []any{tombstoneTTL.Milliseconds(), a.publish}
+	for i, k := range ks {
+		keys = append(keys, k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ids[i]), k.Bargers)
+		args = append(args, a.ids[i], a.tokens[i], k.Channel)
+	}
+	return scriptCall{multiReleaseScript, keys, args}
+}
+
+// proclaimArgs are the arguments of scripts/proclaim.lua.
+type proclaimArgs struct {
+	id      string // the leader's hold id
+	token   int64  // its fencing token
+	value   string // the new value
+	publish string // PUBLISH or SPUBLISH
+	seq     int64  // the call's number, larger than the Election's last
+}
+
+// call returns the script's call on the election k.
+func (a proclaimArgs) call(k schema.Lock) scriptCall {
+	return scriptCall{proclaimScript, []string{k.Hash, k.Revision}, []any{a.id, a.token, a.value, k.Changes, a.publish, a.seq}}
+}
+
+// leaderCall returns the call of scripts/leader.lua on the election k.
+func leaderCall(k schema.Lock) scriptCall {
+	return scriptCall{leaderScript, []string{k.Hash, k.Token, k.Revision}, nil}
+}

@@ -24,12 +24,7 @@ func permitsOf(mr *miniredis.Miniredis, s *Semaphore) string {
 // asleep returns how many Acquire calls of c are queued and asleep: their
 // heartbeat is registered with the watchdog just before they sleep.
 func asleep(c *Client) int {
-	c.wd.mu.Lock()
-	defer c.wd.mu.Unlock()
-	n := 0
-	for e := range c.wd.entries {
-		n += len(e.waiters)
-	}
+	n, _ := c.wd.Sleepers()
 	return n
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redisync/redisync/internal/schema"
+	"github.com/redisync/redisync/internal/waiters"
 )
 
 // Timing of the subscriber.
@@ -59,7 +60,7 @@ type subscriber struct {
 	wg      sync.WaitGroup
 	wmu     sync.Mutex // held while subscription changes are decided and written
 
-	reg *registry // the waiters of every channel
+	reg *waiters.Registry // the waiters of every channel
 
 	mu       sync.Mutex        // guards the fields below and every shard; taken before reg's
 	shards   map[string]*shard // by primary address; "" for the one plain connection
@@ -88,7 +89,7 @@ func newSubscriber(rdb redis.UniversalClient, cluster clusterClient, ctx context
 		ctx:     ctx,
 		closed:  ctx.Done(),
 		ev:      ev,
-		reg:     newRegistry(unheard),
+		reg:     waiters.New(unheard, ErrClosed),
 		shards:  make(map[string]*shard),
 		on:      make(map[string]*shard),
 	}
@@ -97,14 +98,14 @@ func newSubscriber(rdb redis.UniversalClient, cluster clusterClient, ctx context
 // add registers a new member of set for ticket on the named channel, and
 // has the channel subscribed if it is not. It returns a channel closed
 // once the subscription is confirmed, or ErrClosed after Close.
-func (s *subscriber) add(set *waitSet, name, ticket string, plain bool) (<-chan struct{}, error) {
+func (s *subscriber) add(set *waiters.Set, name, ticket string, plain bool) (<-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
-	w, ready := s.reg.add(set, name, ticket, plain)
-	if w == nil {
+	ready, ok := s.reg.Add(set, name, ticket, plain)
+	if !ok {
 		return nil, ErrClosed
 	}
 	if s.on[name] == nil {
@@ -128,7 +129,7 @@ func (s *subscriber) confirmed(sh *shard, name string) {
 		return
 	}
 	s.failures, s.down = 0, false
-	s.reg.confirm(name)
+	s.reg.Confirm(name)
 }
 
 // unsubscribed records an unsubscribe reply for a channel on sh. It
@@ -157,7 +158,7 @@ func (s *subscriber) lapsed(sh *shard, err error) {
 	clear(sh.unsubs)
 	for name, on := range s.on {
 		if on == sh {
-			s.reg.lapse(name)
+			s.reg.Lapse(name)
 		}
 	}
 }
@@ -227,7 +228,7 @@ func (s *subscriber) run(sh *shard) {
 func (s *subscriber) dispatch(sh *shard, msg any) bool {
 	switch m := msg.(type) {
 	case *redis.Message:
-		s.reg.deliver(m.Channel, m.Payload)
+		s.reg.Deliver(m.Channel, m.Payload)
 	case *redis.Subscription:
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
@@ -269,7 +270,7 @@ func (s *subscriber) fail(sh *shard, err error) {
 	for name, on := range s.on {
 		if on == sh {
 			delete(s.on, name)
-			s.reg.lapse(name)
+			s.reg.Lapse(name)
 		}
 	}
 	s.failures++
@@ -295,7 +296,7 @@ func (s *subscriber) pause(d time.Duration) {
 
 // sweepDue reports whether an idle channel is due to be unsubscribed.
 func (s *subscriber) sweepDue(now time.Time) bool {
-	idle := s.reg.idleSince()
+	idle := s.reg.IdleSince()
 	return !idle.IsZero() && !now.Before(idle.Add(lingerFor))
 }
 
@@ -308,7 +309,7 @@ func (s *subscriber) sync() {
 	var want []string
 	unsub := make(map[*shard][]string)
 	s.mu.Lock()
-	for _, name := range s.reg.sweep(func(name string, idleSince time.Time) bool {
+	for _, name := range s.reg.Sweep(func(name string, idleSince time.Time) bool {
 		sh := s.on[name]
 		if sh == nil {
 			return true
@@ -334,7 +335,7 @@ func (s *subscriber) sync() {
 	var empty []*shard
 	s.mu.Lock()
 	for _, name := range want {
-		if s.on[name] != nil || !s.reg.hasWaiters(name) || s.ctx.Err() != nil {
+		if s.on[name] != nil || !s.reg.HasWaiters(name) || s.ctx.Err() != nil {
 			continue
 		}
 		sh := s.shardFor(addrs[name])
@@ -450,7 +451,7 @@ func (s *subscriber) write(sh *shard, subscribe bool, names []string) error {
 // connection after the Client was closed, and waits for the goroutines
 // that read them to exit.
 func (s *subscriber) wait() {
-	s.reg.close()
+	s.reg.Close()
 	s.mu.Lock()
 	shards := make([]*shard, 0, len(s.shards))
 	for _, sh := range s.shards {
@@ -461,6 +462,31 @@ func (s *subscriber) wait() {
 		_ = sh.ps.Close() // unblocks run's read
 	}
 	s.wg.Wait()
+}
+
+// listen registers l on the named channel, has the channel subscribed if
+// it is not, and runs run in a goroutine that Close waits for; l is
+// unregistered when run returns. It returns ErrClosed after Close.
+func (s *subscriber) listen(name string, l *waiters.Listener, run func()) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil || !s.reg.Listen(name, l) {
+		return ErrClosed
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.reg.Unlisten(name, l)
+		run()
+	}()
+	if s.on[name] == nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.sync()
+		}()
+	}
+	return nil
 }
 
 // isTimeout reports whether err is a read timeout.

@@ -3,11 +3,11 @@ package redisync
 import (
 	"cmp"
 	"context"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redisync/redisync/internal/schema"
+	"github.com/redisync/redisync/internal/waiters"
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // contender is one blocking call (Mutex.Lock, Semaphore.Acquire or
@@ -24,7 +24,7 @@ type contender interface {
 	// sleeping is called before every sleep: it keeps the call's place
 	// in the queue alive (a heartbeat, shared with the process's other
 	// waiters there, that nudges ws when it must look again).
-	sleeping(ws *waitSet)
+	sleeping(ws *waiters.Set)
 	// adopt takes what a message addressed to the call handed to it. It
 	// reports false when the call must attempt again.
 	adopt(ctx context.Context, grant string) (bool, error)
@@ -40,7 +40,7 @@ type contender interface {
 // post is a channel that a blocking call waits on, with the subscriber
 // that hears it: one for a Mutex or a Semaphore, one per node for a
 // RedMutex. A plain waiter (a barging lock's) is woken by empty messages
-// (see registry).
+// (see internal/waiters).
 type post struct {
 	sub     *subscriber
 	channel string
@@ -58,7 +58,7 @@ type post struct {
 // outlasts (see contender.outlasts). Once ctx's deadline has passed, it
 // fails with ctx's error, whatever else failed meanwhile.
 func block(ctx context.Context, posts []post, x contender) (err error) {
-	var ws *waitSet // registered on every post
+	var ws *waiters.Set // registered on every post
 	defer func() {
 		if err != nil {
 			// Once ctx's deadline has passed, the call fails with it,
@@ -67,7 +67,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 		}
 		x.finish(ctx, err)
 		if ws != nil {
-			ws.leave(err != nil)
+			ws.Leave(err != nil)
 		}
 	}()
 
@@ -92,7 +92,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 		default:
 			waiting, backoff = true, 0
 			if ws != nil {
-				ws.used()
+				ws.Used()
 			}
 		}
 		if ws == nil {
@@ -103,9 +103,9 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 			}
 			continue
 		}
-		ws.retarget(x.address())
+		ws.Retarget(x.address())
 		x.sleeping(ws)
-		grant, err := ws.wait(ctx, sleep)
+		grant, err := ws.Wait(ctx, sleep)
 		if err != nil {
 			return err
 		}
@@ -120,11 +120,11 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 // joinConfirmed registers a waiter set for ticket on every post if every
 // post's channel is subscribed and confirmed already, which costs no round
 // trip; otherwise it returns nil.
-func joinConfirmed(posts []post, ticket string) *waitSet {
-	ws := newWaitSet()
+func joinConfirmed(posts []post, ticket string) *waiters.Set {
+	ws := waiters.NewSet()
 	for _, p := range posts {
-		if p.sub.reg.addConfirmed(ws, p.channel, ticket, p.plain) == nil {
-			ws.leave(false)
+		if !p.sub.reg.AddConfirmed(ws, p.channel, ticket, p.plain) {
+			ws.Leave(false)
 			return nil
 		}
 	}
@@ -137,13 +137,13 @@ func joinConfirmed(posts []post, ticket string) *waitSet {
 // bounded by joinWait (after which the caller proceeds anyway: it sleeps
 // at most deafPoll while a channel is not confirmed, and is woken when it
 // is), ctx and Close.
-func join(ctx context.Context, posts []post, ticket string) (*waitSet, error) {
-	ws := newWaitSet()
+func join(ctx context.Context, posts []post, ticket string) (*waiters.Set, error) {
+	ws := waiters.NewSet()
 	ready := make([]<-chan struct{}, len(posts))
 	for i, p := range posts {
 		var err error
 		if ready[i], err = p.sub.add(ws, p.channel, ticket, p.plain); err != nil {
-			ws.leave(false)
+			ws.Leave(false)
 			return nil, err
 		}
 	}
@@ -153,13 +153,13 @@ func join(ctx context.Context, posts []post, ticket string) (*waitSet, error) {
 		select {
 		case <-ready[i]:
 		case <-t.C:
-			ws.proceed()
+			ws.Proceed()
 			return ws, nil
 		case <-ctx.Done():
-			ws.leave(false)
+			ws.Leave(false)
 			return nil, ctx.Err()
 		case <-p.sub.closed:
-			ws.leave(false)
+			ws.Leave(false)
 			return nil, ErrClosed
 		}
 	}
@@ -171,13 +171,13 @@ func join(ctx context.Context, posts []post, ticket string) (*waitSet, error) {
 // hand-off to it came later: the hold's deadline counts from then), and
 // the heartbeat that keeps it there while the call sleeps.
 type place struct {
-	wd        *watchdog
-	queued    bool       // an attempt queued the call
-	since     time.Time  // when the last call that found it queued was sent
-	unsure    bool       // an attempt may have run without its reply arriving
-	abandoned bool       // an attempt was given up on; its late reply cleans up
-	hb        *keepalive // the heartbeat of the process's waiters, while joined
-	ws        *waitSet   // the call's waiter set in hb
+	wd        *watchdog.Watchdog
+	queued    bool            // an attempt queued the call
+	since     time.Time       // when the last call that found it queued was sent
+	unsure    bool            // an attempt may have run without its reply arriving
+	abandoned bool            // an attempt was given up on; its late reply cleans up
+	hb        *watchdog.Entry // the heartbeat of the process's waiters, while joined
+	ws        *waiters.Set    // the call's waiter set in hb
 }
 
 // joined records an attempt, sent at sent, that queued the call.
@@ -203,7 +203,7 @@ func (p *place) mustWithdraw(err error) bool {
 // the grant (the call was queued until the grant).
 func (p *place) confirmed(ms int64) time.Time {
 	if p.hb != nil && ms > 0 {
-		return later(p.since, p.wd.ranBefore(p.hb, ms))
+		return later(p.since, p.wd.RanBefore(p.hb, ms))
 	}
 	return p.since
 }
@@ -218,11 +218,11 @@ func (p *place) confirmed(ms int64) time.Time {
 // last heartbeat before it (see confirmed). It nudges ws when the call
 // must look again: a release may have dropped it as dead, or what it waits
 // for is free with nobody to announce it.
-func (p *place) keepAlive(kind, address, name string, keys []string, ttl, grant time.Duration, ws *waitSet) {
+func (p *place) keepAlive(kind, address, name string, keys []string, ttl, grant time.Duration, ws *waiters.Set) {
 	if !p.queued || p.hb != nil {
 		return
 	}
-	if hb := p.wd.join(kind, schema.Client(address), name, keys, ttl, min(ttl, grant)/3, p.since, ws); hb != nil {
+	if hb := p.wd.Join(kind, schema.Client(address), name, keys, ttl, min(ttl, grant)/3, p.since, ws); hb != nil {
 		p.hb, p.ws = hb, ws
 	}
 }
@@ -237,35 +237,15 @@ func (p *place) left() {
 // stop stops keeping the call alive, if it was.
 func (p *place) stop() {
 	if p.hb != nil {
-		p.wd.leave(p.hb, p.ws)
+		p.wd.Leave(p.hb, p.ws)
 		p.hb, p.ws = nil, nil
 	}
-}
-
-// splitGrant splits a grant message, "address:value:ms" (ms: the server
-// time of the grant), into its parts. A grant published by an earlier
-// version, "address:value", has ms 0. An address has no ':' after its
-// last '/' (see internal/schema, Client).
-func splitGrant(grant string) (address string, value, ms int64, ok bool) {
-	i := strings.LastIndexByte(grant, ':')
-	if i < 0 {
-		return "", 0, 0, false
-	}
-	last, err := strconv.ParseInt(grant[i+1:], 10, 64)
-	if err != nil {
-		return "", 0, 0, false
-	}
-	if j := strings.LastIndexByte(grant[:i], ':'); j > strings.LastIndexByte(grant, '/') {
-		v, err := strconv.ParseInt(grant[j+1:i], 10, 64)
-		return grant[:j], v, last, err == nil
-	}
-	return grant[:i], last, 0, true
 }
 
 // parseGrant returns the value and server time of a grant message, and
 // reports whether it is addressed to address.
 func parseGrant(grant, address string) (value, ms int64, ok bool) {
-	a, v, ms, ok := splitGrant(grant)
+	a, v, ms, ok := waiters.ParseGrant(grant)
 	return v, ms, ok && a == address
 }
 

@@ -4,7 +4,7 @@
 // the formats of the records the scripts write. The library, the command
 // line and the benchmark all name keys through it; the Lua scripts in
 // scripts/ read and write the same records (each script's header says
-// which keys it takes; scriptargs.go in the root package is the one place
+// which keys it takes; scripts.go in the root package is the one place
 // that passes them in that order).
 package schema
 

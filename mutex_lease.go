@@ -57,7 +57,7 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 	case len(res) == 0 || res[0] != 1:
 		m.lose(h)
 		return m.wrap("extend", ErrLockLost)
-	case !m.c.wd.extend(h.ka, sent, time.Duration(ms)*time.Millisecond):
+	case !m.c.wd.Extend(h.ka, sent, time.Duration(ms)*time.Millisecond):
 		// Unlocked, or lost, while the call was out.
 		return m.wrap("extend", m.gone(h))
 	}

@@ -1,6 +1,10 @@
-package redisync
+package watchdog
 
-import "time"
+import (
+	"time"
+
+	"github.com/redisync/redisync/internal/waiters"
+)
 
 // stamp is a heartbeat of waiters: when it was sent, and the server time
 // (ms) at which it ran.
@@ -9,7 +13,7 @@ type stamp struct {
 	ms   int64
 }
 
-// join keeps the queued call of ws alive, with the Client's other waiters
+// Join keeps the queued call of ws alive, with the Client's other waiters
 // on the same queue (kind "wait" for a fair lock's, "swait" for a
 // semaphore's; owner: the Client's id; name: of what they wait for, for
 // events; keys: the queue, the waiters' records, and what they wait for).
@@ -20,13 +24,13 @@ type stamp struct {
 // place.confirmed). sent is when the attempt that queued the call was sent:
 // its own deadline in Redis lasts ttl from then. It returns the entry, or
 // nil when the Client is closed.
-func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time.Duration, sent time.Time, ws *waitSet) *keepalive {
+func (w *Watchdog) Join(kind, owner, name string, keys []string, ttl, every time.Duration, sent time.Time, ws *waiters.Set) *Entry {
 	key := kind + " " + keys[0]
 	w.mu.Lock()
 	e := w.waiting[key]
 	if e != nil {
-		e.waiters[ws] = safeUntil(sent, ttl)
-		e.ttl, e.every = min(e.ttl, ttl), min(e.every, every)
+		e.waiters[ws] = SafeUntil(sent, ttl)
+		e.TTL, e.every = min(e.TTL, ttl), min(e.every, every)
 		// The call's own deadline lasts ttl from sent; the Client's
 		// must be moved before it passes.
 		if due := sent.Add(every); due.Before(e.due) {
@@ -37,9 +41,9 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 		return e
 	}
 	w.mu.Unlock()
-	e = &keepalive{kind: kind, owner: owner, name: name, keys: keys, ttl: ttl, every: every, renew: true,
-		waiters: map[*waitSet]time.Time{ws: safeUntil(sent, ttl)}}
-	if !w.add(e, sent, ttl) {
+	e = &Entry{Kind: kind, Owner: owner, Name: name, Keys: keys, TTL: ttl, every: every, Renew: true,
+		waiters: map[*waiters.Set]time.Time{ws: SafeUntil(sent, ttl)}}
+	if !w.Add(e, sent, ttl) {
 		return nil
 	}
 	w.mu.Lock()
@@ -47,8 +51,8 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 	if other := w.waiting[key]; other != nil {
 		// Another call of the Client joined meanwhile: share its entry.
 		delete(w.entries, e)
-		other.waiters[ws] = safeUntil(sent, ttl)
-		other.ttl, other.every = min(other.ttl, ttl), min(other.every, every)
+		other.waiters[ws] = SafeUntil(sent, ttl)
+		other.TTL, other.every = min(other.TTL, ttl), min(other.every, every)
 		if due := sent.Add(every); due.Before(other.due) {
 			other.due = due
 			w.pokeIfBefore(other)
@@ -59,16 +63,16 @@ func (w *watchdog) join(kind, owner, name string, keys []string, ttl, every time
 	return e
 }
 
-// safeUntil returns until when the own deadline of a waiter queued by an
+// SafeUntil returns until when the own deadline of a waiter queued by an
 // attempt sent at sent, with heartbeat ttl, surely lasts in Redis: every
 // queueing attempt writes the waiter's deadline, ttl after it ran, and it
 // ran after it was sent (less a margin for clock drift). Until then no
 // script drops the waiter as dead, whatever its Client's deadline says.
-func safeUntil(sent time.Time, ttl time.Duration) time.Time {
-	return sent.Add(ttl - drift(ttl))
+func SafeUntil(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - Drift(ttl))
 }
 
-// leave stops keeping ws's call alive on e. The entry goes with its last
+// Leave stops keeping ws's call alive on e. The entry goes with its last
 // call; if a heartbeat wrote the Client's deadline, it is removed from
 // Redis by one more call in the next batch (a farewell), so that a lock
 // in constant use does not gather the deadlines of Clients that waited on
@@ -76,11 +80,11 @@ func safeUntil(sent time.Time, ttl time.Duration) time.Time {
 // Client's deadline; one that dies between its last waiter leaving and the
 // farewell, or whose live-looking waiter is handed the lock, leaves it
 // until the lock is idle for two heartbeats: see docs/design.md.)
-func (w *watchdog) leave(e *keepalive, ws *waitSet) {
+func (w *Watchdog) Leave(e *Entry, ws *waiters.Set) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(e.waiters, ws)
-	key := e.kind + " " + e.keys[0]
+	key := e.Kind + " " + e.Keys[0]
 	if len(e.waiters) > 0 || w.waiting[key] != e {
 		return
 	}
@@ -93,13 +97,13 @@ func (w *watchdog) leave(e *keepalive, ws *waitSet) {
 	w.pokeIfBefore(e)
 }
 
-// ranBefore returns the send time of the last heartbeat of e that Redis
+// RanBefore returns the send time of the last heartbeat of e that Redis
 // ran before the server time ms, or the zero time if none is known. A
 // hand-off (or grant) at ms came later than that heartbeat was sent: the
 // lease it gave lasts at least that long from then. (Redis expires keys by
 // the same clock, so if the clock stepped back and a heartbeat that ran
 // after the hand-off seems earlier, the lease ends later by as much.)
-func (w *watchdog) ranBefore(e *keepalive, ms int64) time.Time {
+func (w *Watchdog) RanBefore(e *Entry, ms int64) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var t time.Time

@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/redisync/redisync/internal/waiters"
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // lockCall is one Lock or TryLock call that takes the lock anew, under its
@@ -41,7 +44,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	if l.mode == "barge" && l.waits {
 		// Recorded for longer than the call sleeps between attempts.
 		acquire.record = 2 * m.cfg.recheck
-		acquire.others = m.c.sub.reg.plainOthers(m.keys.GrantChannel(m.c.id), cmp.Or(l.waiter, l.ticket))
+		acquire.others = m.c.sub.reg.PlainOthers(m.keys.GrantChannel(m.c.id), cmp.Or(l.waiter, l.ticket))
 	}
 	res, abandoned, err := m.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, acquire.call(m.keys), granted)
@@ -80,11 +83,11 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
-	e := &keepalive{kind: "hold", owner: l.ticket, keys: holdRenewKeys(m.keys),
-		ttl: m.cfg.holdLease(), hold: true, renew: m.cfg.lease == 0,
-		release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
+	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
+		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
+		Release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
 	if m.cfg.maxHold > 0 {
-		e.until = since.Add(m.cfg.maxHold)
+		e.Until = since.Add(m.cfg.maxHold)
 	}
 	err := m.take(ctx, h, e, since, lease, l.waits || l.mode == "accept")
 	if err == nil {
@@ -124,7 +127,7 @@ func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
 func (l *lockCall) outlasts(err error) bool { return l.m.c.outlasts(err) }
 
 // sleeping keeps a queued ticket alive while the call sleeps.
-func (l *lockCall) sleeping(ws *waitSet) {
+func (l *lockCall) sleeping(ws *waiters.Set) {
 	m := l.m
 	l.keepAlive("wait", l.ticket, m.name, waitRenewKeys(m.keys), m.cfg.heartbeat, m.cfg.grantLease(), ws)
 }

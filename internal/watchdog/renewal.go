@@ -1,4 +1,4 @@
-package redisync
+package watchdog
 
 import (
 	"context"
@@ -8,29 +8,30 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// renewal is one entry of a batch, with what the call needs of it, read
-// under w.mu when the batch was collected.
-type renewal struct {
-	e     *keepalive
-	kind  string
-	owner string
-	keys  []string
-	ttl   time.Duration
+// Renewal is one entry of a batch, with what the renew script needs of it
+// (read under w.mu when the batch was collected).
+type Renewal struct {
+	Kind  string        // the entry's kind in renew.lua
+	Owner string        // its owner id; the Client's id for waiters
+	Keys  []string      // its keys, in order
+	TTL   time.Duration // the lease or heartbeat to set; 0: a farewell of waiters
+
+	e     *Entry
 	limit time.Time // when a reply is of no more use
 }
 
-// split cuts a batch into script calls of at most watchdogBatch entries.
+// split cuts a batch into script calls of at most Batch entries.
 // On a Redis Cluster each call holds entries of one hash slot only, as a
 // script may only touch keys of one slot.
-func (w *watchdog) split(batch []renewal) [][]renewal {
+func (w *Watchdog) split(batch []Renewal) [][]Renewal {
 	if len(batch) == 0 {
 		return nil
 	}
-	groups := [][]renewal{batch}
-	if w.cluster != nil {
-		bySlot := make(map[uint16][]renewal)
+	groups := [][]Renewal{batch}
+	if w.cfg.Sharded {
+		bySlot := make(map[uint16][]Renewal)
 		for _, r := range batch {
-			slot := schema.Slot(r.keys[0])
+			slot := schema.Slot(r.Keys[0])
 			bySlot[slot] = append(bySlot[slot], r)
 		}
 		groups = groups[:0]
@@ -38,10 +39,10 @@ func (w *watchdog) split(batch []renewal) [][]renewal {
 			groups = append(groups, g)
 		}
 	}
-	var parts [][]renewal
+	var parts [][]Renewal
 	for _, g := range groups {
 		for len(g) > 0 {
-			n := min(len(g), watchdogBatch)
+			n := min(len(g), Batch)
 			parts = append(parts, g[:n])
 			g = g[n:]
 		}
@@ -51,7 +52,7 @@ func (w *watchdog) split(batch []renewal) [][]renewal {
 
 // send renews a batch in one script call, from a goroutine of its own, and
 // applies the result.
-func (w *watchdog) send(batch []renewal) {
+func (w *Watchdog) send(batch []Renewal) {
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -60,17 +61,17 @@ func (w *watchdog) send(batch []renewal) {
 }
 
 // renew renews a batch in one script call and applies the result.
-func (w *watchdog) renew(batch []renewal) {
+func (w *Watchdog) renew(batch []Renewal) {
 	sent := time.Now()
 	limit := sent.Add(time.Hour)
 	for _, r := range batch {
 		limit = minTime(limit, r.limit)
 	}
-	res, err := w.call(limit, renewCall(batch))
-	if err != nil && w.cluster != nil {
-		// The slot's primary may have failed over: have go-redis look
+	res, err := w.call(limit, batch)
+	if err != nil && w.cfg.Reload != nil {
+		// The slot's primary may have failed over: have the client look
 		// for the new one before the retry.
-		w.cluster.ReloadState(w.ctx)
+		w.cfg.Reload()
 	}
 
 	now := time.Now()
@@ -87,13 +88,13 @@ func (w *watchdog) renew(batch []renewal) {
 			continue // released or lost meanwhile
 		}
 		switch {
-		case e.farewell && r.ttl == 0:
+		case e.farewell && r.TTL == 0:
 			delete(w.entries, e) // sent once, whatever came of it
 		case e.farewell:
 			// A heartbeat sent before the last waiter left: the farewell
 			// goes next.
 		case err == nil && e.waiters != nil:
-			e.set(sent, e.ttl)
+			e.set(sent, e.TTL)
 			copy(e.ran[:], e.ran[1:])
 			e.ran[len(e.ran)-1] = stamp{sent: sent, ms: res[len(batch)]}
 			for ws, safe := range e.waiters {
@@ -103,22 +104,22 @@ func (w *watchdog) renew(batch []renewal) {
 				// passed too; one whose own has not passed by now cannot
 				// have been, and sleeps on. 2 and 0: every waiter looks.
 				if res[i] == 2 || res[i] == 0 || (res[i] == 3 && !now.Before(safe)) {
-					gone = append(gone, ws.nudge)
+					gone = append(gone, ws.Nudge)
 				}
 			}
 		case err == nil && res[i] == 1:
-			e.set(sent, e.ttl)
+			e.set(sent, e.TTL)
 		case err == nil:
 			delete(w.entries, e)
-			gone = append(gone, e.gone)
+			gone = append(gone, e.Gone)
 		default:
 			// Try again soon; run reports the hold lost if its
 			// deadline passes first. A heartbeat of waiters may have run
 			// without its reply arriving: they look again, in case it
 			// found their Client's deadline passed.
-			e.due = now.Add(min(max(e.ttl/10, time.Millisecond), time.Second))
+			e.due = now.Add(min(max(e.TTL/10, time.Millisecond), time.Second))
 			for ws := range e.waiters {
-				gone = append(gone, ws.nudge)
+				gone = append(gone, ws.Nudge)
 			}
 		}
 		w.pokeIfBefore(e)
@@ -132,42 +133,39 @@ func (w *watchdog) renew(batch []renewal) {
 // told tells the events queue about a renewal call of batch that took
 // latency: its success or failure, and the waiters it found with nobody
 // to wake them (once per lock or semaphore: reply 2).
-func (w *watchdog) told(batch []renewal, res []int64, err error, latency time.Duration) {
-	if w.ev == nil {
+func (w *Watchdog) told(batch []Renewal, res []int64, err error, latency time.Duration) {
+	ev := w.cfg.Events
+	if ev == nil {
 		return
 	}
 	if err != nil {
 		if w.ctx.Err() == nil { // not the Client's Close
-			w.ev.emit(Event{Kind: KindRenewalFailed, Count: len(batch), Latency: latency, Err: err})
+			ev.RenewFailed(len(batch), latency, err)
 		}
 		return
 	}
-	w.ev.emit(Event{Kind: KindRenewal, Count: len(batch), Latency: latency})
+	ev.Renewed(len(batch), latency)
 	var seen map[string]bool
 	for i, r := range batch {
-		if res[i] != 2 || seen[r.keys[2]] {
+		if res[i] != 2 || seen[r.Keys[2]] {
 			continue
 		}
 		if seen == nil {
 			seen = make(map[string]bool)
 		}
-		seen[r.keys[2]] = true
-		prim := PrimitiveMutex
-		if r.kind == "swait" {
-			prim = PrimitiveSemaphore
-		}
-		w.ev.emit(Event{Kind: KindDeadWaiter, Primitive: prim, Name: r.e.name})
+		seen[r.Keys[2]] = true
+		ev.DeadWaiter(r.Kind, r.e.Name)
 	}
 }
 
-// call runs the renew script, giving up at limit: a renewal that has not
-// answered by the first deadline of its batch is of no use. go-redis
-// bounds a call by its context only when the go-redis client was built
-// with ContextTimeoutEnabled, so the call runs in a goroutine of its own
-// and the watchdog stops waiting for it at limit; go-redis's own timeouts
-// end it later (Close waits for it). A renewal that reaches Redis after
-// limit only delays other owners.
-func (w *watchdog) call(limit time.Time, renew scriptCall) ([]int64, error) {
+// call runs the renew script on batch, giving up at limit: a renewal that
+// has not answered by the first deadline of its batch is of no use.
+// go-redis bounds a call by its context only when the go-redis client was
+// built with ContextTimeoutEnabled, so the call runs in a goroutine of its
+// own and the watchdog stops waiting for it at limit; go-redis's own
+// timeouts end it later (Wait waits for it). A renewal that reaches Redis
+// after limit only delays other owners.
+func (w *Watchdog) call(limit time.Time, batch []Renewal) ([]int64, error) {
 	ctx, cancel := context.WithDeadline(w.ctx, limit)
 	type reply struct {
 		res []int64
@@ -178,7 +176,7 @@ func (w *watchdog) call(limit time.Time, renew scriptCall) ([]int64, error) {
 	go func() {
 		defer w.wg.Done()
 		defer cancel()
-		res, err := renew.run(ctx, w.rdb).Int64Slice()
+		res, err := w.cfg.Renew(ctx, batch)
 		done <- reply{res, err}
 	}()
 	select {

@@ -1,19 +1,25 @@
-package redisync
+// Package waiters keeps the waiter bookkeeping of one pub/sub subscriber:
+// which blocked calls wait on which channel, which of them a message wakes,
+// and who hears every message of a channel. It does no I/O: the
+// subscriber tells a Registry what Redis said (a subscription confirmed or
+// lapsed, a message), and a blocked call sleeps on its Set.
+package waiters
 
 import (
 	"cmp"
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// deafPoll is the longest a waiter sleeps while one of its channels is not
+// DeafPoll is the longest a waiter sleeps while one of its channels is not
 // confirmed (a subscription not confirmed yet, a connection being
 // re-established): messages cannot reach it then.
-const deafPoll = 250 * time.Millisecond
+const DeafPoll = 250 * time.Millisecond
 
-// registry records which waiters wait on which channel of one subscriber,
+// Registry records which waiters wait on which channel of one subscriber,
 // and wakes them. It is a plain data structure, safe for concurrent use,
 // that does no I/O: the subscriber tells it what Redis said (a
 // subscription confirmed or lapsed, a message) and asks it which channels
@@ -31,14 +37,15 @@ const deafPoll = 250 * time.Millisecond
 //
 // A channel is confirmed while Redis is known to deliver its messages.
 // Until then its waiters cannot rely on messages: they sleep at most
-// deafPoll, and those that went on before the confirmation are all woken
+// DeafPoll, and those that went on before the confirmation are all woken
 // when it comes, since a message may have been missed meanwhile.
-type registry struct {
-	mu       sync.Mutex // taken before a waitSet's mu, never after
-	channels map[string]*channel
-	unheard  func(name string) // told a wake-up that no plain waiter took; must not block; may be nil
-	idle     time.Time         // the earliest idleSince of a channel kept without waiters
-	closed   bool
+type Registry struct {
+	mu        sync.Mutex // taken before a Set's mu, never after
+	channels  map[string]*channel
+	unheard   func(name string) // told a wake-up that no plain waiter took; must not block; may be nil
+	errClosed error             // what a wait returns once the registry is closed
+	idle      time.Time         // the earliest idleSince of a channel kept without waiters
+	closed    bool
 }
 
 // channel is one pub/sub channel with waiters, or lingering without.
@@ -51,14 +58,14 @@ type channel struct {
 	idleSince time.Time // when the last waiter left
 	hadPlain  bool      // a plain waiter waited on it: its Client may be recorded as having one
 
-	listeners []*listener // hear every message (see listener.go)
+	listeners []*Listener // hear every message
 }
 
-// waiter is one member of a waitSet, registered on one channel.
+// waiter is one member of a Set, registered on one channel.
 type waiter struct {
-	r      *registry
+	r      *Registry
 	ch     *channel
-	set    *waitSet
+	set    *Set
 	ticket string // the call's address in grant messages; guarded by r.mu
 	plain  bool   // woken by empty messages (a barging lock's waiter)
 
@@ -68,10 +75,10 @@ type waiter struct {
 	woke  bool   // consumed a plain signal that no attempt used yet
 }
 
-// waitSet is what one blocked call waits on: a waiter on each of its
+// Set is what one blocked call waits on: a waiter on each of its
 // channels (one for a Mutex or a Semaphore, one per node for a RedMutex).
 // A signal to any of them wakes the call, by closing the set's bell.
-type waitSet struct {
+type Set struct {
 	members []*waiter // added by the call's goroutine as it joins; read-only from then on
 
 	mu   sync.Mutex
@@ -79,60 +86,63 @@ type waitSet struct {
 	rung bool
 }
 
-// newRegistry returns a registry that tells unheard (if not nil) each
-// wake-up that no plain waiter took.
-func newRegistry(unheard func(name string)) *registry {
-	return &registry{channels: make(map[string]*channel), unheard: unheard}
+// New returns a registry that tells unheard (if not nil) each wake-up
+// that no plain waiter took; a wait returns errClosed once it is closed.
+func New(unheard func(name string), errClosed error) *Registry {
+	return &Registry{channels: make(map[string]*channel), unheard: unheard, errClosed: errClosed}
 }
 
-func newWaitSet() *waitSet {
-	return &waitSet{bell: make(chan struct{})}
+// NewSet returns a Set with no member: its call registers one on each of
+// its channels (Registry.Add).
+func NewSet() *Set {
+	return &Set{bell: make(chan struct{})}
 }
 
-// add registers a new member of set for ticket on the named channel, and
-// returns it with a channel that is closed once the channel is confirmed.
-// A plain member is woken by empty messages. It returns a nil waiter when
-// the registry is closed.
-func (r *registry) add(set *waitSet, name, ticket string, plain bool) (*waiter, <-chan struct{}) {
+// Add registers a new member of set for ticket on the named channel, and
+// returns a channel that is closed once the channel is confirmed. A plain
+// member is woken by empty messages. It reports false, and registers
+// nothing, when the registry is closed.
+func (r *Registry) Add(set *Set, name, ticket string, plain bool) (ready <-chan struct{}, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return nil, nil
+		return nil, false
 	}
 	ch := r.channels[name]
 	if ch == nil {
 		ch = &channel{name: name, ready: make(chan struct{})}
 		r.channels[name] = ch
 	}
-	return r.register(set, ch, ticket, plain), ch.ready
+	r.register(set, ch, ticket, plain)
+	return ch.ready, true
 }
 
-// addConfirmed registers a new member of set for ticket on the named
-// channel if the channel is confirmed, and returns it; else nil. plain is
-// as for add.
-func (r *registry) addConfirmed(set *waitSet, name, ticket string, plain bool) *waiter {
+// AddConfirmed registers a new member of set for ticket on the named
+// channel, and reports true, if the channel is confirmed. plain is as for
+// Add.
+func (r *Registry) AddConfirmed(set *Set, name, ticket string, plain bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
 	if r.closed || ch == nil || !ch.confirmed {
-		return nil
+		return false
 	}
-	return r.register(set, ch, ticket, plain)
+	r.register(set, ch, ticket, plain)
+	return true
 }
 
 // register appends a new member of set to ch. r.mu must be held.
-func (r *registry) register(set *waitSet, ch *channel, ticket string, plain bool) *waiter {
+func (r *Registry) register(set *Set, ch *channel, ticket string, plain bool) {
 	w := &waiter{r: r, ch: ch, set: set, ticket: ticket, plain: plain}
 	ch.hadPlain = ch.hadPlain || plain
 	ch.waiters = append(ch.waiters, w)
 	set.members = append(set.members, w)
-	return w
 }
 
-// leave unregisters w. A plain signal that it did not consume, or, with
+// Leave unregisters w. A plain signal that it did not consume, or, with
 // passOn, that it consumed and no attempt used, goes to the next waiter
 // of the channel.
-func (r *registry) leave(w *waiter, passOn bool) {
+func (r *Registry) leave(w *waiter, passOn bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := w.ch
@@ -162,16 +172,16 @@ func (r *registry) leave(w *waiter, passOn bool) {
 	}
 }
 
-// proceed records that w's call goes on before w's channel is confirmed:
+// Proceed records that w's call goes on before w's channel is confirmed:
 // every waiter of the channel is woken when it is.
-func (r *registry) proceed(w *waiter) {
+func (r *Registry) proceed(w *waiter) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w.ch.missed = w.ch.missed || !w.ch.confirmed
 }
 
-// retarget makes ticket the address of w in grant messages.
-func (r *registry) retarget(w *waiter, ticket string) {
+// Retarget makes ticket the address of w in grant messages.
+func (r *Registry) retarget(w *waiter, ticket string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w.ticket = ticket
@@ -179,21 +189,21 @@ func (r *registry) retarget(w *waiter, ticket string) {
 
 // unconfirmed reports whether w's channel is not confirmed: messages may
 // not reach it.
-func (r *registry) unconfirmed(w *waiter) bool {
+func (r *Registry) unconfirmed(w *waiter) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return !w.ch.confirmed
 }
 
 // isClosed reports whether the registry is closed.
-func (r *registry) isClosed() bool {
+func (r *Registry) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.closed
 }
 
-// deliver routes a message to the channel's waiters.
-func (r *registry) deliver(name, payload string) {
+// Deliver routes a message to the channel's waiters.
+func (r *Registry) Deliver(name, payload string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
@@ -209,7 +219,7 @@ func (r *registry) deliver(name, payload string) {
 		return
 	}
 	for _, grant := range strings.Fields(payload) {
-		address, _, _, ok := splitGrant(grant)
+		address, _, _, ok := ParseGrant(grant)
 		if !ok {
 			continue
 		}
@@ -221,11 +231,11 @@ func (r *registry) deliver(name, payload string) {
 	}
 }
 
-// confirm records that Redis confirmed the channel's subscription. A
+// Confirm records that Redis confirmed the channel's subscription. A
 // confirmation of a channel confirmed already was not asked for: the
 // client subscribed again after a reconnect, and messages may have been
 // lost meanwhile, so every waiter looks again (see missed).
-func (r *registry) confirm(name string) {
+func (r *Registry) Confirm(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
@@ -249,7 +259,7 @@ func (r *registry) confirm(name string) {
 // plain waiters waited on ch, and have all gone since, a wake-up of them
 // that was missed is passed on (unheard), as wakePlain does. r.mu must be
 // held.
-func (r *registry) missed(ch *channel) {
+func (r *Registry) missed(ch *channel) {
 	ch.wakeAll()
 	if !ch.hadPlain {
 		return
@@ -264,12 +274,12 @@ func (r *registry) missed(ch *channel) {
 	}
 }
 
-// lapse records that the channel's subscription may have lost messages (its
+// Lapse records that the channel's subscription may have lost messages (its
 // connection failed) and is no longer confirmed: every waiter looks again
 // once it is confirmed anew. A channel left without waiters is not
 // subscribed anew: a wake-up of plain waiters that it may have lost is
 // passed on now (see missed).
-func (r *registry) lapse(name string) {
+func (r *Registry) Lapse(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
@@ -286,26 +296,26 @@ func (r *registry) lapse(name string) {
 	}
 }
 
-// hasWaiters reports whether the named channel has waiters.
-func (r *registry) hasWaiters(name string) bool {
+// HasWaiters reports whether the named channel has waiters.
+func (r *Registry) HasWaiters(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := r.channels[name]
 	return ch != nil && !ch.idle()
 }
 
-// idleSince returns the earliest time a channel kept without waiters was
+// IdleSince returns the earliest time a channel kept without waiters was
 // left by its last one, or zero when there is none.
-func (r *registry) idleSince() time.Time {
+func (r *Registry) IdleSince() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.idle
 }
 
-// sweep forgets each channel without waiters for which drop, given the
+// Sweep forgets each channel without waiters for which drop, given the
 // channel's name and when its last waiter left, reports true, and returns
 // the names of the channels with waiters. drop is called with r.mu held.
-func (r *registry) sweep(drop func(name string, idleSince time.Time) bool) []string {
+func (r *Registry) Sweep(drop func(name string, idleSince time.Time) bool) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var wanted []string
@@ -323,9 +333,10 @@ func (r *registry) sweep(drop func(name string, idleSince time.Time) bool) []str
 	return wanted
 }
 
-// close wakes every waiter, whose wait then returns ErrClosed, and
+// Close wakes every waiter, whose wait then returns the registry's closed
+// error, and
 // registers none from then on.
-func (r *registry) close() {
+func (r *Registry) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true
@@ -342,7 +353,7 @@ func (r *registry) close() {
 // unheard is told, to pass the wake-up on to another process, and the
 // first waiter with no signal pending, if any, looks again all the same
 // (an empty message is a hint to look again). r.mu must be held.
-func (r *registry) wakePlain(ch *channel) {
+func (r *Registry) wakePlain(ch *channel) {
 	plain := false
 	for _, w := range ch.waiters {
 		if w.plain {
@@ -373,9 +384,9 @@ func (ch *channel) wakeNext() {
 	}
 }
 
-// plainOthers reports whether the named channel has a plain waiter whose
+// PlainOthers reports whether the named channel has a plain waiter whose
 // ticket is not ticket.
-func (r *registry) plainOthers(name, ticket string) bool {
+func (r *Registry) PlainOthers(name, ticket string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ch := r.channels[name]; ch != nil {
@@ -415,32 +426,32 @@ func (w *waiter) fire(grant string) {
 }
 
 // ring wakes the set's call without signalling a member.
-func (s *waitSet) ring() {
+func (s *Set) ring() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ringLocked()
 }
 
 // ringLocked is ring with s.mu held.
-func (s *waitSet) ringLocked() {
+func (s *Set) ringLocked() {
 	if !s.rung {
 		s.rung = true
 		close(s.bell)
 	}
 }
 
-// wait sleeps until a member is signalled, d has passed, ctx ends or a
-// registry of the set is closed (ErrClosed); while a
-// member's channel is not confirmed, it sleeps at most deafPoll. It
+// Wait sleeps until a member is signalled, d has passed, ctx ends or a
+// registry of the set is closed (its closed error); while a
+// member's channel is not confirmed, it sleeps at most DeafPoll. It
 // consumes every signal received, and returns the grant that came with
 // one, if any.
-func (s *waitSet) wait(ctx context.Context, d time.Duration) (string, error) {
+func (s *Set) Wait(ctx context.Context, d time.Duration) (string, error) {
 	s.mu.Lock()
 	bell := s.bell
 	s.mu.Unlock()
 	for _, w := range s.members {
 		if w.r.unconfirmed(w) {
-			d = min(d, deafPoll)
+			d = min(d, DeafPoll)
 		}
 	}
 	if d > 0 {
@@ -459,7 +470,7 @@ func (s *waitSet) wait(ctx context.Context, d time.Duration) (string, error) {
 	grant := s.consume()
 	for _, w := range s.members {
 		if w.r.isClosed() {
-			return "", ErrClosed
+			return "", w.r.errClosed
 		}
 	}
 	return grant, nil
@@ -467,9 +478,9 @@ func (s *waitSet) wait(ctx context.Context, d time.Duration) (string, error) {
 
 // consume takes every member's signal, and returns a grant that came with
 // one, if any. A member that took a plain signal counts as woken until
-// used is called, through later waits that bring none (an attempt that
+// Used is called, through later waits that bring none (an attempt that
 // failed for a moment did not use it).
-func (s *waitSet) consume() string {
+func (s *Set) consume() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	grant := ""
@@ -484,8 +495,8 @@ func (s *waitSet) consume() string {
 	return grant
 }
 
-// used records that an attempt used the plain signals consumed so far.
-func (s *waitSet) used() {
+// Used records that an attempt used the plain signals consumed so far.
+func (s *Set) Used() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range s.members {
@@ -493,31 +504,141 @@ func (s *waitSet) used() {
 	}
 }
 
-// nudge signals the set's call to look again.
-func (s *waitSet) nudge() {
+// Nudge signals the set's call to look again.
+func (s *Set) Nudge() {
 	s.members[0].fire("")
 }
 
-// retarget makes ticket the call's address in grant messages.
-func (s *waitSet) retarget(ticket string) {
+// Retarget makes ticket the call's address in grant messages.
+func (s *Set) Retarget(ticket string) {
 	for _, w := range s.members {
 		w.r.retarget(w, ticket)
 	}
 }
 
-// proceed records that the call goes on before every channel of the set is
+// Proceed records that the call goes on before every channel of the set is
 // confirmed: the waiters of those channels are all woken when they are.
-func (s *waitSet) proceed() {
+func (s *Set) Proceed() {
 	for _, w := range s.members {
 		w.r.proceed(w)
 	}
 }
 
-// leave unregisters every member. With passOn, the plain signals that the
+// Leave unregisters every member. With passOn, the plain signals that the
 // call consumed and did not use go to the next waiters, as do those it did
 // not consume.
-func (s *waitSet) leave(passOn bool) {
+func (s *Set) Leave(passOn bool) {
 	for _, w := range s.members {
 		w.r.leave(w, passOn)
 	}
+}
+
+// Listener hears every message published on a channel, where a waiter is
+// woken only by what is addressed to it: an Election's observer listens
+// to the election's changes. It is told each time the channel's subscription is confirmed,
+// the first time and again after a reconnect: messages may have been
+// missed before. Both functions are called with the registry's mutex
+// held: they must not block nor call the registry.
+type Listener struct {
+	Hear   func(payload string)
+	Resync func()
+}
+
+// idle reports whether the channel has neither waiters nor listeners.
+// r.mu must be held.
+func (ch *channel) idle() bool { return len(ch.waiters) == 0 && len(ch.listeners) == 0 }
+
+// hear tells every listener of the channel a message. r.mu must be held.
+func (ch *channel) hear(payload string) {
+	for _, l := range ch.listeners {
+		l.Hear(payload)
+	}
+}
+
+// resync tells every listener that the channel's subscription is
+// confirmed. r.mu must be held.
+func (ch *channel) resync() {
+	for _, l := range ch.listeners {
+		l.Resync()
+	}
+}
+
+// Listen registers l on the named channel. It reports false when the
+// registry is closed.
+func (r *Registry) Listen(name string, l *Listener) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	ch := r.channels[name]
+	if ch == nil {
+		ch = &channel{name: name, ready: make(chan struct{})}
+		r.channels[name] = ch
+	}
+	ch.listeners = append(ch.listeners, l)
+	if ch.confirmed {
+		l.Resync() // subscribed already: nothing can be missed from here on
+	}
+	return true
+}
+
+// Unlisten unregisters l from the named channel.
+func (r *Registry) Unlisten(name string, l *Listener) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	if ch == nil {
+		return
+	}
+	for i, x := range ch.listeners {
+		if x == l {
+			ch.listeners = append(ch.listeners[:i], ch.listeners[i+1:]...)
+			break
+		}
+	}
+	if ch.idle() {
+		ch.idleSince = time.Now()
+		if r.idle.IsZero() {
+			r.idle = ch.idleSince
+		}
+	}
+}
+
+// splitGrant splits a grant message, "address:value:ms" (ms: the server
+// time of the grant), into its parts. A grant published by an earlier
+// version, "address:value", has ms 0. An address has no ':' after its
+// last '/' (see internal/schema, Client).
+func ParseGrant(grant string) (address string, value, ms int64, ok bool) {
+	i := strings.LastIndexByte(grant, ':')
+	if i < 0 {
+		return "", 0, 0, false
+	}
+	last, err := strconv.ParseInt(grant[i+1:], 10, 64)
+	if err != nil {
+		return "", 0, 0, false
+	}
+	if j := strings.LastIndexByte(grant[:i], ':'); j > strings.LastIndexByte(grant, '/') {
+		v, err := strconv.ParseInt(grant[j+1:i], 10, 64)
+		return grant[:j], v, last, err == nil
+	}
+	return grant[:i], last, 0, true
+}
+
+// Waiters reports how many waiters wait on the named channel, how many of
+// them are plain, and whether the channel is confirmed; all zero when the
+// registry does not know the channel (never used, or swept).
+func (r *Registry) Waiters(name string) (all, plain int, confirmed, known bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.channels[name]
+	if ch == nil {
+		return 0, 0, false, false
+	}
+	for _, w := range ch.waiters {
+		if w.plain {
+			plain++
+		}
+	}
+	return len(ch.waiters), plain, ch.confirmed, true
 }

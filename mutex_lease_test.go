@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // entry returns the watchdog entry of m's hold and a copy of its schedule,
 // read under the watchdog's lock.
-func entry(t *testing.T, m *Mutex) (e *keepalive, deadline, confirmed time.Time) {
+func entry(t *testing.T, m *Mutex) (e *watchdog.Entry, deadline, confirmed time.Time) {
 	t.Helper()
 	m.mu.Lock()
 	h := m.cur
@@ -19,10 +20,8 @@ func entry(t *testing.T, m *Mutex) (e *keepalive, deadline, confirmed time.Time)
 	if h == nil {
 		t.Fatal("m holds nothing")
 	}
-	w := m.c.wd
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return h.ka, h.ka.deadline, h.ka.confirmed
+	deadline, confirmed, _ = m.c.wd.Schedule(h.ka)
+	return h.ka, deadline, confirmed
 }
 
 // renewed waits until the watchdog has renewed m's hold twice after since.
@@ -87,10 +86,10 @@ func TestMutexExtendFixedLease(t *testing.T) {
 		t.Fatalf("the lease in Redis is %v after Extend(5s)", ttl)
 	}
 	_, deadline, _ := entry(t, m)
-	want := before.Add(5*time.Second - drift(5*time.Second))
+	want := before.Add(5*time.Second - watchdog.Drift(5*time.Second))
 	if deadline.Before(want) || deadline.After(want.Add(100*time.Millisecond)) {
 		t.Fatalf("the local deadline is %v after the call was sent, want sent + 5s - drift (%v)",
-			deadline.Sub(before), 5*time.Second-drift(5*time.Second))
+			deadline.Sub(before), 5*time.Second-watchdog.Drift(5*time.Second))
 	}
 
 	// A shorter lease changes nothing, in Redis or locally.
@@ -141,7 +140,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, deadline, _ := entry(t, m)
-	if min := sent.Add(time.Minute - drift(time.Minute)); deadline.Before(min) {
+	if min := sent.Add(time.Minute - watchdog.Drift(time.Minute)); deadline.Before(min) {
 		t.Fatalf("the local deadline is %v short of sent + 1m - drift", min.Sub(deadline))
 	}
 	renewed(t, m, time.Now())
@@ -331,7 +330,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e, _, _ := entry(t, other); !e.until.IsZero() {
+	if e, _, _ := entry(t, other); !e.Until.IsZero() {
 		t.Fatal("WithMaxHold(0) on the Mutex left the Client's cap on")
 	}
 	if err := other.Unlock(ctx); err != nil {
@@ -375,11 +374,10 @@ func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "the watchdog to stop renewing", func() bool {
 		e, _, _ := entry(t, m)
-		m.c.wd.mu.Lock()
-		defer m.c.wd.mu.Unlock()
-		return !e.renew
+		_, _, renewed := m.c.wd.Schedule(e)
+		return !renewed
 	})
-	if _, d, _ := entry(t, m); d.Before(sent.Add(time.Minute - drift(time.Minute))) {
+	if _, d, _ := entry(t, m); d.Before(sent.Add(time.Minute - watchdog.Drift(time.Minute))) {
 		t.Fatalf("the capped hold's deadline is %v short of the extended lease", sent.Add(time.Minute).Sub(d))
 	}
 	if ttl := mr.TTL("redisync:lock:{capext}"); ttl != time.Minute {

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redisync/redisync/internal/waiters"
+	"github.com/redisync/redisync/internal/watchdog"
 )
 
 // acquireCall is one Acquire or TryAcquire call.
@@ -145,7 +148,7 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 		s.mu.Unlock()
 		noteHold(ctx, h)
 		if lease >= s.cfg.holdLease() { // a shorter grant lease did not shorten it
-			s.c.wd.rearm(h.ka, since)
+			s.c.wd.Rearm(h.ka, since)
 		}
 		a.left()
 		return true, 0, nil
@@ -162,10 +165,10 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 	}
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n, token: token}
-	e := &keepalive{kind: "sem", owner: a.holder, keys: semRenewKeys(s.keys), ttl: s.cfg.holdLease(),
-		hold: true, renew: s.cfg.lease == 0, release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
+	e := &watchdog.Entry{Kind: "sem", Owner: a.holder, Keys: semRenewKeys(s.keys), TTL: s.cfg.holdLease(),
+		Hold: true, Renew: s.cfg.lease == 0, Release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
-		e.until = since.Add(s.cfg.maxHold)
+		e.Until = since.Add(s.cfg.maxHold)
 	}
 	err := s.holds.take(ctx, h, e, since, lease, false)
 	if err == nil {
@@ -208,7 +211,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
 
 // sleeping keeps a queued call alive while it sleeps.
-func (a *acquireCall) sleeping(ws *waitSet) {
+func (a *acquireCall) sleeping(ws *waiters.Set) {
 	s := a.s
 	a.keepAlive("swait", a.waiter, s.name, swaitRenewKeys(s.keys), s.cfg.heartbeat, s.cfg.grantLease(), ws)
 }
