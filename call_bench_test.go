@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// BenchmarkCallHop measures what running a call in one of the Client's
-// workers (Client.call: see callGroup) costs the client, on a real Redis
+// BenchmarkCallHop measures what running a round trip in one of the
+// Client's workers (internal/roundtrip) costs the client, on a real Redis
 // (see mutex_bench_test.go). It sends the two script calls of an
 // uncontended Lock+Unlock, with their keys and arguments, to a script
 // that only returns:
@@ -34,7 +34,7 @@ func BenchmarkCallHop(b *testing.B) {
 	noop := redis.NewScript("return 1")
 	worker := func(tb testing.TB) {
 		for _, r := range requests {
-			_, _, err := c.call(context.Background(), func(ctx context.Context) ([]int64, error) {
+			_, _, err := c.rt.Run(context.Background(), func(ctx context.Context) ([]int64, error) {
 				return nil, noop.Run(ctx, rdb, r.keys, r.args...).Err()
 			}, nil)
 			if err != nil {

@@ -1,11 +1,9 @@
 package redisync
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,13 +150,6 @@ func TestCallAfterTheDeadlineReturnsOnceTheContextSaysSo(t *testing.T) {
 	}
 }
 
-// idleWorkers returns how many workers wait for a call.
-func (g *callGroup) idleWorkers() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.idle)
-}
-
 // waitFor waits until cond holds, failing t after five seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -169,161 +160,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// runCall runs f as a counted call of g.
-func runCall(g *callGroup, f func()) {
-	g.start()
-	g.run(func() { defer g.done(); f() })
-}
-
-// A call runs in a worker that then waits for the next call (see
-// callGroup), instead of a goroutine created for it: calls one after
-// another leave one worker.
-func TestCallGroupReusesAnIdleWorker(t *testing.T) {
-	g := newCallGroup(time.Minute)
-	defer g.close()
-	for i := range 5 {
-		ran := make(chan struct{})
-		runCall(g, func() { close(ran) })
-		<-ran
-		waitFor(t, "the worker to wait again", func() bool { return g.idleWorkers() > 0 })
-		if n := g.idleWorkers(); n != 1 {
-			t.Fatalf("after call %d: %d idle workers, want 1", i+1, n)
-		}
-	}
-}
-
-// A call never waits for a busy worker: it gets a worker of its own.
-func TestCallGroupRunsCallsAtOnce(t *testing.T) {
-	g := newCallGroup(time.Minute)
-	defer g.close()
-	release, second := make(chan struct{}), make(chan struct{})
-	runCall(g, func() { <-release })
-	runCall(g, func() { close(second) })
-	select {
-	case <-second:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a call waited for a busy worker")
-	}
-	close(release)
-}
-
-// After a burst of calls at once, a trickle of calls goes to the worker
-// idle last, and the others run out: a call to the worker idle longest
-// (a channel's FIFO) would keep them all alive (review 20).
-func TestCallGroupIdleWorkersRunOutUnderATrickle(t *testing.T) {
-	const burst = 20
-	g := newCallGroup(50 * time.Millisecond)
-	defer g.close()
-	release := make(chan struct{})
-	var started sync.WaitGroup
-	started.Add(burst)
-	for range burst {
-		runCall(g, func() { started.Done(); <-release })
-	}
-	started.Wait()
-	close(release)
-	waitFor(t, "the burst's workers to wait", func() bool { return g.idleWorkers() == burst })
-	// One call every millisecond: each of the burst's workers would get
-	// one every 20 ms, well within their 50 ms, if calls went round.
-	waitFor(t, "the idle workers to run out", func() bool {
-		ran := make(chan struct{})
-		runCall(g, func() { close(ran) })
-		<-ran
-		return g.idleWorkers() <= 2
-	})
-}
-
-// A worker that runs out as a call is handed to it still runs the call:
-// calls at about the idle time, from many goroutines, all run.
-func TestCallGroupRunsEveryCallAsWorkersRunOut(t *testing.T) {
-	g := newCallGroup(time.Millisecond)
-	var ran, wg sync.WaitGroup
-	for i := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range 100 {
-				ran.Add(1)
-				runCall(g, ran.Done)
-				time.Sleep(time.Duration((i+j)%3) * time.Millisecond)
-			}
-		}()
-	}
-	wg.Wait()
-	done := make(chan struct{})
-	go func() { ran.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a call handed to a worker never ran")
-	}
-	g.close()
-}
-
-// close ends the workers, once the calls have returned: none waits for a
-// call afterwards.
-func TestCallGroupCloseStopsItsWorkers(t *testing.T) {
-	g := newCallGroup(time.Minute)
-	for range 3 {
-		runCall(g, func() {})
-	}
-	g.close()
-	if n := g.idleWorkers(); n != 0 {
-		t.Fatalf("%d workers wait after close", n)
-	}
-	if g.start() {
-		t.Fatal("a closed group started a call")
-	}
-}
-
-// Review 20's tests of the Client's worker goroutines (callGroup).
-
-// workerGoroutines counts the goroutines in callGroup.work.
+// workerGoroutines counts the worker goroutines of internal/roundtrip.
 func workerGoroutines() int {
 	buf := make([]byte, 1<<22)
 	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "redisync.(*callGroup).work(")
-}
-
-// A goroutine started with go inherits its creator's profiler labels, so a
-// call's goroutine was profiled under its caller's labels (pprof.Do). A
-// worker, created by one caller, runs every later caller's calls: under
-// each one's own labels.
-func TestCallRunsUnderItsCallersProfilerLabels(t *testing.T) {
-	_, rdb, _ := newMini(t)
-	c := newClient(t, rdb)
-	nothing := func(context.Context) ([]int64, error) { return nil, nil }
-	pprof.Do(context.Background(), pprof.Labels("caller", "first"), func(ctx context.Context) {
-		_, _, _ = c.call(ctx, nothing, nil)
-	})
-	waitFor(t, "the worker to wait again", func() bool { return c.calls.idleWorkers() > 0 })
-	release, running, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	pprof.Do(context.Background(), pprof.Labels("caller", "second"), func(ctx context.Context) {
-		go func() {
-			defer close(returned)
-			_, _, _ = c.call(ctx, func(context.Context) ([]int64, error) {
-				close(running)
-				<-release
-				return nil, nil
-			}, nil)
-		}()
-	})
-	<-running
-	var b bytes.Buffer
-	if err := pprof.Lookup("goroutine").WriteTo(&b, 1); err != nil {
-		t.Fatal(err)
-	}
-	close(release)
-	<-returned
-	for _, rec := range strings.Split(b.String(), "\n\n") {
-		if strings.Contains(rec, "callGroup).work+") && strings.Contains(rec, "call_test.go") {
-			if !strings.Contains(rec, `"caller":"second"`) {
-				t.Fatalf("the second caller's call runs under other labels:\n%s", rec)
-			}
-			return
-		}
-	}
-	t.Fatalf("no running call in the profile:\n%s", b.String())
+	return strings.Count(string(buf), "roundtrip.(*group).work(")
 }
 
 // Close, twice and at once, while calls start, are abandoned, and their
@@ -343,11 +184,11 @@ func TestCallCloseWhileCallsStartAndLateCallbacksCall(t *testing.T) {
 				defer wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%5)*time.Millisecond)
 				defer cancel()
-				_, _, _ = c.call(ctx, func(ctx context.Context) ([]int64, error) {
+				_, _, _ = c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 					time.Sleep(time.Duration(i%7) * 10 * time.Millisecond) // a slow reply
 					return nil, rdb.Ping(ctx).Err()
 				}, func([]int64, error) {
-					c.cleanup(context.Background(), func(ctx context.Context) ([]int64, error) {
+					c.rt.Cleanup(context.Background(), func(ctx context.Context) ([]int64, error) {
 						return nil, rdb.Ping(ctx).Err()
 					})
 				})
@@ -367,49 +208,6 @@ func TestCallCloseWhileCallsStartAndLateCallbacksCall(t *testing.T) {
 		wg.Wait()
 		// A worker that has said Done may still be on its way out.
 		waitFor(t, "no worker after Close", func() bool { return workerGoroutines() == 0 })
-	}
-}
-
-// Many calls at once all run at once; run never waits (if it did, the
-// test fails rather than hangs).
-func TestCallManyCallsRunAtOnce(t *testing.T) {
-	g := newCallGroup(time.Minute)
-	defer g.close()
-	release := make(chan struct{})
-	defer close(release)
-	var running sync.WaitGroup
-	running.Add(100)
-	for range 100 {
-		g.start()
-	}
-	go func() {
-		for range 100 {
-			g.run(func() { defer g.done(); running.Done(); <-release })
-		}
-	}()
-	all := make(chan struct{})
-	go func() { running.Wait(); close(all) }()
-	select {
-	case <-all:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a call waited for a busy worker")
-	}
-}
-
-// close ends idle workers at once, not when their idle time runs out.
-func TestCallCloseEndsIdleWorkersAtOnce(t *testing.T) {
-	g := newCallGroup(time.Minute)
-	for range 3 {
-		runCall(g, func() {})
-	}
-	waitFor(t, "the workers to wait", func() bool { return g.idleWorkers() > 0 })
-	start := time.Now()
-	g.close()
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("close took %v: it waited for idle workers to run out", d)
-	}
-	if n := g.idleWorkers(); n != 0 {
-		t.Fatalf("%d workers wait after close", n)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
@@ -33,10 +34,10 @@ type Client struct {
 
 	sub     *subscriber
 	wd      *watchdog.Watchdog
-	calls   *callGroup // calls to Redis running in the Client's worker goroutines
-	publish string     // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
-	obs     Observer   // WithObserver; nil: none
-	events  *events    // background events for the observer and the logger; nil: neither
+	rt      *roundtrip.Runner // runs every call to Redis (internal/roundtrip)
+	publish string            // the scripts' publish command: PUBLISH, or SPUBLISH when sharded
+	obs     Observer          // WithObserver; nil: none
+	events  *events           // background events for the observer and the logger; nil: neither
 
 	probe probe // that the server has what the Client needs (see Client.ready)
 
@@ -155,7 +156,6 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 	} else {
 		sharded = nil
 	}
-	c.calls = newCallGroup(workerIdle)
 	c.obs = c.cfg.obs
 	c.events = newEvents(c.cfg.obs, c.cfg.log)
 	c.sub = newSubscriber(rdb, sharded, c.ctx, c.events, c.passOn)
@@ -168,6 +168,7 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 	if cluster != nil {
 		wcfg.Reload = func() { cluster.ReloadState(c.ctx) }
 	}
+	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload)
 	if c.events != nil {
 		wcfg.Events = c.events
 	}
@@ -213,7 +214,7 @@ func (c *Client) Close() error {
 		}()
 	}
 	wg.Wait()
-	c.calls.close()
+	c.rt.Close()
 	c.events.close()
 	return nil
 }
@@ -236,7 +237,7 @@ func (c *Client) usable() error {
 // The first calls of a Client also check that the server has what the
 // Client needs (see ready), on channel, the caller's grant channel.
 func (c *Client) enter(ctx context.Context, channel string) (leave func(), err error) {
-	if !c.calls.start() {
+	if !c.rt.Enter() {
 		return nil, ErrClosed
 	}
 	err = c.usable()
@@ -244,10 +245,10 @@ func (c *Client) enter(ctx context.Context, channel string) (leave func(), err e
 		err = c.ready(ctx, channel)
 	}
 	if err != nil {
-		c.calls.done()
+		c.rt.Leave()
 		return nil, err
 	}
-	return c.calls.done, nil
+	return c.rt.Leave, nil
 }
 
 // ticket mints an id unique to this Client value, that starts with label

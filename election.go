@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -98,8 +99,10 @@ func (c *Client) NewElection(name string, opts ...Option) *Election {
 // Campaign blocks until this call leads the election with value, ctx
 // ends or the Client is closed. When ctx carries e's leadership (from
 // HoldContext), it changes the leader's value instead, as Proclaim does.
-// When e's leadership was lost, Campaign forgets it (its Resign is not
-// owed any more): a candidate that lost campaigns again.
+// A leadership that was lost stays e's until its Resign (which returns
+// ErrLockLost), as a Mutex's lost hold stays until its Unlock: a Campaign
+// granted the leadership meanwhile returns only after that Resign, so that
+// the Resign owed to the lost leadership never resigns a later one.
 // Candidates are served in the order they arrived, across all processes:
 // Campaign waits as a fair Mutex's Lock does, woken by a message, not by
 // polling, and leaves nothing behind when ctx ends first. A value is at
@@ -131,18 +134,8 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 	if err != nil {
 		return wrapOp("campaign", e.name, err)
 	}
-	m.mu.Lock()
-	h := m.cur
-	lost := h != nil && h.isLost
-	if lost {
-		m.forgetLocked(h)
-	}
-	m.mu.Unlock()
-	if lost {
-		m.releaseLost(ctx, h) // if Redis has it still
-	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	l := m.newCall("queue")
 	l.waits, l.meta = true, value
@@ -173,7 +166,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
 	m := e.m
 	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(m.keys)
-	res, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, _, err := e.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		n, err := proclaim.run(ctx, e.c.rdb).Int64()
 		return []int64{n}, err
 	}, nil)
@@ -229,7 +222,7 @@ func (e *Election) read(ctx context.Context) (Leadership, time.Duration, error) 
 	var l Leadership
 	var lease time.Duration
 	leader := leaderCall(e.m.keys)
-	_, _, err := e.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	_, _, err := e.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		res, err := leader.run(ctx, e.c.rdb).StringSlice()
 		if err != nil {
 			return nil, redisError(err)

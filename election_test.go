@@ -304,6 +304,9 @@ func TestElectionRedisRestart(t *testing.T) {
 	if g := nextChange(t, obs); !g.Gap || g.Leads() {
 		t.Fatalf("observed %+v after the restart, want nobody leading, after a gap", g)
 	}
+	if err := e.Resign(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Resign of the lost leadership: %v, want ErrLockLost", err)
+	}
 	if err := e.Campaign(ctx, "after"); err != nil {
 		t.Fatal(err)
 	}
@@ -395,4 +398,40 @@ func TestElectionObserveSlowReader(t *testing.T) {
 	if err := e.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Goroutine A leads and loses its leadership; goroutine B of the same
+// value campaigns: it waits for the Resign that A owes, which returns
+// ErrLockLost and never resigns B's leadership.
+func TestElectionResignOwedToALostLeadershipSparesTheNext(t *testing.T) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	e := newClient(t, rdb).NewElection(name)
+	ctx := context.Background()
+	if err := e.Campaign(ctx, "a"); err != nil { // goroutine A
+		t.Fatal(err)
+	}
+	rdb.Del(ctx, schema.ElectionKeys("redisync", name).Hash)
+	if err := e.Proclaim(ctx, "a2"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Proclaim: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := e.Campaign(wctx, "b"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("B's Campaign while A owes its Resign: %v, want it to wait until its deadline", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Campaign(ctx, "b") }() // goroutine B
+	// A's `defer e.Resign(ctx)` runs now.
+	if err := e.Resign(ctx); !errors.Is(err, ErrLockLost) {
+		t.Errorf("A's Resign owed to its lost leadership: %v, want ErrLockLost", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	bToken := e.Token()
+	if l, err := e.Leader(ctx); err != nil || l.Value != "b" || e.Token() != bToken {
+		t.Errorf("B's leadership after A's Resign: %+v, %v (token %d, want %d)", l, err, e.Token(), bToken)
+	}
+	_ = e.Resign(ctx)
 }

@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,7 +102,7 @@ func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time
 			h.taken = time.Now()
 			s.emit(KindHoldTaken, h, nil)
 			s.mu.Unlock()
-			noteHold(ctx, h)
+			noteHold(ctx, s, h)
 			return nil
 		}
 		free := s.free
@@ -127,13 +128,19 @@ func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time
 // which hold the call it made took or re-entered.
 type heldKey struct{}
 
-// heldSlot is where a call that takes or re-enters a hold notes it.
-type heldSlot struct{ h atomic.Pointer[hold] }
+// heldSlot is where a call that takes or re-enters a hold of owner notes
+// it. Holds of other owners that the call takes on its way (a RedMutex's
+// node holds, a MultiMutex's parts) are not noted: an attempt on a slow
+// node may take one after the call returned.
+type heldSlot struct {
+	owner any
+	h     atomic.Pointer[hold]
+}
 
 // noteHold tells do, if ctx is one of its calls', that the call took or
 // re-entered h.
-func noteHold(ctx context.Context, h *hold) {
-	if s, ok := ctx.Value(heldKey{}).(*heldSlot); ok {
+func noteHold(ctx context.Context, owner any, h *hold) {
+	if s, ok := ctx.Value(heldKey{}).(*heldSlot); ok && s.owner == owner {
 		s.h.Store(h)
 	}
 }
@@ -310,7 +317,7 @@ func holdContext(mu *sync.Mutex, owner any, h *hold, parent context.Context) (co
 // release returned): it returns fn's error joined with release's. The
 // release is of that hold, whatever else the value holds by then.
 func do(ctx context.Context, owner any, mu *sync.Mutex, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
-	slot := &heldSlot{}
+	slot := &heldSlot{owner: owner}
 	if err := acquire(context.WithValue(ctx, heldKey{}, slot)); err != nil {
 		return err
 	}
@@ -343,4 +350,34 @@ func (s *holds) lostChan() <-chan struct{} {
 		return nil
 	}
 	return s.cur.lost
+}
+
+// settle runs release, an idempotent release script call, as
+// roundtrip's Settle does: sent even when ctx has ended (a release is due
+// whatever ctx says), again while Redis cannot serve it for now, waited for
+// with ctx; an abandoned one goes on, and late (if not nil) gets its
+// outcome when it returns. It returns the script's reply.
+func (c *Client) settle(ctx context.Context, release func(context.Context) (int64, error), late func(int64, error)) (int64, bool, error) {
+	res, abandoned, err := c.rt.Settle(ctx, func(ctx context.Context) ([]int64, error) {
+		res, err := release(ctx)
+		return []int64{res}, err
+	}, func(res []int64, err error) {
+		if late != nil {
+			if err != nil {
+				late(0, redisError(err))
+				return
+			}
+			late(res[0], nil)
+		}
+	})
+	if err != nil {
+		return 0, abandoned, redisError(err)
+	}
+	return res[0], false, nil
+}
+
+// notConfirmed says that a release failed or was not confirmed in time:
+// what it released is no longer renewed, and runs out within its lease.
+func notConfirmed(err error) error {
+	return fmt.Errorf("%w (the release is not confirmed: it is no longer renewed, and runs out in Redis within its lease)", err)
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -144,7 +145,7 @@ func (m *MultiMutex) lock(ctx context.Context) error {
 		return m.wrap("lock", err)
 	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	for {
 		h := m.newHold()
@@ -203,7 +204,7 @@ func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
 		return false, m.wrap("trylock", err)
 	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	h := m.newHold()
 	if m.fast {
@@ -251,8 +252,8 @@ func (m *MultiMutex) unlock(ctx context.Context) error {
 	switch {
 	case h == nil:
 		h = m.cur
-	case h.cause == ErrReleased:
-		h = nil // released already
+	case h != m.cur:
+		h = nil // unlocked already: released, or lost and forgotten
 	}
 	switch {
 	case h == nil:
@@ -274,7 +275,7 @@ func (m *MultiMutex) unlock(ctx context.Context) error {
 		close(m.free)
 	}
 	m.mu.Unlock()
-	wait, cancel := releasing(ctx)
+	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
 	err := m.releaseAll(wait, h.parts)
 	if lost {
@@ -372,9 +373,13 @@ func (m *MultiMutex) reenter(ctx context.Context, h *hold) error {
 		m.mu.Unlock()
 		return cmp.Or(h.cause, ErrLockLost)
 	}
+	if err := ctx.Err(); err != nil {
+		m.mu.Unlock()
+		return err
+	}
 	h.n++
 	m.mu.Unlock()
-	noteHold(ctx, h)
+	noteHold(ctx, m, h)
 	return nil
 }
 
@@ -400,7 +405,7 @@ func (m *MultiMutex) commit(ctx context.Context, h *hold, wait bool) error {
 			m.cur, m.free = h, make(chan struct{})
 			h.taken = time.Now()
 			m.mu.Unlock()
-			noteHold(ctx, h)
+			noteHold(ctx, m, h)
 			return nil
 		}
 		free := m.free
@@ -440,12 +445,12 @@ func (m *MultiMutex) partLost(h *hold) {
 // giveBack releases the holds of locks, all at once, and returns their
 // errors but ErrNotHeld (a name m does not hold has nothing to release).
 // When ctx has ended (a Lock that gave up part-way), it waits for them at
-// most cleanupWait after that: they go on in the background, no longer
+// most roundtrip.CleanupWait after that: they go on in the background, no longer
 // renewed.
 func (m *MultiMutex) giveBack(ctx context.Context, locks []*Mutex) error {
-	if ended(ctx) != nil {
+	if roundtrip.Ended(ctx) != nil {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), graceEnd(ctx))
+		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), roundtrip.GraceEnd(ctx))
 		defer cancel()
 	}
 	errs := make([]error, len(locks))

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redisync/redisync/internal/roundtrip"
 )
 
 // takeAll makes one attempt to take every lock of m in one script call
@@ -16,10 +18,10 @@ func (m *MultiMutex) takeAll(ctx context.Context, locks []*Mutex) (bool, error) 
 	ticket := m.c.ticket(first.cfg.label)
 	acquire := multiAcquireArgs{ticket: ticket, lease: first.cfg.holdLease(), metadata: first.cfg.metadata}.call(m.keys)
 	sent := time.Now()
-	res, abandoned, err := m.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, first.cfg, acquire, granted)
 	}, func([]int64, error) {
-		ctx, cancel := detached(context.Background())
+		ctx, cancel := roundtrip.Detached(context.Background())
 		defer cancel()
 		m.withdraw(ctx, ticket, locks)
 	})
@@ -27,7 +29,7 @@ func (m *MultiMutex) takeAll(ctx context.Context, locks []*Mutex) (bool, error) 
 	case abandoned:
 		return false, err
 	case err != nil:
-		if mayHaveRun(err) {
+		if roundtrip.MayHaveRun(err) {
 			m.cleanup(ctx, ticket, locks)
 		}
 		return false, redisError(err)
@@ -51,9 +53,9 @@ func (m *MultiMutex) takeAll(ctx context.Context, locks []*Mutex) (bool, error) 
 }
 
 // cleanup withdraws ticket from locks, as a Lock call that gives up does
-// (lockCall.withdraw), waiting for it at most until graceEnd(ctx).
+// (lockCall.withdraw), waiting for it at most until roundtrip.GraceEnd(ctx).
 func (m *MultiMutex) cleanup(ctx context.Context, ticket string, locks []*Mutex) {
-	m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+	m.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
 		m.withdraw(ctx, ticket, locks)
 		return nil, nil
 	})
@@ -95,9 +97,9 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 		l.mu.Unlock()
 	}
 	release := args.call(m.keys)
-	res, abandoned, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		var res []int64
-		err := m.c.persist(ctx, func() (err error) {
+		err := m.c.rt.Persist(ctx, func() (err error) {
 			res, err = release.run(ctx, m.c.rdb).Int64Slice()
 			return err
 		})
@@ -106,7 +108,7 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 	if err == nil && len(res) != n {
 		err = fmt.Errorf("redisync: multi_release.lua replied %v", res)
 	}
-	if err != nil && !abandoned && !m.c.transient(err) {
+	if err != nil && !abandoned && !m.c.rt.Transient(err) {
 		res, err = m.releaseEach(ctx, locks, args)
 	}
 	for i, h := range told {

@@ -6,12 +6,11 @@ import (
 	"errors"
 	"time"
 
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
+	"github.com/redisync/redisync/internal/waiters"
+	"github.com/redisync/redisync/internal/watchdog"
 )
-
-// tombstoneTTL is how long Redis remembers a hold's release, so that a
-// release retried by go-redis after a lost reply reports success.
-const tombstoneTTL = 10 * time.Second
 
 // Mutex is a lock shared by every process that uses the same name and key
 // prefix on the same Redis.
@@ -107,7 +106,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 		return m.wrap("lock", err)
 	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	mode := "barge"
 	if !m.cfg.barging {
@@ -141,7 +140,7 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		return false, m.wrap("trylock", err)
 	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	mode := "barge"
 	if !m.cfg.barging {
@@ -166,88 +165,165 @@ func (m *Mutex) tryOnce(ctx context.Context, mode, waiter string) (bool, int64, 
 	return ok, l.pttl, err
 }
 
-// Unlock releases one level of m's hold: of the hold that ctx carries
-// (see Lock), or else of the value's hold, whichever goroutine took it.
-// The last level releases the lock, which goes to the next fair waiter,
-// if any, or wakes a barging waiter of one process. It returns ErrNotHeld
-// when m holds nothing, and ErrLockLost when the hold had been lost (the
-// lock may have had another owner since); it never touches another
-// owner's hold, nor a later hold of m. Releasing an inner level asks
-// nothing of Redis: a loss not noticed yet (Lost still open) is reported
-// by the last level's Unlock.
-//
-// The last level's release is sent even when ctx has ended already (as
-// after a deferred Unlock of a call that timed out), with a timeout of its
-// own. m forgets the hold before the release is sent: the hold is no longer
-// renewed, so when the release fails, or ctx ends before it is confirmed,
-// the lock is freed by Redis within one lease; the error says so.
-func (m *Mutex) Unlock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, Call{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
+// lockCall is one Lock or TryLock call that takes the lock anew, under its
+// own ticket.
+type lockCall struct {
+	m      *Mutex
+	ticket string
+	mode   string // of acquire.lua: "queue" (fair Lock), "barge" or "try"
+	waits  bool   // the call waits: in mode "barge", it records its Client when it finds the lock taken
+	waiter string // the address of the call's waiter, when not its ticket (a RedMutex's node attempt)
+	meta   string // stored with the hold (WithMetadata; a campaign's value)
+
+	pttl int64 // the lock's PTTL found by the last attempt
+	place
 }
 
-// unlock is Unlock, unobserved: a RedMutex releases its node holds with it.
-func (m *Mutex) unlock(ctx context.Context) error {
-	m.mu.Lock()
-	h := holdIn(ctx, &m.holds)
-	switch {
-	case h == nil:
-		h = m.cur
-	case h.cause == ErrReleased:
-		h = nil // released already
-	}
-	if err := cmp.Or(m.err, m.c.usable()); err != nil {
-		if h != nil && errors.Is(err, ErrClosed) {
-			// Lost with the Client, which may have collected the
-			// holds to release already, or not: release it here too
-			// (a second release finds nothing).
-			m.loseLocked(h)
-			m.forgetLocked(h)
-		}
-		m.mu.Unlock()
-		if h != nil && errors.Is(err, ErrClosed) {
-			m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-				_, err := m.release(ctx, h.id, h.token, "release")
-				return nil, err
-			})
-		}
-		return m.wrap("unlock", err)
-	}
-	switch {
-	case h == nil:
-		m.mu.Unlock()
-		return m.wrap("unlock", ErrNotHeld)
-	case h.n > 1:
-		h.n--
-		lost := h.isLost
-		m.mu.Unlock()
-		if lost {
-			return m.wrap("unlock", ErrLockLost)
-		}
-		return nil
-	}
-	lost := h.isLost
-	m.forgetUntoldLocked(h) // a lost hold was told already
-	m.mu.Unlock()
+// newCall starts a call of m in the given mode under a new ticket.
+func (m *Mutex) newCall(mode string) *lockCall {
+	return &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: mode, meta: m.cfg.metadata, place: place{wd: m.c.wd}}
+}
 
-	if lost {
-		// Nothing left to protect; remove the hold if it is still
-		// there, so that the lock is free sooner.
-		m.releaseLost(ctx, h)
-		return m.wrap("unlock", ErrLockLost)
+// attempt runs the acquire script once.
+func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
+	m := l.m
+	sent := time.Now()
+	// The arguments are read here, not in the call's goroutine, which an
+	// abandoned call leaves running while the call's fields change.
+	// queued: an earlier attempt queued the ticket, or may have (its
+	// reply was lost): this one must learn if the ticket left the queue
+	// since (handed the lock, whose hold lapsed), rather than queue it
+	// again and later take a stale grant to it.
+	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
+		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: l.meta}
+	if l.mode == "barge" && l.waits {
+		// Recorded for longer than the call sleeps between attempts.
+		acquire.record = 2 * m.cfg.recheck
+		acquire.others = m.c.sub.reg.PlainOthers(m.keys.GrantChannel(m.c.id), cmp.Or(l.waiter, l.ticket))
 	}
-	wait, cancel := releasing(ctx)
-	defer cancel()
-	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		return m.release(ctx, h.id, h.token, "release")
-	}, nil)
-	m.told(h, err == nil && res == 0) // found gone: lost, not released
+	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
+		return m.c.runAcked(ctx, m.cfg, acquire.call(m.keys), granted)
+	}, l.late(l.ticket))
 	switch {
+	case abandoned:
+		l.failed(err, true)
+		return false, 0, err
 	case err != nil:
-		return m.wrap("unlock", notConfirmed(err))
-	case res == 0:
-		return m.wrap("unlock", ErrLockLost)
+		l.failed(err, false)
+		return false, 0, redisError(err)
+	case res[0] == 1:
+		return l.take(ctx, res[1], sent, m.cfg.holdLease(), false)
+	case res[0] == -2 || res[0] == -3:
+		// The ticket left the queue (handed the lock, lost since; or
+		// dropped as dead), or was withdrawn (by a retry of the attempt
+		// that found so): go on under a new one, so that a grant to the
+		// old one still on its way is not taken for a new grant.
+		l.left()
+		l.ticket = m.c.ticket(m.cfg.label)
+		return false, 0, nil
 	}
-	return nil
+	if l.mode == "queue" {
+		l.joined(sent)
+	}
+	l.pttl = res[1]
+	return false, m.sleepFor(res[1]), nil
+}
+
+// take makes the hold granted to the ticket m's, its lease of length lease
+// having been set no earlier than since (handoff: it was handed over).
+// When m cannot take it, it is given back (and handed on): if its lease
+// may have run out already, the call goes on waiting; if m has a lost
+// hold not unlocked yet, a call that waits waits for that Unlock, and
+// one that does not (a TryLock) reports the lock not taken.
+func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
+	m := l.m
+	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
+	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
+		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
+		Release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
+	if m.cfg.maxHold > 0 {
+		e.Until = since.Add(m.cfg.maxHold)
+	}
+	err := m.take(ctx, h, e, since, lease, l.waits || l.mode == "accept")
+	if err == nil {
+		l.left()
+		return true, 0, nil
+	}
+	l.withdraw(ctx)
+	switch {
+	case errors.Is(err, errBusy):
+		return false, 0, nil
+	case errors.Is(err, errExpired):
+		// Attempt again at once, under a new ticket: the withdrawal of
+		// this one may still be on its way, and must not meet a hold
+		// taken anew under it.
+		l.ticket = m.c.ticket(m.cfg.label)
+		return false, 0, nil
+	}
+	return false, 0, err
+}
+
+// adopt takes the hold that a release handed to the ticket, announced by
+// the message grant ("ticket:token:ms"). Its hand-off lease was set after
+// the last call that Redis ran before the hand-off was sent (see
+// place.confirmed).
+func (l *lockCall) adopt(ctx context.Context, grant string) (bool, error) {
+	token, ms, ours := parseGrant(grant, l.ticket)
+	if !ours || l.m.cfg.replicas > 0 {
+		// Not a grant of this call, or one to confirm with the
+		// replicas: the attempt will tell, and take it if it is ours.
+		return false, nil
+	}
+	ok, _, err := l.take(ctx, token, l.confirmed(ms), l.m.cfg.grantLease(), true)
+	return ok, err
+}
+
+// outlasts: a waiting call outlives Redis restarting or failing over.
+func (l *lockCall) outlasts(err error) bool { return l.m.c.rt.Outlasts(err) }
+
+// sleeping keeps a queued ticket alive while the call sleeps.
+func (l *lockCall) sleeping(ws *waiters.Set) {
+	m := l.m
+	l.keepAlive("wait", l.ticket, m.name, waitRenewKeys(m.keys), m.cfg.heartbeat, m.cfg.grantLease(), ws)
+}
+
+// finish ends the call: it stops the heartbeat and, when the call failed
+// after sending something that may have queued or taken it, withdraws the
+// ticket (handing on the lock if it was handed to it meanwhile). An
+// abandoned attempt's late reply does that instead.
+func (l *lockCall) finish(ctx context.Context, err error) {
+	if l.mustWithdraw(err) {
+		l.withdraw(ctx)
+	}
+	l.stop()
+}
+
+// withdraw gives up the ticket: it leaves the queue, the lock is handed on
+// if it was handed to the ticket, and the ticket is refused from then on
+// (a copy of one of its calls still on its way takes nothing). It waits
+// for it at most roundtrip.CleanupWait.
+func (l *lockCall) withdraw(ctx context.Context) {
+	ticket := l.ticket
+	l.m.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		_, err := l.m.release(ctx, ticket, 0, "withdraw")
+		return nil, err
+	})
+	l.left()
+}
+
+// address returns the ticket: the call's address in grant messages.
+func (l *lockCall) address() string { return l.ticket }
+
+// late returns what an abandoned attempt of ticket does with its reply:
+// it withdraws the ticket, handing on the lock if the attempt (or a
+// release) gave it the lock.
+func (l *lockCall) late(ticket string) func([]int64, error) {
+	m := l.m
+	return func([]int64, error) {
+		ctx, cancel := roundtrip.Detached(context.Background())
+		defer cancel()
+		_, _ = m.release(ctx, ticket, 0, "withdraw")
+	}
 }
 
 // Token returns the fencing token of m's current hold, or 0 when m does not
@@ -290,16 +366,21 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 }
 
 // reenter adds a level to h, m's hold that ctx carries, unless h has
-// ended: it returns why then (ErrLockLost, ErrReleased).
+// ended (it returns why: ErrLockLost, ErrReleased), ctx has ended or the
+// Client is closed.
 func (m *Mutex) reenter(ctx context.Context, h *hold) error {
 	m.mu.Lock()
 	if h.isLost || h.cause != nil {
 		m.mu.Unlock()
 		return cmp.Or(h.cause, ErrLockLost)
 	}
+	if err := cmp.Or(m.c.usable(), ctx.Err()); err != nil {
+		m.mu.Unlock()
+		return err
+	}
 	h.n++
 	m.mu.Unlock()
-	noteHold(ctx, h)
+	noteHold(ctx, &m.holds, h)
 	return nil
 }
 
@@ -312,23 +393,6 @@ func (m *Mutex) post() post {
 	return post{sub: m.c.sub, channel: m.keys.GrantChannel(m.c.id), plain: m.cfg.barging}
 }
 
-// passOn passes on a wake-up of plain waiters that reached the Client on
-// channel when none was left to take it (a cancelled Lock; a channel
-// being unsubscribed; a reconnect that may have lost it): if channel is a
-// lock's grant channel, scripts/wake.lua wakes the next Client recorded as
-// having plain waiters while the lock is free. It never waits.
-func (c *Client) passOn(channel string) {
-	k, ok := schema.LockOfGrantChannel(channel)
-	if !ok {
-		return
-	}
-	c.background(func(ctx context.Context) {
-		// Again while Redis cannot serve it for now (a restart, a
-		// failover): the release took the record out already.
-		_ = c.persist(ctx, func() error { return wakeCall(k, c.publish).run(ctx, c.rdb).Err() })
-	})
-}
-
 // holdID returns the Redis field of m's hold, or "".
 func (m *Mutex) holdID() string {
 	m.mu.Lock()
@@ -337,27 +401,6 @@ func (m *Mutex) holdID() string {
 		return ""
 	}
 	return m.cur.id
-}
-
-// release runs the release script for the hold (or ticket) id, in mode
-// "release" or "withdraw" (see release.lua).
-func (m *Mutex) release(ctx context.Context, id string, token int64, mode string) (int64, error) {
-	release := releaseArgs{id: id, token: token, publish: m.c.publish, mode: mode}
-	res, err := release.call(m.keys).run(ctx, m.c.rdb).Int64()
-	if err != nil {
-		return 0, redisError(err)
-	}
-	return res, nil
-}
-
-// releaseLost removes h, a hold that was lost, from Redis if it is still
-// there, so that the lock is free sooner; in the background after
-// cleanupWait.
-func (m *Mutex) releaseLost(ctx context.Context, h *hold) {
-	m.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-		_, err := m.release(ctx, h.id, 0, "release")
-		return nil, err
-	})
 }
 
 // granted reports whether an acquire script's reply {status, value} says

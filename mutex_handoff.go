@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -56,7 +57,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	}
 
 	handle := schema.HandoffPrefix + m.c.ticket(m.cfg.label)
-	wait, cancel := releasing(ctx)
+	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
 		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.cfg.holdLease(), token: h.token}
@@ -102,12 +103,12 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	if m.current() != nil {
 		return m.wrap("accept", ErrHeld)
 	}
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
 	take := handoffTakeArgs{handle: handle, ticket: l.ticket, lease: m.cfg.holdLease(), metadata: m.cfg.metadata}.call(m.keys)
 	sent := time.Now()
-	res, abandoned, err := m.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, take, granted)
 	}, l.late(l.ticket))
 	switch {

@@ -48,7 +48,7 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 	}
 	ms := lease.Milliseconds() // Redis counts whole ms; so does the deadline
 	sent := time.Now()
-	res, _, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, _, err := m.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		return m.c.runAcked(ctx, m.cfg, extendArgs{id: h.id, lease: lease}.call(m.keys), granted)
 	}, nil)
 	switch {
@@ -84,7 +84,7 @@ func (m *Mutex) TTL(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, m.wrap("ttl", err)
 	}
-	res, _, err := m.c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	res, _, err := m.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		return ttlArgs{id: h.id}.call(m.keys).run(ctx, m.c.rdb).Int64Slice()
 	}, nil)
 	switch {

@@ -447,3 +447,33 @@ func defaultLabel() string {
 	}
 	return string(label)
 }
+
+// WithReplicas makes every acquisition wait until at least n replicas of
+// the primary have acknowledged it (WAIT n timeout, on the connection that
+// ran the acquire script), so that a failover to one of them keeps the
+// hold and its fencing token. When fewer acknowledge within timeout, the
+// acquisition is undone and the call fails with ErrNotReplicated. A lock
+// or permits handed over by a release are confirmed the same way, with a
+// round trip of the new holder's own.
+//
+// WAIT is not consensus: an acknowledged write can still be lost (a
+// replica that acknowledged may not be the one promoted, and replicas
+// acknowledge receipt, not persistence). It narrows the window in which a
+// failover grants a lock twice; it does not close it. See
+// docs/deployment.md.
+// n must be in [1, 100] and timeout in [1ms, MaxLease]. It applies to the
+// primitives of one deployment (a Mutex, RWMutex, Semaphore, MultiMutex,
+// Election), and to New as their default; not to a Redlock.
+//
+// The default is not to wait for replicas.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return option("WithReplicas", local, func(cfg *config) {
+		if n < 1 || n > 100 {
+			cfg.invalid("replicas %d is outside [1, 100]", n)
+			return
+		}
+		if cfg.checkDuration("replica timeout", timeout) {
+			cfg.replicas, cfg.replicaTimeout = n, timeout
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -350,5 +351,69 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	}
 	if mrs[2].Exists(key) {
 		t.Fatal("Unlock of a lost hold left its last node hold")
+	}
+}
+
+// delayAcquire is a go-redis hook that, while armed, holds up each call of
+// the acquire script by d before sending it.
+type delayAcquire struct {
+	passHooks
+	armed atomic.Bool
+	d     time.Duration
+}
+
+func (h *delayAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if h.armed.Load() && len(args) > 1 && (args[1] == acquireScript.Hash() || args[1] == luaLib+luaAcquire) {
+			time.Sleep(h.d)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A RedMutex round returns once a quorum answered; the slow node's attempt
+// goes on with the call's ctx, which carries what Do learns its hold from.
+// When that node grants late, Do still runs fn under the RedMutex's hold
+// and releases it, not the node's hold (which the late grant's undo
+// releases).
+func TestRedMutexDoKeepsItsHoldWhenANodeGrantsLate(t *testing.T) {
+	_, rdbs, _ := newMiniNodes(t, 3)
+	slow := &delayAcquire{d: 150 * time.Millisecond}
+	rdbs[2].AddHook(slow)
+	var pause atomic.Bool
+	obs := &hookObserver{onEnd: func(c Call) {
+		if c.Op == OpLock && pause.Load() {
+			time.Sleep(250 * time.Millisecond) // a slow Observer (a log sink)
+		}
+	}}
+	r := newRedlock(t, rdbs, WithObserver(obs), WithNodeTimeout(400*time.Millisecond))
+	m := r.NewMutex("l")
+	slow.armed.Store(true)
+	pause.Store(true)
+	var cause error
+	err := m.Do(context.Background(), func(hctx context.Context) error {
+		cause = context.Cause(hctx)
+		return nil
+	})
+	pause.Store(false)
+	slow.armed.Store(false)
+	if cause != nil {
+		t.Errorf("fn ran under a context already ended: %v", cause)
+	}
+	if err != nil {
+		t.Errorf("Do: %v", err)
+	}
+	if m.Token() != 0 {
+		t.Errorf("after Do the value still holds (token %d)", m.Token())
+		_ = m.Unlock(context.Background())
+	}
+	// And the next Lock of the value does not wait forever.
+	lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := m.Lock(lctx); err != nil {
+		t.Errorf("Lock after Do: %v", err)
+	} else if err := m.Unlock(context.Background()); err != nil && !errors.Is(err, ErrLockLost) {
+		t.Error(err)
 	}
 }

@@ -146,8 +146,8 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 	switch {
 	case h == nil:
 		h = m.cur
-	case h.cause == ErrReleased:
-		h = nil // released already
+	case h != m.cur:
+		h = nil // unlocked already: released, or lost and forgotten
 	}
 	if h == nil {
 		m.mu.Unlock()
@@ -275,9 +275,13 @@ func (m *RedMutex) reenter(ctx context.Context, h *hold) error {
 		m.mu.Unlock()
 		return cmp.Or(h.cause, ErrLockLost)
 	}
+	if err := ctx.Err(); err != nil {
+		m.mu.Unlock()
+		return err
+	}
 	h.n++
 	m.mu.Unlock()
-	noteHold(ctx, h)
+	noteHold(ctx, m, h)
 	return nil
 }
 
@@ -313,7 +317,7 @@ func (m *RedMutex) commit(ctx context.Context, x *redCall, held []int, token int
 			h.taken = time.Now()
 			m.emit(KindHoldTaken, nil)
 			m.mu.Unlock()
-			noteHold(ctx, h)
+			noteHold(ctx, m, h)
 			return nil
 		}
 		free := m.free
@@ -419,15 +423,16 @@ func (m *RedMutex) newCall(addr string) *redCall {
 }
 
 // attempt makes a round. After a round in which the call took some nodes
-// but not a quorum (contenders split the nodes between them), it pauses a
-// short random time, so that the contenders do not meet again at once,
-// rather than be woken at once by its own releases.
+// but not a quorum (contenders split the nodes between them, or another
+// owner holds a bare quorum), it pauses a short random time, so that the
+// contenders do not meet again at once, rather than be woken at once by
+// its own releases.
 func (x *redCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	acquired, sleep, split, err := x.round(ctx)
 	if err != nil || acquired || !split {
 		return acquired, sleep, err
 	}
-	return false, 0, x.m.pause(ctx, rand.N(min(x.m.nodeTimeout, maxSplitJitter))+time.Millisecond)
+	return false, sleep, x.m.pause(ctx, rand.N(min(x.m.nodeTimeout, maxSplitJitter))+time.Millisecond)
 }
 
 // outlasts: a round that finds too few nodes answering ends the call; a

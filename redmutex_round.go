@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
@@ -25,7 +26,8 @@ var (
 // granted it in time (for a waiting Lock, its waiters are registered under
 // x.addr; "" for a TryLock: see Mutex.tryOnce). It reports whether the
 // lock is held for the call now (its hold is m's) and, when not, how long
-// to sleep at most and whether the call had taken some nodes (a split). It
+// to sleep at most (0: attempt again at once) and whether the call had
+// taken some nodes (a split). It
 // returns an error wrapping ErrQuorum when fewer than a quorum answered.
 func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration, split bool, err error) {
 	m := x.m
@@ -53,7 +55,7 @@ func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration
 	}, x.lateAcquire)
 	var got []int
 	failed := &NodeErrors{}
-	answered, pttl, token := 0, int64(-1), int64(0)
+	answered, busy, pttl, token := 0, 0, int64(-1), int64(0)
 	for i, r := range res {
 		switch {
 		case !use[i]:
@@ -66,6 +68,7 @@ func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration
 			token = max(token, r.token)
 		default:
 			answered++
+			busy++
 			if r.pttl >= 0 && (pttl < 0 || r.pttl < pttl) {
 				pttl = r.pttl
 			}
@@ -109,6 +112,14 @@ func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration
 		return false, 0, false, fmt.Errorf("%w: %d of %d nodes answered, %d needed: %w",
 			ErrQuorum, answered, len(x.nodes), m.r.quorum, failed)
 	}
+	if len(got) > 0 && busy < m.r.quorum {
+		// A split: no other owner can hold a quorum, so the lock may be
+		// free in a moment: attempt again (after the split's pause).
+		return false, 0, true, nil
+	}
+	// Another owner may hold a quorum (a bare one leaves a node free,
+	// which every round takes and gives back): sleep until a release
+	// wakes the call.
 	return false, m.sleepFor(pttl), len(got) > 0, nil
 }
 
@@ -152,7 +163,7 @@ func (x *redCall) acquireOn(ctx context.Context, i int) nodeResult {
 // gave up on it.
 func (x *redCall) lateAcquire(i int, r nodeResult) {
 	if r.ok {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), roundtrip.CleanupTimeout)
 		defer cancel()
 		_ = x.nodes[i].unlock(ctx)
 	}

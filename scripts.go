@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -65,6 +66,10 @@ var (
 	semResizeScript  = redis.NewScript(luaLib + luaSemLib + luaSemResize)
 )
 
+// tombstoneTTL is how long Redis remembers a hold's release, so that a
+// release retried by go-redis after a lost reply reports success.
+const tombstoneTTL = 10 * time.Second
+
 // The typed arguments of the Lua scripts, one wrapper per script in the
 // order of scripts.go: the only place that knows in which order a script
 // reads its KEYS and ARGV, which its header in scripts/ documents.
@@ -82,6 +87,46 @@ type scriptCall struct {
 // know the script yet.
 func (c scriptCall) run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return c.script.Run(ctx, rdb, c.keys, c.args...)
+}
+
+// runAcked runs script and returns its reply as integers. With
+// WithReplicas, it runs on a connection of its own to the primary that
+// serves the script's first key and, when granted says the reply took
+// something, waits for the replicas on that connection; too few
+// acknowledgements fail with ErrNotReplicated, which is not a reply from
+// Redis, so the caller undoes the acquisition as it would after a lost
+// reply.
+func (c *Client) runAcked(ctx context.Context, cfg config, script scriptCall, granted func([]int64) bool) ([]int64, error) {
+	if cfg.replicas == 0 {
+		return script.run(ctx, c.rdb).Int64Slice()
+	}
+	node, err := c.primary(ctx, script.keys[0])
+	if err != nil {
+		return nil, err
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	res, err := script.run(ctx, conn).Int64Slice()
+	if err != nil || !granted(res) {
+		return res, err
+	}
+	acked, err := conn.Wait(ctx, cfg.replicas, cfg.replicaTimeout).Result()
+	if err != nil {
+		return nil, err
+	}
+	if acked < int64(cfg.replicas) {
+		return nil, fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, acked, cfg.replicas, cfg.replicaTimeout)
+	}
+	return res, nil
+}
+
+// primary returns the client of the server that serves key: one whose
+// Conn is a connection of its own to that server.
+func (c *Client) primary(ctx context.Context, key string) (interface{ Conn() *redis.Conn }, error) {
+	if c.cluster != nil {
+		return c.cluster.MasterForKey(ctx, key)
+	}
+	return c.rdb.(nodeClient), nil // see classify
 }
 
 // acquireArgs are the arguments of scripts/acquire.lua.

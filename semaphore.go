@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -149,7 +150,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 		return s.wrap("acquire", err)
 	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	if err := s.turn.take(ctx, s.c.ctx.Done()); err != nil {
 		return s.wrap("acquire", err)
@@ -180,7 +181,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 		return false, s.wrap("tryacquire", err)
 	}
 	defer leave()
-	ctx, stop := marked(ctx)
+	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	if !s.turn.try() {
 		return false, nil // an Acquire of s is ahead
@@ -222,13 +223,13 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 	}
 	// s's turn to talk to Redis is waited for whatever ctx says: a
 	// release is due, and the turn is held for one call at a time.
-	turn, cancelTurn := detached(ctx)
+	turn, cancelTurn := roundtrip.Detached(ctx)
 	err := s.lockOp(turn)
 	cancelTurn()
 	if err != nil {
 		return s.wrap("release", err)
 	}
-	wait, cancel := releasing(ctx)
+	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
 
 	s.mu.Lock()
@@ -251,7 +252,7 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 		// to again: a new holding has a new id.
 		s.seq++
 		seq := s.seq
-		s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		s.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
 			defer s.end()
 			_, err := s.release(ctx, h.id, seq, n, 0, "release", "")
 			return nil, err
@@ -387,7 +388,7 @@ func (s *Semaphore) heldBy(holder string) int64 {
 // withdraw withdraws the waiter, a call for n permits of holder, giving
 // back what was granted to it but not taken by s. s.op must be held.
 func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter string) {
-	ctx, cancel := detached(ctx)
+	ctx, cancel := roundtrip.Detached(ctx)
 	defer cancel()
 	s.mu.Lock()
 	held := s.heldBy(holder)

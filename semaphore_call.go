@@ -82,7 +82,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
 		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish,
 		fence: s.fence}.call(s.keys)
-	res, abandoned, err := s.c.callTaking(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := s.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
 		return s.c.runAcked(ctx, s.cfg, acquire, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
@@ -146,7 +146,7 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 			h.token = token
 		}
 		s.mu.Unlock()
-		noteHold(ctx, h)
+		noteHold(ctx, &s.holds, h)
 		if lease >= s.cfg.holdLease() { // a shorter grant lease did not shorten it
 			s.c.wd.Rearm(h.ka, since)
 		}
@@ -208,7 +208,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 }
 
 // outlasts: a waiting call outlives Redis restarting or failing over.
-func (a *acquireCall) outlasts(err error) bool { return a.s.c.outlasts(err) }
+func (a *acquireCall) outlasts(err error) bool { return a.s.c.rt.Outlasts(err) }
 
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(ws *waiters.Set) {
@@ -230,10 +230,10 @@ func (a *acquireCall) finish(ctx context.Context, err error) {
 // giveBack withdraws the call: it leaves the queue, gives back the permits
 // granted to it but not taken by s, and its id is refused from then on (a
 // copy of one of its calls still on its way takes nothing). It waits for
-// it at most cleanupWait.
+// it at most roundtrip.CleanupWait.
 func (a *acquireCall) giveBack(ctx context.Context) {
 	s, holder, n, waiter := a.s, a.holder, a.n, a.waiter
-	s.c.cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+	s.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
 		if err := s.lockOp(ctx); err != nil {
 			return nil, err
 		}

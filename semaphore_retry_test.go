@@ -134,10 +134,11 @@ func (h *beforeNext) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // Review 3, finding 1: Release of a lost holding hands s.op to a clean-up
-// through c.cleanup(ctx, ...) with the caller's ctx. When that ctx's
-// deadline passed more than cleanupWait ago (a deferred Release after a
-// timeout, which Release documents as supported), graceEnd(ctx) is in the
-// past, callFor sees its context ended and never runs the clean-up: s.end()
+// through c.rt.Cleanup(ctx, ...) with the caller's ctx. When that ctx's
+// deadline passed more than roundtrip.CleanupWait ago (a deferred Release
+// after a timeout, which Release documents as supported),
+// roundtrip.GraceEnd(ctx) is in the past, the round trip sees its context
+// ended and never runs the clean-up: s.end()
 // is never called and every later call of s blocks on s.op.
 func TestSemaphoreLostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
 	mr, rdb, _ := newMini(t)
@@ -161,7 +162,7 @@ func TestSemaphoreLostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
 		t.Fatal("not lost")
 	}
 	<-tctx.Done()
-	time.Sleep(50 * time.Millisecond) // the deadline passed > cleanupWait ago
+	time.Sleep(50 * time.Millisecond) // the deadline passed > roundtrip.CleanupWait ago
 
 	// The deferred Release of the timed-out call.
 	if err := s.Release(tctx, 1); !errors.Is(err, ErrLockLost) {
@@ -679,11 +680,7 @@ func TestSemaphoreRefusedRetryOfTryAcquireLeaksRenewedPermits(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.end()
-	eventually(t, 5*time.Second, "the clean-up to finish", func() bool {
-		c.calls.mu.Lock()
-		defer c.calls.mu.Unlock()
-		return c.calls.n == 0
-	})
+	eventually(t, 5*time.Second, "the clean-up to finish", func() bool { return c.rt.InFlight() == 0 })
 	if got := permitsOf(mr, s); got != itoa(s.Held()) && !isClosed(s.Lost()) {
 		t.Fatalf("s holds %d with Lost open; Redis counts %s under its holding, renewed by the watchdog", s.Held(), got)
 	}

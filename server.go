@@ -50,7 +50,7 @@ func (c *Client) Servers(ctx context.Context) ([]Server, error) {
 	}
 	var mu sync.Mutex
 	var servers []Server
-	_, _, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	_, _, err := c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		if c.cluster == nil {
 			s, err := describe(ctx, c.rdb)
 			servers = []Server{s}
@@ -106,7 +106,7 @@ func (c *Client) ready(ctx context.Context, channel string) error {
 	if c.publish != "SPUBLISH" || c.probe.ok.Load() {
 		return nil
 	}
-	_, _, err := c.call(ctx, func(ctx context.Context) ([]int64, error) {
+	_, _, err := c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
 		return nil, c.rdb.Do(ctx, "SPUBLISH", channel, "").Err()
 	}, nil)
 	switch {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/waiters"
 	"github.com/redisync/redisync/internal/watchdog"
@@ -62,8 +63,8 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 	defer func() {
 		if err != nil {
 			// Once ctx's deadline has passed, the call fails with it,
-			// whatever else failed in between (see ended).
-			err = cmp.Or(ended(ctx), err)
+			// whatever else failed in between (see roundtrip.Ended).
+			err = cmp.Or(roundtrip.Ended(ctx), err)
 		}
 		x.finish(ctx, err)
 		if ws != nil {
@@ -79,7 +80,7 @@ func block(ctx context.Context, posts []post, x contender) (err error) {
 	for {
 		done, sleep, err := x.attempt(ctx)
 		switch {
-		case err != nil && waiting && ended(ctx) == nil && x.outlasts(err):
+		case err != nil && waiting && roundtrip.Ended(ctx) == nil && x.outlasts(err):
 			// Redis went away (a restart, a failover) while the call
 			// waited: keep waiting, and look again after a pause that
 			// grows while it stays away. A first attempt that fails
@@ -186,7 +187,7 @@ func (p *place) joined(sent time.Time) { p.queued, p.since = true, sent }
 // failed records an attempt that failed with err (abandoned: given up on).
 func (p *place) failed(err error, abandoned bool) {
 	p.abandoned = p.abandoned || abandoned
-	p.unsure = p.unsure || (!abandoned && mayHaveRun(err))
+	p.unsure = p.unsure || (!abandoned && roundtrip.MayHaveRun(err))
 }
 
 // mustWithdraw reports whether a call that ends with err must withdraw:

@@ -418,8 +418,16 @@ func TestRedlockLostWhenMajorityLost(t *testing.T) {
 }
 
 // A waiter is woken by the release on its nodes' channels, not by its
-// recheck interval, and sends nothing while it sleeps.
+// recheck interval, and sends nothing while it sleeps: also when the
+// holder holds a bare quorum, 2 of 3 nodes (the third answered after the
+// quorum, or lost its hold), and every round of the waiter takes the free
+// node.
 func TestRedlockWaiterWokenByPubSub(t *testing.T) {
+	t.Run("every node held", func(t *testing.T) { testRedlockWaiterWoken(t, false) })
+	t.Run("a bare quorum held", func(t *testing.T) { testRedlockWaiterWoken(t, true) })
+}
+
+func testRedlockWaiterWoken(t *testing.T, bare bool) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 2, redisync.WithRecheck(time.Minute))
 	admins := nodeAdmins(t, ss)
@@ -428,11 +436,19 @@ func TestRedlockWaiterWokenByPubSub(t *testing.T) {
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if bare {
+		if err := admins[1].Del(ctx, lockKey(name)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	got := make(chan error, 1)
 	go func() { got <- waiter.Lock(ctx) }()
 	grants := lockKey(name) + ":ch:*" // the waiter's Client's grant channel on each node
 	for i, rdb := range admins {
 		eventually(t, 5*time.Second, fmt.Sprintf("node %d's subscriber", i), func() bool {
+			if len(got) > 0 {
+				t.Fatalf("the waiter returned while the lock was held: %v", <-got)
+			}
 			return len(rdb.PubSubChannels(ctx, grants).Val()) == 1
 		})
 	}

@@ -35,8 +35,8 @@ const (
 	lsLongHold   = 3 * time.Second        // a hold the nemesis asked for, to span a fault
 	lsLostMargin = 250 * time.Millisecond // for Lost to be seen after its deadline
 	// lsLockMargin is how long after its ctx deadline a Lock call may
-	// return: cleanupWait (50 ms; call.go: "every blocking call returns
-	// within cleanupWait of the end of its context") and 50 ms for the
+	// return: CleanupWait (internal/roundtrip: "every blocking call
+	// returns within CleanupWait of the end of its context") and the
 	// scheduling of a loaded machine.
 	lsLockMargin = 100 * time.Millisecond
 )

@@ -117,8 +117,8 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 
 // R2-2: "every blocking call returns within 25 ms of the end of its
 // context". The reply grace and the clean-up wait share one budget only
-// when the ctx ended by its deadline (graceEnd counts from the deadline);
-// a ctx that is cancelled gets cleanupWait from now twice: once for the
+// when the ctx ended by its deadline (GraceEnd counts from the deadline);
+// a ctx that is cancelled gets CleanupWait from now twice: once for the
 // reply of the attempt in flight, and again for the withdrawal of the
 // place that reply gave it. A Lock cancelled during an attempt whose reply
 // comes 20 ms later returns ~45 ms after the cancellation. (The deadline

@@ -64,7 +64,7 @@ func hasArg(args []string, v string) bool {
 
 // TestReviewRetakeRacesOwnGiveBack: a Lock call whose grant arrives after
 // its lease may have run out (take: errExpired) gives the hold back with a
-// clean-up it waits for at most cleanupWait (50 ms), then attempts again
+// clean-up it waits for at most roundtrip.CleanupWait, then attempts again
 // under the SAME ticket. Nothing orders that second attempt after the
 // give-back: when the give-back is slower (a slow connection, a go-redis
 // retry, jitter), the second attempt takes the lock under the ticket, Lock
