@@ -101,8 +101,11 @@ func (c *Client) NewElection(name string, opts ...Option) *Election {
 // HoldContext), it changes the leader's value instead, as Proclaim does.
 // A leadership that was lost stays e's until its Resign (which returns
 // ErrLockLost), as a Mutex's lost hold stays until its Unlock: a Campaign
-// granted the leadership meanwhile returns only after that Resign, so that
-// the Resign owed to the lost leadership never resigns a later one.
+// waits for that Resign before it joins the candidates (holding nothing in
+// Redis meanwhile), so that the Resign owed to the lost leadership never
+// resigns a later one. A candidate that lost its leadership resigns it
+// before it campaigns again; otherwise its Campaign waits until its ctx
+// ends.
 // Candidates are served in the order they arrived, across all processes:
 // Campaign waits as a fair Mutex's Lock does, woken by a message, not by
 // polling, and leaves nothing behind when ctx ends first. A value is at
@@ -135,6 +138,9 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 		return wrapOp("campaign", e.name, err)
 	}
 	defer leave()
+	if err := m.owedUnlock(ctx, true); err != nil {
+		return m.wrap("campaign", err)
+	}
 	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	l := m.newCall("queue")

@@ -435,3 +435,41 @@ func TestElectionResignOwedToALostLeadershipSparesTheNext(t *testing.T) {
 	}
 	_ = e.Resign(ctx)
 }
+
+// A candidate that campaigns again without resigning its lost leadership
+// waits for that Resign, its own, until its ctx ends; meanwhile it holds
+// nothing in Redis, and another candidate leads.
+func TestElectionCampaignOwingAResignKeepsNobodyOut(t *testing.T) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	e := newClient(t, rdb).NewElection(name)
+	other := newClient(t, rdb).NewElection(name)
+	if err := e.Campaign(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Del(ctx, schema.ElectionKeys("redisync", name).Hash) // the leadership is lost
+	if err := e.Proclaim(ctx, "a2"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Proclaim after the loss: %v", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	again := make(chan error, 1)
+	go func() { again <- e.Campaign(actx, "a-again") }() // no Resign first
+	octx, ocancel := context.WithTimeout(ctx, time.Second)
+	defer ocancel()
+	if err := other.Campaign(octx, "b"); err != nil {
+		t.Fatalf("another candidate, while the first campaigns again owing its Resign: %v", err)
+	}
+	if l, err := other.Leader(ctx); err != nil || l.Value != "b" {
+		t.Fatalf("Leader: %+v, %v; want b", l, err)
+	}
+	if err := other.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-again; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the Campaign owing its own Resign: %v, want it to wait until its deadline", err)
+	}
+	if err := e.Resign(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Resign of the lost leadership: %v, want ErrLockLost", err)
+	}
+}

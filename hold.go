@@ -124,6 +124,50 @@ func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time
 	}
 }
 
+// owedUnlock waits while the value's last hold was lost and its Unlock is
+// still owed (owed returns the channel closed by that Unlock, nil when
+// nothing is owed; it is called with mu held), so that a call queues in
+// Redis only once that Unlock came: a call granted the lock meanwhile
+// would hold it in Redis, renewed, until then, keeping every other
+// process out (a candidate that campaigns again and never resigns its
+// lost leadership would stop the whole election). With wait false it
+// returns errBusy instead of waiting. It returns ctx's error, or
+// ErrClosed when closed is closed first.
+func owedUnlock(ctx context.Context, mu *sync.Mutex, owed func() <-chan struct{}, closed <-chan struct{}, wait bool) error {
+	for {
+		mu.Lock()
+		free := owed()
+		mu.Unlock()
+		switch {
+		case free == nil:
+			return nil
+		case !wait:
+			return errBusy
+		}
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closed:
+			return ErrClosed
+		}
+	}
+}
+
+// owed returns the channel that the Unlock owed to the value's lost hold
+// closes, or nil when no Unlock is owed. s.mu must be held.
+func (s *holds) owed() <-chan struct{} {
+	if s.cur != nil && s.cur.isLost {
+		return s.free
+	}
+	return nil
+}
+
+// owedUnlock is owedUnlock for the value whose holds s are.
+func (s *holds) owedUnlock(ctx context.Context, wait bool) error {
+	return owedUnlock(ctx, &s.mu, s.owed, s.c.ctx.Done(), wait)
+}
+
 // heldKey is the key of a context value, a *heldSlot, by which do learns
 // which hold the call it made took or re-entered.
 type heldKey struct{}

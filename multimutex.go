@@ -145,6 +145,9 @@ func (m *MultiMutex) lock(ctx context.Context) error {
 		return m.wrap("lock", err)
 	}
 	defer leave()
+	if err := owedUnlock(ctx, &m.mu, m.owed, m.c.ctx.Done(), true); err != nil {
+		return m.wrap("lock", err)
+	}
 	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	for {
@@ -204,6 +207,9 @@ func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
 		return false, m.wrap("trylock", err)
 	}
 	defer leave()
+	if owedUnlock(ctx, &m.mu, m.owed, m.c.ctx.Done(), false) != nil {
+		return false, nil // a lost hold of m still owes its Unlock
+	}
 	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	h := m.newHold()
@@ -380,6 +386,15 @@ func (m *MultiMutex) reenter(ctx context.Context, h *hold) error {
 	h.n++
 	m.mu.Unlock()
 	noteHold(ctx, m, h)
+	return nil
+}
+
+// owed returns the channel that the Unlock owed to m's lost hold closes,
+// or nil when no Unlock is owed. m.mu must be held.
+func (m *MultiMutex) owed() <-chan struct{} {
+	if m.cur != nil && m.cur.isLost {
+		return m.free
+	}
 	return nil
 }
 

@@ -34,9 +34,10 @@ import (
 // While the lock is held its lease is renewed by the Client's watchdog
 // (unless WithFixedLease fixed it), and Lost tells when the hold is lost. A
 // lost hold stays the value's until its Unlock (which returns
-// ErrLockLost): a Lock of another goroutine granted the lock meanwhile
-// returns only after that Unlock, so that two goroutines of the value are
-// never inside at once.
+// ErrLockLost), so that two goroutines of the value are never inside at
+// once: a Lock waits for that Unlock before it queues, holding nothing in
+// Redis meanwhile (TryLock reports false), and one granted the lock before
+// the loss was noticed returns only after it.
 type Mutex struct {
 	c    *Client
 	name string
@@ -106,6 +107,9 @@ func (m *Mutex) lock(ctx context.Context) error {
 		return m.wrap("lock", err)
 	}
 	defer leave()
+	if err := m.owedUnlock(ctx, true); err != nil {
+		return m.wrap("lock", err)
+	}
 	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	mode := "barge"
@@ -140,6 +144,9 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		return false, m.wrap("trylock", err)
 	}
 	defer leave()
+	if m.owedUnlock(ctx, false) != nil {
+		return false, nil // a lost hold of m still owes its Unlock
+	}
 	ctx, stop := roundtrip.Marked(ctx)
 	defer stop()
 	mode := "barge"

@@ -93,10 +93,22 @@ func (m *RedMutex) lock(ctx context.Context) error {
 	if h := holdIn(ctx, m); h != nil {
 		return m.wrapIf("lock", m.reenter(ctx, h))
 	}
+	if err := owedUnlock(ctx, &m.mu, m.owed, m.r.clients[0].ctx.Done(), true); err != nil {
+		return m.wrap("lock", err)
+	}
 	// The call's address is a ticket of its own, which no grant names:
 	// its node attempts tell its waiters from other plain waiters.
 	if err := block(ctx, m.posts, m.newCall(m.r.clients[0].ticket(""))); err != nil {
 		return m.wrap("lock", err)
+	}
+	return nil
+}
+
+// owed returns the channel that the Unlock owed to m's lost hold closes,
+// or nil when no Unlock is owed. m.mu must be held.
+func (m *RedMutex) owed() <-chan struct{} {
+	if m.cur != nil && m.cur.isLost {
+		return m.free
 	}
 	return nil
 }
@@ -115,6 +127,9 @@ func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
 	if h := holdIn(ctx, m); h != nil {
 		err := m.reenter(ctx, h)
 		return err == nil, m.wrapIf("trylock", err)
+	}
+	if owedUnlock(ctx, &m.mu, m.owed, m.r.clients[0].ctx.Done(), false) != nil {
+		return false, nil // a lost hold of m still owes its Unlock
 	}
 	acquired, _, _, err := m.newCall("").round(ctx)
 	if err != nil {

@@ -266,7 +266,7 @@ func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Conte
 // found the lock taken. A hold taken for Do or RDo is scoped.
 func (rw *RWMutex) take(ctx context.Context, op Op, write, wait, scoped bool) (*rwHold, error) {
 	if h := rw.heldIn(ctx); h != nil {
-		return rw.reenter(op, h, write)
+		return rw.reenter(ctx, op, h, write)
 	}
 	if err := cmp.Or(rw.err, rw.c.usable(), ctx.Err()); err != nil {
 		return nil, rw.wrap(op, err)
@@ -338,10 +338,10 @@ func (rw *RWMutex) claim(ctx context.Context, h *rwHold, wait bool) error {
 	}
 }
 
-// reenter adds a level to h, a hold of rw that a call's ctx carries, for a call
+// reenter adds a level to h, a hold of rw that ctx carries, for a call
 // that takes a write (write) or a read. A write asked for under a read is
 // an upgrade: ErrUpgrade.
-func (rw *RWMutex) reenter(op Op, h *rwHold, write bool) (*rwHold, error) {
+func (rw *RWMutex) reenter(ctx context.Context, op Op, h *rwHold, write bool) (*rwHold, error) {
 	if write && !h.write {
 		return nil, rw.wrap(op, ErrUpgrade)
 	}
@@ -357,6 +357,9 @@ func (rw *RWMutex) reenter(op Op, h *rwHold, write bool) (*rwHold, error) {
 	case <-h.s.Lost():
 		return nil, rw.wrap(op, ErrLockLost)
 	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, rw.wrap(op, err)
 	}
 	h.levels++
 	return h, nil

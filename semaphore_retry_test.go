@@ -657,7 +657,7 @@ func TestSemaphoreRefusedRetryOfPartialReleaseOvercounts(t *testing.T) {
 
 // Review 4, finding 2b: the same for an attempt. A TryAcquire onto a
 // holding whose script ran (and granted) but whose reply is an error reply
-// (a refused retry) counts as not sent (mayHaveRun is false for a reply),
+// (a refused retry) counts as not sent (roundtrip.MayHaveRun is false for a reply),
 // so nothing is withdrawn: Redis counts n more permits under the value's
 // holding than the value, and the watchdog renews them with the rest.
 func TestSemaphoreRefusedRetryOfTryAcquireLeaksRenewedPermits(t *testing.T) {

@@ -76,10 +76,14 @@ func leftovers(t *testing.T, admins []*redis.Client, name string) []string {
 			if strings.HasSuffix(k, ":token") {
 				continue
 			}
-			if strings.Contains(k, ":released:") && rdb.PTTL(ctx, k).Val() > 0 {
+			pttl := rdb.PTTL(ctx, k).Val()
+			switch {
+			case pttl == -2:
+				continue // gone since KEYS listed it
+			case strings.Contains(k, ":released:") && pttl > 0:
 				continue // a tombstone, which expires
 			}
-			out = append(out, fmt.Sprintf("node %d: %s", i, k))
+			out = append(out, fmt.Sprintf("node %d: %s (PTTL %d)", i, k, pttl))
 		}
 	}
 	return out

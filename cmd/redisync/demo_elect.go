@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -71,7 +72,7 @@ func (p *electPart) campaign(ctx context.Context, env *demoEnv, e *redisync.Elec
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := e.Resign(rctx)
 		cancel()
-		if err != nil {
+		if err != nil && !errors.Is(err, redisync.ErrLockLost) { // a lost leadership is resigned too
 			p.fail(fmt.Errorf("%s: Resign: %w", value, err))
 			return
 		}

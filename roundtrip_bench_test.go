@@ -17,7 +17,7 @@ import (
 // that only returns:
 //
 //	direct       from the caller's goroutine
-//	worker       each through Client.call, as the library sends its calls
+//	worker       each through the Client's Runner, as the library sends its calls
 //	Lock+Unlock  the Mutex itself, for reference (its scripts do more)
 //
 // Besides ns/op it reports ccpu-µs/op, the test process's CPU time
