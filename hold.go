@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,6 +167,25 @@ func (s *holds) owed() <-chan struct{} {
 // owedUnlock is owedUnlock for the value whose holds s are.
 func (s *holds) owedUnlock(ctx context.Context, wait bool) error {
 	return owedUnlock(ctx, &s.mu, s.owed, s.c.ctx.Done(), wait)
+}
+
+// reenter adds a level to h, a hold of owner (guarded by mu) that ctx
+// carries, unless h has ended (it returns why: ErrLockLost, ErrReleased)
+// or ctx has.
+func reenter(ctx context.Context, mu *sync.Mutex, owner any, h *hold) error {
+	mu.Lock()
+	if h.isLost || h.cause != nil {
+		mu.Unlock()
+		return cmp.Or(h.cause, ErrLockLost)
+	}
+	if err := ctx.Err(); err != nil {
+		mu.Unlock()
+		return err
+	}
+	h.n++
+	mu.Unlock()
+	noteHold(ctx, owner, h)
+	return nil
 }
 
 // heldKey is the key of a context value, a *heldSlot, by which do learns

@@ -374,19 +374,7 @@ func (m *MultiMutex) reenter(ctx context.Context, h *hold) error {
 	if err := cmp.Or(m.err, m.c.usable()); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	if h.isLost || h.cause != nil {
-		m.mu.Unlock()
-		return cmp.Or(h.cause, ErrLockLost)
-	}
-	if err := ctx.Err(); err != nil {
-		m.mu.Unlock()
-		return err
-	}
-	h.n++
-	m.mu.Unlock()
-	noteHold(ctx, m, h)
-	return nil
+	return reenter(ctx, &m.mu, m, h)
 }
 
 // owed returns the channel that the Unlock owed to m's lost hold closes,

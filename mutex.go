@@ -376,19 +376,10 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 // ended (it returns why: ErrLockLost, ErrReleased), ctx has ended or the
 // Client is closed.
 func (m *Mutex) reenter(ctx context.Context, h *hold) error {
-	m.mu.Lock()
-	if h.isLost || h.cause != nil {
-		m.mu.Unlock()
-		return cmp.Or(h.cause, ErrLockLost)
-	}
-	if err := cmp.Or(m.c.usable(), ctx.Err()); err != nil {
-		m.mu.Unlock()
+	if err := m.c.usable(); err != nil {
 		return err
 	}
-	h.n++
-	m.mu.Unlock()
-	noteHold(ctx, &m.holds, h)
-	return nil
+	return reenter(ctx, &m.mu, &m.holds, h)
 }
 
 // post returns where a waiter for m's lock waits, heard through m's

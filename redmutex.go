@@ -285,19 +285,7 @@ func (m *RedMutex) reenter(ctx context.Context, h *hold) error {
 	if err := cmp.Or(m.err, m.r.usable()); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	if h.isLost || h.cause != nil {
-		m.mu.Unlock()
-		return cmp.Or(h.cause, ErrLockLost)
-	}
-	if err := ctx.Err(); err != nil {
-		m.mu.Unlock()
-		return err
-	}
-	h.n++
-	m.mu.Unlock()
-	noteHold(ctx, m, h)
-	return nil
+	return reenter(ctx, &m.mu, m, h)
 }
 
 // commit makes h, which holds the lock on the nodes of x in held with the
