@@ -12,6 +12,10 @@ import (
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
+// errBusy is returned, by a call that does not wait, when the value's
+// last hold was lost and its Unlock is still owed.
+var errBusy = errors.New("redisync: a lost hold of the value is not released yet")
+
 // errExpired is returned by holds.take when the hold's lease may have run
 // out in Redis before the reply that granted it arrived.
 var errExpired = errors.New("redisync: the hold's lease ran out before it was granted")

@@ -386,10 +386,6 @@ func (m *MultiMutex) owed() <-chan struct{} {
 	return nil
 }
 
-// errBusy is returned by commit, not waiting, when a hold of the value
-// that was lost has not been released yet.
-var errBusy = errors.New("redisync: a lost hold of the value is not released yet")
-
 // commit makes h, whose every name is held, m's hold, once m has no other
 // (a hold of m found there was lost, and its goroutine may still be at
 // work until its Unlock); not waiting, it fails with errBusy then. When a
