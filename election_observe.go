@@ -34,7 +34,7 @@ const watchInbox = 256
 // reads the state again when the leader's lease was due to end, and sends
 // nobody leading, under the revision of the leader's change (the one case
 // where a revision repeats). So an observer reads Redis once per lease
-// while a leader leads (every 20 to 30 s by default), never more often than
+// while a leader leads (every 10 to 15 s by default), never more often than
 // the leader renews it.
 //
 // Observe never fails: an invalid Election, an ended ctx or a closed

@@ -26,7 +26,7 @@ func sendSIGTERM(stop context.CancelFunc) {
 
 // A service that holds a lock until it is told to stop closes its Client
 // on SIGTERM: Close releases every hold of the Client in Redis, so that
-// another replica takes over at once instead of after the lease (30 s by
+// another replica takes over at once instead of after the lease (15 s by
 // default). Close waits at most 2 s for the releases; a hold not released
 // by then is freed by Redis when its lease runs out.
 func Example_gracefulShutdown() {

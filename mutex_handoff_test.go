@@ -268,7 +268,7 @@ func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 // on a stalled connection while go-redis's retry of it went through) that
 // arrives after the handed-off hold is done with takes the lock again
 // under the giver's ticket: nobody holds it, nobody renews or releases it,
-// and the lock stays taken for a whole lease (30 s by default).
+// and the lock stays taken for a whole lease (15 s by default).
 func TestMutexLateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})

@@ -494,7 +494,7 @@ func TestRedlockCloseTellsHoldReleased(t *testing.T) {
 func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec)) // a 30 s lease: no renewal notices it first
+	c, err := New(rdb, WithObserver(rec)) // a 15 s lease: no renewal notices it first
 	if err != nil {
 		t.Fatal(err)
 	}

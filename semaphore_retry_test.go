@@ -263,7 +263,7 @@ func TestSemaphoreRetriedRotationFailsAcquire(t *testing.T) {
 // holding lost, forgets its permits locally (dropLocked) and returns
 // ErrClosed, "Close released it", without sending anything; releaseAll
 // then reads h.n == 0 and sends nothing either. The permits stay counted
-// in Redis until their lease ends (30 s by default) although both calls
+// in Redis until their lease ends (15 s by default) although both calls
 // say they were given back.
 func TestSemaphoreReleaseRacingCloseLeavesPermits(t *testing.T) {
 	mr, rdb, _ := newMini(t)

@@ -201,7 +201,7 @@ func TestTombstoneReleaseAfterWithdrawalKeepsTheWithdrawal(t *testing.T) {
 // released ticket: release.lua's mode "release" does not retire the
 // ticket, as the semaphore's full release now does. Nobody holds that
 // hold, nobody renews or releases it, and the lock stays taken for a whole
-// lease (30 s by default) after Unlock: an acquire applied twice.
+// lease (15 s by default) after Unlock: an acquire applied twice.
 func TestTombstoneLateAcquireCopyAfterUnlockTakesTheLock(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})

@@ -37,7 +37,7 @@ func (l semaphoreLocker) Unlock(ctx context.Context) error { return l.s.Release(
 func redisyncLibrary(barging bool) library {
 	lib := library{
 		name:  "redisync",
-		about: "redisync defaults: fair, hand-off in the release script, pub/sub wake-up, watchdog lease 30 s",
+		about: "redisync defaults: fair, hand-off in the release script, pub/sub wake-up, crash timeout 15 s",
 		open: func(addr string, counts *clientCounts) (instance, error) {
 			return newRedisyncInstance(newGoRedis(addr, counts), barging)
 		},

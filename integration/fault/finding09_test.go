@@ -38,7 +38,7 @@ func TestFinding9LockRacingCloseReturnsErrClosed(t *testing.T) {
 			name := redistest.Name(t)
 			key := tc.key(name)
 			t.Cleanup(func() { rdb.Del(ctx, key, key+":token", key+":expiry", key+":size") })
-			c := proxiedClient(t, px, nil) // default 30 s lease: a leftover shows
+			c := proxiedClient(t, px, nil) // default 15 s lease: a leftover shows
 			call, lost := tc.call(c, name)
 
 			held, release := px.HoldNext(strings.ToLower(key))
@@ -77,7 +77,7 @@ func TestFinding9LockRacingCloseStress(t *testing.T) {
 	t.Logf("seed %d", seed)
 	var bad []string
 	for round := range rounds {
-		c, err := redisync.New(redistest.NewClient(t, addr)) // default 30 s lease: a leftover shows
+		c, err := redisync.New(redistest.NewClient(t, addr)) // default 15 s lease: a leftover shows
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,10 +16,10 @@ import (
 // (CLIENT KILL TYPE pubsub; or a reset of every connection through a
 // proxy) and releases the lock at once, so its message is published while
 // nobody is subscribed. Eight waiters on two Clients (recheck 1 s) block on
-// a holder with a 30 s lease. It fails unless the first waiter acquires
+// a holder with the default 15 s lease. It fails unless the first waiter acquires
 // within the recheck interval + 300 ms of the release and all eight within
 // recheck + 1 s. It would fail if a waiter's sleep depended on the lost
-// message (it would sleep until the 30 s lease ran out).
+// message (it would sleep until the 15 s lease ran out).
 func TestSubscriberDroppedAtRelease(t *testing.T) {
 	const recheck = time.Second
 	for _, tc := range []struct {
@@ -95,13 +95,13 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 
 // TestGapRace makes a release land between a waiter's failed attempt and
 // its subscription: the waiter's Client talks to Redis through a proxy that
-// holds its SUBSCRIBE; the holder (30 s lease) releases while it is held,
+// holds its SUBSCRIBE; the holder (15 s lease) releases while it is held,
 // publishing to nobody. Recheck is 2 s.
 //
 //   - subscribe-late: the SUBSCRIBE goes through right after the release.
 //     The waiter must look again once subscribed, and acquire well within
 //     the recheck interval (< recheck/2); without that second look it would
-//     sleep a whole recheck interval (or the 30 s lease).
+//     sleep a whole recheck interval (or the 15 s lease).
 //   - subscribe-lost: the SUBSCRIBE is never confirmed. The waiter must
 //     still acquire within the recheck interval + 300 ms: joining waits for
 //     the confirmation no longer than that.

@@ -89,7 +89,7 @@ func TestRWMutexReaderSIGKILL(t *testing.T) {
 	reader.expect("rlocked", 5*time.Second)
 
 	c := newClient(t, addr)
-	other := c.NewRWMutex(name) // a live reader under the default 30 s lease
+	other := c.NewRWMutex(name) // a live reader under the default 15 s lease
 	if err := other.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
