@@ -138,91 +138,101 @@ func BenchmarkMutexTryLockHeld(b *testing.B) {
 	}
 }
 
-// BenchmarkMutexHandoff measures the hand-off of a fair lock between two
+// BenchmarkMutexHandoff measures the hand-off of a lock between two
 // Clients (two processes, each with its own connections and subscriber)
 // that take turns: each holds the lock for handoffHold, then unlocks,
-// which hands the lock to the other, queued meanwhile. ns/handoff is the
+// which hands the lock to the other, queued meanwhile ("fair"), or wakes
+// it to take the lock ("barging"). ns/handoff is the
 // mean time from the call of Unlock in one to the return of Lock in the
 // other (the bench's "gap"); an op is two turns. The "PUBLISH" case is the
 // floor under it: the same turns passed by a PUBLISH that the other
 // client's pub/sub connection reads.
 func BenchmarkMutexHandoff(b *testing.B) {
-	b.Run("fair", func(b *testing.B) {
-		rdb1, cnt := benchRedis(b)
-		rdb2 := benchSecondClient(b, rdb1, cnt)
-		name := benchKey(b)
-		m1 := benchClient(b, rdb1).NewMutex(name)
-		m2 := benchClient(b, rdb2).NewMutex(name)
-		var gaps benchGaps
-		turn := func(ctx context.Context, m *Mutex) error {
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			gaps.took()
-			time.Sleep(handoffHold)
-			gaps.release()
-			return m.Unlock(context.Background())
+	b.Run("fair", func(b *testing.B) { benchTurns(b) })
+	b.Run("barging", func(b *testing.B) { benchTurns(b, Barging()) })
+	b.Run("PUBLISH", benchPublishTurns)
+}
+
+// benchTurns runs the turns of BenchmarkMutexHandoff with Mutexes made
+// with opts.
+func benchTurns(b *testing.B, opts ...Option) {
+	rdb1, cnt := benchRedis(b)
+	rdb2 := benchSecondClient(b, rdb1, cnt)
+	name := benchKey(b)
+	m1 := benchClient(b, rdb1).NewMutex(name, opts...)
+	m2 := benchClient(b, rdb2).NewMutex(name, opts...)
+	var gaps benchGaps
+	turn := func(ctx context.Context, m *Mutex) error {
+		if err := m.Lock(ctx); err != nil {
+			return err
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { // the other process
-			defer close(done)
-			for turn(ctx, m2) == nil {
-			}
-		}()
-		b.Cleanup(func() { cancel(); <-done })
-		run := func() {
-			if err := turn(ctx, m1); err != nil {
-				b.Fatal(err)
-			}
+		gaps.took()
+		time.Sleep(handoffHold)
+		gaps.release()
+		return m.Unlock(context.Background())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { // the other process
+		defer close(done)
+		for turn(ctx, m2) == nil {
 		}
-		run()
-		gaps.reset()
-		benchLoop(b, rdb1, cnt, run)
-		gaps.report(b)
-	})
-	b.Run("PUBLISH", func(b *testing.B) {
-		rdb1, cnt := benchRedis(b)
-		rdb2 := benchSecondClient(b, rdb1, cnt)
-		ctx := context.Background()
-		ping, pong := benchKey(b)+":ping", benchKey(b)+":pong"
-		ps1, ps2 := rdb1.Subscribe(ctx, pong), rdb2.Subscribe(ctx, ping)
-		b.Cleanup(func() { _ = ps1.Close() })
-		for _, ps := range []*redis.PubSub{ps1, ps2} {
-			if _, err := ps.Receive(ctx); err != nil { // the confirmation
-				b.Fatal(err)
-			}
-		}
-		var gaps benchGaps
-		turn := func(rdb *redis.Client, ps *redis.PubSub, to string) error {
-			if _, err := ps.ReceiveMessage(ctx); err != nil {
-				return err
-			}
-			gaps.took()
-			time.Sleep(handoffHold)
-			gaps.release()
-			return rdb.Publish(ctx, to, "").Err()
-		}
-		done := make(chan struct{})
-		go func() { // the other process
-			defer close(done)
-			for turn(rdb2, ps2, pong) == nil {
-			}
-		}()
-		b.Cleanup(func() { _ = ps2.Close(); <-done }) // runs first
-		if err := rdb1.Publish(ctx, ping, "").Err(); err != nil {
+	}()
+	b.Cleanup(func() { cancel(); <-done })
+	run := func() {
+		if err := turn(ctx, m1); err != nil {
 			b.Fatal(err)
 		}
-		run := func() {
-			if err := turn(rdb1, ps1, ping); err != nil {
-				b.Fatal(err)
-			}
+	}
+	run()
+	gaps.reset()
+	benchLoop(b, rdb1, cnt, run)
+	gaps.report(b)
+}
+
+// benchPublishTurns is the floor under benchTurns: the same turns passed
+// by a PUBLISH that the other client's pub/sub connection reads.
+func benchPublishTurns(b *testing.B) {
+	rdb1, cnt := benchRedis(b)
+	rdb2 := benchSecondClient(b, rdb1, cnt)
+	ctx := context.Background()
+	ping, pong := benchKey(b)+":ping", benchKey(b)+":pong"
+	ps1, ps2 := rdb1.Subscribe(ctx, pong), rdb2.Subscribe(ctx, ping)
+	b.Cleanup(func() { _ = ps1.Close() })
+	for _, ps := range []*redis.PubSub{ps1, ps2} {
+		if _, err := ps.Receive(ctx); err != nil { // the confirmation
+			b.Fatal(err)
 		}
-		run()
-		gaps.reset()
-		benchLoop(b, rdb1, cnt, run)
-		gaps.report(b)
-	})
+	}
+	var gaps benchGaps
+	turn := func(rdb *redis.Client, ps *redis.PubSub, to string) error {
+		if _, err := ps.ReceiveMessage(ctx); err != nil {
+			return err
+		}
+		gaps.took()
+		time.Sleep(handoffHold)
+		gaps.release()
+		return rdb.Publish(ctx, to, "").Err()
+	}
+	done := make(chan struct{})
+	go func() { // the other process
+		defer close(done)
+		for turn(rdb2, ps2, pong) == nil {
+		}
+	}()
+	b.Cleanup(func() { _ = ps2.Close(); <-done }) // runs first
+	if err := rdb1.Publish(ctx, ping, "").Err(); err != nil {
+		b.Fatal(err)
+	}
+	run := func() {
+		if err := turn(rdb1, ps1, ping); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run()
+	gaps.reset()
+	benchLoop(b, rdb1, cnt, run)
+	gaps.report(b)
 }
 
 // handoffHold is how long a holder keeps the lock in BenchmarkMutexHandoff:
