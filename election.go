@@ -114,11 +114,11 @@ func (c *Client) NewElection(name string, opts ...Option) *Election {
 // for concurrent use.
 func (e *Election) Campaign(ctx context.Context, value string) error {
 	if h := holdIn(ctx, &e.m.holds); h != nil {
+		if e.isLost(h) { // before ctx, which ends with the leadership
+			return wrapOp("campaign", e.name, ErrLockLost)
+		}
 		if err := e.usable(ctx, value); err != nil {
 			return wrapOp("campaign", e.name, err)
-		}
-		if e.isLost(h) {
-			return wrapOp("campaign", e.name, ErrLockLost)
 		}
 		return e.proclaim(ctx, h, value)
 	}

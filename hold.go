@@ -82,11 +82,13 @@ func newHolds(c *Client, prim Primitive, name string) holds {
 // take makes h the value's hold; its lease of length lease was set in
 // Redis no earlier than since. e, its watchdog entry, is registered at
 // once, so that h is renewed while it waits (wait) for the value's hold
-// before it (lost, and not released yet) to be released. It fails, having
-// left h unregistered, with errExpired when the lease may have run out
-// already (or h was lost while it waited), errBusy when it would wait and
-// may not, ctx's error when ctx ends first, and ErrClosed when the Client
-// is closed: the caller then gives h back.
+// before it, gone from Redis but not found lost yet, to end. It fails,
+// having left h unregistered, with errExpired when the lease may have run
+// out already (or h was lost while it waited), errBusy when that hold is
+// lost (its Unlock is owed: the caller gives h back and waits for that
+// Unlock holding nothing, see owedUnlock) or when it would wait and may
+// not, ctx's error when ctx ends first, and ErrClosed when the Client is
+// closed: the caller then gives h back.
 func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time.Time, lease time.Duration, wait bool) error {
 	if !time.Now().Before(since.Add(lease - watchdog.Drift(lease))) {
 		return errExpired
@@ -110,14 +112,15 @@ func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time
 			noteHold(ctx, s, h)
 			return nil
 		}
-		free := s.free
+		owed, curLost, free := s.cur.isLost, s.cur.lost, s.free
 		s.mu.Unlock()
-		if !wait {
+		if owed || !wait {
 			s.c.wd.Remove(e)
 			return errBusy
 		}
 		select {
 		case <-free:
+		case <-curLost: // its Unlock is owed now
 		case <-h.lost:
 		case <-ctx.Done():
 			s.c.wd.Remove(e)

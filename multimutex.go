@@ -163,7 +163,14 @@ func (m *MultiMutex) lock(ctx context.Context) error {
 				return m.wrap("lock", err)
 			}
 		}
-		if err := m.commit(ctx, h, true); !errors.Is(err, ErrLockLost) {
+		switch err := m.commit(ctx, h, true); {
+		case errors.Is(err, errBusy):
+			// m's last hold was lost and its Unlock is owed: wait
+			// for it holding nothing, then take the names again.
+			if err := owedUnlock(ctx, &m.mu, m.owed, m.c.ctx.Done(), true); err != nil {
+				return m.wrap("lock", err)
+			}
+		case !errors.Is(err, ErrLockLost):
 			return m.wrapIf("lock", err)
 		}
 	}
@@ -387,8 +394,9 @@ func (m *MultiMutex) owed() <-chan struct{} {
 }
 
 // commit makes h, whose every name is held, m's hold, once m has no other
-// (a hold of m found there was lost, and its goroutine may still be at
-// work until its Unlock); not waiting, it fails with errBusy then. When a
+// (a hold of m found there, gone from Redis, is found lost soon). When
+// that hold is lost (its Unlock is owed), or when it would wait and may
+// not, it gives every name back and fails with errBusy. When a
 // name's hold was lost meanwhile (a lease that ran out while the call
 // waited for a later name), or the call gives up, it gives every name
 // back and fails: with ErrLockLost, ctx's error or ErrClosed.
@@ -407,12 +415,14 @@ func (m *MultiMutex) commit(ctx context.Context, h *hold, wait bool) error {
 			noteHold(ctx, m, h)
 			return nil
 		}
-		free := m.free
+		owed, curLost, free := m.cur.isLost, m.cur.lost, m.free
 		m.mu.Unlock()
 		err := errBusy
-		if wait {
+		if wait && !owed {
 			select {
 			case <-free:
+				continue
+			case <-curLost: // its Unlock is owed now
 				continue
 			case <-h.lost:
 				continue

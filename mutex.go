@@ -35,9 +35,9 @@ import (
 // (unless WithFixedLease fixed it), and Lost tells when the hold is lost. A
 // lost hold stays the value's until its Unlock (which returns
 // ErrLockLost), so that two goroutines of the value are never inside at
-// once: a Lock waits for that Unlock before it queues, holding nothing in
-// Redis meanwhile (TryLock reports false), and one granted the lock before
-// the loss was noticed returns only after it.
+// once: a Lock waits for that Unlock holding nothing in Redis (one queued
+// before the loss, and granted the lock, gives it back to wait), and
+// TryLock reports false.
 type Mutex struct {
 	c    *Client
 	name string
@@ -240,8 +240,9 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 // having been set no earlier than since (handoff: it was handed over).
 // When m cannot take it, it is given back (and handed on): if its lease
 // may have run out already, the call goes on waiting; if m has a lost
-// hold not unlocked yet, a call that waits waits for that Unlock, and
-// one that does not (a TryLock) reports the lock not taken.
+// hold not unlocked yet, a call that waits waits for that Unlock holding
+// nothing, then queues again, and one that does not (a TryLock) reports
+// the lock not taken.
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
@@ -258,6 +259,14 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	}
 	l.withdraw(ctx)
 	switch {
+	case errors.Is(err, errBusy) && l.waits:
+		// m's last hold was lost and its Unlock is owed: wait for it
+		// holding nothing, then attempt again under a new ticket.
+		if err := m.owedUnlock(ctx, true); err != nil {
+			return false, 0, err
+		}
+		l.ticket = m.c.ticket(m.cfg.label)
+		return false, 0, nil
 	case errors.Is(err, errBusy):
 		return false, 0, nil
 	case errors.Is(err, errExpired):

@@ -290,8 +290,9 @@ func (m *RedMutex) reenter(ctx context.Context, h *hold) error {
 
 // commit makes h, which holds the lock on the nodes of x in held with the
 // fencing token token, m's hold, once m has no other (a hold of m found
-// there was lost, and its goroutine may still be at work until its
-// Unlock); not waiting (wait false), it fails with errBusy then. It fails
+// there, gone from the nodes, is found lost soon). When that hold is lost
+// (its Unlock is owed), or when it would wait and may not (wait false), it
+// fails with errBusy: the caller gives the node holds back. It fails
 // with ErrLockLost when fewer than a quorum of the node holds are left
 // (lost while it waited), ctx's error when ctx ends first, and ErrClosed.
 func (m *RedMutex) commit(ctx context.Context, x *redCall, held []int, token int64, wait bool) error {
@@ -323,13 +324,14 @@ func (m *RedMutex) commit(ctx context.Context, x *redCall, held []int, token int
 			noteHold(ctx, m, h)
 			return nil
 		}
-		free := m.free
+		owed, curLost, free := m.cur.isLost, m.cur.lost, m.free
 		m.mu.Unlock()
-		if !wait {
+		if owed || !wait {
 			return errBusy
 		}
 		select {
 		case <-free:
+		case <-curLost: // its Unlock is owed now
 		case <-h.lost:
 		case <-ctx.Done():
 			return ctx.Err()

@@ -86,6 +86,15 @@ func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration
 				return true, 0, false, nil
 			case errors.Is(err, errBusy):
 				x.releaseAll(ctx, held)
+				if x.addr == "" { // a TryLock
+					return false, 0, false, nil
+				}
+				// m's last hold was lost and its Unlock is owed: wait
+				// for it holding nothing, then make a new round.
+				if err := owedUnlock(ctx, &m.mu, m.owed, m.r.clients[0].ctx.Done(), true); err != nil {
+					return false, 0, false, err
+				}
+				x.h = &hold{n: 1, lost: make(chan struct{})}
 				return false, 0, false, nil
 			case !errors.Is(err, ErrLockLost):
 				x.releaseAll(ctx, held)

@@ -42,9 +42,9 @@ import (
 // A write carries a fencing token (Token), minted in Redis by the script
 // that grants it, by the same rule as a Mutex's; a read has none. A hold
 // that was lost stays the value's until its last Unlock or RUnlock (which
-// returns ErrLockLost): a write granted meanwhile to another goroutine of
-// the value waits for it, as does a read granted while a lost write
-// waits for its Unlock.
+// returns ErrLockLost): a write of another goroutine of the value waits
+// for it, as does a read while a lost write waits for its Unlock, holding
+// nothing in Redis meanwhile (TryLock and TryRLock report false).
 //
 // The options are those of a Semaphore (WithFixedLease, WithCrashTimeout,
 // WithWaiterTimeout, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
@@ -276,6 +276,14 @@ func (rw *RWMutex) take(ctx context.Context, op Op, write, wait, scoped bool) (*
 		n = schema.RWMutexSize
 	}
 	for {
+		// A lost hold of rw in the way: wait for its Unlock holding
+		// nothing in Redis (see owedUnlock).
+		if err := owedUnlock(ctx, &rw.mu, func() <-chan struct{} { return rw.owed(write) }, rw.c.ctx.Done(), wait); err != nil {
+			if errors.Is(err, errBusy) {
+				return nil, nil
+			}
+			return nil, rw.wrap(op, err)
+		}
 		s := rw.c.newSemaphore(rw.name, schema.RWMutexSize, rw.cfg, PrimitiveRWMutex, rw.keys)
 		s.fence = true
 		ok, err := true, error(nil)
@@ -296,23 +304,58 @@ func (rw *RWMutex) take(ctx context.Context, op Op, write, wait, scoped bool) (*
 		// waited, take the lock anew).
 		_ = s.releaseN(context.WithoutCancel(ctx), n)
 		switch {
-		case errors.Is(err, errBusy):
+		case errors.Is(err, errBusy) && !wait:
 			return nil, nil
+		case errors.Is(err, errBusy): // a lost hold's Unlock is owed: see above
 		case !errors.Is(err, ErrLockLost) || !wait:
 			return nil, rw.wrap(op, err)
 		}
 	}
 }
 
+// blocker returns a hold of rw that keeps a write (write) or a read out,
+// the lost one if there is one, or nil. rw.mu must be held.
+func (rw *RWMutex) blocker(write bool) *rwHold {
+	var in []*rwHold
+	switch {
+	case rw.write != nil:
+		in = []*rwHold{rw.write}
+	case write:
+		in = rw.reads
+	}
+	for _, h := range in {
+		if isClosed(h.s.Lost()) {
+			return h
+		}
+	}
+	if len(in) > 0 {
+		return in[0]
+	}
+	return nil
+}
+
+// owed returns the channel closed when rw's holds change, when a lost
+// hold keeps a write (write) or a read out (its Unlock is owed), or nil.
+// rw.mu must be held.
+func (rw *RWMutex) owed(write bool) <-chan struct{} {
+	if b := rw.blocker(write); b != nil && isClosed(b.s.Lost()) {
+		return rw.changed
+	}
+	return nil
+}
+
 // claim makes h, just taken in Redis, one of rw's holds. A write waits
 // until rw has no other hold, a read until rw has no write: the holds of
-// rw found there were lost (Redis granted h), and their goroutines may
-// still be at work until their Unlock. It fails, not waiting, with
-// errBusy; when h is lost while it waits, with ErrLockLost.
+// rw found there are gone from Redis (Redis granted h), and are found lost
+// soon. It fails with errBusy when one of them is lost (its Unlock is
+// owed: the caller gives h back and waits for that Unlock holding
+// nothing), or when it would wait and may not; when h is lost while it
+// waits, with ErrLockLost.
 func (rw *RWMutex) claim(ctx context.Context, h *rwHold, wait bool) error {
 	for {
 		rw.mu.Lock()
-		if rw.write == nil && (!h.write || len(rw.reads) == 0) {
+		b := rw.blocker(h.write)
+		if b == nil {
 			if h.write {
 				rw.write = h
 			} else {
@@ -323,11 +366,12 @@ func (rw *RWMutex) claim(ctx context.Context, h *rwHold, wait bool) error {
 		}
 		changed := rw.changed
 		rw.mu.Unlock()
-		if !wait {
+		if !wait || isClosed(b.s.Lost()) {
 			return errBusy
 		}
 		select {
 		case <-changed:
+		case <-b.s.Lost(): // its Unlock is owed now
 		case <-h.s.Lost():
 			return ErrLockLost
 		case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // span is one hold as its holder saw it: from just after the call that
@@ -441,5 +442,124 @@ func TestRWMutexSharedValueWaits(t *testing.T) {
 	// Both are served once the read ends: the writer, then the reader.
 	if err := errors.Join(<-wrote, <-read); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A call of a value that queued while another goroutine of the value held
+// the lock, whose hold is then lost and whose Unlock is owed, takes
+// nothing in Redis while it waits for that Unlock: another process gets
+// the lock meanwhile; once the Unlock comes, the waiting call takes the
+// lock. Mutex, MultiMutex, RWMutex (a read queued behind a lost write) and
+// Election alike.
+func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
+	type lockable struct {
+		lock, unlock func(context.Context) error
+		lost         func() <-chan struct{}
+	}
+	type setup struct {
+		mine, other   lockable
+		queued, erase func() bool
+		// waiter is the goroutine whose call queues; its unlock after it
+		// took the lock.
+		waiter, waiterUnlock func(context.Context) error
+	}
+	rdb := redistest.Client(t)
+	opts := []Option{WithCrashTimeout(300 * time.Millisecond), WithRecheck(50 * time.Millisecond)}
+	for _, tc := range []struct {
+		name string
+		make func(name string) setup
+	}{
+		{"Mutex", func(name string) setup {
+			m := newClient(t, rdb, opts...).NewMutex(name)
+			o := newClient(t, rdb).NewMutex(name)
+			return setup{
+				mine:   lockable{m.Lock, m.Unlock, m.Lost},
+				other:  lockable{o.Lock, o.Unlock, o.Lost},
+				queued: func() bool { return rdb.ZCard(ctx, m.keys.Queue).Val() == 1 },
+				erase:  func() bool { return rdb.Del(ctx, m.keys.Hash).Val() == 1 },
+				waiter: m.Lock, waiterUnlock: m.Unlock,
+			}
+		}},
+		{"MultiMutex", func(name string) setup {
+			m := newClient(t, rdb, opts...).NewMultiMutex([]string{name + "a", name + "b"})
+			o := newClient(t, rdb).NewMultiMutex([]string{name + "a", name + "b"})
+			a, b := schema.LockKeys(schema.DefaultPrefix, name+"a"), schema.LockKeys(schema.DefaultPrefix, name+"b")
+			return setup{
+				mine:   lockable{m.Lock, m.Unlock, m.Lost},
+				other:  lockable{o.Lock, o.Unlock, o.Lost},
+				queued: func() bool { return rdb.ZCard(ctx, a.Queue).Val() == 1 },
+				erase:  func() bool { return rdb.Del(ctx, a.Hash, b.Hash).Val() == 2 },
+				waiter: m.Lock, waiterUnlock: m.Unlock,
+			}
+		}},
+		{"RWMutex", func(name string) setup {
+			rw := newClient(t, rdb, opts...).NewRWMutex(name)
+			o := newClient(t, rdb).NewRWMutex(name)
+			return setup{
+				mine:   lockable{rw.Lock, rw.Unlock, rw.Lost},
+				other:  lockable{o.Lock, o.Unlock, o.Lost},
+				queued: func() bool { return rdb.ZCard(ctx, rw.keys.Queue).Val() == 1 },
+				erase:  func() bool { return rdb.Del(ctx, rw.keys.Holders).Val() == 1 },
+				waiter: rw.RLock, waiterUnlock: rw.RUnlock,
+			}
+		}},
+		{"Election", func(name string) setup {
+			e := newClient(t, rdb, opts...).NewElection(name)
+			o := newClient(t, rdb).NewElection(name)
+			k := schema.ElectionKeys(schema.DefaultPrefix, name)
+			campaign := func(e *Election, v string) func(context.Context) error {
+				return func(ctx context.Context) error { return e.Campaign(ctx, v) }
+			}
+			return setup{
+				mine:   lockable{campaign(e, "a"), e.Resign, e.Lost},
+				other:  lockable{campaign(o, "o"), o.Resign, o.Lost},
+				queued: func() bool { return rdb.ZCard(ctx, k.Queue).Val() == 1 },
+				erase:  func() bool { return rdb.Del(ctx, k.Hash).Val() == 1 },
+				waiter: campaign(e, "b"), waiterUnlock: e.Resign,
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.make(redistest.Name(t))
+			if err := s.mine.lock(ctx); err != nil { // goroutine A
+				t.Fatal(err)
+			}
+			lost := s.mine.lost()
+			got := make(chan error, 1)
+			go func() { got <- s.waiter(ctx) }() // goroutine B, queued while A holds
+			eventually(t, 5*time.Second, "B queued", s.queued)
+			if !s.erase() { // A's hold is lost behind its back; A owes its Unlock
+				t.Fatal("nothing to erase")
+			}
+			select {
+			case <-lost:
+			case <-time.After(5 * time.Second):
+				t.Fatal("A's hold was not found lost")
+			}
+			// B waits for A's Unlock holding nothing: another process
+			// gets the lock meanwhile.
+			octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := s.other.lock(octx); err != nil {
+				t.Fatalf("another process, while B waits for the Unlock owed to A's lost hold: %v", err)
+			}
+			if err := s.other.unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-got:
+				t.Fatalf("B returned (%v) before A's Unlock", err)
+			default:
+			}
+			if err := s.mine.unlock(ctx); !errors.Is(err, ErrLockLost) {
+				t.Fatalf("A's Unlock of its lost hold: %v, want ErrLockLost", err)
+			}
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+			if err := s.waiterUnlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
