@@ -485,8 +485,8 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 			o := newClient(t, rdb).NewMultiMutex([]string{name + "a", name + "b"})
 			a, b := schema.LockKeys(schema.DefaultPrefix, name+"a"), schema.LockKeys(schema.DefaultPrefix, name+"b")
 			return setup{
-				mine:   lockable{m.Lock, m.Unlock, m.Lost},
-				other:  lockable{o.Lock, o.Unlock, o.Lost},
+				mine:  lockable{m.Lock, m.Unlock, m.Lost},
+				other: lockable{o.Lock, o.Unlock, o.Lost},
 				// The names are taken in the order of their slots.
 				queued: func() bool { return rdb.ZCard(ctx, a.Queue).Val()+rdb.ZCard(ctx, b.Queue).Val() == 1 },
 				erase:  func() bool { return rdb.Del(ctx, a.Hash, b.Hash).Val() == 2 },
