@@ -18,6 +18,13 @@ func TestMain(m *testing.M) {
 		// pool that sleeps 1 s between tries and outlives Close by up to
 		// that second: the cluster failover test makes dials fail.
 		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
+		// Newer go-redis dials a new connection in a goroutine of its
+		// pool, which goes on after its caller gave up and after Close:
+		// through a failover client, it first asks every sentinel for
+		// the primary (in goroutines of its own), for up to the dial
+		// timeout.
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).queuedNewConn"),
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).queuedNewConn.func2"),
 		// A cluster client reloads its slot map in a goroutine that
 		// waits 200 ms before it ends.
 		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9.(*clusterStateHolder).LazyReload.func1"))
