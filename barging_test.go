@@ -37,7 +37,7 @@ func newBargingMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *attempt
 	t.Helper()
 	mr, rdb, _ := newMini(t)
 	at := &attempts{n: map[string]int{}}
-	rdb.AddHook(at)
+	addHook(rdb, at)
 	return mr, rdb, at
 }
 
@@ -512,7 +512,7 @@ func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestBargingFairOnlyClientRunsWake(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	wc := &wakeCounter{}
-	rdb.AddHook(wc)
+	addHook(rdb, wc)
 	holder := newClient(t, rdb).NewMutex("g")
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)

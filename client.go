@@ -168,7 +168,11 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 	if cluster != nil {
 		wcfg.Reload = func() { cluster.ReloadState(c.ctx) }
 	}
-	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload)
+	var lanes *roundtrip.Lanes
+	if cluster == nil {
+		lanes = roundtrip.NewLanes(rdb.(nodeClient).Options(), cfg.connSetup)
+	}
+	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload, rdb, lanes)
 	if c.events != nil {
 		wcfg.Events = c.events
 	}

@@ -69,8 +69,8 @@ func closingClient(t *testing.T, addr string, opts ...Option) (*Client, *afterCl
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 256})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &afterClose{}
-	rdb.AddHook(hook)
-	c, err := New(rdb, opts...)
+	addHook(rdb, hook)
+	c, err := New(rdb, append([]Option{withHooksOf(rdb)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestCloseWaitsForOtherPrimitives(t *testing.T) {
 // holds, forgets the hold as released instead: the cause is ErrReleased.
 func TestCloseUnlockDuringCloseEndsAsReleased(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c, err := New(rdb)
+	c, err := New(rdb, withHooksOf(rdb))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestCloseUnlockDuringCloseEndsAsReleased(t *testing.T) {
 // released.
 func TestCloseUnlockDuringCloseLeavesTheLock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c, err := New(rdb)
+	c, err := New(rdb, withHooksOf(rdb))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestCloseDoesNotWaitForABlockedObserver(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}
 	rec.gate.Lock()
-	c, err := New(rdb, WithObserver(rec))
+	c, err := New(rdb, withHooksOf(rdb), WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
 	}

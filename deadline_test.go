@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/waiters"
 )
 
@@ -173,7 +174,7 @@ func workerGoroutines() int {
 func TestCallCloseWhileCallsStartAndLateCallbacksCall(t *testing.T) {
 	for range 20 {
 		_, rdb, _ := newMini(t)
-		c, err := New(rdb)
+		c, err := New(rdb, withHooksOf(rdb))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,11 +185,11 @@ func TestCallCloseWhileCallsStartAndLateCallbacksCall(t *testing.T) {
 				defer wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%5)*time.Millisecond)
 				defer cancel()
-				_, _, _ = c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
+				_, _, _ = c.rt.Run(ctx, func(ctx context.Context, _ redis.UniversalClient) ([]int64, error) {
 					time.Sleep(time.Duration(i%7) * 10 * time.Millisecond) // a slow reply
 					return nil, rdb.Ping(ctx).Err()
 				}, func([]int64, error) {
-					c.rt.Cleanup(context.Background(), func(ctx context.Context) ([]int64, error) {
+					c.rt.Cleanup(context.Background(), func(ctx context.Context, _ redis.UniversalClient) ([]int64, error) {
 						return nil, rdb.Ping(ctx).Err()
 					})
 				})
@@ -220,7 +221,7 @@ func TestSettleSendsAfterItsContextEnded(t *testing.T) {
 	ended, cancel := context.WithCancel(ctx)
 	cancel()
 	var sent atomic.Bool
-	_, _, _ = c.settle(ended, func(context.Context) (int64, error) {
+	_, _, _ = c.settle(ended, func(context.Context, redis.UniversalClient) (int64, error) {
 		sent.Store(true)
 		return 1, nil
 	}, nil)

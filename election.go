@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -172,8 +173,8 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
 	m := e.m
 	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(m.keys)
-	res, _, err := e.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
-		n, err := proclaim.run(ctx, e.c.rdb).Int64()
+	res, _, err := e.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		n, err := proclaim.run(ctx, rdb).Int64()
 		return []int64{n}, err
 	}, nil)
 	switch {
@@ -228,8 +229,8 @@ func (e *Election) read(ctx context.Context) (Leadership, time.Duration, error) 
 	var l Leadership
 	var lease time.Duration
 	leader := leaderCall(e.m.keys)
-	_, _, err := e.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
-		res, err := leader.run(ctx, e.c.rdb).StringSlice()
+	_, _, err := e.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		res, err := leader.run(ctx, rdb).StringSlice()
 		if err != nil {
 			return nil, redisError(err)
 		}

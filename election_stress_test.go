@@ -154,7 +154,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, uint64(ci)))
 			for gen := 0; time.Now().Before(stop); gen++ {
 				rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: ci%2 == 0})
-				c, err := New(rdb, opts...)
+				c, err := New(rdb, append([]Option{withHooksOf(rdb)}, opts...)...)
 				if err != nil {
 					panic(err)
 				}

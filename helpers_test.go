@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,20 +24,95 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *counter) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	cnt := &counter{}
-	rdb.AddHook(cnt)
+	addHook(rdb, cnt)
 	t.Cleanup(func() { _ = rdb.Close() })
 	return mr, rdb, cnt
 }
 
-// newClient returns a redisync Client closed at the end of the test.
+// newClient returns a redisync Client closed at the end of the test, whose
+// own connections see the hooks added to rdb with addHook.
 func newClient(t *testing.T, rdb redis.UniversalClient, opts ...Option) *Client {
 	t.Helper()
-	c, err := New(rdb, opts...)
+	c, err := New(rdb, append([]Option{withHooksOf(rdb)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// testHooks are the hooks that tests add to clients with addHook.
+var testHooks struct {
+	sync.Mutex
+	of map[redis.UniversalClient][]redis.Hook
+}
+
+// addHook adds h to rdb, and to the connections of their own that the
+// Clients of rdb open when made with withHooksOf(rdb), however late: a
+// test's hook sees every command a Client sends.
+func addHook(rdb *redis.Client, h redis.Hook) {
+	rdb.AddHook(h)
+	testHooks.Lock()
+	defer testHooks.Unlock()
+	if testHooks.of == nil {
+		testHooks.of = map[redis.UniversalClient][]redis.Hook{}
+	}
+	testHooks.of[rdb] = append(testHooks.of[rdb], h)
+}
+
+// hooksOf returns the hooks added to rdb with addHook.
+func hooksOf(rdb redis.UniversalClient) []redis.Hook {
+	testHooks.Lock()
+	defer testHooks.Unlock()
+	return slices.Clone(testHooks.of[rdb])
+}
+
+// withHooksOf returns the option that has a Client's own connections to
+// the server of one of rdbs run the hooks added to it with addHook, as
+// they are when each command is sent.
+func withHooksOf(rdbs ...redis.UniversalClient) Option {
+	return WithConnSetup(func(c *redis.Client) error {
+		for _, rdb := range rdbs {
+			if n, ok := rdb.(*redis.Client); ok && n.Options().Addr == c.Options().Addr {
+				c.AddHook(forwardHooks{rdb})
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// forwardHooks runs the hooks added to rdb with addHook.
+type forwardHooks struct{ rdb redis.UniversalClient }
+
+func (f forwardHooks) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		hs, d := hooksOf(f.rdb), next
+		for i := len(hs) - 1; i >= 0; i-- {
+			d = hs[i].DialHook(d)
+		}
+		return d(ctx, network, addr)
+	}
+}
+
+func (f forwardHooks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		hs, p := hooksOf(f.rdb), next
+		for i := len(hs) - 1; i >= 0; i-- {
+			p = hs[i].ProcessHook(p)
+		}
+		return p(ctx, cmd)
+	}
+}
+
+func (f forwardHooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		hs, p := hooksOf(f.rdb), next
+		for i := len(hs) - 1; i >= 0; i-- {
+			p = hs[i].ProcessPipelineHook(p)
+		}
+		return p(ctx, cmds)
+	}
 }
 
 // counter is a go-redis hook that counts commands (not the handshake of a

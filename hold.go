@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
@@ -428,9 +429,9 @@ func (s *holds) lostChan() <-chan struct{} {
 // whatever ctx says), again while Redis cannot serve it for now, waited for
 // with ctx; an abandoned one goes on, and late (if not nil) gets its
 // outcome when it returns. It returns the script's reply.
-func (c *Client) settle(ctx context.Context, release func(context.Context) (int64, error), late func(int64, error)) (int64, bool, error) {
-	res, abandoned, err := c.rt.Settle(ctx, func(ctx context.Context) ([]int64, error) {
-		res, err := release(ctx)
+func (c *Client) settle(ctx context.Context, release func(context.Context, redis.UniversalClient) (int64, error), late func(int64, error)) (int64, bool, error) {
+	res, abandoned, err := c.rt.Settle(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		res, err := release(ctx, rdb)
 		return []int64{res}, err
 	}, func(res []int64, err error) {
 		if late != nil {

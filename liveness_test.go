@@ -437,7 +437,7 @@ func TestFirstHeartbeatsWakeNoWaiter(t *testing.T) {
 		t.Run(prim, func(t *testing.T) {
 			_, rdb, _ := newMini(t)
 			runs := &scriptRuns{n: map[string]int{}}
-			rdb.AddHook(runs)
+			addHook(rdb, runs)
 			c := newClient(t, rdb, WithWaiterTimeout(600*time.Millisecond), WithRecheck(time.Hour))
 			const waiters = 3
 			var done []<-chan error

@@ -14,8 +14,8 @@ import (
 func BenchmarkMultiMutex(b *testing.B) {
 	rdb := redistest.NewClient(b, redistest.Addr(b))
 	cnt := &counter{}
-	rdb.AddHook(cnt)
-	c, err := New(rdb)
+	addHook(rdb, cnt)
+	c, err := New(rdb, withHooksOf(rdb))
 	if err != nil {
 		b.Fatal(err)
 	}

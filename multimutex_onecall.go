@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 )
 
@@ -18,12 +19,12 @@ func (m *MultiMutex) takeAll(ctx context.Context, locks []*Mutex) (bool, error) 
 	ticket := m.c.ticket(first.cfg.label)
 	acquire := multiAcquireArgs{ticket: ticket, lease: first.cfg.holdLease(), metadata: first.cfg.metadata}.call(m.keys)
 	sent := time.Now()
-	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, first.cfg, acquire, granted)
+	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return m.c.runAcked(ctx, rdb, first.cfg, acquire, granted)
 	}, func([]int64, error) {
 		ctx, cancel := roundtrip.Detached(context.Background())
 		defer cancel()
-		m.withdraw(ctx, ticket, locks)
+		m.withdraw(ctx, m.c.rdb, ticket, locks)
 	})
 	switch {
 	case abandoned:
@@ -55,16 +56,16 @@ func (m *MultiMutex) takeAll(ctx context.Context, locks []*Mutex) (bool, error) 
 // cleanup withdraws ticket from locks, as a Lock call that gives up does
 // (lockCall.withdraw), waiting for it at most until roundtrip.GraceEnd(ctx).
 func (m *MultiMutex) cleanup(ctx context.Context, ticket string, locks []*Mutex) {
-	m.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-		m.withdraw(ctx, ticket, locks)
+	m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		m.withdraw(ctx, rdb, ticket, locks)
 		return nil, nil
 	})
 }
 
 // withdraw withdraws ticket from each of locks, releasing what it holds.
-func (m *MultiMutex) withdraw(ctx context.Context, ticket string, locks []*Mutex) {
+func (m *MultiMutex) withdraw(ctx context.Context, rdb redis.UniversalClient, ticket string, locks []*Mutex) {
 	for _, l := range locks {
-		_, _ = l.release(ctx, ticket, 0, "withdraw")
+		_, _ = l.release(ctx, rdb, ticket, 0, "withdraw")
 	}
 }
 
@@ -97,10 +98,10 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 		l.mu.Unlock()
 	}
 	release := args.call(m.keys)
-	res, abandoned, err := m.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
+	res, abandoned, err := m.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		var res []int64
 		err := m.c.rt.Persist(ctx, func() (err error) {
-			res, err = release.run(ctx, m.c.rdb).Int64Slice()
+			res, err = release.run(ctx, rdb).Int64Slice()
 			return err
 		})
 		return res, err
@@ -131,7 +132,7 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 func (m *MultiMutex) releaseEach(ctx context.Context, locks []*Mutex, args multiReleaseArgs) ([]int64, error) {
 	res, errs := make([]int64, len(locks)), make([]error, len(locks))
 	for i, l := range locks {
-		res[i], errs[i] = l.release(ctx, args.ids[i], args.tokens[i], "release")
+		res[i], errs[i] = l.release(ctx, m.c.rdb, args.ids[i], args.tokens[i], "release")
 	}
 	return res, errors.Join(errs...)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/waiters"
@@ -208,8 +209,8 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		acquire.record = 2 * m.cfg.recheck
 		acquire.others = m.c.sub.reg.PlainOthers(m.keys.GrantChannel(m.c.id), cmp.Or(l.waiter, l.ticket))
 	}
-	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, acquire.call(m.keys), granted)
+	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return m.c.runAcked(ctx, rdb, m.cfg, acquire.call(m.keys), granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:
@@ -248,7 +249,7 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
 	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
 		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
-		Release: func(ctx context.Context) { _, _ = m.release(ctx, h.id, h.token, "release") }}
+		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h.id, h.token, "release") }}
 	if m.cfg.maxHold > 0 {
 		e.Until = since.Add(m.cfg.maxHold)
 	}
@@ -320,8 +321,8 @@ func (l *lockCall) finish(ctx context.Context, err error) {
 // for it at most roundtrip.CleanupWait.
 func (l *lockCall) withdraw(ctx context.Context) {
 	ticket := l.ticket
-	l.m.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-		_, err := l.m.release(ctx, ticket, 0, "withdraw")
+	l.m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		_, err := l.m.release(ctx, rdb, ticket, 0, "withdraw")
 		return nil, err
 	})
 	l.left()
@@ -338,7 +339,7 @@ func (l *lockCall) late(ticket string) func([]int64, error) {
 	return func([]int64, error) {
 		ctx, cancel := roundtrip.Detached(context.Background())
 		defer cancel()
-		_, _ = m.release(ctx, ticket, 0, "withdraw")
+		_, _ = m.release(ctx, m.c.rdb, ticket, 0, "withdraw")
 	}
 }
 

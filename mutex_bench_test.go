@@ -268,7 +268,7 @@ func (g *benchGaps) report(b *testing.B) {
 func benchSecondClient(b *testing.B, rdb *redis.Client, cnt *benchCounter) *redis.Client {
 	b.Helper()
 	rdb2 := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
-	rdb2.AddHook(cnt)
+	addHook(rdb2, cnt)
 	b.Cleanup(func() { _ = rdb2.Close() })
 	return rdb2
 }
@@ -363,7 +363,7 @@ func benchParseInfo(b *testing.B, info string) benchStats {
 // benchClient returns a redisync Client closed when the benchmark ends.
 func benchClient(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Client {
 	b.Helper()
-	c, err := New(rdb, opts...)
+	c, err := New(rdb, append([]Option{withHooksOf(rdb)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -389,7 +389,7 @@ func benchRedis(b *testing.B) (*redis.Client, *benchCounter) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	cnt := &benchCounter{}
-	rdb.AddHook(cnt)
+	addHook(rdb, cnt)
 	b.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.Ping(benchUncounted(context.Background())).Err(); err != nil {
 		b.Fatalf("redis at %s: %v", addr, err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -59,9 +60,9 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	handle := schema.HandoffPrefix + m.c.ticket(m.cfg.label)
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
-	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
+	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
 		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.cfg.holdLease(), token: h.token}
-		res, err := give.call(m.keys).run(ctx, m.c.rdb).Int64Slice()
+		res, err := give.call(m.keys).run(ctx, rdb).Int64Slice()
 		if err != nil {
 			return 0, err
 		}
@@ -108,8 +109,8 @@ func (m *Mutex) accept(ctx context.Context, handle string) error {
 	l := &lockCall{m: m, ticket: m.c.ticket(m.cfg.label), mode: "accept", place: place{wd: m.c.wd}}
 	take := handoffTakeArgs{handle: handle, ticket: l.ticket, lease: m.cfg.holdLease(), metadata: m.cfg.metadata}.call(m.keys)
 	sent := time.Now()
-	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, take, granted)
+	res, abandoned, err := m.c.rt.Attempt(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return m.c.runAcked(ctx, rdb, m.cfg, take, granted)
 	}, l.late(l.ticket))
 	switch {
 	case abandoned:

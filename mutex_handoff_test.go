@@ -230,7 +230,7 @@ func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &dropAt{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	a, b := c.NewMutex("job"), c.NewMutex("job")
 	if err := handoffScript.Load(ctx, rdb).Err(); err != nil {
@@ -274,7 +274,7 @@ func TestMutexLateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &capture{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	a, b, other := c.NewMutex("l"), c.NewMutex("l"), c.NewMutex("l")
 	hook.arm(acquireScript)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Extend makes m's hold last at least lease from now: it sets the hold's
@@ -48,8 +50,8 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 	}
 	ms := lease.Milliseconds() // Redis counts whole ms; so does the deadline
 	sent := time.Now()
-	res, _, err := m.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
-		return m.c.runAcked(ctx, m.cfg, extendArgs{id: h.id, lease: lease}.call(m.keys), granted)
+	res, _, err := m.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return m.c.runAcked(ctx, rdb, m.cfg, extendArgs{id: h.id, lease: lease}.call(m.keys), granted)
 	}, nil)
 	switch {
 	case err != nil:
@@ -84,8 +86,8 @@ func (m *Mutex) TTL(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, m.wrap("ttl", err)
 	}
-	res, _, err := m.c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
-		return ttlArgs{id: h.id}.call(m.keys).run(ctx, m.c.rdb).Int64Slice()
+	res, _, err := m.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return ttlArgs{id: h.id}.call(m.keys).run(ctx, rdb).Int64Slice()
 	}, nil)
 	switch {
 	case err != nil:

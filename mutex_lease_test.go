@@ -74,7 +74,7 @@ func TestMutexExtendFixedLease(t *testing.T) {
 	}
 	// The reply comes 200 ms after Redis ran the call: the deadline
 	// counts from the sending all the same.
-	rdb.AddHook(slowReply{sha: extendScript.Hash(), d: 200 * time.Millisecond})
+	addHook(rdb, slowReply{sha: extendScript.Hash(), d: 200 * time.Millisecond})
 	before := time.Now()
 	if err := m.Extend(ctx, 5*time.Second); err != nil {
 		t.Fatalf("Extend: %v", err)

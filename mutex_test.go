@@ -388,7 +388,7 @@ func TestFixedLeaseLostAtDeadline(t *testing.T) {
 
 func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	_, rdb, _ := newMini(t)
-	c, err := New(rdb, WithRecheck(time.Hour))
+	c, err := New(rdb, withHooksOf(rdb), WithRecheck(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 	rdb2 := redis.NewClient(&redis.Options{Addr: mr2.Addr()})
 	t.Cleanup(func() { _ = rdb2.Close() })
 	hook := &failOnce{msg: "NOPERM this user has no permissions to run the 'time' command script: 6c81b5e1a0f0, on @user_script:75."}
-	rdb2.AddHook(hook)
+	addHook(rdb2, hook)
 	hook.sha.Store(acquireScript.Hash())
 	err = newClient(t, rdb2).NewMutex("wt").Lock(ctx)
 	var re redis.Error
@@ -520,7 +520,7 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 
 func TestCloseReleasesHolds(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c, err := New(rdb)
+	c, err := New(rdb, withHooksOf(rdb))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +599,7 @@ func (h *lostReplyThenRecord) ProcessHook(next redis.ProcessHook) redis.ProcessH
 func TestLockAttemptAfterALostReplyAsksIfStillQueued(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	hook := &lostReplyThenRecord{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	holder := c.NewMutex("m")
 	if err := holder.Lock(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -51,8 +52,8 @@ func (m *Mutex) unlock(ctx context.Context) error {
 		}
 		m.mu.Unlock()
 		if h != nil && errors.Is(err, ErrClosed) {
-			m.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-				_, err := m.release(ctx, h.id, h.token, "release")
+			m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+				_, err := m.release(ctx, rdb, h.id, h.token, "release")
 				return nil, err
 			})
 		}
@@ -83,8 +84,8 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	}
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
-	res, _, err := m.c.settle(wait, func(ctx context.Context) (int64, error) {
-		return m.release(ctx, h.id, h.token, "release")
+	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+		return m.release(ctx, rdb, h.id, h.token, "release")
 	}, nil)
 	m.told(h, err == nil && res == 0) // found gone: lost, not released
 	switch {
@@ -98,9 +99,9 @@ func (m *Mutex) unlock(ctx context.Context) error {
 
 // release runs the release script for the hold (or ticket) id, in mode
 // "release" or "withdraw" (see release.lua).
-func (m *Mutex) release(ctx context.Context, id string, token int64, mode string) (int64, error) {
+func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, id string, token int64, mode string) (int64, error) {
 	release := releaseArgs{id: id, token: token, publish: m.c.publish, mode: mode}
-	res, err := release.call(m.keys).run(ctx, m.c.rdb).Int64()
+	res, err := release.call(m.keys).run(ctx, rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}
@@ -111,8 +112,8 @@ func (m *Mutex) release(ctx context.Context, id string, token int64, mode string
 // there, so that the lock is free sooner; in the background after
 // roundtrip.CleanupWait.
 func (m *Mutex) releaseLost(ctx context.Context, h *hold) {
-	m.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
-		_, err := m.release(ctx, h.id, 0, "release")
+	m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		_, err := m.release(ctx, rdb, h.id, 0, "release")
 		return nil, err
 	})
 }

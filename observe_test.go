@@ -164,7 +164,7 @@ func equalCounts(a, b map[Outcome]int) bool {
 func TestObserverHoldEvents(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec), WithCrashTimeout(300*time.Millisecond))
+	c, err := New(rdb, withHooksOf(rdb), WithObserver(rec), WithCrashTimeout(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestLoggerWarnings(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := New(rdb, WithLogger(log), WithCrashTimeout(2*time.Second), WithWaiterTimeout(100*time.Millisecond))
+	a, err := New(rdb, withHooksOf(rdb), WithLogger(log), WithCrashTimeout(2*time.Second), WithWaiterTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func (s *syncBuffer) String() string {
 func TestObserverHandoff(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec))
+	c, err := New(rdb, withHooksOf(rdb), WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +494,7 @@ func TestRedlockCloseTellsHoldReleased(t *testing.T) {
 func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec)) // a 15 s lease: no renewal notices it first
+	c, err := New(rdb, withHooksOf(rdb), WithObserver(rec)) // a 15 s lease: no renewal notices it first
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
 func TestReleaseFindingPermitsGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec))
+	c, err := New(rdb, withHooksOf(rdb), WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,7 +572,7 @@ func TestRedUnlockFindingHoldGoneToldLost(t *testing.T) {
 func TestHandoffFindingHoldGoneToldLost(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	rec := &recorder{}
-	c, err := New(rdb, WithObserver(rec))
+	c, err := New(rdb, withHooksOf(rdb), WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
 	}

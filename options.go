@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Limits on names and durations, checked before any call to Redis.
@@ -95,12 +97,13 @@ type config struct {
 	plain          bool          // plain pub/sub on a Redis Cluster (an option of New)
 	replicas       int           // replicas that must acknowledge an acquisition; 0: none
 	replicaTimeout time.Duration
-	node           time.Duration // Redlock: per-node timeout; 0: the default
-	label          string        // the start of every hold id (WithLabel)
-	metadata       string        // stored with every hold of a Mutex (WithMetadata)
-	obs            Observer      // WithObserver (an option of New)
-	log            *slog.Logger  // WithLogger (an option of New)
-	err            error         // the first invalid option
+	node           time.Duration             // Redlock: per-node timeout; 0: the default
+	label          string                    // the start of every hold id (WithLabel)
+	metadata       string                    // stored with every hold of a Mutex (WithMetadata)
+	obs            Observer                  // WithObserver (an option of New)
+	connSetup      func(*redis.Client) error // WithConnSetup (an option of New)
+	log            *slog.Logger              // WithLogger (an option of New)
+	err            error                     // the first invalid option
 }
 
 // DefaultCrashTimeout is how long the lease of a hold lasts, renewed by
@@ -349,6 +352,25 @@ func Fair() Option {
 // The default on a Redis Cluster is sharded pub/sub.
 func WithPlainPubSub() Option {
 	return option("WithPlainPubSub", atClient|atRedlock, func(cfg *config) { cfg.plain = true })
+}
+
+// WithConnSetup makes a Client run setup on each go-redis client it builds
+// for connections of its own. A Client of one server (or of a Sentinel
+// group's primary) sends its calls on connections it opens itself, from
+// the options of the client given to New, so that a call whose context
+// ends returns at once whatever the client's timeouts: the hooks added to
+// that client (AddHook: tracing, metrics) do not see those calls unless
+// setup adds them too, e.g.
+//
+//	redisync.WithConnSetup(func(c *redis.Client) error { return redisotel.InstrumentTracing(c) })
+//
+// An error from setup fails the call that needed the connection. It
+// applies to New and NewRedlock (each node's Client). See
+// docs/deployment.md for the connections a Client opens.
+//
+// The default is no setup.
+func WithConnSetup(setup func(*redis.Client) error) Option {
+	return option("WithConnSetup", atClient|atRedlock, func(cfg *config) { cfg.connSetup = setup })
 }
 
 // checkName validates a primitive's name. The name is its keys' hash tag

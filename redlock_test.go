@@ -32,7 +32,7 @@ func newMiniNodes(t *testing.T, n int) ([]*miniredis.Miniredis, []redis.Universa
 // newRedlock returns a Redlock closed at the end of the test.
 func newRedlock(t *testing.T, rdbs []redis.UniversalClient, opts ...Option) *Redlock {
 	t.Helper()
-	r, err := NewRedlock(rdbs, opts...)
+	r, err := NewRedlock(rdbs, append([]Option{withHooksOf(rdbs...)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func (h *delayAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestRedMutexDoKeepsItsHoldWhenANodeGrantsLate(t *testing.T) {
 	_, rdbs, _ := newMiniNodes(t, 3)
 	slow := &delayAcquire{d: 150 * time.Millisecond}
-	rdbs[2].AddHook(slow)
+	addHook(rdbs[2].(*redis.Client), slow)
 	var pause atomic.Bool
 	obs := &hookObserver{onEnd: func(c Call) {
 		if c.Op == OpLock && pause.Load() {

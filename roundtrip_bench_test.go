@@ -8,16 +8,18 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/roundtrip"
 )
 
-// BenchmarkCallHop measures what running a round trip in one of the
-// Client's workers (internal/roundtrip) costs the client, on a real Redis
-// (see mutex_bench_test.go). It sends the two script calls of an
-// uncontended Lock+Unlock, with their keys and arguments, to a script
-// that only returns:
+// BenchmarkCallHop measures what the way a round trip is run
+// (internal/roundtrip) costs the client, on a real Redis (see
+// mutex_bench_test.go). It sends the two script calls of an uncontended
+// Lock+Unlock, with their keys and arguments, to a script that only
+// returns:
 //
-//	direct       from the caller's goroutine
-//	worker       each through the Client's Runner, as the library sends its calls
+//	direct       from the caller's goroutine, on the user's client
+//	worker       each through a Runner without lanes, in a worker goroutine
+//	lane         each through the Client's Runner, on its own connections, as the library sends its calls
 //	Lock+Unlock  the Mutex itself, for reference (its scripts do more)
 //
 // Besides ns/op it reports ccpu-µs/op, the test process's CPU time
@@ -32,13 +34,17 @@ func BenchmarkCallHop(b *testing.B) {
 	m := c.NewMutex(benchKey(b))
 	requests := benchRecordLockUnlock(b, rdb, m)
 	noop := redis.NewScript("return 1")
-	worker := func(tb testing.TB) {
-		for _, r := range requests {
-			_, _, err := c.rt.Run(context.Background(), func(ctx context.Context) ([]int64, error) {
-				return nil, noop.Run(ctx, rdb, r.keys, r.args...).Err()
-			}, nil)
-			if err != nil {
-				tb.Fatal(err)
+	workers := roundtrip.New(context.Background(), ErrClosed, nil, rdb, nil)
+	defer workers.Close()
+	runner := func(r *roundtrip.Runner) func(testing.TB) {
+		return func(tb testing.TB) {
+			for _, q := range requests {
+				_, _, err := r.Run(context.Background(), func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+					return nil, noop.Run(ctx, rdb, q.keys, q.args...).Err()
+				}, nil)
+				if err != nil {
+					tb.Fatal(err)
+				}
 			}
 		}
 	}
@@ -47,7 +53,8 @@ func BenchmarkCallHop(b *testing.B) {
 		op   func(testing.TB)
 	}{
 		{"direct", benchReplay(rdb, noop, requests)},
-		{"worker", worker},
+		{"worker", runner(workers)},
+		{"lane", runner(c.rt)},
 		{"Lock+Unlock", benchLockUnlock(m)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

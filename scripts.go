@@ -89,28 +89,36 @@ func (c scriptCall) run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return c.script.Run(ctx, rdb, c.keys, c.args...)
 }
 
-// runAcked runs script and returns its reply as integers. With
-// WithReplicas, it runs on a connection of its own to the primary that
-// serves the script's first key and, when granted says the reply took
-// something, waits for the replicas on that connection; too few
-// acknowledgements fail with ErrNotReplicated, which is not a reply from
-// Redis, so the caller undoes the acquisition as it would after a lost
-// reply.
-func (c *Client) runAcked(ctx context.Context, cfg config, script scriptCall, granted func([]int64) bool) ([]int64, error) {
+// runAcked runs script on rdb and returns its reply as integers. With
+// WithReplicas, when granted says the reply took something, it waits for
+// the replicas on the connection that ran the script (rdb, a lane of one
+// connection; on a Redis Cluster, a connection of its own to the primary
+// that serves the script's first key); too few acknowledgements fail with
+// ErrNotReplicated, which is not a reply from Redis, so the caller undoes
+// the acquisition as it would after a lost reply.
+func (c *Client) runAcked(ctx context.Context, rdb redis.UniversalClient, cfg config, script scriptCall, granted func([]int64) bool) ([]int64, error) {
 	if cfg.replicas == 0 {
-		return script.run(ctx, c.rdb).Int64Slice()
+		return script.run(ctx, rdb).Int64Slice()
 	}
-	node, err := c.primary(ctx, script.keys[0])
-	if err != nil {
-		return nil, err
+	var conn redis.Scripter = rdb
+	wait := func() (int64, error) {
+		return rdb.Do(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds()).Int64()
 	}
-	conn := node.Conn()
-	defer conn.Close()
+	if c.cluster != nil {
+		node, err := c.cluster.MasterForKey(ctx, script.keys[0])
+		if err != nil {
+			return nil, err
+		}
+		nc := node.Conn()
+		defer nc.Close()
+		conn = nc
+		wait = nc.Wait(ctx, cfg.replicas, cfg.replicaTimeout).Result
+	}
 	res, err := script.run(ctx, conn).Int64Slice()
 	if err != nil || !granted(res) {
 		return res, err
 	}
-	acked, err := conn.Wait(ctx, cfg.replicas, cfg.replicaTimeout).Result()
+	acked, err := wait()
 	if err != nil {
 		return nil, err
 	}
@@ -118,15 +126,6 @@ func (c *Client) runAcked(ctx context.Context, cfg config, script scriptCall, gr
 		return nil, fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, acked, cfg.replicas, cfg.replicaTimeout)
 	}
 	return res, nil
-}
-
-// primary returns the client of the server that serves key: one whose
-// Conn is a connection of its own to that server.
-func (c *Client) primary(ctx context.Context, key string) (interface{ Conn() *redis.Conn }, error) {
-	if c.cluster != nil {
-		return c.cluster.MasterForKey(ctx, key)
-	}
-	return c.rdb.(nodeClient), nil // see classify
 }
 
 // acquireArgs are the arguments of scripts/acquire.lua.

@@ -118,7 +118,7 @@ func benchRecordLockUnlock(b *testing.B, rdb *redis.Client, m *Mutex) []benchScr
 	lockUnlock := benchLockUnlock(m)
 	lockUnlock(b) // loads the scripts and opens the connection
 	rec := &benchRecorder{}
-	rdb.AddHook(rec)
+	addHook(rdb, rec)
 	rec.arm()
 	lockUnlock(b)
 	requests := rec.disarm()

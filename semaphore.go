@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 )
@@ -252,9 +253,9 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 		// to again: a new holding has a new id.
 		s.seq++
 		seq := s.seq
-		s.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+		s.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 			defer s.end()
-			_, err := s.release(ctx, h.id, seq, n, 0, "release", "")
+			_, err := s.release(ctx, rdb, h.id, seq, n, 0, "release", "")
 			return nil, err
 		})
 		if s.c.usable() != nil {
@@ -271,8 +272,8 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 	s.seq++
 	seq, waiter := s.seq, s.queuedAs
 	sent := time.Now()
-	res, abandoned, err := s.c.settle(wait, func(ctx context.Context) (int64, error) {
-		return s.release(ctx, h.id, seq, n, held, "release", waiter)
+	res, abandoned, err := s.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+		return s.release(ctx, rdb, h.id, seq, n, held, "release", waiter)
 	}, func(res int64, err error) {
 		_ = s.settled(h, n, held, sent, res, err)
 		s.end()
@@ -387,22 +388,22 @@ func (s *Semaphore) heldBy(holder string) int64 {
 
 // withdraw withdraws the waiter, a call for n permits of holder, giving
 // back what was granted to it but not taken by s. s.op must be held.
-func (s *Semaphore) withdraw(ctx context.Context, holder string, n int64, waiter string) {
+func (s *Semaphore) withdraw(ctx context.Context, rdb redis.UniversalClient, holder string, n int64, waiter string) {
 	ctx, cancel := roundtrip.Detached(ctx)
 	defer cancel()
 	s.mu.Lock()
 	held := s.heldBy(holder)
 	s.mu.Unlock()
 	s.seq++
-	_, _ = s.release(ctx, holder, s.seq, n, held, "withdraw", waiter)
+	_, _ = s.release(ctx, rdb, holder, s.seq, n, held, "withdraw", waiter)
 }
 
 // release runs the release script for holder as call number seq. s.op
 // must be held.
-func (s *Semaphore) release(ctx context.Context, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
+func (s *Semaphore) release(ctx context.Context, rdb redis.UniversalClient, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	release := semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
 		lease: s.cfg.holdLease(), size: s.size, publish: s.c.publish, fence: s.fence}
-	res, err := release.call(s.keys).run(ctx, s.c.rdb).Int64()
+	res, err := release.call(s.keys).run(ctx, rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
 	}
@@ -420,7 +421,7 @@ func (s *Semaphore) releaseAll(ctx context.Context, h *hold) {
 	s.mu.Unlock()
 	if n > 0 {
 		s.seq++
-		_, _ = s.release(ctx, h.id, s.seq, n, n, "release", "")
+		_, _ = s.release(ctx, s.c.rdb, h.id, s.seq, n, n, "release", "")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/waiters"
 	"github.com/redisync/redisync/internal/watchdog"
 )
@@ -82,13 +83,13 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
 		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish,
 		fence: s.fence}.call(s.keys)
-	res, abandoned, err := s.c.rt.Attempt(ctx, func(ctx context.Context) ([]int64, error) {
-		return s.c.runAcked(ctx, s.cfg, acquire, granted)
+	res, abandoned, err := s.c.rt.Attempt(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return s.c.runAcked(ctx, rdb, s.cfg, acquire, granted)
 	}, func([]int64, error) {
 		// Abandoned: give back what the attempt (or a release) granted
 		// the call, then let s's next call talk to Redis.
 		defer s.end()
-		s.withdraw(context.Background(), holder, n, waiter)
+		s.withdraw(context.Background(), s.c.rdb, holder, n, waiter)
 	})
 	if abandoned {
 		a.failed(err, true)
@@ -233,12 +234,12 @@ func (a *acquireCall) finish(ctx context.Context, err error) {
 // it at most roundtrip.CleanupWait.
 func (a *acquireCall) giveBack(ctx context.Context) {
 	s, holder, n, waiter := a.s, a.holder, a.n, a.waiter
-	s.c.rt.Cleanup(ctx, func(ctx context.Context) ([]int64, error) {
+	s.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		if err := s.lockOp(ctx); err != nil {
 			return nil, err
 		}
 		defer s.end()
-		s.withdraw(ctx, holder, n, waiter)
+		s.withdraw(ctx, rdb, holder, n, waiter)
 		return nil, nil
 	})
 	a.left()

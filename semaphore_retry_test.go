@@ -195,7 +195,7 @@ func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
 	rdbX := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdbW.Close(); _ = rdbX.Close() })
 	hook := &replayAround{}
-	rdbW.AddHook(hook)
+	addHook(rdbW, hook)
 	cw, cx := newClient(t, rdbW), newClient(t, rdbX)
 	x, w := cx.NewSemaphore("s", 3), cw.NewSemaphore("s", 3)
 	if err := x.Acquire(ctx, 3); err != nil {
@@ -307,8 +307,8 @@ func TestSemaphoreFailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 			t.Cleanup(func() { _ = rdb.Close() })
 			fail, cut := &failOnce{}, &runThenFail{}
-			rdb.AddHook(fail)
-			rdb.AddHook(cut)
+			addHook(rdb, fail)
+			addHook(rdb, cut)
 			c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 			s := c.NewSemaphore("s", 3)
 			if err := s.Acquire(ctx, 3); err != nil {
@@ -349,7 +349,7 @@ func TestSemaphoreQueuedAcquireRevivesReleasedHoldingsPermits(t *testing.T) {
 	rdbX := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close(); _ = rdbX.Close() })
 	hook := &failOnce{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond), WithRecheck(time.Hour))
 	cx := newClient(t, rdbX)
 	s, x := c.NewSemaphore("s", 2), cx.NewSemaphore("s", 2)
@@ -400,7 +400,7 @@ func TestSemaphoreHoldingEndsWhileAcquireQueued(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &beforeNext{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	s, x, y := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
 	if err := s.Acquire(ctx, 2); err != nil {
@@ -424,7 +424,7 @@ func TestSemaphoreHoldingEndsWhileAcquireQueued(t *testing.T) {
 	s.end()
 	// Between the grant and the attempt that takes it, a stale copy of
 	// the partial release arrives.
-	stale := func() (int64, error) { return s.release(ctx, id, partial, 1, 2, "release", "") }
+	stale := func() (int64, error) { return s.release(ctx, rdb, id, partial, 1, 2, "release", "") }
 	hook.set(semAcquireScript.Hash(), func() {
 		if _, err := stale(); err != nil {
 			t.Error(err)
@@ -573,7 +573,7 @@ func TestSemaphoreStaleFirstAttemptOverwritesGrantToQueuedCall(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &capture{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	s, x := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
 	if err := x.Acquire(ctx, 2); err != nil {
@@ -628,7 +628,7 @@ func TestSemaphoreRefusedRetryOfPartialReleaseOvercounts(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &failRetry{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	s, x := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
 	if err := s.Acquire(ctx, 3); err != nil {
@@ -665,7 +665,7 @@ func TestSemaphoreRefusedRetryOfTryAcquireLeaksRenewedPermits(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &failRetry{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	s := c.NewSemaphore("s", 3)
 	if err := s.Acquire(ctx, 1); err != nil {
@@ -743,7 +743,7 @@ func TestSemaphoreRetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &lostReplyAt{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	x, s := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
 	if err := x.Acquire(ctx, 2); err != nil {
@@ -823,7 +823,7 @@ func TestSemaphoreRetriedAcquireAcrossResizeKeepsPhantomPermits(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &betweenCopies{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	s := c.NewSemaphore("s", 3)
 	if err := s.Acquire(ctx, 1); err != nil {

@@ -458,7 +458,7 @@ func TestSemaphoreReleaseWithCancelledCallIsResolved(t *testing.T) {
 	}
 	// The call reaches Redis, then ctx ends before the reply is read.
 	cctx, cancel := context.WithCancel(ctx)
-	rdb.AddHook(&cancelAfter{cancel: cancel})
+	addHook(rdb, &cancelAfter{cancel: cancel})
 	err := s.Release(cctx, 1)
 	if err != nil {
 		t.Fatalf("Release whose reply was lost: %v, want it resolved", err)

@@ -50,9 +50,9 @@ func (c *Client) Servers(ctx context.Context) ([]Server, error) {
 	}
 	var mu sync.Mutex
 	var servers []Server
-	_, _, err := c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
+	_, _, err := c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		if c.cluster == nil {
-			s, err := describe(ctx, c.rdb)
+			s, err := describe(ctx, rdb)
 			servers = []Server{s}
 			return nil, err
 		}
@@ -73,7 +73,7 @@ func (c *Client) Servers(ctx context.Context) ([]Server, error) {
 }
 
 // describe reads what INFO says of the server rdb talks to.
-func describe(ctx context.Context, rdb redis.Cmdable) (Server, error) {
+func describe(ctx context.Context, rdb redis.UniversalClient) (Server, error) {
 	// One section at a time: INFO takes several only since Redis 7.
 	server, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
@@ -106,8 +106,8 @@ func (c *Client) ready(ctx context.Context, channel string) error {
 	if c.publish != "SPUBLISH" || c.probe.ok.Load() {
 		return nil
 	}
-	_, _, err := c.rt.Run(ctx, func(ctx context.Context) ([]int64, error) {
-		return nil, c.rdb.Do(ctx, "SPUBLISH", channel, "").Err()
+	_, _, err := c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return nil, rdb.Do(ctx, "SPUBLISH", channel, "").Err()
 	}, nil)
 	switch {
 	case isUnknownCommand(err):

@@ -207,7 +207,7 @@ func TestTombstoneLateAcquireCopyAfterUnlockTakesTheLock(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &capture{}
-	rdb.AddHook(hook)
+	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	m, other := c.NewMutex("l"), c.NewMutex("l")
 	hook.arm(acquireScript)

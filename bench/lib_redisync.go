@@ -39,10 +39,10 @@ func redisyncLibrary(barging bool) library {
 		name:  "redisync",
 		about: "redisync defaults: fair, hand-off in the release script, pub/sub wake-up, crash timeout 15 s",
 		open: func(addr string, counts *clientCounts) (instance, error) {
-			return newRedisyncInstance(newGoRedis(addr, counts), barging)
+			return newRedisyncInstance(newGoRedis(addr, counts), counts, barging)
 		},
 		openCluster: func(addrs []string, counts *clientCounts) (instance, error) {
-			return newRedisyncInstance(newGoRedisCluster(addrs, counts), barging)
+			return newRedisyncInstance(newGoRedisCluster(addrs, counts), counts, barging)
 		},
 		redisKey:   func(name string) string { return schema.LockKeys(schema.DefaultPrefix, name).Hash },
 		semaphores: !barging && redisyncSemaphore != nil,
@@ -55,9 +55,13 @@ func redisyncLibrary(barging bool) library {
 	return lib
 }
 
-// newRedisyncInstance returns a redisync Client on rdb.
-func newRedisyncInstance(rdb redis.UniversalClient, barging bool) (instance, error) {
-	var opts []redisync.Option
+// newRedisyncInstance returns a redisync Client on rdb, whose own
+// connections count their requests in counts too.
+func newRedisyncInstance(rdb redis.UniversalClient, counts *clientCounts, barging bool) (instance, error) {
+	opts := []redisync.Option{redisync.WithConnSetup(func(c *redis.Client) error {
+		c.AddHook(goRedisCounter{counts})
+		return nil
+	})}
 	if barging {
 		opts = append(opts, redisync.Barging())
 	}

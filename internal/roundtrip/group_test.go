@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // errClosed stands for the Client's ErrClosed.
@@ -17,7 +19,7 @@ var errClosed = errors.New("closed")
 // newRunner returns a Runner closed at the end of t.
 func newRunner(t *testing.T) *Runner {
 	closing, cancel := context.WithCancel(context.Background())
-	r := New(closing, errClosed, nil)
+	r := New(closing, errClosed, nil, nil, nil)
 	t.Cleanup(func() { cancel(); r.Close() })
 	return r
 }
@@ -195,7 +197,7 @@ func TestCallCloseEndsIdleWorkersAtOnce(t *testing.T) {
 // each one's own labels.
 func TestCallRunsUnderItsCallersProfilerLabels(t *testing.T) {
 	r := newRunner(t)
-	nothing := func(context.Context) ([]int64, error) { return nil, nil }
+	nothing := func(context.Context, redis.UniversalClient) ([]int64, error) { return nil, nil }
 	pprof.Do(context.Background(), pprof.Labels("caller", "first"), func(ctx context.Context) {
 		_, _, _ = r.Run(ctx, nothing, nil)
 	})
@@ -204,7 +206,7 @@ func TestCallRunsUnderItsCallersProfilerLabels(t *testing.T) {
 	pprof.Do(context.Background(), pprof.Labels("caller", "second"), func(ctx context.Context) {
 		go func() {
 			defer close(returned)
-			_, _, _ = r.Run(ctx, func(context.Context) ([]int64, error) {
+			_, _, _ = r.Run(ctx, func(context.Context, redis.UniversalClient) ([]int64, error) {
 				close(running)
 				<-release
 				return nil, nil

@@ -19,6 +19,8 @@ import (
 	"runtime/pprof"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // CleanupTimeout bounds the clean-up a call does after its context ended,
@@ -37,8 +39,9 @@ const CleanupWait = 25 * time.Millisecond
 // cannot serve for now.
 const MaxPause = time.Second
 
-// Do is one round trip, with the context it may use.
-type Do func(ctx context.Context) ([]int64, error)
+// Do is one round trip, with the context it may use and the client to
+// send it on.
+type Do func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error)
 
 // Late gets the reply of a round trip its caller gave up on, to undo what
 // it did.
@@ -46,17 +49,21 @@ type Late func(res []int64, err error)
 
 // Runner runs the round trips of one Client.
 type Runner struct {
-	closing  context.Context // ends when the Client's Close begins
-	closed   error           // what an attempt fails with once Close has begun
-	relocate func()          // has a cluster client reload its slot map; nil elsewhere
+	closing  context.Context       // ends when the Client's Close begins
+	closed   error                 // what an attempt fails with once Close has begun
+	relocate func()                // has a cluster client reload its slot map; nil elsewhere
+	rdb      redis.UniversalClient // the user's client
+	lanes    *Lanes                // the Client's own connections; nil: round trips go through workers on rdb
 	calls    *group
 }
 
 // New returns the Runner of a Client: closing ends when its Close begins,
 // after which attempts fail with closed; relocate, set
-// only for a Redis Cluster client, has it reload its slot map.
-func New(closing context.Context, closed error, relocate func()) *Runner {
-	return &Runner{closing: closing, closed: closed, relocate: relocate, calls: newGroup(workerIdle)}
+// only for a Redis Cluster client, has it reload its slot map. Round trips
+// run on lanes, in their callers' goroutines, or when lanes is nil on rdb,
+// in workers.
+func New(closing context.Context, closed error, relocate func(), rdb redis.UniversalClient, lanes *Lanes) *Runner {
+	return &Runner{closing: closing, closed: closed, relocate: relocate, rdb: rdb, lanes: lanes, calls: newGroup(workerIdle)}
 }
 
 // Run runs do and returns what it returned; or, as soon as ctx ends or
@@ -73,6 +80,9 @@ func (r *Runner) Run(ctx context.Context, do Do, late Late) (res []int64, abando
 	if err := Ended(ctx); err != nil {
 		return nil, false, notSent{err}
 	}
+	if r.lanes != nil {
+		return r.direct(ctx, do, late, true, false, false)
+	}
 	return r.callFor(ctx, do, late, true, false)
 }
 
@@ -83,6 +93,9 @@ func (r *Runner) Run(ctx context.Context, do Do, late Late) (res []int64, abando
 func (r *Runner) Attempt(ctx context.Context, do Do, late Late) (res []int64, abandoned bool, err error) {
 	if err := Ended(ctx); err != nil {
 		return nil, false, notSent{err}
+	}
+	if r.lanes != nil {
+		return r.direct(ctx, do, late, true, true, false)
 	}
 	return r.callFor(ctx, do, late, true, true)
 }
@@ -116,7 +129,7 @@ func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bo
 		// goroutine.
 		dctx, cancel := Detached(ctx)
 		defer cancel()
-		res, err := do(dctx)
+		res, err := do(dctx, r.rdb)
 		return res, false, err
 	}
 	if taking && r.closing.Err() != nil {
@@ -136,7 +149,7 @@ func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bo
 		pprof.SetGoroutineLabels(ctx)
 		defer pprof.SetGoroutineLabels(context.Background())
 		dctx, cancel := Detached(ctx)
-		res, err := do(dctx)
+		res, err := do(dctx, r.rdb)
 		cancel()
 		g.mu.Lock()
 		if !gaveUp {
@@ -194,6 +207,74 @@ func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bo
 	}
 }
 
+// direct runs do on a lane, in the caller's goroutine, cut short when the
+// caller stops waiting (at GraceEnd(ctx) with grace; at once when Close
+// begins, for an attempt to take something, which is not sent once it
+// has). A round trip cut short has an outcome nobody knows. With redo (an
+// idempotent release, due whatever ctx says), it is sent again from a
+// worker, and late (if not nil) gets what that returns; otherwise late
+// (if not nil) runs in a worker, to undo whatever the round trip may have
+// done. Close waits for them.
+func (r *Runner) direct(ctx context.Context, do Do, late Late, grace, taking, redo bool) (res []int64, abandoned bool, err error) {
+	g := r.calls
+	if !g.start() {
+		if taking {
+			return nil, false, notSent{r.closed}
+		}
+		// Closed: a clean-up or a release still runs.
+		dctx, cancel := Detached(ctx)
+		defer cancel()
+		res, _, err := r.lanes.Do(dctx, false, nil, do)
+		return res, false, err
+	}
+	if taking && r.closing.Err() != nil {
+		g.done()
+		return nil, false, notSent{r.closed}
+	}
+	var stop context.Context
+	if taking {
+		stop = r.closing
+	}
+	res, cut, err := r.lanes.Do(ctx, grace, stop, do)
+	if !cut {
+		g.done()
+		if err != nil {
+			return res, false, cmp.Or(Ended(ctx), err)
+		}
+		return res, false, nil
+	}
+	why := ctx.Err()
+	if why == nil {
+		why = r.closed
+	}
+	if late == nil && !redo {
+		g.done()
+		return nil, true, why
+	}
+	g.run(func() { // counted by g since the start
+		defer g.done()
+		if !redo {
+			late(nil, why)
+			return
+		}
+		dctx, cancel := Detached(ctx)
+		defer cancel()
+		res, _, err := r.lanes.Do(dctx, false, nil, do)
+		if late != nil {
+			late(res, err)
+		}
+	})
+	return nil, true, why
+}
+
+// onLane returns do sent on a lane, never cut short.
+func (r *Runner) onLane(do Do) Do {
+	return func(ctx context.Context, _ redis.UniversalClient) ([]int64, error) {
+		res, _, err := r.lanes.Do(ctx, false, nil, do)
+		return res, err
+	}
+}
+
 // Background runs do in one of the workers, with a context that ends
 // CleanupTimeout later (not at Close, which waits for it), unless the
 // Client is closed already; it never waits.
@@ -216,6 +297,10 @@ func (r *Runner) Background(do func(ctx context.Context)) {
 func (r *Runner) Cleanup(ctx context.Context, do Do) {
 	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), GraceEnd(ctx))
 	defer cancel()
+	if r.lanes != nil {
+		// Rare, and never cut short: it runs in a worker, on a lane.
+		do = r.onLane(do)
+	}
 	_, _, _ = r.callFor(wait, do, nil, false, false)
 }
 
@@ -224,13 +309,17 @@ func (r *Runner) Cleanup(ctx context.Context, do Do) {
 // due whatever ctx says. An abandoned one goes on, and late (if not nil)
 // gets its outcome when it returns.
 func (r *Runner) Settle(ctx context.Context, release Do, late Late) (res []int64, abandoned bool, err error) {
-	return r.callFor(ctx, func(ctx context.Context) (res []int64, err error) {
+	persisted := func(ctx context.Context, rdb redis.UniversalClient) (res []int64, err error) {
 		err = r.Persist(ctx, func() error {
-			res, err = release(ctx)
+			res, err = release(ctx, rdb)
 			return err
 		})
 		return res, err
-	}, late, true, false)
+	}
+	if r.lanes != nil {
+		return r.direct(ctx, persisted, late, true, false, true)
+	}
+	return r.callFor(ctx, persisted, late, true, false)
 }
 
 // Persist runs call, an idempotent round trip (a release), again while it
@@ -310,8 +399,14 @@ func (r *Runner) Enter() bool { return r.calls.start() }
 func (r *Runner) Leave() { r.calls.done() }
 
 // Close starts no more round trips, waits for those running and the calls
-// counted in by Enter to end, and then for the workers to exit.
-func (r *Runner) Close() { r.calls.close() }
+// counted in by Enter to end, and then for the workers to exit; it closes
+// the lanes.
+func (r *Runner) Close() {
+	r.calls.close()
+	if r.lanes != nil {
+		r.lanes.Close()
+	}
+}
 
 // InFlight returns how many round trips run and calls counted in by Enter
 // are under way.

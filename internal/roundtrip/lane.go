@@ -1,0 +1,315 @@
+package roundtrip
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Lanes are a Client's own connections to one server, on which its round
+// trips run in the caller's goroutine. Each lane is a go-redis client
+// built from the user's client's options with a pool of one connection
+// and go-redis's retries off, whose connection a caller's context can cut
+// short: once the caller's context has ended (and CleanupWait more, for a
+// reply about to arrive), the connection's deadline is set in the past,
+// so that go-redis returns at once and drops it. The next round trip on
+// that lane dials anew. At most as many lanes as the user's pool holds
+// connections are in use at once.
+//
+// A lane sees none of the hooks added to the user's client (AddHook):
+// setup, when set, is run on each lane's client to add them.
+type Lanes struct {
+	opts  *redis.Options
+	setup func(*redis.Client) error
+	slots chan struct{} // one per lane in use
+
+	mu     sync.Mutex
+	idle   []*lane // the last used last
+	closed bool
+}
+
+// lane is one connection of Lanes.
+type lane struct {
+	rdb  *redis.Client
+	conn atomic.Pointer[cutConn] // the connection the lane dialled last
+}
+
+// NewLanes returns the lanes to the server that opts (a user's client's
+// options, as its Options method returns them) connects to; setup, if not
+// nil, is run on each lane's client when it is made.
+func NewLanes(opts *redis.Options, setup func(*redis.Client) error) *Lanes {
+	o := ownOptions(opts)
+	// A lane runs one round trip at a time, so its pool holds one
+	// connection; its size stays the user's, which is how many dials in a
+	// row must fail before go-redis stops dialling for a while.
+	o.MinIdleConns, o.MaxIdleConns = 0, 1
+	o.MaxRetries = -1
+	if o.Dialer == nil { // options not from a client: go-redis's own
+		o.Dialer = redis.NewDialer(o)
+	}
+	return &Lanes{opts: o, setup: setup, slots: make(chan struct{}, max(opts.PoolSize, 1))}
+}
+
+// Do runs do on a lane, in the caller's goroutine, and returns what it
+// returned. The round trip is cut short (a dial cancelled, a read or a
+// write failed at once) when ctx ends, at GraceEnd(ctx) when grace is set,
+// or at once when stop (if not nil) ends. cut reports that it failed cut
+// short, or found no lane free before then: what it did in Redis, if
+// anything, is not known.
+func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do) (res []int64, cut bool, err error) {
+	var stopped <-chan struct{}
+	if stop != nil {
+		stopped = stop.Done()
+	}
+	select {
+	case ls.slots <- struct{}{}: // a round trip due after ctx ended is sent when a lane is free
+	default:
+		select {
+		case ls.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, true, ctx.Err()
+		case <-stopped:
+			return nil, true, stop.Err()
+		}
+	}
+	defer func() { <-ls.slots }()
+	l, err := ls.get()
+	if err != nil {
+		return nil, false, err
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	u := &use{l: l, cancel: cancel}
+	endCtx := context.AfterFunc(ctx, func() {
+		if grace {
+			u.cutAt(GraceEnd(ctx))
+		} else {
+			u.cut()
+		}
+	})
+	endStop := func() bool { return true }
+	if stop != nil {
+		endStop = context.AfterFunc(stop, u.cut)
+	}
+	res, err = do(rctx, l.rdb)
+	endCtx()
+	endStop()
+	wasCut := u.finish()
+	if wasCut || (err != nil && err != redis.Nil) {
+		// Its connection may be cut, broken, or to a server that no
+		// longer serves as the primary: the next round trip takes a new
+		// lane.
+		_ = l.rdb.Close()
+	} else {
+		ls.put(l)
+	}
+	return res, wasCut && err != nil, err
+}
+
+// stateFields are the fields of redis.Options, in the go-redis versions
+// that have them, through which a client keeps state of its own: a lane's
+// client must make its own, not share the user's client's.
+var stateFields = []string{"PushNotificationProcessor", "ClientSideCache", "ClientSideCacheConfig"}
+
+// ownOptions returns a copy of opts for a client of its own: the fields
+// of stateFields are left unset, and a configuration that go-redis
+// completes in place (MaintNotificationsConfig) is copied.
+func ownOptions(opts *redis.Options) *redis.Options {
+	o := *opts
+	v := reflect.ValueOf(&o).Elem()
+	for _, name := range stateFields {
+		if f := v.FieldByName(name); f.IsValid() && f.CanSet() {
+			f.SetZero()
+		}
+	}
+	if f := v.FieldByName("MaintNotificationsConfig"); f.IsValid() && f.CanSet() && f.Kind() == reflect.Pointer && !f.IsNil() {
+		c := reflect.New(f.Type().Elem())
+		c.Elem().Set(f.Elem())
+		f.Set(c)
+	}
+	return &o
+}
+
+// get returns an idle lane, or a new one.
+func (ls *Lanes) get() (*lane, error) {
+	ls.mu.Lock()
+	if k := len(ls.idle) - 1; k >= 0 {
+		l := ls.idle[k]
+		ls.idle[k] = nil
+		ls.idle = ls.idle[:k]
+		ls.mu.Unlock()
+		return l, nil
+	}
+	ls.mu.Unlock()
+	l := &lane{}
+	o := ownOptions(ls.opts)
+	dial := o.Dialer
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		cc := &cutConn{Conn: c}
+		l.conn.Store(cc)
+		if sys, ok := c.(syscall.Conn); ok {
+			return sysCutConn{cc, sys}, nil
+		}
+		return cc, nil
+	}
+	l.rdb = redis.NewClient(o)
+	l.rdb.AddHook(l)
+	if ls.setup != nil {
+		if err := ls.setup(l.rdb); err != nil {
+			_ = l.rdb.Close()
+			return nil, fmt.Errorf("redisync: the setup of its own connections failed: %w", err)
+		}
+	}
+	return l, nil
+}
+
+// put gives back a lane, or closes it when the lanes are closed.
+func (ls *Lanes) put(l *lane) {
+	ls.mu.Lock()
+	if !ls.closed {
+		ls.idle = append(ls.idle, l)
+		ls.mu.Unlock()
+		return
+	}
+	ls.mu.Unlock()
+	_ = l.rdb.Close()
+}
+
+// Close closes the idle lanes, and each lane in use once its round trip
+// returns. A round trip after Close runs on a lane closed after it.
+func (ls *Lanes) Close() {
+	ls.mu.Lock()
+	idle := ls.idle
+	ls.idle, ls.closed = nil, true
+	ls.mu.Unlock()
+	for _, l := range idle {
+		_ = l.rdb.Close()
+	}
+}
+
+// The lane is a go-redis hook of its own client: a reply that says the
+// server no longer serves the lane's commands as a primary (a failover
+// demoted it; it is loading its data) drops the connection, so that the
+// next command, which Persist may send at once, dials the server that
+// serves them now.
+func (l *lane) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l *lane) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && moved(err) {
+			if c := l.conn.Load(); c != nil {
+				_ = c.Close()
+			}
+		}
+		return err
+	}
+}
+
+func (l *lane) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// moved reports whether err is a reply of a server that no longer serves
+// as the primary it was dialled as.
+func moved(err error) bool {
+	for _, prefix := range []string{"READONLY", "MASTERDOWN", "LOADING"} {
+		if strings.HasPrefix(err.Error(), prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// use is one round trip on a lane.
+type use struct {
+	l      *lane
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	done   bool
+	isCut  bool
+	timer  *time.Timer
+}
+
+// cutAt cuts the round trip short at t, unless it is over by then.
+func (u *use) cutAt(t time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.done && u.timer == nil {
+		u.timer = time.AfterFunc(time.Until(t), u.cut)
+	}
+}
+
+// cut cuts the round trip short now, unless it is over.
+func (u *use) cut() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.done || u.isCut {
+		return
+	}
+	u.isCut = true
+	u.cancel()
+	if c := u.l.conn.Load(); c != nil {
+		c.cut()
+	}
+}
+
+// finish records that the round trip is over, so that nothing cuts it
+// from now, and reports whether it was cut.
+func (u *use) finish() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.done = true
+	if u.timer != nil {
+		u.timer.Stop()
+	}
+	return u.isCut
+}
+
+// cutConn is a connection whose deadlines a caller's context can set in
+// the past for good.
+type cutConn struct {
+	net.Conn
+	isCut atomic.Bool
+}
+
+// past is a deadline that has passed.
+var past = time.Unix(1, 0)
+
+// sysCutConn is a cutConn of a connection that gives access to its file
+// descriptor (TCP, not TLS), through which go-redis reads whether an idle
+// connection was closed by the server.
+type sysCutConn struct {
+	*cutConn
+	sys syscall.Conn
+}
+
+func (c sysCutConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
+
+func (c *cutConn) cut() {
+	c.isCut.Store(true)
+	_ = c.Conn.SetDeadline(past)
+}
+
+func (c *cutConn) deadline(t time.Time) time.Time {
+	if c.isCut.Load() {
+		return past
+	}
+	return t
+}
+
+func (c *cutConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.deadline(t)) }
+func (c *cutConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.deadline(t)) }
+func (c *cutConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.deadline(t)) }
