@@ -1,13 +1,19 @@
 // Package roundtrip runs a Client's round trips to Redis (one command or
 // script sent, its reply read) so that a caller never waits past its
-// context: each round trip runs in a worker goroutine, the caller returns
-// within CleanupWait of its context's end, and the reply of a round trip
-// it gave up on goes to the undo the caller left for it. Close waits for
-// every round trip.
+// context: the caller returns within CleanupWait of its context's end,
+// and what a round trip it gave up on did is undone, or, for a release,
+// done again until it is known. Close waits for every round trip.
 //
 // go-redis honours a context's deadline on a read only when its client was
 // built with ContextTimeoutEnabled, which most are not: a round trip on a
 // stalled connection would hold its caller for the client's read timeout.
+// So a Client of one server runs its round trips on lanes (see Lanes),
+// connections of its own that the caller's context cuts short, in the
+// caller's goroutine. A Client of a Redis Cluster, whose connections
+// go-redis picks per slot, runs each in a worker goroutine on the user's
+// client, from which the caller stops waiting when its context ends; the
+// reply of a round trip it gave up on goes to the undo the caller left
+// for it.
 package roundtrip
 
 import (
@@ -72,10 +78,13 @@ func New(closing context.Context, closed error, relocate func(), rdb redis.Unive
 // round trip that outlives its context fails with its context's reason,
 // whatever Redis said meanwhile.
 //
-// do runs in a worker with a context detached from ctx's cancellation
-// (bounded by CleanupTimeout), and the caller stops waiting CleanupWait
-// after ctx ends. An abandoned round trip goes on: when it returns, late (if not
-// nil) gets its reply, to undo whatever it did. Close waits for it.
+// On lanes, do runs in the caller's goroutine and is cut short
+// CleanupWait after ctx ends: late (if not nil) then runs in a worker, the
+// outcome unknown, to undo whatever do may have done. On workers, do runs
+// in a worker with a context detached from ctx's cancellation (bounded by
+// CleanupTimeout), and the caller stops waiting CleanupWait after ctx
+// ends; an abandoned round trip goes on: when it returns, late (if not
+// nil) gets its reply, to undo whatever it did. Close waits for late.
 func (r *Runner) Run(ctx context.Context, do Do, late Late) (res []int64, abandoned bool, err error) {
 	if err := Ended(ctx); err != nil {
 		return nil, false, notSent{err}
@@ -306,8 +315,9 @@ func (r *Runner) Cleanup(ctx context.Context, do Do) {
 
 // Settle runs release, an idempotent release, as Persist does, waiting for
 // it with ctx, and sends it even when ctx has ended already: a release is
-// due whatever ctx says. An abandoned one goes on, and late (if not nil)
-// gets its outcome when it returns.
+// due whatever ctx says. An abandoned one goes on (on lanes, it is sent
+// again from a worker), and late (if not nil) gets its outcome when it
+// returns.
 func (r *Runner) Settle(ctx context.Context, release Do, late Late) (res []int64, abandoned bool, err error) {
 	persisted := func(ctx context.Context, rdb redis.UniversalClient) (res []int64, err error) {
 		err = r.Persist(ctx, func() error {
