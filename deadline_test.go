@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redistest"
 	"github.com/redisync/redisync/internal/waiters"
 )
 
@@ -226,4 +227,44 @@ func TestSettleSendsAfterItsContextEnded(t *testing.T) {
 		return 1, nil
 	}, nil)
 	eventually(t, 5*time.Second, "the release to be sent", sent.Load)
+}
+
+// An Unlock whose request is lost (blackholed) and whose ctx ends before
+// its reply returns with its ctx's error, and its release is sent again
+// until it applies: the lock is free long before its lease would run out.
+func TestUnlockWhoseRequestIsLostStillReleases(t *testing.T) {
+	for _, multi := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Mutex", true: "MultiMutex"}[multi], func(t *testing.T) {
+			px := redistest.NewProxy(t, redistest.Addr(t))
+			c := newClient(t, redistest.NewClient(t, px.Addr), WithCrashTimeout(time.Minute))
+			other := newClient(t, redistest.Client(t))
+			name := redistest.Name(t)
+			names := []string{name + "-a", name + "-b"}
+			var unlock func(context.Context) error
+			var try func() bool
+			if multi {
+				m, om := c.NewMultiMutex(names), other.NewMultiMutex(names)
+				if err := m.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				unlock, try = m.Unlock, func() bool { ok, _ := om.TryLock(ctx); return ok }
+			} else {
+				m, om := c.NewMutex(names[0]), other.NewMutex(names[0])
+				if err := m.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				unlock, try = m.Unlock, func() bool { ok, _ := om.TryLock(ctx); return ok }
+			}
+			px.SetBlackholeRequests(true)
+			uctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			err := unlock(uctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Unlock with its request lost: %v, want its ctx's error", err)
+			}
+			px.SetBlackholeRequests(false)
+			px.ResetAll()
+			eventually(t, 20*time.Second, "the lock free, its release sent again", try)
+		})
+	}
 }

@@ -98,13 +98,8 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 		l.mu.Unlock()
 	}
 	release := args.call(m.keys)
-	res, abandoned, err := m.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		var res []int64
-		err := m.c.rt.Persist(ctx, func() (err error) {
-			res, err = release.run(ctx, rdb).Int64Slice()
-			return err
-		})
-		return res, err
+	res, abandoned, err := m.c.rt.Settle(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return release.run(ctx, rdb).Int64Slice()
 	}, nil)
 	if err == nil && len(res) != n {
 		err = fmt.Errorf("redisync: multi_release.lua replied %v", res)

@@ -364,9 +364,13 @@ func WithPlainPubSub() Option {
 //
 //	redisync.WithConnSetup(func(c *redis.Client) error { return redisotel.InstrumentTracing(c) })
 //
-// An error from setup fails the call that needed the connection. It
-// applies to New and NewRedlock (each node's Client). See
-// docs/deployment.md for the connections a Client opens.
+// setup runs on each of those clients, one per connection: a connection
+// whose call was cut short or failed is replaced by a new client, set up
+// anew. So it should add hooks and nothing that stays registered per
+// client (go-redis pool metrics would pile up). An error from setup fails
+// the call that needed the connection. It applies to New and NewRedlock
+// (each node's Client). See docs/deployment.md for the connections a
+// Client opens.
 //
 // The default is no setup.
 func WithConnSetup(setup func(*redis.Client) error) Option {

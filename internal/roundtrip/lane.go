@@ -38,8 +38,16 @@ type Lanes struct {
 
 // lane is one connection of Lanes.
 type lane struct {
-	rdb  *redis.Client
-	conn atomic.Pointer[cutConn] // the connection the lane dialled last
+	rdb    *redis.Client
+	conn   atomic.Pointer[cutConn] // the connection the lane dialled last
+	ctx    context.Context         // ends when the lane is cut short or closed: a dial under way gives up
+	cancel context.CancelFunc
+}
+
+// close closes the lane's client, and gives up a dial under way.
+func (l *lane) close() {
+	l.cancel()
+	_ = l.rdb.Close()
 }
 
 // NewLanes returns the lanes to the server that opts (a user's client's
@@ -100,6 +108,17 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 		endStop = context.AfterFunc(stop, u.cut)
 	}
 	res, err = do(rctx, l.rdb)
+	if err != nil && readOnly(err) {
+		// The lane was dialled to a server that a failover has demoted
+		// since; the script wrote nothing there. Once more, on a new
+		// lane, which dials the primary of now.
+		if nl, gerr := u.swap(ls); gerr != nil {
+			err = gerr
+		} else if nl != nil {
+			l = nl
+			res, err = do(rctx, l.rdb)
+		}
+	}
 	endCtx()
 	endStop()
 	wasCut := u.finish()
@@ -107,7 +126,7 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 		// Its connection may be cut, broken, or to a server that no
 		// longer serves as the primary: the next round trip takes a new
 		// lane.
-		_ = l.rdb.Close()
+		l.close()
 	} else {
 		ls.put(l)
 	}
@@ -150,10 +169,11 @@ func (ls *Lanes) get() (*lane, error) {
 	}
 	ls.mu.Unlock()
 	l := &lane{}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	o := ownOptions(ls.opts)
 	dial := o.Dialer
 	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
+		c, err := l.dial(ctx, dial, network, addr)
 		if err != nil {
 			return nil, err
 		}
@@ -168,7 +188,7 @@ func (ls *Lanes) get() (*lane, error) {
 	l.rdb.AddHook(l)
 	if ls.setup != nil {
 		if err := ls.setup(l.rdb); err != nil {
-			_ = l.rdb.Close()
+			l.close()
 			return nil, fmt.Errorf("redisync: the setup of its own connections failed: %w", err)
 		}
 	}
@@ -184,7 +204,7 @@ func (ls *Lanes) put(l *lane) {
 		return
 	}
 	ls.mu.Unlock()
-	_ = l.rdb.Close()
+	l.close()
 }
 
 // Close closes the idle lanes, and each lane in use once its round trip
@@ -195,7 +215,44 @@ func (ls *Lanes) Close() {
 	ls.idle, ls.closed = nil, true
 	ls.mu.Unlock()
 	for _, l := range idle {
-		_ = l.rdb.Close()
+		l.close()
+	}
+}
+
+// dial runs dial, a user's dialer, until ctx ends or the lane is cut short
+// or closed: go-redis may dial with a context of its own, and a dialer may
+// not heed its context (a TLS dial in older go-redis does not). A
+// connection that arrives after it gave up is closed.
+func (l *lane) dial(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(l.ctx, cancel)()
+	type dialled struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan dialled, 1)
+	go func() {
+		c, err := dial(ctx, network, addr)
+		ch <- dialled{c, err}
+	}()
+	select {
+	case d := <-ch:
+		return d.c, d.err
+	case <-ctx.Done():
+		go func() {
+			if d := <-ch; d.err == nil && d.c != nil {
+				_ = d.c.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// drop closes the lane's connection: its next command dials anew.
+func (l *lane) drop() {
+	if c := l.conn.Load(); c != nil {
+		_ = c.Close()
 	}
 }
 
@@ -210,9 +267,7 @@ func (l *lane) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if err != nil && moved(err) {
-			if c := l.conn.Load(); c != nil {
-				_ = c.Close()
-			}
+			l.drop()
 		}
 		return err
 	}
@@ -232,6 +287,9 @@ func moved(err error) bool {
 	}
 	return false
 }
+
+// readOnly reports whether err is the reply of a replica to a write.
+func readOnly(err error) bool { return strings.HasPrefix(err.Error(), "READONLY") }
 
 // use is one round trip on a lane.
 type use struct {
@@ -261,9 +319,27 @@ func (u *use) cut() {
 	}
 	u.isCut = true
 	u.cancel()
+	u.l.cancel() // a dial under way
 	if c := u.l.conn.Load(); c != nil {
 		c.cut()
 	}
+}
+
+// swap replaces the round trip's lane, closed, with a new one of ls, and
+// returns it; nil when the round trip was cut short.
+func (u *use) swap(ls *Lanes) (*lane, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.done || u.isCut {
+		return nil, nil
+	}
+	l, err := ls.get()
+	if err != nil {
+		return nil, err
+	}
+	u.l.close()
+	u.l = l
+	return l, nil
 }
 
 // finish records that the round trip is over, so that nothing cuts it
@@ -303,13 +379,20 @@ func (c *cutConn) cut() {
 	_ = c.Conn.SetDeadline(past)
 }
 
-func (c *cutConn) deadline(t time.Time) time.Time {
+// set sets a deadline with set, or the past once the connection is cut
+// short: looked at again after setting, so that a cut between the look
+// and the setting is not undone.
+func (c *cutConn) set(set func(time.Time) error, t time.Time) error {
 	if c.isCut.Load() {
-		return past
+		t = past
 	}
-	return t
+	err := set(t)
+	if c.isCut.Load() && !t.Equal(past) {
+		_ = set(past)
+	}
+	return err
 }
 
-func (c *cutConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.deadline(t)) }
-func (c *cutConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.deadline(t)) }
-func (c *cutConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.deadline(t)) }
+func (c *cutConn) SetDeadline(t time.Time) error      { return c.set(c.Conn.SetDeadline, t) }
+func (c *cutConn) SetReadDeadline(t time.Time) error  { return c.set(c.Conn.SetReadDeadline, t) }
+func (c *cutConn) SetWriteDeadline(t time.Time) error { return c.set(c.Conn.SetWriteDeadline, t) }

@@ -2,10 +2,12 @@ package roundtrip
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -64,7 +66,7 @@ func TestLaneRoundTrip(t *testing.T) {
 // dialled for it or on one dialled before.
 func TestLaneCutShortWhenTheContextEnds(t *testing.T) {
 	addr := silentServer(t)
-	ls := NewLanes(&redis.Options{Addr: addr, ReadTimeout: time.Minute, WriteTimeout: time.Minute, Protocol: 2, PoolSize: 4}, nil)
+	ls := NewLanes(&redis.Options{Addr: addr, ReadTimeout: time.Minute, WriteTimeout: time.Minute, PoolSize: 4}, nil)
 	defer ls.Close()
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -104,7 +106,7 @@ func TestLaneDialCutShort(t *testing.T) {
 // the end of its context gives.
 func TestLaneCutShortWhenStopEnds(t *testing.T) {
 	addr := silentServer(t)
-	ls := NewLanes(&redis.Options{Addr: addr, ReadTimeout: time.Minute, Protocol: 2, PoolSize: 4}, nil)
+	ls := NewLanes(&redis.Options{Addr: addr, ReadTimeout: time.Minute, PoolSize: 4}, nil)
 	defer ls.Close()
 	stop, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
@@ -238,4 +240,57 @@ func TestLaneSetupAndReadOnly(t *testing.T) {
 	if _, cut, err := ls2.Do(context.Background(), false, nil, run); !errors.Is(err, wantErr) || cut {
 		t.Fatalf("a setup that fails: cut %v, %v", cut, err)
 	}
+}
+
+// A round trip that a replica refuses (READONLY: a failover demoted the
+// server the lane was dialled to) is sent once more on a new lane.
+func TestLaneReadOnlyRetriedOnANewLane(t *testing.T) {
+	mr := miniredis.RunT(t)
+	hook := &failFirst{err: errors.New("READONLY You can't write against a read only replica.")}
+	var made atomic.Int32
+	ls := NewLanes(&redis.Options{Addr: mr.Addr(), PoolSize: 4}, func(c *redis.Client) error {
+		made.Add(1)
+		c.AddHook(hook)
+		return nil
+	})
+	defer ls.Close()
+	res, cut, err := ls.Do(context.Background(), false, nil, run)
+	if err != nil || cut || res[0] != 1 {
+		t.Fatalf("%v, %v, %v", res, cut, err)
+	}
+	if !hook.failed.Load() || made.Load() != 2 {
+		t.Fatalf("READONLY given: %v; lanes made: %d, want 2", hook.failed.Load(), made.Load())
+	}
+}
+
+// A TLS dial that hangs (go-redis dials TLS without heeding the context)
+// is given up on too: the caller returns, the dial runs out by its
+// DialTimeout, and nothing dials again once the lanes are closed.
+func TestLaneTLSDialCutShort(t *testing.T) {
+	addr := silentServer(t)
+	ls := NewLanes(&redis.Options{Addr: addr, TLSConfig: &tls.Config{InsecureSkipVerify: true}, DialTimeout: time.Second, PoolSize: 4}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, _, err := ls.Do(ctx, true, nil, run); err == nil {
+		t.Fatal("a round trip to a server that never answers succeeded")
+	}
+	if took := time.Since(start); took > 50*time.Millisecond+CleanupWait+200*time.Millisecond {
+		t.Fatalf("returned %v after it began, its context ending after 50 ms", took)
+	}
+	ls.Close()
+	deadline := time.Now().Add(3 * time.Second)
+	for dialling() {
+		if time.Now().After(deadline) {
+			t.Fatal("still dialling 3 s after Close, the DialTimeout being 1 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dialling reports whether a goroutine dials for a lane.
+func dialling() bool {
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	return strings.Contains(stacks, "(*lane).dial") || strings.Contains(stacks, "tls.DialWithDialer")
 }

@@ -221,19 +221,21 @@ func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bo
 // begins, for an attempt to take something, which is not sent once it
 // has). A round trip cut short has an outcome nobody knows. With redo (an
 // idempotent release, due whatever ctx says), it is sent again from a
-// worker, and late (if not nil) gets what that returns; otherwise late
-// (if not nil) runs in a worker, to undo whatever the round trip may have
-// done. Close waits for them.
+// worker, on the user's client, and late (if not nil) gets what that
+// returns; otherwise late (if not nil) runs in a worker, to undo whatever
+// the round trip may have done. Close waits for them. Once Close has
+// begun, a round trip that is still due (a release) goes on the user's
+// client.
 func (r *Runner) direct(ctx context.Context, do Do, late Late, grace, taking, redo bool) (res []int64, abandoned bool, err error) {
 	g := r.calls
 	if !g.start() {
 		if taking {
 			return nil, false, notSent{r.closed}
 		}
-		// Closed: a clean-up or a release still runs.
+		// Closed: a release still runs.
 		dctx, cancel := Detached(ctx)
 		defer cancel()
-		res, _, err := r.lanes.Do(dctx, false, nil, do)
+		res, err := do(dctx, r.rdb)
 		return res, false, err
 	}
 	if taking && r.closing.Err() != nil {
@@ -268,20 +270,12 @@ func (r *Runner) direct(ctx context.Context, do Do, late Late, grace, taking, re
 		}
 		dctx, cancel := Detached(ctx)
 		defer cancel()
-		res, _, err := r.lanes.Do(dctx, false, nil, do)
+		res, err := do(dctx, r.rdb)
 		if late != nil {
 			late(res, err)
 		}
 	})
 	return nil, true, why
-}
-
-// onLane returns do sent on a lane, never cut short.
-func (r *Runner) onLane(do Do) Do {
-	return func(ctx context.Context, _ redis.UniversalClient) ([]int64, error) {
-		res, _, err := r.lanes.Do(ctx, false, nil, do)
-		return res, err
-	}
 }
 
 // Background runs do in one of the workers, with a context that ends
@@ -299,17 +293,14 @@ func (r *Runner) Background(do func(ctx context.Context)) {
 	})
 }
 
-// Cleanup runs do, a clean-up, detached from ctx's cancellation, and
-// waits for it until GraceEnd(ctx): then it goes on in the background
-// (Close waits for it). do always runs, even when that budget is spent
-// already: a clean-up is due whatever ctx says.
+// Cleanup runs do, a clean-up, in a worker on the user's client (never on
+// a lane, which it might wait for, and which would cut it short), detached
+// from ctx's cancellation, and waits for it until GraceEnd(ctx): then it
+// goes on in the background (Close waits for it). do always runs, even
+// when that budget is spent already: a clean-up is due whatever ctx says.
 func (r *Runner) Cleanup(ctx context.Context, do Do) {
 	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), GraceEnd(ctx))
 	defer cancel()
-	if r.lanes != nil {
-		// Rare, and never cut short: it runs in a worker, on a lane.
-		do = r.onLane(do)
-	}
 	_, _, _ = r.callFor(wait, do, nil, false, false)
 }
 
