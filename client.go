@@ -20,9 +20,11 @@ import (
 // pub/sub connection through which every waiter is woken) and the watchdog
 // (which renews every held lease and heartbeats every fair waiter, in
 // batches). Both start when first needed; so does a third, with
-// WithObserver or WithLogger, that delivers their events. Calls to Redis
-// run in worker goroutines that wait up to 5 s for the next call (see
-// Close).
+// WithObserver or WithLogger, that delivers their events. A Client of one
+// server (a redis.NewClient) sends its calls on connections of its own
+// (see WithConnSetup), in the callers' goroutines; a Client of a Redis
+// Cluster or of a failover client sends them on the given client, from
+// worker goroutines that wait up to 5 s for the next call (see Close).
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
@@ -161,7 +163,9 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 	c.sub = newSubscriber(rdb, sharded, c.ctx, c.events, c.passOn)
 	wcfg := watchdog.Config{
 		Renew: func(ctx context.Context, batch []watchdog.Renewal) ([]int64, error) {
-			return renewCall(batch).run(ctx, rdb).Int64Slice()
+			return c.rt.Send(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+				return renewCall(batch).run(ctx, rdb).Int64Slice()
+			})
 		},
 		Sharded: cluster != nil,
 	}
@@ -169,8 +173,8 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 		wcfg.Reload = func() { cluster.ReloadState(c.ctx) }
 	}
 	var lanes *roundtrip.Lanes
-	if cluster == nil {
-		lanes = roundtrip.NewLanes(rdb.(nodeClient).Options(), cfg.connSetup)
+	if node, ok := rdb.(nodeClient); ok && cluster == nil && node.Options().Addr != failoverAddr {
+		lanes = roundtrip.NewLanes(node.Options(), cfg.connSetup)
 	}
 	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload, rdb, lanes)
 	if c.events != nil {
@@ -179,6 +183,13 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 	c.wd = watchdog.New(c.ctx, wcfg)
 	return c
 }
+
+// failoverAddr is the address in the options of go-redis's failover client
+// (redis.NewFailoverClient), whose connections go-redis moves to the new
+// primary when Sentinel fails over. Connections of the Client's own would
+// stay on the old primary until it is demoted: such a Client sends its
+// calls on the failover client, as a Redis Cluster's does.
+const failoverAddr = "FailoverClient"
 
 // closeTimeout bounds the releases that Close sends.
 const closeTimeout = 2 * time.Second
@@ -199,10 +210,10 @@ const closeTimeout = 2 * time.Second
 // clean-up of calls whose context ended); and, for at most
 // 2 s more, for the observer and the logger to be told the events queued
 // for them (an observer or a log handler that blocks does not hold Close
-// longer; what it has not taken by then is not delivered). It ends the
-// worker goroutines that run calls to Redis: a Client not closed keeps
-// them for up to 5 s after its last call. It is idempotent and always
-// returns nil.
+// longer; what it has not taken by then is not delivered). It closes the
+// Client's own connections and ends its worker goroutines: a Client not
+// closed keeps its idle workers for up to 5 s after their last call. It
+// is idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.close()
 	c.sub.wait()

@@ -355,12 +355,13 @@ func WithPlainPubSub() Option {
 }
 
 // WithConnSetup makes a Client run setup on each go-redis client it builds
-// for connections of its own. A Client of one server (or of a Sentinel
-// group's primary) sends its calls on connections it opens itself, from
-// the options of the client given to New, so that a call whose context
-// ends returns at once whatever the client's timeouts: the hooks added to
-// that client (AddHook: tracing, metrics) do not see those calls unless
-// setup adds them too, e.g.
+// for connections of its own. A Client of one server (a redis.NewClient;
+// not a failover client, nor a Redis Cluster's) sends its calls and its
+// watchdog's renewals on connections it opens itself, from the options of
+// the client given to New, so that a call whose context ends returns at
+// once whatever the client's timeouts: the hooks added to that client
+// (AddHook: tracing, metrics) do not see those calls unless setup adds
+// them too, e.g.
 //
 //	redisync.WithConnSetup(func(c *redis.Client) error { return redisotel.InstrumentTracing(c) })
 //

@@ -29,7 +29,7 @@ func TestFinding11BraceNameRejected(t *testing.T) {
 			}
 			hook := &countingHook{}
 			crdb.AddHook(hook)
-			c, err := redisync.New(crdb)
+			c, err := redisync.New(crdb, withHook(hook))
 			if err != nil {
 				t.Fatal(err)
 			}

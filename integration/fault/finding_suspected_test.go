@@ -85,16 +85,17 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		// script on the lock and its :bargers key.)
 		var failNext atomic.Bool
 		crdb := redistest.NewClient(t, addr)
-		crdb.AddHook(hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		hook := hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 			if argContains(scriptArgs(cmd), base+":queue") && failNext.CompareAndSwap(true, false) {
 				err := replyError("OOM command not allowed when used memory > 'maxmemory'.")
 				cmd.SetErr(err)
 				return err
 			}
 			return next(ctx, cmd)
-		}))
+		})
+		crdb.AddHook(hook)
 		// A long heartbeat and recheck keep A quiet while it waits.
-		c, err := redisync.New(crdb, redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
+		c, err := redisync.New(crdb, withHook(hook), redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -54,6 +54,23 @@ func (h hookFunc) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return next
 }
 
+// withHook is the option that adds hook to the go-redis client of each of
+// a Client's own connections (WithConnSetup). A Client of one server
+// (redis.NewClient) sends its script calls (acquire, release, withdraw,
+// extend...) and its watchdog's renewals on connections it opens itself,
+// which the hooks added to the client given to New do not see; that
+// client still carries the subscriber's pub/sub, clean-ups and background
+// wake-ups. A test that watches, delays or fails a Client's commands adds
+// its hook to both: rdb.AddHook(hook) before New, and withHook(hook) to
+// New's options. (A Client of a Redis Cluster or of a failover client has
+// no connections of its own: AddHook alone sees everything.)
+func withHook(hook redis.Hook) redisync.Option {
+	return redisync.WithConnSetup(func(c *redis.Client) error {
+		c.AddHook(hook)
+		return nil
+	})
+}
+
 // scriptArgs returns the arguments of a script call (EVAL or EVALSHA) as
 // strings, or nil for any other command.
 func scriptArgs(cmd redis.Cmder) []string {
@@ -184,13 +201,15 @@ func within(t *testing.T, d time.Duration, what string, f func() error) error {
 	panic("unreachable")
 }
 
-// proxiedClient returns a redisync Client whose go-redis client goes
-// through px, with hook (if any) added; both are closed when the test ends.
+// proxiedClient returns a redisync Client whose go-redis client (and so
+// each connection of its own) goes through px, with hook (if any) added to
+// all of them (see withHook); both are closed when the test ends.
 func proxiedClient(t *testing.T, px *redistest.Proxy, hook redis.Hook, opts ...redisync.Option) *redisync.Client {
 	t.Helper()
 	rdb := redistest.NewClient(t, px.Addr)
 	if hook != nil {
 		rdb.AddHook(hook)
+		opts = append([]redisync.Option{withHook(hook)}, opts...)
 	}
 	c, err := redisync.New(rdb, opts...)
 	if err != nil {

@@ -87,7 +87,7 @@ func TestBadInput(t *testing.T) {
 			}
 			hook := &countingHook{}
 			rdb.AddHook(hook)
-			c, err := redisync.New(rdb, tc.clientOpts...)
+			c, err := redisync.New(rdb, append([]redisync.Option{withHook(hook)}, tc.clientOpts...)...)
 			if tc.clientOpts != nil {
 				// New refuses a bad default itself.
 				if c != nil || !errors.Is(err, tc.want) {
@@ -137,7 +137,7 @@ func TestBadInput(t *testing.T) {
 		rdb := redistest.NewClient(t, redistest.Addr(t))
 		hook := &countingHook{}
 		rdb.AddHook(hook)
-		c, err := redisync.New(rdb)
+		c, err := redisync.New(rdb, withHook(hook))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,7 +345,7 @@ func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
 	defer rdb.Close()
 	hook := &stubHook{}
 	rdb.AddHook(hook)
-	c, err := redisync.New(rdb)
+	c, err := redisync.New(rdb, withHook(hook))
 	if err != nil {
 		t.Fatal(err)
 	}

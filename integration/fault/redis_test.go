@@ -67,7 +67,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	for range clients {
 		rdb := redistest.NewClient(t, srv.Addr)
 		rdb.AddHook(queued)
-		c, err := redisync.New(rdb, opts...)
+		c, err := redisync.New(rdb, append([]redisync.Option{withHook(queued)}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestShutdownIsQuiet(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &countingHook{}
 	rdb.AddHook(hook)
-	c, err := redisync.New(rdb, redisync.WithCrashTimeout(lease))
+	c, err := redisync.New(rdb, withHook(hook), redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}

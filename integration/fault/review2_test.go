@@ -63,7 +63,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 	})
 	ra := redistest.NewClient(t, addr)
 	ra.AddHook(hook)
-	a, err := redisync.New(ra, redisync.WithCrashTimeout(lease))
+	a, err := redisync.New(ra, withHook(hook), redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 			})
 			ra := redistest.NewClient(t, addr)
 			ra.AddHook(hook)
-			a, err := redisync.New(ra)
+			a, err := redisync.New(ra, withHook(hook))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,7 +261,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 	})
 	ra := redistest.NewClient(t, addr)
 	ra.AddHook(hook)
-	a, err := redisync.New(ra, redisync.WithCrashTimeout(lease))
+	a, err := redisync.New(ra, withHook(hook), redisync.WithCrashTimeout(lease))
 	if err != nil {
 		t.Fatal(err)
 	}

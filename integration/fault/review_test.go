@@ -105,7 +105,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 	ardb := redis.NewClient(&redis.Options{Addr: addr})
 	ardb.AddHook(hook)
 	t.Cleanup(func() { _ = ardb.Close() })
-	ac, err := redisync.New(ardb)
+	ac, err := redisync.New(ardb, withHook(hook))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,13 +160,20 @@ func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
 	var viaProxy atomic.Bool
 	wrdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: func(ctx context.Context, network, a string) (net.Conn, error) {
 		var d net.Dialer
-		if viaProxy.Load() {
+		if viaProxy.Load() && ctx.Value(ownDial{}) == nil {
 			return d.DialContext(ctx, network, px.Addr)
 		}
 		return d.DialContext(ctx, network, a)
 	}})
 	t.Cleanup(func() { _ = wrdb.Close() })
-	wc, err := redisync.New(wrdb, redisync.WithRecheck(recheck))
+	// The Client's own connections, on which its calls go, dial with
+	// wrdb's options, Dialer included: marked, they go straight to Redis
+	// whenever they dial, so that only the subscriber's goes through the
+	// proxy.
+	wc, err := redisync.New(wrdb, redisync.WithRecheck(recheck), redisync.WithConnSetup(func(c *redis.Client) error {
+		c.AddHook(ownDial{})
+		return nil
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,6 +214,22 @@ func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
 			px.Stats().ConnsAccepted)
 	}
 	_ = waiter.Unlock(ctx)
+}
+
+// ownDial is a go-redis hook that marks the context of its client's dials
+// with itself (as a key), for a Dialer to tell them apart.
+type ownDial struct{}
+
+func (ownDial) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return next(context.WithValue(ctx, ownDial{}, true), network, addr)
+	}
+}
+
+func (ownDial) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (ownDial) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // endingCtx is a context whose Err reports Canceled from the moment end is

@@ -2,6 +2,8 @@ package roundtrip
 
 import (
 	"context"
+	"errors"
+	"io"
 	"fmt"
 	"net"
 	"reflect"
@@ -16,13 +18,16 @@ import (
 
 // Lanes are a Client's own connections to one server, on which its round
 // trips run in the caller's goroutine. Each lane is a go-redis client
-// built from the user's client's options with a pool of one connection
-// and go-redis's retries off, whose connection a caller's context can cut
-// short: once the caller's context has ended (and CleanupWait more, for a
+// built from the user's client's options, used by one round trip at a
+// time (so it holds one connection), with go-redis's retries off, whose
+// connection a caller's context can cut short: once the caller's context has ended (and CleanupWait more, for a
 // reply about to arrive), the connection's deadline is set in the past,
 // so that go-redis returns at once and drops it. The next round trip on
 // that lane dials anew. At most as many lanes as the user's pool holds
-// connections are in use at once.
+// connections are in use at once. In place of go-redis's retries, a round
+// trip whose connection was dropped under it, or that a demoted primary
+// refused (READONLY), is sent once more on a new lane (the first only when
+// the user's client retries).
 //
 // A lane sees none of the hooks added to the user's client (AddHook):
 // setup, when set, is run on each lane's client to add them.
@@ -30,6 +35,7 @@ type Lanes struct {
 	opts  *redis.Options
 	setup func(*redis.Client) error
 	slots chan struct{} // one per lane in use
+	retry bool          // the user's client retries: so does a lane, once, on a new connection
 
 	mu     sync.Mutex
 	idle   []*lane // the last used last
@@ -63,7 +69,7 @@ func NewLanes(opts *redis.Options, setup func(*redis.Client) error) *Lanes {
 	if o.Dialer == nil { // options not from a client: go-redis's own
 		o.Dialer = redis.NewDialer(o)
 	}
-	return &Lanes{opts: o, setup: setup, slots: make(chan struct{}, max(opts.PoolSize, 1))}
+	return &Lanes{opts: o, setup: setup, slots: make(chan struct{}, max(opts.PoolSize, 1)), retry: opts.MaxRetries > 0}
 }
 
 // Do runs do on a lane, in the caller's goroutine, and returns what it
@@ -108,10 +114,13 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 		endStop = context.AfterFunc(stop, u.cut)
 	}
 	res, err = do(rctx, l.rdb)
-	if err != nil && readOnly(err) {
-		// The lane was dialled to a server that a failover has demoted
-		// since; the script wrote nothing there. Once more, on a new
-		// lane, which dials the primary of now.
+	if err != nil && (readOnly(err) || (ls.retry && dropped(err))) {
+		// The lane's connection was closed by the server or on the way
+		// (an idle connection that a restart or a proxy dropped), as
+		// go-redis would retry; or the lane was dialled to a server
+		// that a failover has demoted since, where the script wrote
+		// nothing. Once more, on a new lane. (Every round trip sent on
+		// lanes may run twice: go-redis's retries make the same copies.)
 		if nl, gerr := u.swap(ls); gerr != nil {
 			err = gerr
 		} else if nl != nil {
@@ -286,6 +295,13 @@ func moved(err error) bool {
 		}
 	}
 	return false
+}
+
+// dropped reports whether err says the connection was closed under a
+// round trip: by the server, or on the way.
+func dropped(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // readOnly reports whether err is the reply of a replica to a write.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redistest"
 )
 
 var script = redis.NewScript("return 1")
@@ -293,4 +294,28 @@ func dialling() bool {
 	buf := make([]byte, 1<<20)
 	stacks := string(buf[:runtime.Stack(buf, true)])
 	return strings.Contains(stacks, "(*lane).dial") || strings.Contains(stacks, "tls.DialWithDialer")
+}
+
+// A round trip whose connection is dropped under it (its reply lost) is
+// sent once more on a new lane when the user's client retries, as
+// go-redis would; not when it does not.
+func TestLaneDroppedConnectionRetried(t *testing.T) {
+	mr := miniredis.RunT(t)
+	px := redistest.NewProxy(t, mr.Addr())
+	for _, retries := range []int{3, -1} {
+		ls := NewLanes(&redis.Options{Addr: px.Addr, PoolSize: 4, MaxRetries: retries}, nil)
+		if _, _, err := ls.Do(context.Background(), false, nil, run); err != nil {
+			t.Fatal(err)
+		}
+		px.DropReplies(1)
+		res, cut, err := ls.Do(context.Background(), false, nil, run)
+		ls.Close()
+		px.ResetAll()
+		switch {
+		case retries > 0 && (err != nil || cut || res[0] != 1):
+			t.Fatalf("MaxRetries %d, a reply lost: %v, %v, %v; want it sent again", retries, res, cut, err)
+		case retries < 0 && err == nil:
+			t.Fatalf("MaxRetries %d, a reply lost: sent again", retries)
+		}
+	}
 }

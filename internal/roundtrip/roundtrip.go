@@ -278,6 +278,18 @@ func (r *Runner) direct(ctx context.Context, do Do, late Late, grace, taking, re
 	return nil, true, why
 }
 
+// Send runs do for a sender that bounds its own wait (the watchdog: ctx
+// carries its deadline): on a lane, cut short when ctx ends; or, without
+// lanes, on the user's client. Renewals and heartbeats so go on the
+// connections that the Client's calls keep warm.
+func (r *Runner) Send(ctx context.Context, do Do) ([]int64, error) {
+	if r.lanes == nil {
+		return do(ctx, r.rdb)
+	}
+	res, _, err := r.lanes.Do(ctx, false, nil, do)
+	return res, err
+}
+
 // Background runs do in one of the workers, with a context that ends
 // CleanupTimeout later (not at Close, which waits for it), unless the
 // Client is closed already; it never waits.
