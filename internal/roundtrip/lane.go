@@ -3,8 +3,8 @@ package roundtrip
 import (
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"net"
 	"reflect"
 	"strings"
