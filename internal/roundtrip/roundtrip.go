@@ -129,22 +129,10 @@ func MayHaveRun(err error) bool {
 // whether do is an attempt to take something, which is not sent once
 // Close has begun.
 func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bool) (res []int64, abandoned bool, err error) {
-	g := r.calls
-	if !g.start() {
-		if taking {
-			return nil, false, notSent{r.closed}
-		}
-		// Closed: a clean-up or a release still runs, in the caller's
-		// goroutine.
-		dctx, cancel := Detached(ctx)
-		defer cancel()
-		res, err := do(dctx, r.rdb)
+	if ok, res, err := r.admit(ctx, do, taking); !ok {
 		return res, false, err
 	}
-	if taking && r.closing.Err() != nil {
-		g.done()
-		return nil, false, notSent{r.closed}
-	}
+	g := r.calls
 	type reply struct {
 		res []int64
 		err error
@@ -216,6 +204,28 @@ func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bo
 	}
 }
 
+// admit counts in a round trip (see group), unless Close has begun: then
+// an attempt to take something is not sent, and a clean-up or a release,
+// still due, runs at once in the caller's goroutine on the user's client;
+// ok is false, with what it returned.
+func (r *Runner) admit(ctx context.Context, do Do, taking bool) (ok bool, res []int64, err error) {
+	g := r.calls
+	if !g.start() {
+		if taking {
+			return false, nil, notSent{r.closed}
+		}
+		dctx, cancel := Detached(ctx)
+		defer cancel()
+		res, err := do(dctx, r.rdb)
+		return false, res, err
+	}
+	if taking && r.closing.Err() != nil {
+		g.done()
+		return false, nil, notSent{r.closed}
+	}
+	return true, nil, nil
+}
+
 // direct runs do on a lane, in the caller's goroutine, cut short when the
 // caller stops waiting (at GraceEnd(ctx) with grace; at once when Close
 // begins, for an attempt to take something, which is not sent once it
@@ -227,21 +237,10 @@ func (r *Runner) callFor(ctx context.Context, do Do, late Late, grace, taking bo
 // begun, a round trip that is still due (a release) goes on the user's
 // client.
 func (r *Runner) direct(ctx context.Context, do Do, late Late, grace, taking, redo bool) (res []int64, abandoned bool, err error) {
-	g := r.calls
-	if !g.start() {
-		if taking {
-			return nil, false, notSent{r.closed}
-		}
-		// Closed: a release still runs.
-		dctx, cancel := Detached(ctx)
-		defer cancel()
-		res, err := do(dctx, r.rdb)
+	if ok, res, err := r.admit(ctx, do, taking); !ok {
 		return res, false, err
 	}
-	if taking && r.closing.Err() != nil {
-		g.done()
-		return nil, false, notSent{r.closed}
-	}
+	g := r.calls
 	var stop context.Context
 	if taking {
 		stop = r.closing
