@@ -227,7 +227,9 @@ func TestMutexAcceptTakesALiveHold(t *testing.T) {
 // applied where it should take nothing ("leaves nothing behind").
 func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	// No retries: the failure reaches the call, as once go-redis's
+	// retries (or the Client's own, on its connections) are spent.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &dropAt{}
 	addHook(rdb, hook)
