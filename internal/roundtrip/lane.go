@@ -143,13 +143,14 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 }
 
 // stateFields are the fields of redis.Options, in the go-redis versions
-// that have them, through which a client keeps state of its own: a lane's
-// client must make its own, not share the user's client's.
-var stateFields = []string{"PushNotificationProcessor", "ClientSideCache", "ClientSideCacheConfig"}
+// that have them, through which a client keeps state of its own, or that
+// go-redis changes in place while the client runs (under a lock of the
+// client's: MaintNotificationsConfig): a lane's client starts from the
+// defaults there, never reading or sharing the user's client's.
+var stateFields = []string{"PushNotificationProcessor", "ClientSideCache", "ClientSideCacheConfig", "MaintNotificationsConfig"}
 
-// ownOptions returns a copy of opts for a client of its own: the fields
-// of stateFields are left unset, and a configuration that go-redis
-// completes in place (MaintNotificationsConfig) is copied.
+// ownOptions returns a copy of opts for a client of its own, the fields
+// of stateFields left unset.
 func ownOptions(opts *redis.Options) *redis.Options {
 	o := *opts
 	v := reflect.ValueOf(&o).Elem()
@@ -157,11 +158,6 @@ func ownOptions(opts *redis.Options) *redis.Options {
 		if f := v.FieldByName(name); f.IsValid() && f.CanSet() {
 			f.SetZero()
 		}
-	}
-	if f := v.FieldByName("MaintNotificationsConfig"); f.IsValid() && f.CanSet() && f.Kind() == reflect.Pointer && !f.IsNil() {
-		c := reflect.New(f.Type().Elem())
-		c.Elem().Set(f.Elem())
-		f.Set(c)
 	}
 	return &o
 }
