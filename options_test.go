@@ -3,6 +3,9 @@ package redisync
 import (
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,6 +126,7 @@ var documentedOptions = []struct {
 	{WithPlainPubSub(), "PUBLISH and SUBSCRIBE on a Redis Cluster, for servers before Redis 7", "sharded pub/sub"},
 	{WithObserver(nil), "tell an Observer every call and background event (metrics, traces)", "none"},
 	{WithLogger(nil), "log what an operator must see with log/slog", "none"},
+	{WithConnSetup(nil), "run a function on each go-redis client of the Client's own connections (to add hooks)", "none"},
 }
 
 // optionsTable renders docs/options.md's table from the options' own
@@ -158,5 +162,43 @@ func TestOptionsDocumented(t *testing.T) {
 	}
 	if want := optionsTable(); !strings.Contains(string(b), want) {
 		t.Fatalf("docs/options.md lacks the table of the options as they are; it should hold:\n\n%s", want)
+	}
+}
+
+// TestEveryOptionDocumented: every exported function that returns an
+// Option, but the deprecated ones, is in docs/options.md's table.
+func TestEveryOptionDocumented(t *testing.T) {
+	listed := map[string]bool{}
+	for _, o := range documentedOptions {
+		listed[o.opt.setting().name] = true
+	}
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || !fn.Name.IsExported() || fn.Type.Results == nil || len(fn.Type.Results.List) != 1 {
+				continue
+			}
+			if id, ok := fn.Type.Results.List[0].Type.(*ast.Ident); !ok || id.Name != "Option" {
+				continue
+			}
+			if fn.Doc != nil && strings.Contains(fn.Doc.Text(), "Deprecated:") {
+				continue
+			}
+			if !listed[fn.Name.Name] {
+				t.Errorf("%s (%s) is not in documentedOptions, nor in docs/options.md", fn.Name.Name, name)
+			}
+		}
 	}
 }
