@@ -81,7 +81,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	return clientWith(rdb, cluster, cfg), nil
+	return clientWith(rdb, cluster, cfg, true), nil
 }
 
 // isNil reports whether rdb is nil, or a nil pointer in an interface.
@@ -142,8 +142,9 @@ func hasOptions(options func() bool) (ok bool) {
 }
 
 // clientWith returns a Client of rdb (cluster: rdb, when it is a Redis
-// Cluster's client) with the defaults cfg.
-func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *Client {
+// Cluster's client) with the defaults cfg, which sends its calls on
+// connections of its own (ownConns) where rdb allows it.
+func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config, ownConns bool) *Client {
 	c := &Client{
 		rdb:     rdb,
 		cluster: cluster,
@@ -173,7 +174,7 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config) *C
 		wcfg.Reload = func() { cluster.ReloadState(c.ctx) }
 	}
 	var lanes *roundtrip.Lanes
-	if node, ok := rdb.(nodeClient); ok && cluster == nil && node.Options().Addr != failoverAddr {
+	if node, ok := rdb.(nodeClient); ok && ownConns && cluster == nil && node.Options().Addr != failoverAddr {
 		lanes = roundtrip.NewLanes(node.Options(), cfg.connSetup)
 	}
 	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload, rdb, lanes)

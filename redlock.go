@@ -60,7 +60,10 @@ func NewRedlock(rdbs []redis.UniversalClient, opts ...Option) (*Redlock, error) 
 	}
 	for _, rdb := range rdbs {
 		cluster, _ := classify(rdb) // checked by checkNodes
-		r.clients = append(r.clients, clientWith(rdb, cluster, r.cfg))
+		// A round calls every node from a goroutine of its own: a node's
+		// Client sends on the node's client, from its workers, without
+		// connections of its own.
+		r.clients = append(r.clients, clientWith(rdb, cluster, r.cfg, false))
 	}
 	return r, nil
 }

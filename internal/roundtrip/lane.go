@@ -37,9 +37,13 @@ type Lanes struct {
 	slots chan struct{} // one per lane in use
 	retry bool          // the user's client retries: so does a lane, once, on a new connection
 
-	mu     sync.Mutex
-	idle   []*lane // the last used last
-	closed bool
+	mu        sync.Mutex
+	idle      []*lane // the last used last
+	closed    bool
+	replacing int                // lanes being made to replace dropped ones
+	stop      context.Context    // ends when the lanes are closed
+	stopAll   context.CancelFunc //
+	spares    sync.WaitGroup     // the goroutines that make them
 }
 
 // lane is one connection of Lanes.
@@ -69,7 +73,9 @@ func NewLanes(opts *redis.Options, setup func(*redis.Client) error) *Lanes {
 	if o.Dialer == nil { // options not from a client: go-redis's own
 		o.Dialer = redis.NewDialer(o)
 	}
-	return &Lanes{opts: o, setup: setup, slots: make(chan struct{}, max(opts.PoolSize, 1)), retry: opts.MaxRetries > 0}
+	ls := &Lanes{opts: o, setup: setup, slots: make(chan struct{}, max(opts.PoolSize, 1)), retry: opts.MaxRetries > 0}
+	ls.stop, ls.stopAll = context.WithCancel(context.Background())
+	return ls
 }
 
 // Do runs do on a lane, in the caller's goroutine, and returns what it
@@ -133,9 +139,9 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 	wasCut := u.finish()
 	if wasCut || (err != nil && err != redis.Nil) {
 		// Its connection may be cut, broken, or to a server that no
-		// longer serves as the primary: the next round trip takes a new
-		// lane.
+		// longer serves as the primary: it is replaced by a new lane.
 		l.close()
+		ls.replace()
 	} else {
 		ls.put(l)
 	}
@@ -213,15 +219,55 @@ func (ls *Lanes) put(l *lane) {
 }
 
 // Close closes the idle lanes, and each lane in use once its round trip
-// returns. A round trip after Close runs on a lane closed after it.
+// returns, and waits for the lanes being made to replace dropped ones. A
+// round trip after Close runs on a lane closed after it.
 func (ls *Lanes) Close() {
 	ls.mu.Lock()
 	idle := ls.idle
 	ls.idle, ls.closed = nil, true
 	ls.mu.Unlock()
+	ls.stopAll()
+	ls.spares.Wait()
 	for _, l := range idle {
 		l.close()
 	}
+}
+
+// replace makes a new lane, connected (dialled, its handshake done) in the
+// background within CleanupTimeout, to stand in for one dropped: a round
+// trip cut short costs its connection, and the next ones must not pay for
+// a dial and a handshake inside their own deadlines (a caller whose
+// deadlines are shorter than that would never get through). At most as
+// many are made at once as lanes may be in use.
+func (ls *Lanes) replace() {
+	ls.mu.Lock()
+	if ls.closed || ls.replacing+len(ls.idle) >= cap(ls.slots) {
+		ls.mu.Unlock()
+		return
+	}
+	ls.replacing++
+	ls.spares.Add(1)
+	ls.mu.Unlock()
+	go func() {
+		defer ls.spares.Done()
+		l, err := ls.get()
+		if err == nil {
+			ctx, cancel := context.WithTimeout(ls.stop, CleanupTimeout)
+			stop := context.AfterFunc(ctx, l.cut) // a dial or a read under way
+			err = l.rdb.Ping(ctx).Err()
+			stop()
+			cancel()
+			if err != nil {
+				l.close()
+			}
+		}
+		ls.mu.Lock()
+		ls.replacing--
+		ls.mu.Unlock()
+		if err == nil {
+			ls.put(l)
+		}
+	}()
 }
 
 // dial runs dial, a user's dialer, until ctx ends or the lane is cut short
@@ -251,6 +297,14 @@ func (l *lane) dial(ctx context.Context, dial func(context.Context, string, stri
 			}
 		}()
 		return nil, ctx.Err()
+	}
+}
+
+// cut gives up the lane's dial under way and cuts its connection short.
+func (l *lane) cut() {
+	l.cancel()
+	if c := l.conn.Load(); c != nil {
+		c.cut()
 	}
 }
 

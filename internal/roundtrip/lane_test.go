@@ -57,7 +57,7 @@ func TestLaneRoundTrip(t *testing.T) {
 			t.Fatalf("%v, %v, %v", res, cut, err)
 		}
 	}
-	if n := len(ls.idle); n != 1 {
+	if n := ls.idleLanes(); n != 1 {
 		t.Fatalf("%d idle lanes after three round trips one after another, want 1", n)
 	}
 }
@@ -154,15 +154,10 @@ func TestLanesAtMostThePoolSize(t *testing.T) {
 }
 
 // A lane whose round trip failed is not used again: the next round trip
-// dials anew, and succeeds once the server is back.
+// succeeds once the server is back.
 func TestLaneDroppedAfterAFailure(t *testing.T) {
 	mr := miniredis.RunT(t)
-	var dials atomic.Int32
-	ls := NewLanes(&redis.Options{Addr: mr.Addr(), PoolSize: 4, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		dials.Add(1)
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	}}, nil)
+	ls := NewLanes(&redis.Options{Addr: mr.Addr(), PoolSize: 4}, nil)
 	defer ls.Close()
 	if _, _, err := ls.Do(context.Background(), false, nil, run); err != nil {
 		t.Fatal(err)
@@ -174,12 +169,46 @@ func TestLaneDroppedAfterAFailure(t *testing.T) {
 	if err := mr.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	before := dials.Load()
 	if _, _, err := ls.Do(context.Background(), false, nil, run); err != nil {
 		t.Fatalf("after the server came back: %v", err)
 	}
-	if dials.Load() != before+1 {
-		t.Fatalf("%d dials for the round trip after a failure, want 1", dials.Load()-before)
+}
+
+// A round trip cut short costs its lane, which is replaced by one made in
+// the background, connected: the next round trip does not dial.
+func TestLaneCutShortIsReplaced(t *testing.T) {
+	mr := miniredis.RunT(t)
+	var dials atomic.Int32
+	ls := NewLanes(&redis.Options{Addr: mr.Addr(), PoolSize: 4, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}, nil)
+	defer ls.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	_, cut, err := ls.Do(ctx, false, nil, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		if _, err := run(ctx, rdb); err != nil {
+			return nil, err
+		}
+		cancel()
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	if !cut || err == nil {
+		t.Fatalf("cut %v, %v", cut, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for dials.Load() < 2 || ls.idleLanes() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no lane made to replace the one cut short (%d dials)", dials.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, _, err := ls.Do(context.Background(), false, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2: the first lane's and its replacement's", n)
 	}
 }
 
@@ -318,4 +347,11 @@ func TestLaneDroppedConnectionRetried(t *testing.T) {
 			t.Fatalf("MaxRetries %d, a reply lost: sent again", retries)
 		}
 	}
+}
+
+// idleLanes returns how many lanes are idle.
+func (ls *Lanes) idleLanes() int {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return len(ls.idle)
 }

@@ -277,15 +277,17 @@ func (r *Runner) direct(ctx context.Context, do Do, late Late, grace, taking, re
 	return nil, true, why
 }
 
-// Send runs do for a sender that bounds its own wait (the watchdog: ctx
-// carries its deadline): on a lane, cut short when ctx ends; or, without
-// lanes, on the user's client. Renewals and heartbeats so go on the
-// connections that the Client's calls keep warm.
+// Send runs do for a sender that stops waiting for it by itself (the
+// watchdog, in a goroutine of its own): on a lane, never cut short, so
+// that the connection outlives a reply that comes late and stays warm, as
+// in a pool (go-redis's timeouts end a round trip that never answers); or,
+// without lanes, on the user's client. Renewals and heartbeats so go on
+// the connections that the Client's calls keep warm.
 func (r *Runner) Send(ctx context.Context, do Do) ([]int64, error) {
 	if r.lanes == nil {
 		return do(ctx, r.rdb)
 	}
-	res, _, err := r.lanes.Do(ctx, false, nil, do)
+	res, _, err := r.lanes.Do(context.WithoutCancel(ctx), false, nil, do)
 	return res, err
 }
 
