@@ -40,7 +40,7 @@ type Lanes struct {
 	mu        sync.Mutex
 	idle      []*lane // the last used last
 	closed    bool
-	replacing int                // lanes being made to replace dropped ones
+	replacing int                // lanes being made in reserve (spare)
 	stop      context.Context    // ends when the lanes are closed
 	stopAll   context.CancelFunc //
 	spares    sync.WaitGroup     // the goroutines that make them
@@ -141,7 +141,7 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 		// Its connection may be cut, broken, or to a server that no
 		// longer serves as the primary: it is replaced by a new lane.
 		l.close()
-		ls.replace()
+		ls.spare()
 	} else {
 		ls.put(l)
 	}
@@ -176,9 +176,16 @@ func (ls *Lanes) get() (*lane, error) {
 		ls.idle[k] = nil
 		ls.idle = ls.idle[:k]
 		ls.mu.Unlock()
+		ls.spare()
 		return l, nil
 	}
 	ls.mu.Unlock()
+	ls.spare()
+	return ls.newLane()
+}
+
+// newLane returns a new lane, not connected yet.
+func (ls *Lanes) newLane() (*lane, error) {
 	l := &lane{}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	o := ownOptions(ls.opts)
@@ -219,7 +226,7 @@ func (ls *Lanes) put(l *lane) {
 }
 
 // Close closes the idle lanes, and each lane in use once its round trip
-// returns, and waits for the lanes being made to replace dropped ones. A
+// returns, and waits for the lane being made in reserve. A
 // round trip after Close runs on a lane closed after it.
 func (ls *Lanes) Close() {
 	ls.mu.Lock()
@@ -233,15 +240,16 @@ func (ls *Lanes) Close() {
 	}
 }
 
-// replace makes a new lane, connected (dialled, its handshake done) in the
-// background within CleanupTimeout, to stand in for one dropped: a round
-// trip cut short costs its connection, and the next ones must not pay for
-// a dial and a handshake inside their own deadlines (a caller whose
-// deadlines are shorter than that would never get through). At most as
-// many are made at once as lanes may be in use.
-func (ls *Lanes) replace() {
+// spare keeps a lane idle and connected (dialled, its handshake done) in
+// reserve: when none is idle nor being made, it makes one in the
+// background, within CleanupTimeout. So a round trip, or a heartbeat next
+// to one, rarely pays for a dial and a handshake inside its own deadline,
+// and one cut short, which costs its connection, does not starve the next
+// ones (a caller whose deadlines are shorter than a handshake would
+// never get through). A Client so keeps one connection more than it uses.
+func (ls *Lanes) spare() {
 	ls.mu.Lock()
-	if ls.closed || ls.replacing+len(ls.idle) >= cap(ls.slots) {
+	if ls.closed || ls.replacing > 0 || len(ls.idle) > 0 {
 		ls.mu.Unlock()
 		return
 	}
@@ -250,7 +258,7 @@ func (ls *Lanes) replace() {
 	ls.mu.Unlock()
 	go func() {
 		defer ls.spares.Done()
-		l, err := ls.get()
+		l, err := ls.newLane()
 		if err == nil {
 			ctx, cancel := context.WithTimeout(ls.stop, CleanupTimeout)
 			stop := context.AfterFunc(ctx, l.cut) // a dial or a read under way
