@@ -22,17 +22,30 @@ import (
 // another client's call landing in Redis between the two copies.
 type replayAround struct {
 	passHooks
+	mu      sync.Mutex
 	sha     string
 	between func()
+}
+
+// arm has the hook replay the next EVALSHA of sha.
+func (h *replayAround) arm(sha string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sha = sha
 }
 
 func (h *replayAround) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
-		if h.sha == "" || cmd.Name() != "evalsha" || len(args) < 2 || args[1] != h.sha {
+		h.mu.Lock()
+		fire := h.sha != "" && cmd.Name() == "evalsha" && len(args) > 1 && args[1] == h.sha
+		if fire {
+			h.sha = ""
+		}
+		h.mu.Unlock()
+		if !fire {
 			return next(ctx, cmd)
 		}
-		h.sha = ""
 		if err := next(ctx, cmd); err != nil {
 			return err
 		}
@@ -208,7 +221,7 @@ func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	hook.sha = semAcquireScript.Hash()
+	hook.arm(semAcquireScript.Hash())
 	if err := w.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
