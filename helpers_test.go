@@ -158,10 +158,12 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// handshake reports whether cmd is part of a new connection's set-up.
+// handshake reports whether cmd is part of a new connection's set-up: the
+// handshake, or the PING with which a Client connects a lane it keeps in
+// reserve.
 func handshake(cmd redis.Cmder) bool {
 	switch cmd.Name() {
-	case "hello", "client", "auth", "select":
+	case "hello", "client", "auth", "select", "ping":
 		return true
 	}
 	return false
