@@ -185,7 +185,21 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		before := cnt.stats(t)
 		got := make(chan error, 1)
 		go func() { got <- waiter.Lock(ctx) }()
-		eventually(t, 10*time.Second, "the subscriber to PING", func() bool { return cnt.stats(t)["ping"] > before["ping"] })
+		// Redisync's spare connections PING too: wait for a subscribed
+		// connection whose last command was a PING.
+		eventually(t, 10*time.Second, "the subscriber to PING", func() bool {
+			list, err := s.admin.ClientList(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range strings.Split(list, "\n") {
+				f := " " + c + " "
+				if strings.Contains(f, " cmd=ping ") && !strings.Contains(f, " sub=0 ") && strings.Contains(f, " user=redisync ") {
+					return true
+				}
+			}
+			return false
+		})
 		if err := holder.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
