@@ -165,8 +165,14 @@ func (w *Watchdog) told(batch []Renewal, res []int64, err error, latency time.Du
 // own and the watchdog stops waiting for it at limit; go-redis's own
 // timeouts end it later (Wait waits for it). A renewal that reaches Redis
 // after limit only delays other owners.
+//
+// The context ends at limit, at Close, or once call returns, never when
+// Renew returns: a caller that reaches its select late (a loaded machine)
+// would find both the reply and the context ended, and might pick the
+// context's "context canceled" over a renewal that answered in time.
 func (w *Watchdog) call(limit time.Time, batch []Renewal) ([]int64, error) {
 	ctx, cancel := context.WithDeadline(w.ctx, limit)
+	defer cancel()
 	type reply struct {
 		res []int64
 		err error
@@ -175,7 +181,6 @@ func (w *Watchdog) call(limit time.Time, batch []Renewal) ([]int64, error) {
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
-		defer cancel()
 		res, err := w.cfg.Renew(ctx, batch)
 		done <- reply{res, err}
 	}()
