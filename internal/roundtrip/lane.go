@@ -263,7 +263,9 @@ func (ls *Lanes) spare() {
 			ctx, cancel := context.WithTimeout(ls.stop, CleanupTimeout)
 			stop := context.AfterFunc(ctx, l.cut) // a dial or a read under way
 			err = l.rdb.Ping(ctx).Err()
-			stop()
+			if !stop() && err == nil {
+				err = ctx.Err() // cut as the PING returned: not kept
+			}
 			cancel()
 			if err != nil {
 				l.close()
