@@ -170,7 +170,7 @@ func handshake(cmd redis.Cmder) bool {
 }
 
 // armReplay makes the next EVALSHA of script run twice.
-func (c *counter) armReplay(s *redis.Script) {
+func (c *counter) armReplay(s *luaScript) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.replay, c.sha = "evalsha", s.Hash()

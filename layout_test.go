@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/schema"
 )
 
@@ -150,7 +149,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 
 // layout1Script loads a script of layout 1 (redisync at c15c6cd, before
 // layouts were numbered), as an older version in a rolling deploy runs it.
-func layout1Script(t *testing.T, name string) *redis.Script {
+func layout1Script(t *testing.T, name string) *luaScript {
 	t.Helper()
 	lib, err := os.ReadFile("testdata/layout1/lib.lua")
 	if err != nil {
@@ -160,7 +159,7 @@ func layout1Script(t *testing.T, name string) *redis.Script {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return redis.NewScript(string(lib) + string(body))
+	return testScript(string(lib) + string(body))
 }
 
 func mustGet(t *testing.T, mr interface{ Get(string) (string, error) }, key string) string {

@@ -401,7 +401,7 @@ type scriptRuns struct {
 	n  map[string]int
 }
 
-func (h *scriptRuns) of(s *redis.Script) int {
+func (h *scriptRuns) of(s *luaScript) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.n[s.Hash()]
@@ -416,7 +416,7 @@ func (h *scriptRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				case "evalsha":
 					h.n[src]++
 				case "eval":
-					h.n[redis.NewScript(src).Hash()]++
+					h.n[testScript(src).Hash()]++
 				}
 				h.mu.Unlock()
 			}

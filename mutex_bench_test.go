@@ -103,7 +103,7 @@ func (nopObserver) Event(Event)                                           {}
 
 // benchDelIfOwner is the release of the simplest lock: delete the key if
 // it still holds the caller's token.
-var benchDelIfOwner = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+var benchDelIfOwner = testScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
 // BenchmarkMutexTryLockHeld measures TryLock on a lock another owner
 // holds: one acquire script call that fails.

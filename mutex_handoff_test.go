@@ -162,7 +162,7 @@ type dropAt struct {
 	args []any
 }
 
-func (h *dropAt) arm(s *redis.Script) {
+func (h *dropAt) arm(s *luaScript) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.args = s.Hash(), nil

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/watchdog"
 )
@@ -19,7 +18,7 @@ var (
 	//go:embed scripts/redlock_raise.lua
 	luaRedlockRaise string
 
-	redlockRaiseScript = redis.NewScript(luaLib + luaRedlockRaise)
+	redlockRaiseScript = newScript("redlockRaise", luaLib+luaRedlockRaise)
 )
 
 // round makes one attempt on every node and keeps the lock if a quorum

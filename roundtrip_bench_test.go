@@ -33,7 +33,7 @@ func BenchmarkCallHop(b *testing.B) {
 	c := benchClient(b, rdb)
 	m := c.NewMutex(benchKey(b))
 	requests := benchRecordLockUnlock(b, rdb, m)
-	noop := redis.NewScript("return 1")
+	noop := testScript("return 1")
 	workers := roundtrip.New(context.Background(), ErrClosed, nil, rdb, nil)
 	defer workers.Close()
 	runner := func(r *roundtrip.Runner) func(testing.TB) {

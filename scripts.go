@@ -11,9 +11,7 @@ import (
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
-// The Lua scripts, each prefixed with the shared helpers of lib.lua. Run
-// sends EVALSHA and falls back to EVAL when the server does not know the
-// script yet.
+// The Lua scripts, each prefixed with the shared helpers of lib.lua.
 var (
 	//go:embed scripts/lib.lua
 	luaLib string
@@ -48,22 +46,22 @@ var (
 	//go:embed scripts/sem_resize.lua
 	luaSemResize string
 
-	acquireScript = redis.NewScript(luaLib + luaAcquire)
-	releaseScript = redis.NewScript(luaLib + luaRelease)
-	renewScript   = redis.NewScript(luaLib + luaRenew)
-	extendScript  = redis.NewScript(luaLib + luaExtend)
-	ttlScript     = redis.NewScript(luaLib + luaTTL)
-	handoffScript = redis.NewScript(luaLib + luaHandoff)
-	wakeScript    = redis.NewScript(luaLib + luaWake)
+	acquireScript = newScript("acquire", luaLib+luaAcquire)
+	releaseScript = newScript("release", luaLib+luaRelease)
+	renewScript   = newScript("renew", luaLib+luaRenew)
+	extendScript  = newScript("extend", luaLib+luaExtend)
+	ttlScript     = newScript("ttl", luaLib+luaTTL)
+	handoffScript = newScript("handoff", luaLib+luaHandoff)
+	wakeScript    = newScript("wake", luaLib+luaWake)
 
-	multiAcquireScript = redis.NewScript(luaLib + luaMultiAcquire)
-	multiReleaseScript = redis.NewScript(luaLib + luaMultiRelease)
-	proclaimScript     = redis.NewScript(luaLib + luaProclaim)
-	leaderScript       = redis.NewScript(luaLib + luaLeader)
+	multiAcquireScript = newScript("multiAcquire", luaLib+luaMultiAcquire)
+	multiReleaseScript = newScript("multiRelease", luaLib+luaMultiRelease)
+	proclaimScript     = newScript("proclaim", luaLib+luaProclaim)
+	leaderScript       = newScript("leader", luaLib+luaLeader)
 
-	semAcquireScript = redis.NewScript(luaLib + luaSemLib + luaSemAcquire)
-	semReleaseScript = redis.NewScript(luaLib + luaSemLib + luaSemRelease)
-	semResizeScript  = redis.NewScript(luaLib + luaSemLib + luaSemResize)
+	semAcquireScript = newScript("semAcquire", luaLib+luaSemLib+luaSemAcquire)
+	semReleaseScript = newScript("semRelease", luaLib+luaSemLib+luaSemRelease)
+	semResizeScript  = newScript("semResize", luaLib+luaSemLib+luaSemResize)
 )
 
 // tombstoneTTL is how long Redis remembers a hold's release, so that a
@@ -75,10 +73,44 @@ const tombstoneTTL = 10 * time.Second
 // reads its KEYS and ARGV, which its header in scripts/ documents.
 // Durations go as whole milliseconds, flags as flag does.
 
+// luaScript is a Lua script with its SHA-1 digest, which EVALSHA names it
+// by. The digests are computed when the scripts change, not at run time
+// (scripts_sha1.go, which go generate writes): a process in FIPS 140-only
+// mode may not use SHA-1.
+type luaScript struct {
+	name, src, sha string
+}
+
+//go:generate go test -run ^TestScriptDigests$ -update-digests .
+
+// newScript returns the script src, known as name in scripts_sha1.go.
+func newScript(name, src string) *luaScript {
+	s := &luaScript{name, src, scriptSHA1[name]}
+	allScripts = append(allScripts, s)
+	return s
+}
+
+// allScripts are the scripts of newScript, whose digests go generate
+// writes.
+var allScripts []*luaScript
+
+// Hash returns the script's SHA-1 digest, in hex.
+func (s *luaScript) Hash() string { return s.sha }
+
+// Run sends EVALSHA, then EVAL when the server does not know the script
+// yet.
+func (s *luaScript) Run(ctx context.Context, rdb redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	r := rdb.EvalSha(ctx, s.sha, keys, args...)
+	if redis.HasErrorPrefix(r.Err(), "NOSCRIPT") {
+		return rdb.Eval(ctx, s.src, keys, args...)
+	}
+	return r
+}
+
 // scriptCall is one call of a script: the script with its KEYS and ARGV,
 // in the order it reads them.
 type scriptCall struct {
-	script *redis.Script
+	script *luaScript
 	keys   []string
 	args   []any
 }

@@ -49,9 +49,9 @@ func BenchmarkScriptCost(b *testing.B) {
 		name string
 		op   func(testing.TB)
 	}{
-		{"return", benchReplay(rdb, redis.NewScript("return 1"), requests)},
-		{"6 reads", benchReplay(rdb, redis.NewScript(benchSixReads), requests)},
-		{"lib.lua", benchReplay(rdb, redis.NewScript(luaLib+"\nreturn 1"), requests)},
+		{"return", benchReplay(rdb, testScript("return 1"), requests)},
+		{"6 reads", benchReplay(rdb, testScript(benchSixReads), requests)},
+		{"lib.lua", benchReplay(rdb, testScript(luaLib+"\nreturn 1"), requests)},
 		{"Lock+Unlock", benchLockUnlock(m)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
@@ -130,7 +130,7 @@ func benchRecordLockUnlock(b *testing.B, rdb *redis.Client, m *Mutex) []benchScr
 
 // benchReplay returns a function that sends requests, each as a call of
 // script s, from its caller's goroutine.
-func benchReplay(rdb *redis.Client, s *redis.Script, requests []benchScriptCall) func(testing.TB) {
+func benchReplay(rdb *redis.Client, s *luaScript, requests []benchScriptCall) func(testing.TB) {
 	return func(tb testing.TB) {
 		for _, r := range requests {
 			if err := s.Run(context.Background(), rdb, r.keys, r.args...).Err(); err != nil {

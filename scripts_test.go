@@ -18,7 +18,7 @@ import (
 // keep_longer when ARGV[3] is "longer", and replies the key's PTTL
 // afterwards. With ARGV[2] "6" it runs as on a Redis before 7, whose
 // PEXPIRE has no GT option and fails when given one.
-var keepAliveScript = redis.NewScript(`
+var keepAliveScript = testScript(`
 if ARGV[2] == '6' then
   local pcall = redis.pcall
   redis.pcall = function(cmd, key, ms, opt)

@@ -483,7 +483,7 @@ type capture struct {
 	args []any
 }
 
-func (h *capture) arm(s *redis.Script) {
+func (h *capture) arm(s *luaScript) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.args = s.Hash(), nil
@@ -526,7 +526,7 @@ type failRetry struct {
 	refuse  bool // the next EVALSHA of sha is refused
 }
 
-func (h *failRetry) arm(s *redis.Script, persist bool) {
+func (h *failRetry) arm(s *luaScript, persist bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.persist, h.refuse = s.Hash(), persist, false
@@ -711,7 +711,7 @@ type lostReplyAt struct {
 	hit  chan struct{}
 }
 
-func (h *lostReplyAt) arm(s *redis.Script, skip int) <-chan struct{} {
+func (h *lostReplyAt) arm(s *luaScript, skip int) <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.skip, h.hit = s.Hash(), skip, make(chan struct{})
@@ -799,7 +799,7 @@ type betweenCopies struct {
 	f   func()
 }
 
-func (h *betweenCopies) arm(s *redis.Script, f func()) {
+func (h *betweenCopies) arm(s *luaScript, f func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sha, h.f = s.Hash(), f

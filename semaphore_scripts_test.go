@@ -195,7 +195,7 @@ const diffClock = int64(1_790_000_000_000)
 // of TIME, so that two versions run at the same instant.
 type diffScripts struct {
 	name                     string
-	acquire, release, resize *redis.Script
+	acquire, release, resize *luaScript
 }
 
 // diffClocked returns lib.lua (lib) reading the clock from the last key.
@@ -221,14 +221,14 @@ func diffVersions(t *testing.T) (old, cur diffScripts) {
 	}
 	oldLib, oldSem := diffClocked(t, read("lib.lua")), read("sem_lib.lua")
 	old = diffScripts{"old",
-		redis.NewScript(oldLib + oldSem + read("sem_acquire.lua")),
-		redis.NewScript(oldLib + oldSem + read("sem_release.lua")),
-		redis.NewScript(oldLib + oldSem + read("sem_resize.lua"))}
+		testScript(oldLib + oldSem + read("sem_acquire.lua")),
+		testScript(oldLib + oldSem + read("sem_release.lua")),
+		testScript(oldLib + oldSem + read("sem_resize.lua"))}
 	lib := diffClocked(t, luaLib)
 	cur = diffScripts{"new",
-		redis.NewScript(lib + luaSemLib + luaSemAcquire),
-		redis.NewScript(lib + luaSemLib + luaSemRelease),
-		redis.NewScript(lib + luaSemLib + luaSemResize)}
+		testScript(lib + luaSemLib + luaSemAcquire),
+		testScript(lib + luaSemLib + luaSemRelease),
+		testScript(lib + luaSemLib + luaSemResize)}
 	return old, cur
 }
 
