@@ -96,7 +96,7 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	if nb.Value != "b1" || nb.Token != b.Token() || nb.Token <= l.Token {
 		t.Fatalf("observed %+v after a resigned, want b1 with token %d > %d", nb, b.Token(), l.Token)
 	}
-	if a.Token() != 0 || a.Lost() != nil {
+	if a.Token() != 0 || a.Lost() != notHeld {
 		t.Fatal("a still leads after Resign")
 	}
 	// A Campaign of the leading value without its leadership's context

@@ -414,15 +414,23 @@ func (s *holds) token() int64 {
 	return s.cur.token
 }
 
-// lostChan returns the Lost channel of the value's hold, or nil.
+// lostChan returns the Lost channel of the value's hold, or notHeld.
 func (s *holds) lostChan() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil {
-		return nil
+		return notHeld
 	}
 	return s.cur.lost
 }
+
+// notHeld is the Lost channel of a value that holds nothing: closed, so
+// that work watching it stops rather than run unguarded.
+var notHeld = func() <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // settle runs release, an idempotent release script call, as
 // roundtrip's Settle does: sent even when ctx has ended (a release is due

@@ -166,7 +166,7 @@ func TestRedMutexHoldContextAndDo(t *testing.T) {
 	}); err != nil || !ran {
 		t.Fatalf("Do: %v, ran under the hold %v", err, ran)
 	}
-	if m.Lost() != nil {
+	if m.Lost() != notHeld {
 		t.Error("Do left the lock held")
 	}
 
@@ -379,5 +379,101 @@ func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatalf("the other goroutine's Unlock: %v", err)
+	}
+}
+
+// Lost of a value that holds nothing is a closed channel, before its first
+// Lock, after a Lock that failed, and after its Unlock: work that selects
+// on it stops rather than run unguarded. While the value holds, it is
+// open.
+func TestLostWithoutAHoldIsClosed(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	_, rdbs, _ := newMiniNodes(t, 3)
+	r := newRedlock(t, rdbs)
+	type primitive struct {
+		lock, unlock func(context.Context) error
+		lost         func() <-chan struct{}
+	}
+	prims := map[string]func(name string) primitive{
+		"Mutex": func(name string) primitive {
+			m := c.NewMutex(name)
+			return primitive{m.Lock, m.Unlock, m.Lost}
+		},
+		"RWMutex": func(name string) primitive {
+			m := c.NewRWMutex(name)
+			return primitive{m.Lock, m.Unlock, m.Lost}
+		},
+		"Semaphore": func(name string) primitive {
+			s := c.NewSemaphore(name, 1)
+			return primitive{
+				func(ctx context.Context) error { return s.Acquire(ctx, 1) },
+				func(ctx context.Context) error { return s.Release(ctx, 1) },
+				s.Lost}
+		},
+		"MultiMutex": func(name string) primitive {
+			m := c.NewMultiMutex([]string{name, name + "-b"})
+			return primitive{m.Lock, m.Unlock, m.Lost}
+		},
+		"RedMutex": func(name string) primitive {
+			m := r.NewMutex(name)
+			return primitive{m.Lock, m.Unlock, m.Lost}
+		},
+		"Election": func(name string) primitive {
+			e := c.NewElection(name)
+			return primitive{
+				func(ctx context.Context) error { return e.Campaign(ctx, "v") },
+				e.Resign, e.Lost}
+		},
+	}
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	for kind, newPrim := range prims {
+		t.Run(kind, func(t *testing.T) {
+			p := newPrim("lost-" + kind)
+			if !closed(p.lost()) {
+				t.Error("before Lock: Lost is not closed")
+			}
+			// A Lock that fails, the lock being held by another value
+			// of the same kind.
+			holder := newPrim("lost-" + kind)
+			if err := holder.lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			err := p.lock(short)
+			cancel()
+			if err == nil {
+				t.Fatal("Lock of a held lock succeeded")
+			}
+			if !closed(p.lost()) {
+				t.Error("after a failed Lock: Lost is not closed")
+			}
+			if err := holder.unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			lost := p.lost()
+			if closed(lost) {
+				t.Error("while held: Lost is closed")
+			}
+			if err := p.unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if closed(lost) {
+				t.Error("Unlock closed the hold's Lost channel")
+			}
+			if !closed(p.lost()) {
+				t.Error("after Unlock: Lost is not closed")
+			}
+		})
 	}
 }

@@ -269,7 +269,7 @@ func TestLayoutRefusalHoldsNothing(t *testing.T) {
 		t.Fatalf("TryLock: %v, %v; want ErrLayout", ok, err)
 	}
 	_ = c.Close() // waits for any clean-up still under way
-	if m.Token() != 0 || m.Lost() != nil {
+	if m.Token() != 0 || m.Lost() != notHeld {
 		t.Error("a refused TryLock holds")
 	}
 	ws := withdrawnTickets(t, mr, k)

@@ -326,12 +326,13 @@ func (m *MultiMutex) Token(name string) int64 {
 // Lost returns a channel that is closed when m's current hold is lost:
 // the hold of any of its names is lost, as a Mutex's is (see Mutex.Lost),
 // or the Client was closed. A normal Unlock does not close it. When m
-// holds nothing, Lost returns nil.
+// holds nothing, Lost returns a closed channel: take it after Lock
+// succeeds.
 func (m *MultiMutex) Lost() <-chan struct{} {
 	if h := m.current(); h != nil {
 		return h.lost
 	}
-	return nil
+	return notHeld
 }
 
 // HoldContext returns a context derived from parent that is cancelled

@@ -375,7 +375,7 @@ func TestMultiMutexLateReplyUndone(t *testing.T) {
 	eventually(t, 5*time.Second, "the late take to run", held)
 	eventually(t, 5*time.Second, "the late take to be undone", func() bool { return !held() })
 	px.DelayReplies(0)
-	if m.Lost() != nil {
+	if m.Lost() != notHeld {
 		t.Error("the MultiMutex holds a set after its Lock failed")
 	}
 }

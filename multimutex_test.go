@@ -137,7 +137,7 @@ func TestMultiMutexFastPath(t *testing.T) {
 	if n := cnt.n.Load() - before; n != 1 {
 		t.Errorf("Unlock of three names sent %d commands, want 1", n)
 	}
-	if m.Tokens() != nil || m.Lost() != nil {
+	if m.Tokens() != nil || m.Lost() != notHeld {
 		t.Error("Tokens or Lost not nil after Unlock")
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
@@ -191,7 +191,7 @@ func TestMultiMutexReentrantAndDo(t *testing.T) {
 	}); err != nil || !ran {
 		t.Fatalf("Do: %v, ran %v", err, ran)
 	}
-	if m.Lost() != nil {
+	if m.Lost() != notHeld {
 		t.Fatal("Do left the set held")
 	}
 }

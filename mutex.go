@@ -354,7 +354,7 @@ func (m *Mutex) Token() int64 { return m.token() }
 // lease could not be renewed in time, the lock's key was removed or
 // changed behind its back, its fixed lease ran out, or the Client was
 // closed. A normal Unlock does not close it. When m holds nothing, Lost
-// returns nil (a channel that never delivers).
+// returns a closed channel: take it after Lock succeeds.
 func (m *Mutex) Lost() <-chan struct{} { return m.lostChan() }
 
 // Name returns the name of the lock.

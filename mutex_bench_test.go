@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -151,6 +152,83 @@ func BenchmarkMutexHandoff(b *testing.B) {
 	b.Run("fair", func(b *testing.B) { benchTurns(b) })
 	b.Run("barging", func(b *testing.B) { benchTurns(b, Barging()) })
 	b.Run("PUBLISH", benchPublishTurns)
+}
+
+// BenchmarkMutexWake times a wake-up: from the holder's Unlock returning
+// to a waiting Lock of another Client returning, the waiter asleep on its
+// channel (recorded in the queue, or as a barging waiter, and subscribed)
+// when the Unlock is sent. Beside each wake-up it times an EVALSHA round
+// trip of a script that does nothing, on the waiter's connection, and
+// reports the medians of both and their ratio: a wake-up is a PUBLISH
+// delivered and one acquire script's round trip at the least.
+func BenchmarkMutexWake(b *testing.B) {
+	b.Run("fair", func(b *testing.B) { benchWake(b) })
+	b.Run("barging", func(b *testing.B) { benchWake(b, Barging()) })
+}
+
+func benchWake(b *testing.B, opts ...Option) {
+	rdb1, cnt := benchRedis(b)
+	rdb2 := benchSecondClient(b, rdb1, cnt)
+	name := benchKey(b)
+	c1, c2 := benchClient(b, rdb1), benchClient(b, rdb2)
+	holder, waiter := c1.NewMutex(name, opts...), c2.NewMutex(name, opts...)
+	k := waiter.keys
+	noop := testScript("return 1")
+	ctx := context.Background()
+	asleep := func() bool {
+		var n int64
+		if len(opts) == 0 {
+			n = rdb1.ZCard(ctx, k.Queue).Val()
+		} else {
+			n = rdb1.Exists(ctx, k.Bargers).Val()
+		}
+		return n > 0 && confirmedWaiters(c2, k.Channel)+confirmedWaiters(c2, k.GrantChannel(c2.id)) > 0
+	}
+	var wakes, trips []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		if err := holder.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		got := make(chan error, 1)
+		var woke time.Time
+		go func() {
+			err := waiter.Lock(ctx)
+			woke = time.Now()
+			got <- err
+		}()
+		for !asleep() {
+			time.Sleep(100 * time.Microsecond)
+		}
+		time.Sleep(time.Millisecond) // past the reply that recorded it
+		start := time.Now()
+		if err := noop.Run(ctx, rdb2, nil).Err(); err != nil {
+			b.Fatal(err)
+		}
+		trips = append(trips, time.Since(start))
+		b.StartTimer()
+		if err := holder.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		unlocked := time.Now()
+		if err := <-got; err != nil {
+			b.Fatal(err)
+		}
+		wakes = append(wakes, woke.Sub(unlocked))
+		b.StopTimer()
+		if err := waiter.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds())
+	}
+	w, t := median(wakes), median(trips)
+	b.ReportMetric(w, "us/wake-p50")
+	b.ReportMetric(t, "us/evalsha-p50")
+	b.ReportMetric(w/t, "wake/evalsha")
 }
 
 // benchTurns runs the turns of BenchmarkMutexHandoff with Mutexes made

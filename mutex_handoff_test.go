@@ -40,7 +40,7 @@ func TestMutexHandoff(t *testing.T) {
 	default:
 		t.Fatal("the giver's Lost is open after Handoff returned")
 	}
-	if a.Token() != 0 || a.Lost() != nil {
+	if a.Token() != 0 || a.Lost() != notHeld {
 		t.Fatal("the giver still holds after Handoff")
 	}
 	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != handle {
@@ -52,7 +52,7 @@ func TestMutexHandoff(t *testing.T) {
 	if err := b.Accept(ctx, handle); err != nil {
 		t.Fatal(err)
 	}
-	if b.Token() <= token || b.Lost() == nil {
+	if b.Token() <= token || b.Lost() == notHeld {
 		t.Fatalf("the taker's token %d (giver's %d), Lost %v", b.Token(), token, b.Lost())
 	}
 	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != b.holdID() || mr.HGet(key, f[0]) != "1" {

@@ -118,7 +118,7 @@ func TestMutexReentrantCountsAndToken(t *testing.T) {
 	if mr.Exists("redisync:lock:{re}") {
 		t.Fatal("lock key still exists after the last Unlock")
 	}
-	if m.Token() != 0 || m.Lost() != nil {
+	if m.Token() != 0 || m.Lost() != notHeld {
 		t.Fatal("Token/Lost should report no hold after the last Unlock")
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {

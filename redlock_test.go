@@ -184,7 +184,7 @@ func TestRedlockLockUnlockReentrant(t *testing.T) {
 	if ok, err := b.TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock of another owner = %v, %v; want false, nil", ok, err)
 	}
-	if a.Token() == 0 || a.Lost() == nil {
+	if a.Token() == 0 || a.Lost() == notHeld {
 		t.Fatalf("Token %d, Lost %v while held", a.Token(), a.Lost())
 	}
 	for range 2 {
@@ -205,7 +205,7 @@ func TestRedlockLockUnlockReentrant(t *testing.T) {
 	if err := a.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Unlock of nothing: %v, want ErrNotHeld", err)
 	}
-	if a.Token() != 0 || a.Lost() != nil {
+	if a.Token() != 0 || a.Lost() != notHeld {
 		t.Fatal("Token or Lost not reset after the last Unlock")
 	}
 	if ok, err := b.TryLock(ctx); !ok || err != nil {

@@ -249,12 +249,13 @@ func (m *RedMutex) Token() int64 {
 // lost each by its node's watchdog (by the local deadline of its lease, or
 // when a renewal found it gone), or the Redlock was closed. A hold that
 // lost a node does not get it back. A normal Unlock does not close it.
-// When m holds nothing, Lost returns nil.
+// When m holds nothing, Lost returns a closed channel: take it after Lock
+// succeeds.
 func (m *RedMutex) Lost() <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.cur == nil {
-		return nil
+		return notHeld
 	}
 	return m.cur.lost
 }

@@ -169,13 +169,13 @@ func (rw *RWMutex) Token() int64 {
 // Lost returns a channel that is closed when rw's write is lost: its lease
 // could not be renewed in time, it was removed behind rw's back, its fixed
 // lease ran out, or the Client was closed. Releasing it normally does not
-// close it. When rw holds no write, Lost returns nil (a channel that never
-// delivers). A read's loss cancels RDo's context.
+// close it. When rw holds no write, Lost returns a closed channel: take it
+// after Lock succeeds. A read's loss cancels RDo's context.
 func (rw *RWMutex) Lost() <-chan struct{} {
 	if w := rw.current(); w != nil {
 		return w.s.Lost()
 	}
-	return nil
+	return notHeld
 }
 
 // HoldContext returns a context, derived from parent, that is cancelled

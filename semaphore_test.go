@@ -106,7 +106,7 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 	if a.Held() != 3 || permitsOf(mr, a) != "3" {
 		t.Fatalf("a holds %d (Redis: %q), want 3", a.Held(), permitsOf(mr, a))
 	}
-	if a.Lost() == nil {
+	if a.Lost() == notHeld {
 		t.Fatal("Lost is nil while permits are held")
 	}
 	if ok, err := b.TryAcquire(ctx, 3); ok || err != nil {
@@ -126,7 +126,7 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if mr.Exists(semKey) || a.Lost() != nil || a.Held() != 0 {
+	if mr.Exists(semKey) || a.Lost() != notHeld || a.Held() != 0 {
 		t.Fatal("permits left after releasing everything")
 	}
 }
@@ -438,7 +438,7 @@ func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
 	if err := s.Release(ctx, 1); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Release after loss: %v, want ErrLockLost", err)
 	}
-	if s.Held() != 0 || s.Lost() != nil {
+	if s.Held() != 0 || s.Lost() != notHeld {
 		t.Fatal("a lost holding is still counted after its Release")
 	}
 	if err := s.Acquire(ctx, 2); err != nil {

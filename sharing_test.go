@@ -331,7 +331,7 @@ func TestReentryFollowsTheHoldsContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Lost() != nil || m.Token() != 0 {
+	if m.Lost() != notHeld || m.Token() != 0 {
 		t.Fatal("m still holds after the outer Do")
 	}
 }

@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -51,7 +52,9 @@ func TestFinding15CallsReturnByTheirDeadline(t *testing.T) {
 			}
 			return m.Unlock, func(t *testing.T, admin *redis.Client) {
 				t.Helper()
-				if m.Token() != 0 || m.Lost() != nil {
+				hctx, cancel := m.HoldContext(context.Background())
+				defer cancel()
+				if m.Token() != 0 || !errors.Is(context.Cause(hctx), redisync.ErrNotHeld) {
 					t.Errorf("after a failed Unlock of the last level, the Mutex still holds token %d", m.Token())
 				}
 			}
