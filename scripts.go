@@ -64,15 +64,6 @@ var (
 	semResizeScript  = newScript("semResize", luaLib+luaSemLib+luaSemResize)
 )
 
-// tombstoneTTL is how long Redis remembers a hold's release, so that a
-// release retried by go-redis after a lost reply reports success.
-const tombstoneTTL = 10 * time.Second
-
-// The typed arguments of the Lua scripts, one wrapper per script in the
-// order of scripts.go: the only place that knows in which order a script
-// reads its KEYS and ARGV, which its header in scripts/ documents.
-// Durations go as whole milliseconds, flags as flag does.
-
 // luaScript is a Lua script with its SHA-1 digest, which EVALSHA names it
 // by. The digests are computed when the scripts change, not at run time
 // (scripts_sha1.go, which go generate writes): a process in FIPS 140-only
@@ -106,6 +97,15 @@ func (s *luaScript) Run(ctx context.Context, rdb redis.Scripter, keys []string, 
 	}
 	return r
 }
+
+// tombstoneTTL is how long Redis remembers a hold's release, so that a
+// release retried by go-redis after a lost reply reports success.
+const tombstoneTTL = 10 * time.Second
+
+// The typed arguments of the Lua scripts, one wrapper per script in the
+// order of scripts.go: the only place that knows in which order a script
+// reads its KEYS and ARGV, which its header in scripts/ documents.
+// Durations go as whole milliseconds, flags as flag does.
 
 // scriptCall is one call of a script: the script with its KEYS and ARGV,
 // in the order it reads them.
