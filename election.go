@@ -267,8 +267,9 @@ func (e *Election) parse(res []string, l *Leadership, lease *time.Duration) erro
 func (e *Election) Token() int64 { return e.m.Token() }
 
 // Lost returns a channel that is closed when e's leadership is lost, as
-// Mutex.Lost for a hold; a closed channel when e does not lead. Resign
-// does not close it.
+// Mutex.Lost for a hold. Resign does not close the channel of the
+// leadership it ends; once e does not lead, Lost returns a closed
+// channel.
 func (e *Election) Lost() <-chan struct{} { return e.m.Lost() }
 
 // HoldContext returns a context, derived from parent, that is cancelled

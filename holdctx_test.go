@@ -434,6 +434,18 @@ func TestLostWithoutAHoldIsClosed(t *testing.T) {
 			return false
 		}
 	}
+	t.Run("RWMutex reads", func(t *testing.T) {
+		rw := c.NewRWMutex("lost-reads")
+		if err := rw.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rw.Lost() != notHeld {
+			t.Error("holding only a read: Lost is not the closed channel of no write")
+		}
+		if err := rw.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 	for kind, newPrim := range prims {
 		t.Run(kind, func(t *testing.T) {
 			p := newPrim("lost-" + kind)

@@ -138,7 +138,7 @@ func TestMultiMutexFastPath(t *testing.T) {
 		t.Errorf("Unlock of three names sent %d commands, want 1", n)
 	}
 	if m.Tokens() != nil || m.Lost() != notHeld {
-		t.Error("Tokens or Lost not nil after Unlock")
+		t.Error("after Unlock: Tokens not nil, or Lost not the closed channel of no hold")
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("second Unlock: %v, want ErrNotHeld", err)

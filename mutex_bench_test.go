@@ -154,15 +154,16 @@ func BenchmarkMutexHandoff(b *testing.B) {
 	b.Run("PUBLISH", benchPublishTurns)
 }
 
-// BenchmarkMutexWake times a wake-up: from the holder's Unlock returning
-// to a waiting Lock of another Client returning, the waiter asleep on its
+// BenchmarkMutexWake times a hand-over: from the holder's Unlock call to
+// a waiting Lock of another Client returning, the waiter asleep on its
 // channel (recorded in the queue, or as a barging waiter, and subscribed)
-// when the Unlock is sent. Beside each wake-up it times two EVALSHA round
-// trips in a row of a script that does nothing, on the waiter's client:
-// the first after an idle millisecond, as a wake-up comes, the second
-// warm. It reports the medians and the wake-up's ratio to each. A barging
-// wake-up is a PUBLISH delivered and one acquire script's round trip at
-// the least; a fair one, the grant's PUBLISH delivered.
+// when the Unlock is sent. Beside each it times two EVALSHA round trips
+// in a row of a script that does nothing, on the waiter's go-redis
+// client: the first after an idle millisecond, as a release comes, the
+// second warm. It reports the medians and the hand-over's ratio to each.
+// A fair hand-over is the release's round trip, its grant's PUBLISH
+// delivered on the way; a barging one, the release, a PUBLISH delivered,
+// and the waiter's acquire round trip.
 func BenchmarkMutexWake(b *testing.B) {
 	b.Run("fair", func(b *testing.B) { benchWake(b) })
 	b.Run("barging", func(b *testing.B) { benchWake(b, Barging()) })
@@ -199,7 +200,16 @@ func benchWake(b *testing.B, opts ...Option) {
 			woke = time.Now()
 			got <- err
 		}()
+		deadline := time.Now().Add(10 * time.Second)
 		for !asleep() {
+			select {
+			case err := <-got:
+				b.Fatalf("the waiter's Lock returned before its release: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the waiter did not go to sleep within 10 s")
+			}
 			time.Sleep(100 * time.Microsecond)
 		}
 		time.Sleep(time.Millisecond) // past the reply that recorded it
@@ -214,14 +224,19 @@ func benchWake(b *testing.B, opts ...Option) {
 		}
 		warm = append(warm, time.Since(start))
 		b.StartTimer()
+		unlock := time.Now()
 		if err := holder.Unlock(ctx); err != nil {
 			b.Fatal(err)
 		}
-		unlocked := time.Now()
-		if err := <-got; err != nil {
-			b.Fatal(err)
+		select {
+		case err := <-got:
+			if err != nil {
+				b.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			b.Fatal("the waiter was not woken within 10 s of the release")
 		}
-		wakes = append(wakes, woke.Sub(unlocked))
+		wakes = append(wakes, woke.Sub(unlock))
 		b.StopTimer()
 		if err := waiter.Unlock(ctx); err != nil {
 			b.Fatal(err)
@@ -233,11 +248,11 @@ func benchWake(b *testing.B, opts ...Option) {
 		return float64(d[len(d)/2].Microseconds())
 	}
 	w, t, h := median(wakes), median(trips), median(warm)
-	b.ReportMetric(w, "us/wake-p50")
+	b.ReportMetric(w, "us/handover-p50")
 	b.ReportMetric(t, "us/evalsha-p50")
 	b.ReportMetric(h, "us/warm-evalsha-p50")
-	b.ReportMetric(w/t, "wake/evalsha")
-	b.ReportMetric(w/h, "wake/warm-evalsha")
+	b.ReportMetric(w/t, "handover/evalsha")
+	b.ReportMetric(w/h, "handover/warm-evalsha")
 }
 
 // benchTurns runs the turns of BenchmarkMutexHandoff with Mutexes made

@@ -72,7 +72,7 @@ type luaScript struct {
 	name, src, sha string
 }
 
-//go:generate go test -run ^TestScriptDigests$ -update-digests .
+//go:generate go test . -run ^TestScriptDigests$ -update-digests
 
 // newScript returns the script src, known as name in scripts_sha1.go.
 func newScript(name, src string) *luaScript {

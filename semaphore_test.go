@@ -107,7 +107,7 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 		t.Fatalf("a holds %d (Redis: %q), want 3", a.Held(), permitsOf(mr, a))
 	}
 	if a.Lost() == notHeld {
-		t.Fatal("Lost is nil while permits are held")
+		t.Fatal("Lost is the closed channel of no hold while permits are held")
 	}
 	if ok, err := b.TryAcquire(ctx, 3); ok || err != nil {
 		t.Fatalf("TryAcquire(3) with 2 free: %v, %v, want false", ok, err)
