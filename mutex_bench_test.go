@@ -154,16 +154,18 @@ func BenchmarkMutexHandoff(b *testing.B) {
 	b.Run("PUBLISH", benchPublishTurns)
 }
 
-// BenchmarkMutexWake times a hand-over: from the holder's Unlock call to
-// a waiting Lock of another Client returning, the waiter asleep on its
-// channel (recorded in the queue, or as a barging waiter, and subscribed)
-// when the Unlock is sent. Beside each it times two EVALSHA round trips
-// in a row of a script that does nothing, on the waiter's go-redis
-// client: the first after an idle millisecond, as a release comes, the
-// second warm. It reports the medians and the hand-over's ratio to each.
-// A fair hand-over is the release's round trip, its grant's PUBLISH
-// delivered on the way; a barging one, the release, a PUBLISH delivered,
-// and the waiter's acquire round trip.
+// BenchmarkMutexWake times the passing of a lock to a waiting Lock of
+// another Client, asleep on its channel (recorded in the queue, or as a
+// barging waiter, and subscribed) when the holder's Unlock is sent: the
+// hand-over, from the Unlock call to the waiter's Lock returning, and the
+// wake-up, from the Unlock returning (a fair waiter, granted by the
+// release script, may return first). Beside each it times two EVALSHA
+// round trips in a row of a script that does nothing, on the waiter's
+// go-redis client: the first after an idle millisecond, the second warm.
+// It reports the medians, and the hand-over's and the wake-up's ratios to
+// the warm round trip. A fair hand-over is the release's round trip, its
+// grant's PUBLISH delivered on the way; a barging one, the release, a
+// PUBLISH delivered, and the waiter's acquire round trip.
 func BenchmarkMutexWake(b *testing.B) {
 	b.Run("fair", func(b *testing.B) { benchWake(b) })
 	b.Run("barging", func(b *testing.B) { benchWake(b, Barging()) })
@@ -187,7 +189,7 @@ func benchWake(b *testing.B, opts ...Option) {
 		}
 		return n > 0 && confirmedWaiters(c2, k.Channel)+confirmedWaiters(c2, k.GrantChannel(c2.id)) > 0
 	}
-	var wakes, trips, warm []time.Duration
+	var handovers, wakes, trips, warm []time.Duration
 	for b.Loop() {
 		b.StopTimer()
 		if err := holder.Lock(ctx); err != nil {
@@ -228,6 +230,7 @@ func benchWake(b *testing.B, opts ...Option) {
 		if err := holder.Unlock(ctx); err != nil {
 			b.Fatal(err)
 		}
+		unlocked := time.Now()
 		select {
 		case err := <-got:
 			if err != nil {
@@ -236,7 +239,8 @@ func benchWake(b *testing.B, opts ...Option) {
 		case <-time.After(10 * time.Second):
 			b.Fatal("the waiter was not woken within 10 s of the release")
 		}
-		wakes = append(wakes, woke.Sub(unlock))
+		handovers = append(handovers, woke.Sub(unlock))
+		wakes = append(wakes, woke.Sub(unlocked))
 		b.StopTimer()
 		if err := waiter.Unlock(ctx); err != nil {
 			b.Fatal(err)
@@ -247,12 +251,13 @@ func benchWake(b *testing.B, opts ...Option) {
 		slices.Sort(d)
 		return float64(d[len(d)/2].Microseconds())
 	}
-	w, t, h := median(wakes), median(trips), median(warm)
-	b.ReportMetric(w, "us/handover-p50")
+	o, w, t, h := median(handovers), median(wakes), median(trips), median(warm)
+	b.ReportMetric(o, "us/handover-p50")
+	b.ReportMetric(w, "us/wake-p50")
 	b.ReportMetric(t, "us/evalsha-p50")
 	b.ReportMetric(h, "us/warm-evalsha-p50")
-	b.ReportMetric(w/t, "handover/evalsha")
-	b.ReportMetric(w/h, "handover/warm-evalsha")
+	b.ReportMetric(o/h, "handover/warm-evalsha")
+	b.ReportMetric(w/h, "wake/warm-evalsha")
 }
 
 // benchTurns runs the turns of BenchmarkMutexHandoff with Mutexes made
