@@ -149,6 +149,54 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 	return m.wrapIf("campaign", block(ctx, []post{m.post()}, l))
 }
 
+// TryCampaign makes one attempt to lead the election with value, without
+// waiting: it reports true when this call leads, and false at once,
+// leaving nothing queued, when another candidate leads or candidates wait
+// their turn (they were first). When ctx carries e's leadership (from
+// HoldContext), it changes the leader's value, as Campaign does, and
+// reports true. It reports false while a lost leadership of e still owes
+// its Resign. Errors are Campaign's. It is safe for concurrent use.
+func (e *Election) TryCampaign(ctx context.Context, value string) (bool, error) {
+	return observedTry(e.c.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (bool, error) {
+		return e.tryCampaign(ctx, value)
+	}, e.m.Token)
+}
+
+// tryCampaign is TryCampaign, unobserved: one attempt in the mode of a
+// fair TryLock, which never queues, with value as the hold's metadata.
+func (e *Election) tryCampaign(ctx context.Context, value string) (bool, error) {
+	if h := holdIn(ctx, &e.m.holds); h != nil {
+		if e.isLost(h) {
+			return false, wrapOp("trycampaign", e.name, ErrLockLost)
+		}
+		if err := e.usable(ctx, value); err != nil {
+			return false, wrapOp("trycampaign", e.name, err)
+		}
+		return true, e.proclaim(ctx, h, value)
+	}
+	if err := e.usable(ctx, value); err != nil {
+		return false, wrapOp("trycampaign", e.name, err)
+	}
+	m := e.m
+	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
+	if err != nil {
+		return false, wrapOp("trycampaign", e.name, err)
+	}
+	defer leave()
+	if m.owedUnlock(ctx, false) != nil {
+		return false, nil // a lost leadership of e still owes its Resign
+	}
+	ctx, stop := roundtrip.Marked(ctx)
+	defer stop()
+	l := m.newCall("try")
+	l.meta = value
+	ok, _, err := l.attempt(ctx)
+	if err != nil || !ok {
+		l.finish(ctx, err)
+	}
+	return ok, m.wrapIf("trycampaign", err)
+}
+
 // Proclaim changes the value of e's leadership without giving it up:
 // Leader and Observe report the new value. It returns ErrNotLeader when e
 // does not lead, and ErrLockLost when its leadership was lost (Lost is

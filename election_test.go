@@ -123,6 +123,53 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	noChange(t, obs, 100*time.Millisecond)
 }
 
+// TestElectionTryCampaign: TryCampaign leads a free election, reports
+// false at once and queues nothing while another leads, proclaims under
+// its own leadership's context, and leads again once the leader resigned.
+func TestElectionTryCampaign(t *testing.T) {
+	rdb := redistest.Client(t)
+	name := redistest.Name(t)
+	c1, c2 := newClient(t, rdb), newClient(t, rdb)
+	a, b := c1.NewElection(name), c2.NewElection(name)
+	queue := schema.ElectionKeys("redisync", name).Queue
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	if ok, err := a.TryCampaign(ctx, "a1"); !ok || err != nil || a.Token() == 0 {
+		t.Fatalf("TryCampaign of a free election: %v, %v, token %d; want true", ok, err, a.Token())
+	}
+	if l, err := b.Leader(ctx); err != nil || l.Value != "a1" || l.Token != a.Token() {
+		t.Fatalf("Leader = %+v, %v; want a1 with token %d", l, err, a.Token())
+	}
+	if ok, err := b.TryCampaign(ctx, "b1"); ok || err != nil || b.Token() != 0 {
+		t.Fatalf("TryCampaign while a leads: %v, %v; want false", ok, err)
+	}
+	if n := rdb.ZCard(ctx, queue).Val(); n != 0 {
+		t.Fatalf("%d candidates queued after a TryCampaign that failed; want none", n)
+	}
+	hctx, hcancel := a.HoldContext(ctx)
+	if ok, err := a.TryCampaign(hctx, "a2"); !ok || err != nil {
+		t.Fatalf("TryCampaign under a's leadership: %v, %v; want true", ok, err)
+	}
+	hcancel()
+	if l, err := b.Leader(ctx); err != nil || l.Value != "a2" {
+		t.Fatalf("Leader = %+v, %v; want a2 proclaimed", l, err)
+	}
+	first := a.Token()
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.TryCampaign(ctx, "b2"); !ok || err != nil || b.Token() <= first {
+		t.Fatalf("TryCampaign after a resigned: %v, %v, token %d; want true and a token above %d", ok, err, b.Token(), first)
+	}
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c1.NewElection(name).TryCampaign(ctx, strings.Repeat("v", MaxMetadataLen+1)); !errors.Is(err, ErrInvalidValue) {
+		t.Fatalf("TryCampaign with a long value: %v, want ErrInvalidValue", err)
+	}
+}
+
 func TestElectionInvalid(t *testing.T) {
 	rdb := redistest.Client(t)
 	c := newClient(t, rdb)

@@ -49,7 +49,7 @@ type Op string
 // The calls told to an Observer.
 const (
 	OpLock       Op = "lock"       // Mutex.Lock, RedMutex.Lock, RWMutex.Lock, MultiMutex.Lock, Election.Campaign
-	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock, MultiMutex.TryLock
+	OpTryLock    Op = "trylock"    // Mutex.TryLock, RedMutex.TryLock, RWMutex.TryLock, MultiMutex.TryLock, Election.TryCampaign
 	OpUnlock     Op = "unlock"     // Mutex.Unlock, RedMutex.Unlock, RWMutex.Unlock, MultiMutex.Unlock, Election.Resign
 	OpAcquire    Op = "acquire"    // Semaphore.Acquire
 	OpTryAcquire Op = "tryacquire" // Semaphore.TryAcquire
@@ -74,7 +74,8 @@ const (
 	// joined with "+"); the holds of its names are told as a Mutex's.
 	PrimitiveMultiMutex Primitive = "multimutex"
 	// PrimitiveElection is an Election: its Campaign is told as OpLock,
-	// its Resign as OpUnlock, and its leadership as a hold.
+	// its TryCampaign as OpTryLock, its Resign as OpUnlock, and its
+	// leadership as a hold.
 	PrimitiveElection Primitive = "election"
 )
 
