@@ -61,7 +61,8 @@ var (
 	ErrLayout = errors.New("redisync: state written in another layout")
 	// ErrSizeMismatch is returned by a Semaphore whose size differs from
 	// the size stored in Redis for its name. A semaphore is never resized
-	// silently.
+	// silently: Client.ResizeSemaphore changes the stored size, and the
+	// error's message says so.
 	ErrSizeMismatch = errors.New("redisync: semaphore size mismatch")
 	// ErrInvalidPermits is returned, before any call to Redis, for a
 	// Semaphore size that is not positive or exceeds MaxSemaphoreSize, or a

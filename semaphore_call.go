@@ -107,7 +107,8 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		s.lose(h)
 		return false, 0, ErrLockLost
 	case -2:
-		return false, 0, fmt.Errorf("%w: size %d, stored size %d", ErrSizeMismatch, s.size, res[1])
+		return false, 0, fmt.Errorf("%w: size %d, stored size %d (every user of a name gives the same size; "+
+			"to change it, use Client.ResizeSemaphore, or redisync sem --resize from a shell)", ErrSizeMismatch, s.size, res[1])
 	case -3, -4:
 		// The call left the queue (granted, and lost since; or dropped
 		// as dead), its id was withdrawn (by a retry of the attempt that

@@ -34,7 +34,7 @@ func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int6
 	case err != nil:
 		return s.wrap("resize", redisError(err))
 	case res[0] == 0:
-		return s.wrap("resize", fmt.Errorf("%w: resizing from %d, stored size %d", ErrSizeMismatch, from, res[1]))
+		return s.wrap("resize", fmt.Errorf("%w: resizing from %d, stored size %d (resize from the stored size)", ErrSizeMismatch, from, res[1]))
 	}
 	return nil
 }

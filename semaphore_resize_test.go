@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -96,4 +97,24 @@ func TestResizeSemaphore(t *testing.T) {
 			t.Errorf("%d commands reached Redis", n)
 		}
 	})
+}
+
+// A Semaphore opened with another size than the stored one fails with
+// ErrSizeMismatch, whose message gives both sizes and names the way to
+// change the stored size.
+func TestSizeMismatchNamesResizeSemaphore(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+		t.Fatalf("TryAcquire: %v, %v", ok, err)
+	}
+	_, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1)
+	if !errors.Is(err, ErrSizeMismatch) || !strings.Contains(err.Error(), "size 3, stored size 2") ||
+		!strings.Contains(err.Error(), "Client.ResizeSemaphore") || !strings.Contains(err.Error(), "redisync sem --resize") {
+		t.Fatalf("TryAcquire with another size: %v; want ErrSizeMismatch with both sizes and the way to resize", err)
+	}
+	err = c.ResizeSemaphore(ctx, "s", 3, 4)
+	if !errors.Is(err, ErrSizeMismatch) || !strings.Contains(err.Error(), "resizing from 3, stored size 2") {
+		t.Fatalf("ResizeSemaphore from a size not stored: %v; want ErrSizeMismatch with both sizes", err)
+	}
 }
