@@ -53,8 +53,9 @@ the Lock or Acquire calls waiting, the wait p50 and p99 of the last
 second's acquisitions, their rate, and the holds lost. --metrics-out FILE
 writes them as CSV at every refresh, for a dashboard (docs/operations.md).
 
-When stdout is not a terminal (or with --plain) it prints a progress line
-every half second instead of redrawing.
+When stdout is not a terminal (or with --plain) it prints the progress
+every half second instead of redrawing: a few lines per primitive, none
+wider than 100 columns.
 
 Examples:
   redisync demo
@@ -92,7 +93,7 @@ type demoPart interface {
 	start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup)
 	// view returns the part's lines of the live view of st.
 	view(st *Status, lab *labeler) []string
-	// brief returns the part's fragment of a plain progress line.
+	// brief returns the part's text in the plain progress (see wrap).
 	brief(st *Status, lab *labeler) string
 	// summary writes the part's results to w after the workers stopped,
 	// and returns its checks. st is read after everything was closed.
@@ -246,8 +247,13 @@ func (d *demo) run(ctx context.Context) int {
 	for i, p := range d.parts {
 		titles[i] = p.title(d.env)
 	}
-	fmt.Fprintf(os.Stdout, "redisync demo: %d clients x %d workers contend for %s on %s for %v\n",
+	header := fmt.Sprintf("redisync demo: %d clients x %d workers contend for %s on %s for %v",
 		len(d.env.clients), d.env.workers, strings.Join(titles, " and "), d.where, d.duration)
+	width := plainWidth
+	if d.live && d.width > 0 {
+		width = d.width
+	}
+	fmt.Fprintln(os.Stdout, strings.Join(wrap(header, width, "", "  "), "\n"))
 	if d.live {
 		fmt.Fprint(os.Stdout, "\x1b[?25l") // hide the cursor while redrawing
 		defer fmt.Fprint(os.Stdout, "\x1b[?25h")
@@ -310,13 +316,18 @@ func (d *demo) frame(start time.Time) {
 			return
 		}
 		var b strings.Builder
-		fmt.Fprintf(&b, "%6v ", elapsed)
-		for _, p := range d.parts {
-			b.WriteString(" ")
-			b.WriteString(p.brief(st, d.env.labels))
-			b.WriteString(live[p.primitive()].brief())
+		for i, p := range d.parts {
+			first := strings.Repeat(" ", 8)
+			if i == 0 {
+				first = fmt.Sprintf("%6v  ", elapsed)
+			}
+			text := p.brief(st, d.env.labels) + live[p.primitive()].brief()
+			for _, l := range wrap(text, plainWidth, first, strings.Repeat(" ", 10)) {
+				b.WriteString(l)
+				b.WriteString("\n")
+			}
 		}
-		fmt.Fprintln(os.Stdout, b.String())
+		fmt.Fprint(os.Stdout, b.String())
 		return
 	}
 	lines := []string{"", progressBar(elapsed, d.duration), ""}
@@ -401,6 +412,36 @@ func progressBar(elapsed, total time.Duration) string {
 	n := min(width, int(float64(width)*float64(elapsed)/float64(total)))
 	return fmt.Sprintf("  %5.1fs / %.1fs  [%s%s]", elapsed.Seconds(), total.Seconds(),
 		strings.Repeat("#", n), strings.Repeat(".", width-n))
+}
+
+// plainWidth is the most columns of a line of the progress that the demo
+// prints when it does not redraw (--plain, or stdout not a terminal).
+const plainWidth = 100
+
+// wrap breaks text into lines of at most width runes at its spaces, the
+// first line starting with first, the others with rest. A word too long
+// for a line is cut.
+func wrap(text string, width int, first, rest string) []string {
+	var lines []string
+	line, n, empty := first, len([]rune(first)), true
+	for _, w := range strings.Fields(text) {
+		r := []rune(w)
+		if !empty && n+1+len(r) > width {
+			lines = append(lines, line)
+			line, n, empty = rest, len([]rune(rest)), true
+		}
+		if !empty {
+			line, n = line+" ", n+1
+		}
+		for n+len(r) > width { // a word longer than a line
+			cut := max(width-n, 1)
+			lines = append(lines, line+string(r[:cut]))
+			r = r[cut:]
+			line, n = rest, len([]rune(rest))
+		}
+		line, n, empty = line+string(r), n+len(r), false
+	}
+	return append(lines, line)
 }
 
 // clip cuts s to width runes (0: no limit).

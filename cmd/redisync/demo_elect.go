@@ -160,7 +160,7 @@ func (p *electPart) view(st *Status, _ *labeler) []string {
 }
 
 func (p *electPart) brief(st *Status, _ *labeler) string {
-	return fmt.Sprintf("| election %q: leader %s, waiting [%s], %d terms", st.Name, leader(st), strings.Join(candidates(st), " "), p.total())
+	return fmt.Sprintf("election %q: leader %s, waiting [%s], %d terms", st.Name, leader(st), strings.Join(candidates(st), " "), p.total())
 }
 
 func (p *electPart) summary(w io.Writer, elapsed time.Duration, st *Status) []check {

@@ -161,7 +161,7 @@ func (p *multiPart) view(*Status, *labeler) []string {
 func (p *multiPart) brief(*Status, *labeler) string {
 	total, _ := p.transfers()
 	_, sum := p.accounts()
-	return fmt.Sprintf("| multi-lock: %d transfers, total balance %d", total, sum)
+	return fmt.Sprintf("multi-lock: %d transfers, total balance %d", total, sum)
 }
 
 func (p *multiPart) summary(w io.Writer, elapsed time.Duration, _ *Status) []check {

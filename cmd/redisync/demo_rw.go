@@ -174,10 +174,10 @@ func (p *rwPart) view(st *Status, lab *labeler) []string {
 func (p *rwPart) brief(st *Status, lab *labeler) string {
 	s := st.RWMutex
 	if s == nil {
-		return fmt.Sprintf("| rwmutex %q: not created yet", st.Name)
+		return fmt.Sprintf("rwmutex %q: not created yet", st.Name)
 	}
 	reads, writes := p.counts()
-	return fmt.Sprintf("| rwmutex %q: %s, %d queued, %d reads, %d writes", st.Name, holding(s, lab), len(s.Queue), reads, writes)
+	return fmt.Sprintf("rwmutex %q: %s, %d queued, %d reads, %d writes", st.Name, holding(s, lab), len(s.Queue), reads, writes)
 }
 
 func (p *rwPart) summary(w io.Writer, elapsed time.Duration, st *Status) []check {

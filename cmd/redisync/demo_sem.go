@@ -131,13 +131,13 @@ func (p *semPart) view(st *Status, lab *labeler) []string {
 func (p *semPart) brief(st *Status, lab *labeler) string {
 	s := st.Semaphore
 	if s == nil {
-		return fmt.Sprintf("| semaphore %q: not created yet", st.Name)
+		return fmt.Sprintf("semaphore %q: not created yet", st.Name)
 	}
 	held := make([]string, len(s.Holders))
 	for i, h := range s.Holders {
 		held[i] = fmt.Sprintf("%s x%d", lab.name(h.Owner), h.Permits)
 	}
-	return fmt.Sprintf("| semaphore %q: %d of %d free, holders [%s], %d queued, %d acquisitions",
+	return fmt.Sprintf("semaphore %q: %d of %d free, holders [%s], %d queued, %d acquisitions",
 		st.Name, s.Available, s.Size, strings.Join(held, " "), len(s.Queue), p.total())
 }
 

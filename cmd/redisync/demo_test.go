@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redisync/redisync/internal/redistest"
 )
@@ -114,5 +115,49 @@ func TestQuantile(t *testing.T) {
 	}
 	if quantile(nil, 0.5) != 0 {
 		t.Error("quantile of nothing is not 0")
+	}
+}
+
+// demo --plain prints its progress in lines of at most plainWidth
+// columns, however many clients and workers queue.
+func TestDemoPlainWidth(t *testing.T) {
+	code, p := runCode(t, "", "demo", "--plain", "--duration", "1200ms", "--clients", "8", "--workers", "4")
+	out := p.stdout.String()
+	// 32 workers queue for the lock, in a line of their own before. So
+	// short a run may leave a worker without its turn: a failed check
+	// (70) is not what this test is about.
+	if code != 0 && code != exitSoftware {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, p.stderr.String())
+	}
+	progress := 0
+	for _, l := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(l); n > plainWidth {
+			t.Errorf("a line of %d columns, more than %d:\n%s", n, plainWidth, l)
+		}
+		if strings.Contains(l, "waiting ") && strings.Contains(l, "lost ") {
+			progress++
+		}
+	}
+	if progress < 5 {
+		t.Errorf("%d lines of progress figures, want one per primitive at least:\n%s", progress, out)
+	}
+}
+
+func TestWrap(t *testing.T) {
+	cases := []struct {
+		text  string
+		width int
+		want  []string
+	}{
+		{"a b c", 10, []string{"> a b c"}},
+		{"aaa bbb ccc", 9, []string{"> aaa bbb", "  ccc"}},
+		{"aaaaaaaaaaaa b", 6, []string{"> aaaa", "  aaaa", "  aaaa", "  b"}},
+		{"", 10, []string{"> "}},
+	}
+	for _, c := range cases {
+		got := wrap(c.text, c.width, "> ", "  ")
+		if !slices.Equal(got, c.want) {
+			t.Errorf("wrap(%q, %d) = %q, want %q", c.text, c.width, got, c.want)
+		}
 	}
 }
