@@ -83,19 +83,34 @@ func (h *hold) it() string {
 	return "it"
 }
 
-// job is one run of lock or sem: acquire, run the command, release.
+// exitCodes are redisync's own exit codes for the ends of a job that are
+// not the command's: --busy-exit, --timeout-exit and --lost-exit.
+type exitCodes struct {
+	busy    int // --no-wait found it taken
+	timeout int // --wait ran out
+	lost    int // the hold was lost while the command ran or the hold was kept
+}
+
+// job is one run of lock, sem or elect: acquire, run the command,
+// release.
 type job struct {
 	what    string // `lock "jobs"`, for messages
+	name    string // NAME, as the library's messages quote it
 	target  target
 	wait    time.Duration // 0: forever
 	grace   time.Duration // between SIGTERM and SIGKILL when the hold is lost
 	verbose bool
 	argv    []string
+	codes   exitCodes
 	// acquire creates a redisync Client on rdb and blocks until the
 	// hold is acquired or ctx ends. It closes what it created on error.
 	acquire func(ctx context.Context, rdb redis.UniversalClient) (*hold, error)
 	// holders describes who holds, for --verbose: "" when free.
 	holders func(ctx context.Context, rdb redis.UniversalClient) string
+	// explain, if set, returns a better message than err's for a failed
+	// acquire (naming the key of the wrong type, the way out of a size
+	// mismatch), or "" to keep err's.
+	explain func(ctx context.Context, rdb redis.UniversalClient, err error) string
 }
 
 // execute runs j and returns redisync's exit code.
@@ -123,7 +138,7 @@ func (j *job) holdPhase(h *hold, sigs <-chan os.Signal) int {
 	select {
 	case sig := <-sigs:
 		if err := j.release(h); err != nil {
-			return errorf(exitLost, "%s: %v", h.desc, trimPrefix(err))
+			return errorf(j.codes.lost, "%s: %s", h.desc, libMessage(err, j.name))
 		}
 		if j.verbose {
 			fmt.Fprintf(os.Stderr, "redisync: released %s on %s\n", h.desc, signalName(sig))
@@ -131,7 +146,7 @@ func (j *job) holdPhase(h *hold, sigs <-chan os.Signal) int {
 		return exitOK
 	case <-h.lost:
 		_ = j.release(h)
-		return errorf(exitLost, "%s %s LOST (lease ran out, key removed, or Redis unreachable)", h.desc, h.was())
+		return errorf(j.codes.lost, "%s %s LOST (lease ran out, key removed, or Redis unreachable)", h.desc, h.was())
 	}
 }
 
@@ -185,16 +200,30 @@ func (j *job) acquirePhase(sigs <-chan os.Signal) (redis.UniversalClient, *hold,
 		}
 		return rdb, h, exitOK
 	}
-	_ = rdb.Close()
+	defer func() { _ = rdb.Close() }()
 	switch {
 	case sigErr:
 		return nil, nil, errorf(se.code(), "%v while waiting for %s; left nothing queued", se, j.what)
 	case errors.Is(err, errBusy):
-		return nil, nil, errorf(exitBusy, "%s is taken (--no-wait)", j.what)
+		return nil, nil, errorf(j.codes.busy, "%s is taken (--no-wait)", j.what)
 	case errors.Is(err, context.DeadlineExceeded) && ended(wctx, err):
-		return nil, nil, errorf(exitTimeout, "timed out after %v (--wait) waiting for %s", j.wait, j.what)
+		return nil, nil, errorf(j.codes.timeout, "timed out after %v (--wait) waiting for %s", j.wait, j.what)
 	}
-	return nil, nil, errorf(errorCode(err), "cannot acquire %s: %v", j.what, trimPrefix(err))
+	return nil, nil, errorf(errorCode(err), "cannot acquire %s: %s", j.what, j.message(rdb, err))
+}
+
+// message describes err, the failure of an acquire on rdb, for the
+// message that names j.what already: by explain, or by the library's
+// message without its own prefix.
+func (j *job) message(rdb redis.UniversalClient, err error) string {
+	if j.explain != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		defer cancel()
+		if s := j.explain(ctx, rdb, err); s != "" {
+			return s
+		}
+	}
+	return libMessage(err, j.name)
 }
 
 // runPhase runs the command under h and returns redisync's exit code.
@@ -253,11 +282,11 @@ func (j *job) finish(h *hold, cmd *exec.Cmd, waitErr error, wasLost bool) int {
 	rerr := j.release(h)
 	switch {
 	case wasLost:
-		return errorf(exitLost, "exiting with %d: %s %s lost while the command ran (the command %s)", exitLost, h.desc, h.was(), describeExit(cmd, code))
+		return errorf(j.codes.lost, "exiting with %d: %s %s lost while the command ran (the command %s)", j.codes.lost, h.desc, h.was(), describeExit(cmd, code))
 	case errors.Is(rerr, redisync.ErrLockLost):
-		return errorf(exitLost, "%s %s lost before the command finished (found on release; the command %s): other holders may have run alongside it", h.desc, h.was(), describeExit(cmd, code))
+		return errorf(j.codes.lost, "%s %s lost before the command finished (found on release; the command %s): other holders may have run alongside it", h.desc, h.was(), describeExit(cmd, code))
 	case rerr != nil:
-		fmt.Fprintf(os.Stderr, "redisync: warning: cannot release %s: %v; %s will be freed when the lease runs out\n", h.desc, trimPrefix(rerr), h.it())
+		fmt.Fprintf(os.Stderr, "redisync: warning: cannot release %s: %s; %s will be freed when the lease runs out\n", h.desc, libMessage(rerr, j.name), h.it())
 	case j.verbose:
 		fmt.Fprintf(os.Stderr, "redisync: released %s; the command %s\n", h.desc, describeExit(cmd, code))
 	}
@@ -327,4 +356,29 @@ func ended(ctx context.Context, err error) bool {
 // redisync's own messages start with it.
 func trimPrefix(err error) string {
 	return strings.TrimPrefix(err.Error(), "redisync: ")
+}
+
+// libMessage returns the message of err, an error of the library's call
+// on the primitive called name, without what redisync's own message says
+// already: the library's "redisync: " and the call and name it names
+// (`lock "jobs": `), so that `cannot acquire lock "jobs": ...` does not go
+// on with `lock "jobs": ...`.
+func libMessage(err error, name string) string {
+	msg := trimPrefix(err)
+	q := ` ` + quoteName(name) + `: `
+	i := strings.Index(msg, q)
+	if i <= 0 || strings.TrimLeft(msg[:i], "abcdefghijklmnopqrstuvwxyz ") != "" {
+		return msg
+	}
+	return msg[i+len(q):]
+}
+
+// quoteName quotes name as the library's messages do: cut to 64 bytes
+// with "..." when longer.
+func quoteName(name string) string {
+	const most = 64
+	if len(name) > most {
+		name = name[:most] + "..."
+	}
+	return `"` + name + `"`
 }

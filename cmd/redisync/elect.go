@@ -21,6 +21,10 @@ code. Candidates are served first come, first served across every
 process: run the same line on several machines, and one runs CMD at a time,
 the next taking over when it ends, crashes or loses the leadership.
 
+With -n/--no-wait, make one attempt: if another candidate leads, or
+candidates wait their turn, exit 73 at once without running CMD and
+leave nothing queued.
+
 Without CMD, lead until a signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), then
 resign and exit 0 (76 if the leadership was lost meanwhile). Once leading,
 one line goes to stdout: the election's Redis key and the fencing token
@@ -43,12 +47,16 @@ so a resource can reject writes from an older one), REDISYNC_NAME and
 REDISYNC_VALUE. Signals are passed on to CMD as by "redisync lock".
 
 Exit codes: CMD's own (no CMD: 0); 64 usage; 69 Redis unreachable; 70 Redis
-error; 75 --wait ran out; 76 leadership lost while CMD ran; 126/127 CMD
-cannot run / not found; 128+N signal N.
+error; 73 taken (--no-wait; or --busy-exit); 75 --wait ran out (or
+--timeout-exit); 76 leadership lost while CMD ran (or --lost-exit);
+126/127 CMD cannot run / not found; 128+N signal N.
 
 Examples:
   # one scheduler at a time; a standby takes over within the lease
   redisync elect --value "$(hostname):8080" scheduler -- ./scheduler
+
+  # run the report here only if no other machine leads now
+  redisync elect -n --busy-exit 200 report -- ./report.sh || [ $? -eq 200 ]
 
   # who leads, and who waits to
   redisync status scheduler
@@ -69,9 +77,6 @@ func runElect(args []string) int {
 	if err != nil {
 		return usageError("elect", err)
 	}
-	if *hf.noWait {
-		return usageError("elect", errors.New("--no-wait: a candidate waits its turn (use --wait)"))
-	}
 	opts, err := hf.check()
 	if err != nil {
 		return usageError("elect", err)
@@ -84,16 +89,24 @@ func runElect(args []string) int {
 	if len(val) > redisync.MaxMetadataLen {
 		return usageError("elect", fmt.Errorf("--value of %d bytes is longer than %d", len(val), redisync.MaxMetadataLen))
 	}
-	prefix := *hf.prefix
+	prefix, try := *hf.prefix, *hf.noWait
 	j := &job{
 		what:    fmt.Sprintf("leadership of %q", name),
+		name:    name,
 		target:  resolveTarget(*hf.redis),
 		wait:    *hf.wait,
 		grace:   *hf.grace,
 		verbose: *hf.verbose,
 		argv:    argv,
+		codes:   hf.codes(),
 		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
-			return campaign(ctx, rdb, prefix, name, val, opts)
+			return campaign(ctx, rdb, prefix, name, val, try, opts)
+		},
+		explain: func(ctx context.Context, rdb redis.UniversalClient, err error) string {
+			return explainWrongType(ctx, rdb, prefix, name, err, func(ctx context.Context, c *redisync.Client) error {
+				_, err := c.InspectElection(ctx, name)
+				return err
+			})
 		},
 		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
 			st, err := readStatus(ctx, rdb, prefix, name, false)
@@ -107,14 +120,24 @@ func runElect(args []string) int {
 	return j.execute()
 }
 
-// campaign blocks until this process leads the election name with value.
-func campaign(ctx context.Context, rdb redis.UniversalClient, prefix, name, value string, opts []redisync.Option) (*hold, error) {
+// campaign blocks until this process leads the election name with value;
+// with try, it makes one attempt and fails with errBusy when another
+// candidate leads or candidates wait.
+func campaign(ctx context.Context, rdb redis.UniversalClient, prefix, name, value string, try bool, opts []redisync.Option) (*hold, error) {
 	c, err := redisync.New(rdb, opts...)
 	if err != nil {
 		return nil, err
 	}
 	e := c.NewElection(name)
-	if err := e.Campaign(ctx, value); err != nil {
+	if try {
+		var ok bool
+		if ok, err = e.TryCampaign(ctx, value); err == nil && !ok {
+			err = errBusy
+		}
+	} else {
+		err = e.Campaign(ctx, value)
+	}
+	if err != nil {
 		_ = c.Close()
 		return nil, err
 	}

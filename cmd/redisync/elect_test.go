@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -71,8 +72,47 @@ func TestElectLostKillsCommand(t *testing.T) {
 	}
 }
 
+// TestElectNoWait: elect -n leads a free election and runs its command;
+// while another candidate leads, it exits 73 (or --busy-exit) at once,
+// runs nothing and leaves nothing queued.
+func TestElectNoWait(t *testing.T) {
+	addr := redistest.Addr(t)
+	name, dir := uniqueName(t), t.TempDir()
+	ran, led := filepath.Join(dir, "ran"), filepath.Join(dir, "led")
+	code, p := runCode(t, addr, "elect", "-n", "--value", "first", name, "--", "sh", "-c", `echo "$REDISYNC_VALUE" > "$0"`, led)
+	if code != 0 || !fileHas(led, "first") {
+		t.Fatalf("elect -n of a free election: exit %d, stderr %q; want 0 and the command run", code, p.stderr.String())
+	}
+	leader := start(t, addr, "elect", name)
+	waitFor(t, "the leader to lead", func() bool { return strings.Contains(leader.stdout.String(), "\n") || leader.exited() })
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"elect", "-n", name, "--", "touch", ran}, exitBusy},
+		{[]string{"elect", "--no-wait", "--busy-exit", "200", name, "--", "touch", ran}, 200},
+	} {
+		code, p := runCode(t, addr, c.args...)
+		if code != c.code || !strings.Contains(p.stderr.String(), "is taken (--no-wait)") {
+			t.Errorf("%q while another leads: exit %d, stderr %q; want %d", c.args, code, p.stderr.String(), c.code)
+		}
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("a command ran without the leadership")
+	}
+	if n := redistest.Client(t).ZCard(context.Background(), schema.ElectionKeys("redisync", name).Queue).Val(); n != 0 {
+		t.Errorf("%d candidates queued by elect -n; want none", n)
+	}
+	if err := leader.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := leader.wait(t); code != 0 {
+		t.Errorf("the leader: exit %d, stderr %q", code, leader.stderr.String())
+	}
+}
+
 func TestElectUsage(t *testing.T) {
-	for _, args := range [][]string{{"elect", "-n", "x", "--", "true"}, {"elect", "x", "y"}} {
+	for _, args := range [][]string{{"elect", "-n", "--wait", "1s", "x", "--", "true"}, {"elect", "x", "y"}} {
 		if code, p := runCode(t, "", args...); code != exitUsage {
 			t.Errorf("%q: exit %d, want %d; stderr %q", args, code, exitUsage, p.stderr.String())
 		}

@@ -30,6 +30,8 @@ processes that waited longer (as Redisson's RLock).
 
 With -n/--no-wait, make one attempt: if the lock is taken, exit 73 at once
 without running CMD (as flock -n). --wait 0, the default, waits forever.
+--busy-exit, --timeout-exit and --lost-exit change the exit codes 73, 75
+and 76, to tell them from CMD's own (as flock -E).
 
 While CMD runs, the lock's lease is renewed by a watchdog (or, with --lease,
 fixed: the lock is held for at most that long). If the lock is lost anyway
@@ -53,9 +55,10 @@ redisync.
 
 Exit codes: CMD's own (no CMD: 0); 64 usage; 69 Redis unreachable; 70 Redis
 error (among them, at once, a lock held by a version of redisync that
-stores it in another layout: see docs/upgrading.md); 73 taken (--no-wait);
-75 --wait ran out; 76 lock lost while CMD ran; 126/127 CMD cannot run / not
-found; 128+N signal N.
+stores it in another layout: see docs/upgrading.md); 73 taken (--no-wait;
+or --busy-exit); 75 --wait ran out (or --timeout-exit); 76 lock lost while
+CMD ran (or --lost-exit); 126/127 CMD cannot run / not found; 128+N signal
+N.
 
 Examples:
   # one nightly backup at a time, across all machines
@@ -66,6 +69,9 @@ Examples:
 
   # skip this run if another one holds the lock (exit 73)
   redisync lock -n cron-job -- ./job.sh || [ $? -eq 73 ]
+
+  # the same, telling "taken" from the job's own exit codes
+  redisync lock -n --busy-exit 200 cron-job -- ./job.sh || [ $? -eq 200 ]
 
   # hold the lock across several shell commands
   redisync lock deploy > /tmp/deploy.lock & holder=$!
@@ -86,31 +92,43 @@ Examples:
   redisync lock --redis redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster report -- ./report.sh
 `
 
-// holdFlags are the flags shared by lock and sem.
+// holdFlags are the flags shared by lock, sem and elect.
 type holdFlags struct {
 	redis, prefix       *string
 	wait, lease, grace  *time.Duration
 	watchdog, heartbeat *time.Duration
 	verbose, noWait     *bool
+	// busyExit, timeoutExit and lostExit are the exit codes for taken
+	// (--no-wait), --wait ran out and lost while CMD ran.
+	busyExit, timeoutExit, lostExit *int
 }
 
 func addHoldFlags(fs *flag.FlagSet) holdFlags {
 	return holdFlags{
 		redis:     redisFlag(fs),
 		prefix:    fs.String("prefix", "redisync", "key `prefix` of the Redis keys"),
-		wait:      durationFlag(fs, "wait", 0, "give up (exit 75) after waiting this `duration` (e.g. 30s, 5m); 0 or unset waits forever"),
+		wait:      durationFlag(fs, "wait", 0, "give up (exit 75, or --timeout-exit) after waiting this `duration` (e.g. 30s, 5m);\n0 or unset waits forever"),
 		lease:     durationFlag(fs, "lease", 0, "fixed lease: hold for at most this `duration`, no renewal; 0 or unset renews with a watchdog"),
 		watchdog:  durationFlag(fs, "watchdog-lease", 30*time.Second, "lease kept alive by the watchdog, renewed every third of it;\nif redisync dies, others get in after at most this `duration`"),
 		heartbeat: durationFlag(fs, "heartbeat", 3*time.Second, "how long a waiter stays queued without a heartbeat (sent every third of it), a `duration`"),
 		grace:     durationFlag(fs, "grace", 10*time.Second, "after a loss, how long CMD has between SIGTERM and SIGKILL, a `duration`"),
 		verbose:   fs.Bool("verbose", false, "report who holds while waiting, acquiring and releasing on stderr"),
 		noWait:    noWaitFlags(fs),
+		busyExit: fs.Int("busy-exit", exitBusy, "exit with this `code` (1-255) when -n/--no-wait finds it taken,\n"+
+			"to tell that from CMD's own exit codes (as flock -E)"),
+		timeoutExit: fs.Int("timeout-exit", exitTimeout, "exit with this `code` (1-255) when --wait runs out"),
+		lostExit:    fs.Int("lost-exit", exitLost, "exit with this `code` (1-255) when the hold is lost while CMD runs (or while held without CMD)"),
 	}
+}
+
+// codes returns the exit codes that the flags set.
+func (f holdFlags) codes() exitCodes {
+	return exitCodes{busy: *f.busyExit, timeout: *f.timeoutExit, lost: *f.lostExit}
 }
 
 // noWaitFlags adds -n and --no-wait, the same flag.
 func noWaitFlags(fs *flag.FlagSet) *bool {
-	b := fs.Bool("no-wait", false, "try once, never wait: exit 73 at once if it is taken (as flock -n)")
+	b := fs.Bool("no-wait", false, "try once, never wait: exit 73 (--busy-exit) at once if it is taken (as flock -n)")
 	fs.BoolVar(b, "n", false, "short for --no-wait")
 	return b
 }
@@ -125,10 +143,30 @@ func (f holdFlags) check() ([]redisync.Option, error) {
 		return nil, fmt.Errorf("--wait %v is negative", *f.wait)
 	case *f.lease < 0:
 		return nil, fmt.Errorf("--lease %v is negative", *f.lease)
+	case *f.lease > 0 && (*f.lease < time.Millisecond || *f.lease > redisync.MaxLease):
+		return nil, fmt.Errorf("--lease %v must be in [1ms, %v], or 0 for a lease renewed by the watchdog", *f.lease, redisync.MaxLease)
 	case *f.grace < 0:
 		return nil, fmt.Errorf("--grace %v is negative", *f.grace)
 	case *f.noWait && *f.wait > 0:
 		return nil, errors.New("--no-wait and --wait: give one")
+	}
+	// The watchdog renews every third of its lease, the heartbeat is
+	// sent every third of its timeout: a third must be at least 1ms.
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"watchdog-lease", *f.watchdog}, {"heartbeat", *f.heartbeat}} {
+		if d.value < 3*time.Millisecond || d.value > redisync.MaxLease {
+			return nil, fmt.Errorf("--%s %v must be in [3ms, %v] (it is renewed every third of it)", d.name, d.value, redisync.MaxLease)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		value int
+	}{{"busy-exit", *f.busyExit}, {"timeout-exit", *f.timeoutExit}, {"lost-exit", *f.lostExit}} {
+		if c.value < 1 || c.value > 255 {
+			return nil, fmt.Errorf("--%s %d must be in [1, 255]", c.name, c.value)
+		}
 	}
 	opts := []redisync.Option{
 		redisync.WithKeyPrefix(*f.prefix),
@@ -185,13 +223,21 @@ func runLock(args []string) int {
 	prefix, try := *hf.prefix, *hf.noWait
 	j := &job{
 		what:    fmt.Sprintf("lock %q", name),
+		name:    name,
 		target:  resolveTarget(*hf.redis),
 		wait:    *hf.wait,
 		grace:   *hf.grace,
 		verbose: *hf.verbose,
 		argv:    argv,
+		codes:   hf.codes(),
 		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
 			return acquireLock(ctx, rdb, prefix, name, try, opts)
+		},
+		explain: func(ctx context.Context, rdb redis.UniversalClient, err error) string {
+			return explainWrongType(ctx, rdb, prefix, name, err, func(ctx context.Context, c *redisync.Client) error {
+				_, err := c.InspectLock(ctx, name)
+				return err
+			})
 		},
 		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
 			st, err := readStatus(ctx, rdb, prefix, name, false)

@@ -24,17 +24,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Exit codes. A command run by lock or sem passes its own exit code
-// through, and 128+N when it was killed by signal N.
+// Exit codes. A command run by lock, sem or elect passes its own exit
+// code through, and 128+N when it was killed by signal N. exitBusy,
+// exitTimeout and exitLost are the defaults of --busy-exit, --timeout-exit
+// and --lost-exit.
 const (
 	exitOK          = 0
 	exitFree        = 1   // status: neither the lock nor any permit is held
 	exitUsage       = 64  // bad flags or arguments, bad Redis URL (EX_USAGE)
 	exitUnavailable = 69  // Redis unreachable or refused the connection (EX_UNAVAILABLE)
-	exitBusy        = 73  // --no-wait: the lock or permits are taken
+	exitBusy        = 73  // --no-wait: the lock, permits or leadership are taken
 	exitSoftware    = 70  // Redis error, a key of the wrong type, a failed demo check (EX_SOFTWARE)
-	exitTimeout     = 75  // --wait ran out before the lock or permits were acquired (EX_TEMPFAIL)
-	exitLost        = 76  // the lock or permits were lost while the command ran
+	exitTimeout     = 75  // --wait ran out before the lock, permits or leadership were acquired (EX_TEMPFAIL)
+	exitLost        = 76  // the lock, permits or leadership were lost while the command ran
 	exitCannotRun   = 126 // the command was found but could not be started
 	exitNotFound    = 127 // the command was not found
 	exitSignal      = 128 // + N: interrupted by signal N
@@ -49,18 +51,25 @@ const usageTail = `
 Run "redisync COMMAND --help" for a command's flags and examples.
 
 Exit codes:
-  0        success (lock, sem: CMD exited 0; status: held)
+  0        success (lock, sem, elect: CMD exited 0; status: held)
   1        status: free (neither the lock nor any permit is held)
-  1-125    lock, sem: CMD's own exit code
+  1-125    lock, sem, elect: CMD's own exit code
   64       usage error: bad flag or argument, missing CMD after --, bad Redis URL
   69       Redis unreachable, or it refused the connection (auth, TLS)
   70       Redis error (e.g. a key of the wrong type); demo: a check failed
-  73       -n/--no-wait: the lock or permits are taken
-  75       --wait ran out before the lock or permits were acquired
-  76       the lock or permits were lost while CMD ran; CMD was terminated
+  73       -n/--no-wait: the lock, permits or leadership are taken (--busy-exit)
+  75       --wait ran out before the lock, permits or leadership were
+           acquired (--timeout-exit)
+  76       the lock, permits or leadership were lost while CMD ran; CMD was
+           terminated (--lost-exit)
   126      CMD could not be started
   127      CMD not found
   128+N    redisync or CMD was interrupted by signal N (130: SIGINT, 143: SIGTERM)
+
+73, 75 and 76 may be CMD's own exit codes too. To tell them apart, lock, sem
+and elect take --busy-exit N, --timeout-exit N and --lost-exit N (N in
+1-255): redisync exits with N instead, as flock -E does; pick codes that
+CMD never uses.
 `
 
 // usage returns the top-level help: the commands, in order, and the exit

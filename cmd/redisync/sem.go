@@ -36,6 +36,8 @@ Without CMD, hold the permits until a signal, then release them and exit 0;
 once held, one line goes to stdout: the semaphore's Redis key and the
 number of permits held. With -n/--no-wait, make one attempt and exit 73 at
 once if the permits are not free (or others queue for them).
+--busy-exit, --timeout-exit and --lost-exit change the exit codes 73, 75
+and 76, to tell them from CMD's own (see "redisync help").
 
 With --resize M, change the size of NAME from N (--limit) to M, and exit:
 0 when done, 64 when NAME is stored with another size than N (nothing
@@ -50,9 +52,10 @@ queued. On Linux, CMD and everything it started die with redisync, as
 with "redisync lock".
 
 Exit codes: CMD's own (no CMD: 0); 64 usage, or NAME is stored with another
---limit; 69 Redis unreachable; 70 Redis error; 73 not free (--no-wait);
-75 --wait ran out; 76 permits lost while CMD ran; 126/127 CMD cannot run /
-not found; 128+N signal N.
+--limit; 69 Redis unreachable; 70 Redis error; 73 not free (--no-wait; or
+--busy-exit); 75 --wait ran out (or --timeout-exit); 76 permits lost while
+CMD ran (or --lost-exit); 126/127 CMD cannot run / not found; 128+N signal
+N.
 
 Examples:
   # at most 4 encoding jobs at once across the fleet
@@ -82,14 +85,20 @@ func runSem(args []string) int {
 		return usageError("sem", err)
 	}
 	name, argv, err := commandLine(p)
+	const most = redisync.MaxSemaphoreSize
 	switch {
 	case err != nil:
-	case *limit < 1:
-		err = errors.New("missing --limit N (N >= 1): the number of permits of the semaphore")
+	case !flagSet(fs, "limit"):
+		err = errors.New("missing --limit N: the number of permits of the semaphore")
+	case *limit < 1 || *limit > most:
+		err = outOfRange("limit", *limit, most)
 	case *permits < 1 || *permits > *limit:
 		err = fmt.Errorf("--permits %d must be in [1, --limit %d]", *permits, *limit)
-	case flagSet(fs, "resize") && (*resize < 1 || argv != nil):
-		err = errors.New("--resize M takes a size M >= 1 and no command")
+	case !flagSet(fs, "resize"):
+	case *resize < 1 || *resize > most:
+		err = outOfRange("resize", *resize, most)
+	case argv != nil:
+		err = errors.New("--resize takes no command: it changes the size and exits")
 	}
 	if err != nil {
 		return usageError("sem", err)
@@ -99,18 +108,29 @@ func runSem(args []string) int {
 		return usageError("sem", err)
 	}
 	if flagSet(fs, "resize") {
-		return resizeSem(resolveTarget(*hf.redis), name, *limit, *resize, opts)
+		return resizeSem(resolveTarget(*hf.redis), *hf.prefix, name, *limit, *resize, opts)
 	}
 	size, n, prefix, try := *limit, *permits, *hf.prefix, *hf.noWait
 	j := &job{
 		what:    fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
+		name:    name,
 		target:  resolveTarget(*hf.redis),
 		wait:    *hf.wait,
 		grace:   *hf.grace,
 		verbose: *hf.verbose,
 		argv:    argv,
+		codes:   hf.codes(),
 		acquire: func(ctx context.Context, rdb redis.UniversalClient) (*hold, error) {
 			return acquireSem(ctx, rdb, prefix, name, size, n, try, opts)
+		},
+		explain: func(ctx context.Context, rdb redis.UniversalClient, err error) string {
+			if s := explainSize(ctx, rdb, prefix, name, size, err); s != "" {
+				return s
+			}
+			return explainWrongType(ctx, rdb, prefix, name, err, func(ctx context.Context, c *redisync.Client) error {
+				_, err := c.InspectSemaphore(ctx, name)
+				return err
+			})
 		},
 		holders: func(ctx context.Context, rdb redis.UniversalClient) string {
 			st, err := readStatus(ctx, rdb, prefix, name, false)
@@ -128,6 +148,14 @@ func runSem(args []string) int {
 	return j.execute()
 }
 
+// outOfRange says that the flag name's value n is outside [1, most].
+func outOfRange(name string, n, most int64) error {
+	if n < 1 {
+		return fmt.Errorf("--%s %d must be at least 1", name, n)
+	}
+	return fmt.Errorf("--%s %d must be at most %d", name, n, most)
+}
+
 // flagSet reports whether the flag name was given.
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
@@ -136,7 +164,7 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 // resizeSem changes the size of the semaphore name from size to to.
-func resizeSem(t target, name string, size, to int64, opts []redisync.Option) int {
+func resizeSem(t target, prefix, name string, size, to int64, opts []redisync.Option) int {
 	ctx := context.Background()
 	rdb, err := connect(ctx, t)
 	if err != nil {
@@ -151,7 +179,11 @@ func resizeSem(t target, name string, size, to int64, opts []redisync.Option) in
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := c.ResizeSemaphore(ctx, name, size, to); err != nil {
-		return errorf(errorCode(err), "%s", trimPrefix(err))
+		msg := libMessage(err, name)
+		if stored := storedSize(ctx, rdb, prefix, name); errors.Is(err, redisync.ErrSizeMismatch) && stored > 0 && stored != size {
+			msg = fmt.Sprintf("stored size %d, not --limit %d; nothing changed (resize with --limit %d --resize %d)", stored, size, stored, to)
+		}
+		return errorf(errorCode(err), "cannot resize semaphore %q: %s", name, msg)
 	}
 	fmt.Printf("semaphore %q: %d permits (was %d)\n", name, to, size)
 	return exitOK

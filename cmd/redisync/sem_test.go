@@ -122,7 +122,8 @@ func TestSemResize(t *testing.T) {
 		t.Fatalf("resize 2 -> 3: exit %d, stdout %q, stderr %q, stored %q", code, p.stdout.String(), p.stderr.String(), rdb.Get(t.Context(), key).Val())
 	}
 	code, p = runCode(t, addr, "sem", "--limit", "2", "--resize", "4", name)
-	if code != exitUsage || !strings.Contains(p.stderr.String(), "stored size 3") || rdb.Get(t.Context(), key).Val() != "3:2" { // size:layout
+	if code != exitUsage || !strings.Contains(p.stderr.String(), "stored size 3") || !strings.Contains(p.stderr.String(), "--limit 3 --resize 4") ||
+		rdb.Get(t.Context(), key).Val() != "3:2" { // size:layout
 		t.Fatalf("resize from a size that is not stored: exit %d, stderr %q; want %d and nothing changed", code, p.stderr.String(), exitUsage)
 	}
 	if code, _ := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != exitUsage {
@@ -145,5 +146,19 @@ func TestSemResizeZeroIsNotAUsageError(t *testing.T) {
 	if code, p := runCode(t, addr, "sem", "--limit", "2", "--resize", "0", name, "--", "true"); code != exitUsage {
 		t.Fatalf("sem --resize 0 with a command: exit %d, want %d (usage); stdout %q, stderr %q",
 			code, exitUsage, p.stdout.String(), p.stderr.String())
+	}
+}
+
+// TestSemSizeMismatchNamesResize: another --limit than the stored size is
+// a usage error that gives the stored size and the flags that change it.
+func TestSemSizeMismatchNamesResize(t *testing.T) {
+	addr := redistest.Addr(t)
+	name := uniqueName(t)
+	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
+		t.Fatalf("sem --limit 2: exit %d, stderr %q", code, p.stderr.String())
+	}
+	code, p := runCode(t, addr, "sem", "--limit", "3", name, "--", "true")
+	if s := p.stderr.String(); code != exitUsage || !strings.Contains(s, "stored size 2, not --limit 3") || !strings.Contains(s, "--limit 2 --resize 3") {
+		t.Errorf("sem --limit 3 of a semaphore of 2: exit %d, stderr %q; want %d, the stored size and --resize", code, s, exitUsage)
 	}
 }
