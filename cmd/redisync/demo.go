@@ -58,9 +58,16 @@ every half second instead of redrawing: a few lines per primitive, none
 wider than 100 columns.
 
 Examples:
+  # 5 seconds on an embedded Redis; exit 0 when every check passed
   redisync demo
+
+  # more contention, for longer
   redisync demo --duration 20s --clients 8 --workers 4
+
+  # progress lines instead of the live view, kept in a file
   redisync demo --plain | tee demo.log
+
+  # the live figures as CSV, for a dashboard
   redisync demo --duration 20s --metrics-out demo.csv
 
   # on a real Redis; "redisync status demo" in another terminal shows the same

@@ -87,8 +87,10 @@ Examples:
   REDISYNC_PASSWORD=... redisync lock --redis rediss://redis.example.com:6380 job -- \
       sh -c 'curl -H "Fencing-Token: $REDISYNC_TOKEN" https://example.com/write'
 
-  # on a Redis Cluster (any node, or several), or a primary watched by Sentinels
+  # on a Redis Cluster, named by any of its nodes, or several
   redisync lock --redis 10.0.0.1:7000,10.0.0.2:7000 report -- ./report.sh
+
+  # on the primary named mymaster, found through its Sentinels
   redisync lock --redis redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster report -- ./report.sh
 `
 

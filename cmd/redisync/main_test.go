@@ -81,8 +81,16 @@ type proc struct {
 // ends, if it still runs.
 func start(t *testing.T, addr string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(binary, args...), done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), "REDIS_URL=", "REDIS_ADDR="+addr)
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "REDIS_URL=", "REDIS_ADDR="+addr)
+	return startCmd(t, cmd, func() { _ = cmd.Process.Kill() })
+}
+
+// startCmd starts cmd, its output kept in the proc's buffers. kill ends
+// it when the test ends, if it still runs.
+func startCmd(t *testing.T, cmd *exec.Cmd, kill func()) *proc {
+	t.Helper()
+	p := &proc{cmd: cmd, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -103,7 +111,7 @@ func start(t *testing.T, addr string, args ...string) *proc {
 		select {
 		case <-p.done:
 		default:
-			_ = p.cmd.Process.Kill()
+			kill()
 			<-p.done
 		}
 	})

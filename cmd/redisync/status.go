@@ -57,12 +57,25 @@ and a number; a semaphore waiter is an owner id followed by "#" and the
 number of its Acquire.
 
 Examples:
+  # who holds backup and who waits; exit 0 when it is held, 1 when free
   redisync status backup
+
+  # on another Redis, database 2
   redisync status --redis redis://10.0.0.5:6379/2 deploy
+
+  # who holds deploy, for a script ("free" when nobody does)
   redisync status --json deploy | jq -r '.lock.holder.owner // "free"'
+
+  # the exit code in a script
   if redisync status backup >/dev/null; then echo "a backup runs"; fi
+
+  # a live view until Ctrl-C, which exits 0
   redisync status --watch deploy
+
+  # the permits available of the semaphore gpus
   redisync status --json gpus | jq '.semaphore.available'
+
+  # which server and version, first: for a bug report
   redisync status --verbose deploy
 
 With --verbose, status first names the server it read and its version
