@@ -35,6 +35,9 @@ const (
 	// aclCLI is for the redisync command: status reads in a transaction,
 	// and INFO tells a Redis Cluster node given as one address.
 	aclCLI = "+multi +exec +hgetall +info +pubsub|numsub +pubsub|shardnumsub +pubsub|channels +pubsub|shardchannels"
+	// aclCLIList is for "redisync status" without NAME, which lists the
+	// keys under the prefix with SCAN.
+	aclCLIList = "+scan"
 	// aclIdentity is for go-redis's CLIENT SETINFO on Redis 7.2 and later.
 	aclIdentity = "+client|setinfo"
 )
@@ -526,6 +529,21 @@ func TestACLCLI(t *testing.T) {
 		t.Errorf("status of a free lock: %v; want exit 1", err)
 	}
 	s.noDenials(t)
+
+	// Without NAME, status lists what is held, with SCAN.
+	s.setUser(t, "redisync", aclBase, aclCLI, aclCLIList)
+	m = s.aclClients(t, "redisync", 1)[0].NewMutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run("status").Output()
+	if err != nil || !regexp.MustCompile(`(?m)^lock +"`+regexp.QuoteMeta(name)+`" `).Match(out) {
+		t.Errorf("status without NAME: %v, output %q; want the lock %s listed", err, out, name)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.noDenials(t)
 }
 
 // buildCLI builds the redisync command into a directory of the test's own
@@ -610,7 +628,7 @@ func TestACLDocumented(t *testing.T) {
 	// escapes of '|' in tables.
 	doc := strings.NewReplacer("\\\n", " ", "'", "", "\\|", "|").Replace(string(b))
 	doc = strings.Join(strings.Fields(doc), " ")
-	for _, rules := range []string{aclBase, aclReplicas, aclCluster, aclCLI, aclIdentity} {
+	for _, rules := range []string{aclBase, aclReplicas, aclCluster, aclCLI, aclCLIList, aclIdentity} {
 		if !strings.Contains(doc, rules) {
 			t.Errorf("docs/acl.md does not show %q", rules)
 		}

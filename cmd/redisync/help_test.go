@@ -467,6 +467,20 @@ kill $holder; wait $holder`: {{
 		},
 	}},
 
+	`redisync status --limit 20`: {
+		{what: "two held", setup: func(e *exampleEnv) []string {
+			e.holdLock("deploy")
+			e.holdPermits("gpus", 8, 3)
+			return nil
+		}, check: func(e *exampleEnv, p *proc) {
+			out := p.stdout.String()
+			if !regexp.MustCompile(`(?m)^lock +"deploy" `).MatchString(out) || !regexp.MustCompile(`(?m)^semaphore +"gpus" .*5 of 8 free`).MatchString(out) {
+				e.t.Errorf("stdout:\n%s\nwant the lock deploy and the semaphore gpus", out)
+			}
+		}},
+		{what: "nothing", check: stdoutHas("nothing held or waited for")},
+	},
+
 	// demo --help, cut short
 	`redisync demo`: {{
 		embedded: true,

@@ -106,7 +106,7 @@ var commands = []*command{
 	{"lock", "[flags] NAME [-- CMD [ARGS...]]", "run CMD while holding lock NAME (no CMD: hold until a signal)", runLock, lockHelp},
 	{"sem", "--limit N [flags] NAME [-- CMD...]", "run CMD while holding permits of semaphore NAME", runSem, semHelp},
 	{"elect", "[flags] NAME [-- CMD [ARGS...]]", "run CMD while this process leads election NAME", runElect, electHelp},
-	{"status", "[flags] NAME", "show who holds lock or semaphore NAME and who waits, in order", runStatus, statusHelp},
+	{"status", "[flags] [NAME]", "show who holds NAME and who waits, in order (no NAME: everything)", runStatus, statusHelp},
 	{"demo", "[flags]", "watch simulated clients contend (embedded Redis)", runDemo, demoHelp},
 }
 

@@ -19,6 +19,7 @@ import (
 )
 
 const statusHelp = `Usage: redisync status [flags] NAME
+       redisync status [--all] [--limit N] [--json] [flags]
 
 Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
@@ -39,6 +40,13 @@ subscribed to its own channel of the lock, and status counts the
 subscribed processes (a process stays subscribed for 2 s after its last
 waiter left).
 
+Without NAME (or with --all), list every lock, semaphore, read-write lock
+and election under --prefix that is held or waited for: its kind, name,
+holders and waiters in line, by kind and name, at most --limit N of them.
+It finds them with SCAN (on every primary of a cluster), which reads
+every key name under the prefix, then reads each as status NAME does.
+Exit 0, whatever it finds.
+
 With --watch, status reads again every --interval (1s) until interrupted,
 a live view of the holder, the queue and how long each waiter has waited:
 on a terminal the table is redrawn in place; with --json, or when the
@@ -49,7 +57,7 @@ tried.
 Exit codes: 0 the lock NAME, a permit of the semaphore NAME or the read-write
 lock NAME is held, or the election NAME has a leader; 1 none of them
 (free); 64 usage; 69 Redis unreachable; 70 Redis error.
-With --watch: 0 when interrupted.
+With --watch: 0 when interrupted. Without NAME: 0, or 64, 69, 70.
 
 Times come from the Redis server's clock. An owner id is the holder's
 label (by default "host/pid"; see redisync.WithLabel), "/", its client id
@@ -77,6 +85,9 @@ Examples:
 
   # which server and version, first: for a bug report
   redisync status --verbose deploy
+
+  # everything held or waited for, at most 20 of them
+  redisync status --limit 20
 
 With --verbose, status first names the server it read and its version
 (on a cluster, every primary): the first thing to give in a bug report.
@@ -108,6 +119,11 @@ heartbeat_ms is the time left before a waiter that stops sending
 heartbeats is skipped (negative: overdue).
 "metadata"? is there when the holder or waiter stored metadata with
 redisync.WithMetadata.
+Without NAME: {"servers"? (--verbose), "prefix", "entries": [{"kind"
+  ("lock", "semaphore", "rwmutex" or "election"), "name", "holders":
+  [{"owner", "label", "permits"? (semaphore), "write"? (rwmutex),
+  "value"? (election)}], "waiting", "size"?, "available"? (semaphore)}],
+  "more" (--limit left some out)}
 `
 
 // Status is the state of one lock name (and semaphore of the same name),
@@ -183,25 +199,35 @@ func runStatus(args []string) int {
 	watch := fs.Bool("watch", false, "read again every --interval until interrupted: a live view")
 	verbose := fs.Bool("verbose", false, "name the server and its version (every primary of a cluster) first")
 	interval := durationFlag(fs, "interval", time.Second, "how often --watch reads (`duration`)")
+	all := fs.Bool("all", false, "list everything held or waited for under --prefix (as no NAME does)")
+	limit := fs.Int("limit", 0, "without NAME: list at most `N` (0 or unset: all)")
 	p, err := parseArgs(fs, statusHelp, args)
 	if errors.Is(err, errHelp) {
 		return exitOK
 	}
+	list := *all || (err == nil && len(p.pos) == 0 && !p.dashdash)
 	switch {
 	case err != nil:
-	case p.dashdash || len(p.pos) != 1:
-		err = errors.New("want exactly one NAME")
+	case p.dashdash || len(p.pos) > 1:
+		err = errors.New("want one NAME, or none to list everything")
 	case checkPrefix(*prefix) != nil:
 		err = checkPrefix(*prefix)
 	case *interval < 10*time.Millisecond:
 		err = fmt.Errorf("--interval %v is shorter than 10ms", *interval)
-	default:
+	case *all && len(p.pos) > 0:
+		err = fmt.Errorf("--all lists everything: give no NAME (%q)", p.pos[0])
+	case *limit < 0:
+		err = fmt.Errorf("--limit %d must be at least 1, or 0 for no limit", *limit)
+	case list && *watch:
+		err = errors.New("--watch needs a NAME")
+	case !list && flagSet(fs, "limit"):
+		err = errors.New("--limit is for the list without NAME")
+	case !list:
 		err = checkName(p.pos[0])
 	}
 	if err != nil {
 		return usageError("status", err)
 	}
-	name := p.pos[0]
 
 	ctx := context.Background()
 	rdb, err := connect(ctx, resolveTarget(*redisURL))
@@ -209,6 +235,10 @@ func runStatus(args []string) int {
 		return connectExit(err)
 	}
 	defer func() { _ = rdb.Close() }()
+	if list {
+		return printListing(ctx, rdb, *prefix, *limit, *asJSON, *verbose)
+	}
+	name := p.pos[0]
 	if *watch {
 		return watchStatus(rdb, *prefix, name, *interval, *asJSON, *verbose)
 	}
@@ -230,6 +260,29 @@ func runStatus(args []string) int {
 	if !st.held() {
 		return exitFree
 	}
+	return exitOK
+}
+
+// printListing prints what listStatus finds, for people or as JSON, and
+// returns the exit code: 0, whatever it found. With servers, it first
+// names the servers, as status --verbose does.
+func printListing(ctx context.Context, rdb redis.UniversalClient, prefix string, limit int, asJSON, servers bool) int {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	l, err := listStatus(ctx, rdb, prefix, limit, servers)
+	if err != nil {
+		return errorf(errorCode(err), "%v", trimPrefix(err))
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(l); err != nil {
+			return errorf(exitSoftware, "%v", err)
+		}
+		return exitOK
+	}
+	(&Status{Servers: l.Servers}).printServers(os.Stdout)
+	l.print(os.Stdout)
 	return exitOK
 }
 
@@ -304,12 +357,8 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	defer func() { _ = c.Close() }()
 	var ss []ServerStatus
 	if servers {
-		found, err := c.Servers(ctx)
-		if err != nil {
+		if ss, err = readServers(ctx, c); err != nil {
 			return nil, err
-		}
-		for _, s := range found {
-			ss = append(ss, ServerStatus{Addr: s.Addr, Name: s.Name, Version: s.Version, Mode: s.Mode, Role: s.Role})
 		}
 	}
 	l, err := c.InspectLock(ctx, name)
@@ -337,6 +386,19 @@ func readStatus(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	return st, nil
 }
 
+// readServers reads which servers c uses (Client.Servers).
+func readServers(ctx context.Context, c *redisync.Client) ([]ServerStatus, error) {
+	found, err := c.Servers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ss []ServerStatus
+	for _, s := range found {
+		ss = append(ss, ServerStatus{Addr: s.Addr, Name: s.Name, Version: s.Version, Mode: s.Mode, Role: s.Role})
+	}
+	return ss, nil
+}
+
 // lockStatus converts what InspectLock (or InspectElection) read.
 func lockStatus(l *redisync.LockState) LockStatus {
 	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers, BargingProcesses: l.Barging}
@@ -362,13 +424,7 @@ func leaseMS(d time.Duration) int64 {
 // print writes st for people: the lock, unless it has no key and the
 // semaphore has, and the semaphore if it has keys.
 func (st *Status) print(out io.Writer) {
-	for _, s := range st.Servers {
-		v := fmt.Sprintf("%s %s (%s %s)", s.Name, s.Version, s.Mode, s.Role)
-		if s.Addr != "" {
-			v = s.Addr + ": " + v
-		}
-		fmt.Fprintf(out, "server %s\n", v)
-	}
+	st.printServers(out)
 	l := st.Lock
 	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && l.BargingProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
 		st.printOthers(out)
@@ -409,6 +465,17 @@ func (st *Status) print(out io.Writer) {
 		table(out, rows)
 	}
 	st.printOthers(out)
+}
+
+// printServers writes a line for each of st.Servers (--verbose).
+func (st *Status) printServers(out io.Writer) {
+	for _, s := range st.Servers {
+		v := fmt.Sprintf("%s %s (%s %s)", s.Name, s.Version, s.Mode, s.Role)
+		if s.Addr != "" {
+			v = s.Addr + ": " + v
+		}
+		fmt.Fprintf(out, "server %s\n", v)
+	}
 }
 
 // printOthers writes the semaphore and the election of st's name, those

@@ -192,6 +192,7 @@ func TestStatusCountsPlainSubscribersOnCluster(t *testing.T) {
 		})
 	}
 	t.Run("on another node", func(t *testing.T) { statusCountsSubscriberElsewhere(t, cl) })
+	t.Run("everything held", func(t *testing.T) { statusAllOnCluster(t, cl) })
 	t.Run("verbose", func(t *testing.T) {
 		st, err := readStatus(context.Background(), cl.NewClient(t), "redisync", uniqueName(t), true)
 		if err != nil {

@@ -1,0 +1,265 @@
+// "redisync status" without a NAME: every lock, semaphore, read-write lock
+// and election under the prefix that is held or waited for.
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+)
+
+// Listing is what "redisync status" lists without a NAME.
+type Listing struct {
+	// Servers are the servers read, with --verbose (see Status).
+	Servers []ServerStatus `json:"servers,omitempty"`
+	Prefix  string         `json:"prefix"`
+	// Entries are the primitives held or waited for, by kind, then name.
+	Entries []Entry `json:"entries"`
+	// More is true when --limit left out others.
+	More bool `json:"more"`
+}
+
+// Entry is one primitive held or waited for.
+type Entry struct {
+	Kind    string        `json:"kind"` // "lock", "semaphore", "rwmutex" or "election"
+	Name    string        `json:"name"`
+	Holders []EntryHolder `json:"holders"` // the leader, of an election
+	Waiting int           `json:"waiting"` // queued waiters (candidates, of an election)
+	// Size and Available are a semaphore's permits; nil for other kinds.
+	Size      *int64 `json:"size,omitempty"`
+	Available *int64 `json:"available,omitempty"`
+}
+
+// EntryHolder is a holder of an Entry.
+type EntryHolder struct {
+	Owner   string `json:"owner"`
+	Label   string `json:"label"`
+	Permits int64  `json:"permits,omitempty"` // a semaphore's; a read-write lock's writer holds redisync.RWMutexWrite
+	Write   bool   `json:"write,omitempty"`   // a read-write lock's writer
+	Value   string `json:"value,omitempty"`   // an election leader's
+}
+
+// kinds are the kinds of primitives listed, by the kind in their keys
+// (internal/schema), in the order listed.
+var kinds = []struct{ key, name string }{{"lock", "lock"}, {"sem", "semaphore"}, {"rw", "rwmutex"}, {"elect", "election"}}
+
+// candidate is a primitive that may be held or waited for: one that has
+// its main key or its queue.
+type candidate struct {
+	kind int // index in kinds
+	name string
+}
+
+// listStatus lists the primitives under prefix that are held or waited
+// for, at most limit of them (0: all). It reads the key names with SCAN
+// (on every primary of a cluster), then each primitive as status NAME
+// does. With servers, it first reads which servers these are.
+func listStatus(ctx context.Context, rdb redis.UniversalClient, prefix string, limit int, servers bool) (*Listing, error) {
+	c, err := redisync.New(rdb, redisync.WithKeyPrefix(prefix))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = c.Close() }()
+	l := &Listing{Prefix: prefix, Entries: []Entry{}}
+	if servers {
+		if l.Servers, err = readServers(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	cands, err := scanCandidates(ctx, rdb, prefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, cand := range cands {
+		e, err := inspectEntry(ctx, c, cand)
+		if err != nil {
+			return nil, err
+		}
+		if e == nil {
+			continue
+		}
+		if limit > 0 && len(l.Entries) == limit {
+			l.More = true
+			break
+		}
+		l.Entries = append(l.Entries, *e)
+	}
+	return l, nil
+}
+
+// scanCandidates returns the primitives under prefix whose main key or
+// queue exists, by kind, then name.
+func scanCandidates(ctx context.Context, rdb redis.UniversalClient, prefix string) ([]candidate, error) {
+	var mu sync.Mutex
+	found := map[candidate]bool{}
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, globEscape(prefix)+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if cand, ok := parseKey(prefix, iter.Val()); ok {
+				mu.Lock()
+				found[cand] = true
+				mu.Unlock()
+			}
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+	} else {
+		err = scan(ctx, rdb)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]candidate, 0, len(found))
+	for cand := range found {
+		out = append(out, cand)
+	}
+	slices.SortFunc(out, func(a, b candidate) int {
+		if a.kind != b.kind {
+			return a.kind - b.kind
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	return out, nil
+}
+
+// parseKey returns the primitive whose main key or queue key is key:
+// "prefix:kind:{name}", or that followed by ":queue" (or ":bargers", the
+// record of a lock's barging waiters). A name is the hash tag, between
+// the first "{" and the "}" before the suffix.
+func parseKey(prefix, key string) (candidate, bool) {
+	rest, ok := strings.CutPrefix(key, prefix+":")
+	if !ok {
+		return candidate{}, false
+	}
+	for i, k := range kinds {
+		tagged, ok := strings.CutPrefix(rest, k.key+":{")
+		if !ok {
+			continue
+		}
+		for _, suffix := range []string{"}", "}:queue", "}:bargers"} {
+			if name, ok := strings.CutSuffix(tagged, suffix); ok && name != "" && (suffix != "}:bargers" || k.key == "lock") {
+				return candidate{i, name}, true
+			}
+		}
+	}
+	return candidate{}, false
+}
+
+// globEscape escapes the characters that SCAN's MATCH pattern gives a
+// meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// inspectEntry reads cand as status NAME does, and returns its entry, or
+// nil when it is neither held nor waited for.
+func inspectEntry(ctx context.Context, c *redisync.Client, cand candidate) (*Entry, error) {
+	e := &Entry{Kind: kinds[cand.kind].name, Name: cand.name, Holders: []EntryHolder{}}
+	switch kinds[cand.kind].key {
+	case "lock", "elect":
+		inspect := c.InspectLock
+		if kinds[cand.kind].key == "elect" {
+			inspect = c.InspectElection
+		}
+		l, err := inspect(ctx, cand.name)
+		if err != nil {
+			return nil, err
+		}
+		if h := l.Holder; h != nil {
+			eh := EntryHolder{Owner: h.ID, Label: h.Label}
+			if kinds[cand.kind].key == "elect" {
+				eh.Value = h.Metadata
+			}
+			e.Holders = append(e.Holders, eh)
+		}
+		e.Waiting = len(l.Queue) // barging waiters are not queued: "status NAME" counts their processes
+	case "sem", "rw":
+		inspect := c.InspectSemaphore
+		if kinds[cand.kind].key == "rw" {
+			inspect = c.InspectRWMutex
+		}
+		s, err := inspect(ctx, cand.name)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range s.Holders {
+			if h.Lease <= 0 {
+				continue // ended: reclaimed by the next call
+			}
+			eh := EntryHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits}
+			if kinds[cand.kind].key == "rw" {
+				eh.Permits, eh.Write = 0, h.Permits >= redisync.RWMutexWrite
+			}
+			e.Holders = append(e.Holders, eh)
+		}
+		e.Waiting = len(s.Queue)
+		if kinds[cand.kind].key == "sem" {
+			size, available := s.Size, s.Available()
+			e.Size, e.Available = &size, &available
+		}
+	}
+	if len(e.Holders) == 0 && e.Waiting == 0 {
+		return nil, nil
+	}
+	return e, nil
+}
+
+// print writes l for people: one line per entry.
+func (l *Listing) print(out io.Writer) {
+	if len(l.Entries) == 0 {
+		fmt.Fprintf(out, "nothing held or waited for under the prefix %q\n", l.Prefix)
+		return
+	}
+	rows := [][]string{{"KIND", "NAME", "HELD BY", "WAITING"}}
+	for _, e := range l.Entries {
+		var who []string
+		for _, h := range e.Holders {
+			s := h.Label
+			switch {
+			case h.Write:
+				s += " (write)"
+			case e.Kind == "rwmutex":
+				s += " (read)"
+			case e.Kind == "semaphore":
+				s += " (" + strconv.FormatInt(h.Permits, 10) + ")"
+			case e.Kind == "election":
+				s += " " + strconv.Quote(h.Value)
+			}
+			who = append(who, s)
+		}
+		if len(who) == 0 {
+			who = []string{"-"}
+		}
+		if e.Size != nil {
+			who[len(who)-1] += fmt.Sprintf("; %d of %d free", *e.Available, *e.Size)
+		}
+		rows = append(rows, []string{e.Kind, strconv.Quote(e.Name), strings.Join(who, ", "), strconv.Itoa(e.Waiting)})
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+	if l.More {
+		fmt.Fprintf(out, "(more not shown: --limit %d)\n", len(l.Entries))
+	}
+}
