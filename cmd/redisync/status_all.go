@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -81,6 +82,9 @@ func listStatus(ctx context.Context, rdb redis.UniversalClient, prefix string, l
 	}
 	for _, cand := range cands {
 		e, err := inspectEntry(ctx, c, cand)
+		if errors.Is(err, redisync.ErrInvalidName) {
+			continue // a key that looks like one of redisync's, of no name redisync gives
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -89,6 +89,11 @@ func TestStatusAll(t *testing.T) {
 	e := c.NewElection("boss")
 	must(e.Campaign(ctx, "v1"))
 	t.Cleanup(func() { _ = e.Resign(context.Background()) })
+	// A key that looks like a lock's, of a name that redisync refuses.
+	stray := prefix + ":lock:{}x}"
+	rdb := redistest.Client(t)
+	must(rdb.Set(ctx, stray, "?", time.Minute).Err())
+	t.Cleanup(func() { rdb.Del(context.Background(), stray) })
 
 	listing := func(args ...string) *Listing {
 		t.Helper()
