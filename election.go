@@ -172,7 +172,8 @@ func (e *Election) tryCampaign(ctx context.Context, value string) (bool, error) 
 		if err := e.usable(ctx, value); err != nil {
 			return false, wrapOp("trycampaign", e.name, err)
 		}
-		return true, e.proclaim(ctx, h, value)
+		err := e.proclaim(ctx, h, value)
+		return err == nil, err
 	}
 	if err := e.usable(ctx, value); err != nil {
 		return false, wrapOp("trycampaign", e.name, err)

@@ -77,12 +77,13 @@ func holdSem(t *testing.T, name string, n int64) {
 	t.Cleanup(func() { _ = s.Release(context.Background(), n) })
 }
 
-// TestExitCodeFlagsValidated: an exit code outside [1, 255] is a usage
-// error, on every command that takes one; the help lists the flags.
+// TestExitCodeFlagsValidated: an exit code outside [1, 255], one of
+// redisync's own (64, 69, 70, 126, 127) or a signal's (129-192) is a
+// usage error, on every command that takes one; the help lists the flags.
 func TestExitCodeFlagsValidated(t *testing.T) {
 	for _, cmd := range [][]string{{"lock"}, {"sem", "--limit", "1"}, {"elect"}} {
 		for _, flag := range []string{"busy-exit", "timeout-exit", "lost-exit"} {
-			for _, v := range []string{"0", "256", "-1", "x"} {
+			for _, v := range []string{"0", "256", "-1", "x", "64", "69", "70", "126", "127", "129", "143", "192"} {
 				args := append(append([]string{}, cmd...), "--"+flag, v, "x", "--", "true")
 				code, p := runCode(t, "", args...)
 				if code != exitUsage || !strings.Contains(p.stderr.String(), "--"+flag+" "+v) {

@@ -467,7 +467,7 @@ kill $holder; wait $holder`: {{
 		},
 	}},
 
-	`redisync status --limit 20`: {
+	`redisync status --all --limit 20`: {
 		{what: "two held", setup: func(e *exampleEnv) []string {
 			e.holdLock("deploy")
 			e.holdPermits("gpus", 8, 3)

@@ -116,10 +116,10 @@ func addHoldFlags(fs *flag.FlagSet) holdFlags {
 		grace:     durationFlag(fs, "grace", 10*time.Second, "after a loss, how long CMD has between SIGTERM and SIGKILL, a `duration`"),
 		verbose:   fs.Bool("verbose", false, "report who holds while waiting, acquiring and releasing on stderr"),
 		noWait:    noWaitFlags(fs),
-		busyExit: fs.Int("busy-exit", exitBusy, "exit with this `code` (1-255) when -n/--no-wait finds it taken,\n"+
+		busyExit: fs.Int("busy-exit", exitBusy, "exit with this `code` (1-255, not 64, 69, 70, 126-192) when -n/--no-wait finds it taken,\n"+
 			"to tell that from CMD's own exit codes (as flock -E)"),
-		timeoutExit: fs.Int("timeout-exit", exitTimeout, "exit with this `code` (1-255) when --wait runs out"),
-		lostExit:    fs.Int("lost-exit", exitLost, "exit with this `code` (1-255) when the hold is lost while CMD runs (or while held without CMD)"),
+		timeoutExit: fs.Int("timeout-exit", exitTimeout, "exit with this `code` (1-255, not 64, 69, 70, 126-192) when --wait runs out"),
+		lostExit:    fs.Int("lost-exit", exitLost, "exit with this `code` (1-255, not 64, 69, 70, 126-192) when the hold is lost while CMD runs (or while held without CMD)"),
 	}
 }
 
@@ -166,8 +166,14 @@ func (f holdFlags) check() ([]redisync.Option, error) {
 		name  string
 		value int
 	}{{"busy-exit", *f.busyExit}, {"timeout-exit", *f.timeoutExit}, {"lost-exit", *f.lostExit}} {
-		if c.value < 1 || c.value > 255 {
+		switch {
+		case c.value < 1 || c.value > 255:
 			return nil, fmt.Errorf("--%s %d must be in [1, 255]", c.name, c.value)
+		case c.value == exitUsage || c.value == exitUnavailable || c.value == exitSoftware ||
+			c.value == exitCannotRun || c.value == exitNotFound:
+			return nil, fmt.Errorf("--%s %d is one of redisync's own exit codes (64, 69, 70, 126, 127)", c.name, c.value)
+		case c.value > exitSignal && c.value <= exitSignal+64:
+			return nil, fmt.Errorf("--%s %d is the exit code of a process killed by signal %d (129-192)", c.name, c.value, c.value-exitSignal)
 		}
 	}
 	opts := []redisync.Option{

@@ -68,8 +68,9 @@ Exit codes:
 
 73, 75 and 76 may be CMD's own exit codes too. To tell them apart, lock, sem
 and elect take --busy-exit N, --timeout-exit N and --lost-exit N (N in
-1-255): redisync exits with N instead, as flock -E does; pick codes that
-CMD never uses.
+1-255, not 64, 69, 70 nor 126-192, which redisync and signals use):
+redisync exits with N instead, as flock -E does; pick codes that CMD
+never uses, such as 200 and up.
 `
 
 // usage returns the top-level help: the commands, in order, and the exit
@@ -106,7 +107,7 @@ var commands = []*command{
 	{"lock", "[flags] NAME [-- CMD [ARGS...]]", "run CMD while holding lock NAME (no CMD: hold until a signal)", runLock, lockHelp},
 	{"sem", "--limit N [flags] NAME [-- CMD...]", "run CMD while holding permits of semaphore NAME", runSem, semHelp},
 	{"elect", "[flags] NAME [-- CMD [ARGS...]]", "run CMD while this process leads election NAME", runElect, electHelp},
-	{"status", "[flags] [NAME]", "show who holds NAME and who waits, in order (no NAME: everything)", runStatus, statusHelp},
+	{"status", "[flags] NAME|--all", "show who holds NAME and who waits, in order (--all: everything)", runStatus, statusHelp},
 	{"demo", "[flags]", "watch simulated clients contend (embedded Redis)", runDemo, demoHelp},
 }
 

@@ -180,7 +180,10 @@ func resizeSem(t target, prefix, name string, size, to int64, opts []redisync.Op
 	defer cancel()
 	if err := c.ResizeSemaphore(ctx, name, size, to); err != nil {
 		msg := libMessage(err, name)
-		if stored := storedSize(ctx, rdb, prefix, name); errors.Is(err, redisync.ErrSizeMismatch) && stored > 0 && stored != size {
+		if !errors.Is(err, redisync.ErrSizeMismatch) {
+			return errorf(errorCode(err), "cannot resize semaphore %q: %s", name, msg)
+		}
+		if stored := storedSize(ctx, rdb, prefix, name); stored > 0 && stored != size {
 			msg = fmt.Sprintf("stored size %d, not --limit %d; nothing changed (resize with --limit %d --resize %d)", stored, size, stored, to)
 		}
 		return errorf(errorCode(err), "cannot resize semaphore %q: %s", name, msg)

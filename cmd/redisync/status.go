@@ -19,7 +19,7 @@ import (
 )
 
 const statusHelp = `Usage: redisync status [flags] NAME
-       redisync status [--all] [--limit N] [--json] [flags]
+       redisync status --all [--limit N] [--json] [flags]
 
 Show the state of the lock NAME: who holds it (owner id, hold count,
 remaining lease, fencing token) and the fair queue in order with each
@@ -40,12 +40,14 @@ subscribed to its own channel of the lock, and status counts the
 subscribed processes (a process stays subscribed for 2 s after its last
 waiter left).
 
-Without NAME (or with --all), list every lock, semaphore, read-write lock
+With --all instead of NAME, list every lock, semaphore, read-write lock
 and election under --prefix that is held or waited for: its kind, name,
-holders and waiters in line, by kind and name, at most --limit N of them.
-It finds them with SCAN (on every primary of a cluster), which reads
-every key name under the prefix, then reads each as status NAME does.
-Exit 0, whatever it finds.
+holders and fair waiters in line (plain --barging waiters are not
+counted), by kind and name, at most --limit N of them. It finds them
+with SCAN (on every primary of a cluster), which reads every key name
+under the prefix, then reads each as status NAME does. A key of another
+program where one of theirs would be is listed with its error. Exit 0,
+whatever it finds.
 
 With --watch, status reads again every --interval (1s) until interrupted,
 a live view of the holder, the queue and how long each waiter has waited:
@@ -57,7 +59,7 @@ tried.
 Exit codes: 0 the lock NAME, a permit of the semaphore NAME or the read-write
 lock NAME is held, or the election NAME has a leader; 1 none of them
 (free); 64 usage; 69 Redis unreachable; 70 Redis error.
-With --watch: 0 when interrupted. Without NAME: 0, or 64, 69, 70.
+With --watch: 0 when interrupted. With --all: 0, or 64, 69, 70.
 
 Times come from the Redis server's clock. An owner id is the holder's
 label (by default "host/pid"; see redisync.WithLabel), "/", its client id
@@ -87,7 +89,7 @@ Examples:
   redisync status --verbose deploy
 
   # everything held or waited for, at most 20 of them
-  redisync status --limit 20
+  redisync status --all --limit 20
 
 With --verbose, status first names the server it read and its version
 (on a cluster, every primary): the first thing to give in a bug report.
@@ -199,29 +201,29 @@ func runStatus(args []string) int {
 	watch := fs.Bool("watch", false, "read again every --interval until interrupted: a live view")
 	verbose := fs.Bool("verbose", false, "name the server and its version (every primary of a cluster) first")
 	interval := durationFlag(fs, "interval", time.Second, "how often --watch reads (`duration`)")
-	all := fs.Bool("all", false, "list everything held or waited for under --prefix (as no NAME does)")
-	limit := fs.Int("limit", 0, "without NAME: list at most `N` (0 or unset: all)")
+	all := fs.Bool("all", false, "list everything held or waited for under --prefix, instead of NAME")
+	limit := fs.Int("limit", 0, "with --all: list at most `N` (0 or unset: all)")
 	p, err := parseArgs(fs, statusHelp, args)
 	if errors.Is(err, errHelp) {
 		return exitOK
 	}
-	list := *all || (err == nil && len(p.pos) == 0 && !p.dashdash)
+	list := *all
 	switch {
 	case err != nil:
-	case p.dashdash || len(p.pos) > 1:
-		err = errors.New("want one NAME, or none to list everything")
+	case *all && len(p.pos) > 0:
+		err = fmt.Errorf("--all lists everything: give no NAME (%q)", p.pos[0])
+	case !*all && (p.dashdash || len(p.pos) != 1):
+		err = errors.New("want one NAME, or --all to list everything")
 	case checkPrefix(*prefix) != nil:
 		err = checkPrefix(*prefix)
 	case *interval < 10*time.Millisecond:
 		err = fmt.Errorf("--interval %v is shorter than 10ms", *interval)
-	case *all && len(p.pos) > 0:
-		err = fmt.Errorf("--all lists everything: give no NAME (%q)", p.pos[0])
 	case *limit < 0:
 		err = fmt.Errorf("--limit %d must be at least 1, or 0 for no limit", *limit)
 	case list && *watch:
 		err = errors.New("--watch needs a NAME")
 	case !list && flagSet(fs, "limit"):
-		err = errors.New("--limit is for the list without NAME")
+		err = errors.New("--limit is for the list of --all")
 	case !list:
 		err = checkName(p.pos[0])
 	}

@@ -38,6 +38,9 @@ type Entry struct {
 	// Size and Available are a semaphore's permits; nil for other kinds.
 	Size      *int64 `json:"size,omitempty"`
 	Available *int64 `json:"available,omitempty"`
+	// Error says why the entry could not be read (a key of the wrong
+	// type under its name); its other fields are then empty.
+	Error string `json:"error,omitempty"`
 }
 
 // EntryHolder is a holder of an Entry.
@@ -82,10 +85,14 @@ func listStatus(ctx context.Context, rdb redis.UniversalClient, prefix string, l
 	}
 	for _, cand := range cands {
 		e, err := inspectEntry(ctx, c, cand)
-		if errors.Is(err, redisync.ErrInvalidName) {
+		switch {
+		case errors.Is(err, redisync.ErrInvalidName):
 			continue // a key that looks like one of redisync's, of no name redisync gives
-		}
-		if err != nil {
+		case errors.Is(err, redisync.ErrWrongType):
+			// Another program's key under the prefix: listed as such,
+			// and the listing goes on.
+			e = &Entry{Kind: kinds[cand.kind].name, Name: cand.name, Holders: []EntryHolder{}, Error: trimPrefix(err)}
+		case err != nil:
 			return nil, err
 		}
 		if e == nil {
@@ -252,6 +259,9 @@ func (l *Listing) print(out io.Writer) {
 		}
 		if len(who) == 0 {
 			who = []string{"-"}
+		}
+		if e.Error != "" {
+			who = []string{"? " + e.Error}
 		}
 		if e.Size != nil {
 			who[len(who)-1] += fmt.Sprintf("; %d of %d free", *e.Available, *e.Size)

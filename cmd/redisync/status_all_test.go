@@ -42,7 +42,7 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-// TestStatusAll: status without NAME lists every lock, semaphore,
+// TestStatusAll: status --all lists every lock, semaphore,
 // read-write lock and election under the prefix that is held or waited
 // for, by kind and name, and none that is free; --limit cuts the list.
 func TestStatusAll(t *testing.T) {
@@ -94,10 +94,15 @@ func TestStatusAll(t *testing.T) {
 	rdb := redistest.Client(t)
 	must(rdb.Set(ctx, stray, "?", time.Minute).Err())
 	t.Cleanup(func() { rdb.Del(context.Background(), stray) })
+	// Another program's key where a lock's hash would be: listed with
+	// its error, and the listing goes on.
+	foreign := prefix + ":lock:{foreign}"
+	must(rdb.Set(ctx, foreign, "?", time.Minute).Err())
+	t.Cleanup(func() { rdb.Del(context.Background(), foreign) })
 
 	listing := func(args ...string) *Listing {
 		t.Helper()
-		code, p := runCode(t, addr, append([]string{"status", "--prefix", prefix, "--json"}, args...)...)
+		code, p := runCode(t, addr, append([]string{"status", "--all", "--prefix", prefix, "--json"}, args...)...)
 		var l Listing
 		if err := json.Unmarshal([]byte(p.stdout.String()), &l); err != nil || code != exitOK {
 			t.Fatalf("status %q: exit %d, %v: %s %s", args, code, err, p.stdout.String(), p.stderr.String())
@@ -109,12 +114,15 @@ func TestStatusAll(t *testing.T) {
 	for _, e := range l.Entries {
 		got = append(got, e.Kind+" "+e.Name)
 	}
-	want := []string{"lock held", "lock queued", "lock x:y}z", "semaphore full", "semaphore gpus", "rwmutex rw", "election boss"}
+	want := []string{"lock foreign", "lock held", "lock queued", "lock x:y}z", "semaphore full", "semaphore gpus", "rwmutex rw", "election boss"}
 	if !slices.Equal(got, want) || l.More || l.Prefix != prefix {
 		t.Fatalf("listed %q (more %v), want %q", got, l.More, want)
 	}
 	host, _ := os.Hostname()
 	for _, e := range l.Entries {
+		if e.Error != "" {
+			continue
+		}
 		if len(e.Holders) != 1 || e.Holders[0].Label != fmt.Sprintf("%s/%d", host, os.Getpid()) {
 			t.Errorf("%s %s: holders %+v, want the test's process", e.Kind, e.Name, e.Holders)
 		}
@@ -122,6 +130,9 @@ func TestStatusAll(t *testing.T) {
 	byName := func(name string) Entry {
 		i := slices.IndexFunc(l.Entries, func(e Entry) bool { return e.Name == name })
 		return l.Entries[i]
+	}
+	if f := byName("foreign"); !strings.Contains(f.Error, "wrong type") || len(f.Holders) != 0 {
+		t.Errorf("foreign: %+v, want an error that names a wrong type", f)
 	}
 	if q := byName("queued"); q.Waiting != 1 {
 		t.Errorf("queued: %+v, want 1 waiting", q)
@@ -133,19 +144,21 @@ func TestStatusAll(t *testing.T) {
 		t.Errorf("boss: %+v, want the leader's value v1", b)
 	}
 
-	if l := listing("--limit", "2"); len(l.Entries) != 2 || !l.More || l.Entries[1].Name != "queued" {
-		t.Errorf("--limit 2: %+v, want the first 2 and more", l)
+	if l := listing("--limit", "3"); len(l.Entries) != 3 || !l.More || l.Entries[2].Name != "queued" {
+		t.Errorf("--limit 3: %+v, want the first 3 and more", l)
 	}
 	code, p := runCode(t, addr, "status", "--all", "--prefix", prefix)
 	if out := p.stdout.String(); code != exitOK || !strings.Contains(out, `semaphore  "gpus"`) || !strings.Contains(out, "1 of 3 free") ||
 		strings.Contains(out, `"free"`) {
 		t.Errorf("status --all: exit %d, stdout:\n%s", code, out)
 	}
-	code, p = runCode(t, addr, "status", "--prefix", prefix+"-none")
+	code, p = runCode(t, addr, "status", "--all", "--prefix", prefix+"-none")
 	if code != exitOK || !strings.Contains(p.stdout.String(), "nothing held or waited for") {
 		t.Errorf("status of an empty prefix: exit %d, stdout %q", code, p.stdout.String())
 	}
-	for _, args := range [][]string{{"--all", "x"}, {"--watch"}, {"--limit", "2", "x"}, {"--limit", "-1"}} {
+	// No NAME without --all is a usage error: a script's empty $NAME
+	// must not read as "held".
+	for _, args := range [][]string{{}, {"--json"}, {"--all", "x"}, {"--all", "--watch"}, {"--limit", "2", "x"}, {"--all", "--limit", "-1"}} {
 		if code, p := runCode(t, addr, append([]string{"status"}, args...)...); code != exitUsage {
 			t.Errorf("status %q: exit %d, want %d; stderr %q", args, code, exitUsage, p.stderr.String())
 		}
@@ -156,7 +169,7 @@ func TestStatusAll(t *testing.T) {
 	}
 }
 
-// statusAllOnCluster: status without NAME finds what every primary of the
+// statusAllOnCluster: status --all finds what every primary of the
 // cluster holds.
 func statusAllOnCluster(t *testing.T, cl *redistest.Cluster) {
 	crdb := cl.NewClient(t)
