@@ -7,7 +7,12 @@
 //	if err != nil {
 //		return err
 //	}
-//	client := redisync.New(rdb, redisync.WithObserver(obs))
+//	client, err := redisync.New(rdb, redisync.WithObserver(obs))
+//	if err != nil {
+//		return err
+//	}
+//
+// ExampleNew shows it whole, with providers of its own.
 //
 // Metrics (units as the OpenTelemetry semantic conventions write them):
 //
@@ -22,7 +27,8 @@
 //	redisync.lock.dead_waiters       counter            waiters found with nobody to wake them (a hand-off to a waiter that died ran out)
 //	redisync.events.dropped          counter            events the observer could not take in time
 //
-// Their attributes are redisync.primitive (mutex, semaphore, redmutex, rwmutex),
+// Their attributes are redisync.primitive (mutex, semaphore, redmutex,
+// rwmutex, multimutex, election),
 // redisync.operation and redisync.outcome, all of few values. The lock's
 // name (redisync.lock.name) is added only with WithNameAttribute: names
 // are often per entity (a user, an order), and every distinct name makes

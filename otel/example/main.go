@@ -38,7 +38,7 @@ import (
 func main() {
 	exporter := flag.String("exporter", "prometheus", "prometheus or otlp")
 	addr := flag.String("redis", "localhost:6379", "Redis address")
-	listen := flag.String("listen", ":9464", "where Prometheus scrapes /metrics (-exporter prometheus)")
+	listen := flag.String("listen", "localhost:9464", "where Prometheus scrapes /metrics (-exporter prometheus; \":9464\" for every interface)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
