@@ -35,7 +35,7 @@ const (
 	// aclCLI is for the redisync command: status reads in a transaction,
 	// and INFO tells a Redis Cluster node given as one address.
 	aclCLI = "+multi +exec +hgetall +info +pubsub|numsub +pubsub|shardnumsub +pubsub|channels +pubsub|shardchannels"
-	// aclCLIList is for "redisync status" without NAME, which lists the
+	// aclCLIList is for "redisync status --all", which lists the
 	// keys under the prefix with SCAN.
 	aclCLIList = "+scan"
 	// aclIdentity is for go-redis's CLIENT SETINFO on Redis 7.2 and later.
@@ -536,9 +536,9 @@ func TestACLCLI(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	out, err = run("status").Output()
+	out, err = run("status", "--all").Output()
 	if err != nil || !regexp.MustCompile(`(?m)^lock +"`+regexp.QuoteMeta(name)+`" `).Match(out) {
-		t.Errorf("status without NAME: %v, output %q; want the lock %s listed", err, out, name)
+		t.Errorf("status --all: %v, output %q; want the lock %s listed", err, out, name)
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
