@@ -45,7 +45,7 @@ func (a *attempts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		args := cmd.Args()
-		if err != nil || len(args) < 9 || (args[1] != acquireScript.Hash() && args[1] != luaLib+luaAcquire) {
+		if err != nil || len(args) < 5 || (args[1] != acquireScript.Hash() && args[1] != acquireScript.src) {
 			return err
 		}
 		keys, _ := strconv.Atoi(fmt.Sprint(args[2]))
@@ -504,7 +504,7 @@ func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		a := cmd.Args()
-		if err == nil && len(a) > 1 && (a[1] == wakeScript.Hash() || a[1] == luaLib+luaWake) {
+		if err == nil && len(a) > 1 && (a[1] == wakeScript.Hash() || a[1] == wakeScript.src) {
 			w.n.Add(1) // runs answered (not an EVALSHA's NOSCRIPT)
 		}
 		return err

@@ -221,7 +221,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 // lost, unless e resigned it meanwhile.
 func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
 	m := e.m
-	proclaim := proclaimArgs{id: h.id, token: h.token, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(m.keys)
+	proclaim := proclaimArgs{id: h.id, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(m.keys)
 	res, _, err := e.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		n, err := proclaim.run(ctx, rdb).Int64()
 		return []int64{n}, err
@@ -302,10 +302,10 @@ func (e *Election) parse(res []string, l *Leadership, lease *time.Duration) erro
 	}
 	*lease = time.Duration(ms) * time.Millisecond
 	if l.Revision, err = strconv.ParseInt(res[0], 10, 64); err != nil {
-		return &wrongType{detail: e.m.keys.Revision + " does not hold a counter"}
+		return fmt.Errorf("redisync: unexpected reply %q from the leader script", res)
 	}
 	if l.Token, err = strconv.ParseInt(res[1], 10, 64); err != nil {
-		return &wrongType{detail: e.m.keys.Token + " does not hold a counter"}
+		return fmt.Errorf("redisync: unexpected reply %q from the leader script", res)
 	}
 	l.Value = res[2]
 	return nil

@@ -250,3 +250,35 @@ type passHooks struct{ passDial }
 func (passHooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// queuedTickets returns the tickets in the fair queue of the lock k, in
+// order.
+func queuedTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []string {
+	t.Helper()
+	if !mr.Exists(k.Queue) {
+		return nil
+	}
+	recs, err := mr.List(k.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tickets []string
+	for _, r := range recs {
+		rec, ok := schema.ParseQueueRecord(r)
+		if !ok {
+			t.Fatalf("queue record %q", r)
+		}
+		tickets = append(tickets, rec.Ticket)
+	}
+	return tickets
+}
+
+// mustGet returns the string at key.
+func mustGet(t *testing.T, mr interface{ Get(string) (string, error) }, key string) string {
+	t.Helper()
+	v, err := mr.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}

@@ -152,19 +152,15 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 // a Mutex's, or an Election's (see InspectElection).
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
 	var (
-		owners, waiters *redis.MapStringStringCmd
-		pttl            *redis.DurationCmd
-		token           *redis.StringCmd
-		queue, bargers  *redis.ZSliceCmd
-		now             *redis.TimeCmd
-		subs            func(context.Context) (int64, error)
+		hash    *redis.MapStringStringCmd
+		queue   *redis.StringSliceCmd
+		bargers *redis.ZSliceCmd
+		now     *redis.TimeCmd
+		subs    func(context.Context) (int64, error)
 	)
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
-		owners = p.HGetAll(ctx, k.Hash)
-		pttl = p.PTTL(ctx, k.Hash)
-		token = p.Get(ctx, k.Token)
-		queue = p.ZRangeWithScores(ctx, k.Queue, 0, -1)
-		waiters = p.HGetAll(ctx, k.Waiters)
+		hash = p.HGetAll(ctx, k.Hash)
+		queue = p.LRange(ctx, k.Queue, 0, -1)
 		bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, -1)
 		now = p.Time(ctx)
 		subs = c.numSub(ctx, p, k.Channel)
@@ -176,45 +172,30 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	if err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: nsubs, Queue: []LockWaiter{}}
-	if v := token.Val(); v != "" {
-		if st.LastToken, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Token + " does not hold a counter"})
-		}
+	lock, ok := schema.ParseLockState(hash.Val())
+	if !ok {
+		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)})
 	}
-	fields := owners.Val()
-	meta := fields[schema.MetaField]
-	delete(fields, schema.LayoutField)
-	delete(fields, schema.MetaField)
-	delete(fields, schema.ProclaimField)
-	if len(fields) > 1 {
-		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " holds more than one hold"})
-	}
-	for id, v := range fields {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 {
-			return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a hold count for " + id})
-		}
-		st.Holder = &LockHolder{ID: id, Label: schema.Label(id), Count: n, Lease: pttl.Val(), Token: st.LastToken, Metadata: meta}
+	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: nsubs, Queue: []LockWaiter{}, LastToken: lock.Token}
+	nowMS := st.ServerTime.UnixMilli()
+	if lock.Held(nowMS) {
+		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner), Count: 1,
+			Lease: time.Duration(lock.End-nowMS) * time.Millisecond, Token: lock.Token, Metadata: lock.Meta}
 	}
 	for _, z := range bargers.Val() {
-		if int64(z.Score) >= st.ServerTime.UnixMilli() {
+		if int64(z.Score) >= nowMS {
 			st.Barging++
 		}
 	}
-	nowUS := st.ServerTime.UnixMicro()
-	for _, z := range queue.Val() {
-		id := fmt.Sprint(z.Member)
-		w := LockWaiter{ID: id, Label: schema.Label(id), Waited: since(nowUS, z.Score)}
-		if rec, ok := schema.ParseLockWaiter(waiters.Val()[id]); ok {
-			w.Heartbeat = msUntil(alive(rec.Deadline, waiters.Val(), id), st.ServerTime)
-			w.HandoffLease = time.Duration(rec.Handoff) * time.Millisecond
-			w.Alive = w.Heartbeat >= 0
-			w.Metadata = rec.Metadata
-			if m, ok := waiters.Val()[schema.WaiterMetaField(id)]; ok {
-				w.Metadata = m
-			}
+	for _, r := range queue.Val() {
+		rec, ok := schema.ParseQueueRecord(r)
+		if !ok {
+			continue // not redisync's: the next hand-off drops it
 		}
+		w := LockWaiter{ID: rec.Ticket, Label: schema.Label(rec.Ticket), Waited: time.Duration(nowMS-rec.Joined) * time.Millisecond,
+			HandoffLease: time.Duration(rec.Handoff) * time.Millisecond, Metadata: rec.Metadata}
+		w.Heartbeat = msUntil(alive(rec.Deadline, hash.Val(), rec.Ticket), st.ServerTime)
+		w.Alive = w.Heartbeat >= 0
 		st.Queue = append(st.Queue, w)
 	}
 	return st, nil
@@ -402,7 +383,7 @@ func since(nowUS int64, score float64) time.Duration {
 
 // alive returns until when (server time in ms) the waiter id is alive:
 // its own deadline, or its Client's in the waiters hash when that is later
-// (scripts/lib.lua, alive).
+// (scripts/lib.lua, alive): a lock's hash, or a semaphore's waiters.
 func alive(deadline int64, waiters map[string]string, id string) int64 {
 	v, _, _ := strings.Cut(waiters[schema.ClientField(id)], ":") // "ms", or "ms:L" (scripts/renew.lua)
 	if c, err := strconv.ParseInt(v, 10, 64); err == nil {

@@ -65,7 +65,7 @@ func (m *MultiMutex) cleanup(ctx context.Context, ticket string, locks []*Mutex)
 // withdraw withdraws ticket from each of locks, releasing what it holds.
 func (m *MultiMutex) withdraw(ctx context.Context, rdb redis.UniversalClient, ticket string, locks []*Mutex) {
 	for _, l := range locks {
-		_, _ = l.release(ctx, rdb, ticket, 0, "withdraw")
+		_ = l.withdraw(ctx, rdb, withdrawal{ticket: ticket, refuse: true})
 	}
 }
 
@@ -127,7 +127,7 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 func (m *MultiMutex) releaseEach(ctx context.Context, locks []*Mutex, args multiReleaseArgs) ([]int64, error) {
 	res, errs := make([]int64, len(locks)), make([]error, len(locks))
 	for i, l := range locks {
-		res[i], errs[i] = l.release(ctx, m.c.rdb, args.ids[i], args.tokens[i], "release")
+		res[i], errs[i] = l.release(ctx, m.c.rdb, args.ids[i], args.tokens[i])
 	}
 	return res, errors.Join(errs...)
 }

@@ -183,7 +183,9 @@ type lockCall struct {
 	waiter string // the address of the call's waiter, when not its ticket (a RedMutex's node attempt)
 	meta   string // stored with the hold (WithMetadata; a campaign's value)
 
-	pttl int64 // the lock's PTTL found by the last attempt
+	pttl   int64  // the remaining lease of the lock's holder found by the last attempt
+	record string // the call's record in the fair queue, once an attempt queued it
+	seq    int64  // its number
 	place
 }
 
@@ -195,15 +197,24 @@ func (m *Mutex) newCall(mode string) *lockCall {
 // attempt runs the acquire script once.
 func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m := l.m
+	if l.mode == "queue" && l.unsure && !l.queued {
+		// A lost reply may have queued the ticket under a record this call
+		// does not know: withdraw it, refused from now on, and go on under
+		// a new ticket.
+		l.withdraw(ctx)
+		l.ticket = m.c.ticket(m.cfg.label)
+	}
 	sent := time.Now()
 	// The arguments are read here, not in the call's goroutine, which an
-	// abandoned call leaves running while the call's fields change.
-	// queued: an earlier attempt queued the ticket, or may have (its
-	// reply was lost): this one must learn if the ticket left the queue
-	// since (handed the lock, whose hold lapsed), rather than queue it
-	// again and later take a stale grant to it.
+	// abandoned call leaves running while the call's fields change. A
+	// call that queued asks again ("again"): it learns whether its ticket
+	// left the queue since (handed the lock, whose hold lapsed), rather
+	// than queue it again and later take a stale grant to it.
 	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
-		handoff: m.cfg.grantLease(), publish: m.c.publish, queued: l.queued || l.unsure, metadata: l.meta}
+		handoff: m.cfg.grantLease(), publish: m.c.publish, metadata: l.meta}
+	if l.mode == "queue" && l.queued {
+		acquire.mode, acquire.seq = "again", l.seq
+	}
 	if l.mode == "barge" && l.waits {
 		// Recorded for longer than the call sleeps between attempts.
 		acquire.record = 2 * m.cfg.recheck
@@ -230,6 +241,11 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		l.ticket = m.c.ticket(m.cfg.label)
 		return false, 0, nil
 	}
+	if len(res) == 4 {
+		l.seq = res[2]
+		l.record = schema.QueueRecord{Seq: res[2], Ticket: l.ticket, Joined: res[3] - acquire.heartbeat.Milliseconds(),
+			Deadline: res[3], Handoff: acquire.handoff.Milliseconds(), Metadata: l.meta}.String()
+	}
 	if l.mode == "queue" {
 		l.joined(sent)
 	}
@@ -249,7 +265,7 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
 	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
 		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
-		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h.id, h.token, "release") }}
+		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h.id, h.token) }}
 	if m.cfg.maxHold > 0 {
 		e.Until = since.Add(m.cfg.maxHold)
 	}
@@ -320,12 +336,15 @@ func (l *lockCall) finish(ctx context.Context, err error) {
 // (a copy of one of its calls still on its way takes nothing). It waits
 // for it at most roundtrip.CleanupWait.
 func (l *lockCall) withdraw(ctx context.Context) {
-	ticket := l.ticket
+	w := withdrawal{ticket: l.ticket, record: l.record, refuse: l.unsure}
+	if !l.queued {
+		w.record = ""
+	}
 	l.m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		_, err := l.m.release(ctx, rdb, ticket, 0, "withdraw")
-		return nil, err
+		return nil, l.m.withdraw(ctx, rdb, w)
 	})
 	l.left()
+	l.record, l.seq = "", 0
 }
 
 // address returns the ticket: the call's address in grant messages.
@@ -333,13 +352,14 @@ func (l *lockCall) address() string { return l.ticket }
 
 // late returns what an abandoned attempt of ticket does with its reply:
 // it withdraws the ticket, handing on the lock if the attempt (or a
-// release) gave it the lock.
+// release) gave it the lock, and refuses it from then on (a copy of the
+// attempt may still be on its way).
 func (l *lockCall) late(ticket string) func([]int64, error) {
 	m := l.m
 	return func([]int64, error) {
 		ctx, cancel := roundtrip.Detached(context.Background())
 		defer cancel()
-		_, _ = m.release(ctx, m.c.rdb, ticket, 0, "withdraw")
+		_ = m.withdraw(ctx, m.c.rdb, withdrawal{ticket: ticket, refuse: true})
 	}
 }
 
@@ -423,12 +443,6 @@ func (m *Mutex) usable(ctx context.Context) error {
 // sleepFor is how long a waiter sleeps, at most, after an attempt found
 // the lock held with the given PTTL.
 func (m *Mutex) sleepFor(pttl int64) time.Duration {
-	if pttl < 0 { // -1: no TTL; -2: gone since
-		if pttl == -2 {
-			return time.Millisecond
-		}
-		return m.cfg.recheck
-	}
 	return min(max(time.Duration(pttl)*time.Millisecond, time.Millisecond), m.cfg.recheck)
 }
 

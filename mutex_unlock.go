@@ -53,7 +53,7 @@ func (m *Mutex) unlock(ctx context.Context) error {
 		m.mu.Unlock()
 		if h != nil && errors.Is(err, ErrClosed) {
 			m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-				_, err := m.release(ctx, rdb, h.id, h.token, "release")
+				_, err := m.release(ctx, rdb, h.id, h.token)
 				return nil, err
 			})
 		}
@@ -84,8 +84,16 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	}
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
+	tries := 0
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-		return m.release(ctx, rdb, h.id, h.token, "release")
+		tries++
+		res, err := m.release(ctx, rdb, h.id, h.token)
+		if res == 2 && tries > 1 {
+			res = 1 // the hold ended since the last try, which may have released it
+		} else if res == 2 {
+			res = 0
+		}
+		return res, err
 	}, nil)
 	m.told(h, err == nil && res == 0) // found gone: lost, not released
 	switch {
@@ -97,10 +105,11 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	return nil
 }
 
-// release runs the release script for the hold (or ticket) id, in mode
-// "release" or "withdraw" (see release.lua).
-func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, id string, token int64, mode string) (int64, error) {
-	release := releaseArgs{id: id, token: token, publish: m.c.publish, mode: mode}
+// release runs the release script for the hold id, whose token is token
+// (0: unknown), and returns its reply: 1 released, 0 not held, 2 not held
+// and a later hold taken since (released by an earlier try, or lapsed).
+func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, id string, token int64) (int64, error) {
+	release := releaseArgs{id: id, token: token, publish: m.c.publish, mode: "release"}
 	res, err := release.call(m.keys).run(ctx, rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
@@ -108,12 +117,29 @@ func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, id strin
 	return res, nil
 }
 
+// withdrawal is a call that gives up its ticket.
+type withdrawal struct {
+	ticket string // the call's
+	record string // its record in the fair queue; "" when none or unknown
+	refuse bool   // a call of the ticket may still be on its way: refuse it from now on
+}
+
+// withdraw runs the release script for w in mode "withdraw": the call
+// leaves the queue, and the lock goes on if it was handed to the call.
+func (m *Mutex) withdraw(ctx context.Context, rdb redis.UniversalClient, w withdrawal) error {
+	a := releaseArgs{id: w.ticket, record: w.record, refuse: w.refuse, publish: m.c.publish, mode: "withdraw"}
+	if err := a.call(m.keys).run(ctx, rdb).Err(); err != nil {
+		return redisError(err)
+	}
+	return nil
+}
+
 // releaseLost removes h, a hold that was lost, from Redis if it is still
 // there, so that the lock is free sooner; in the background after
 // roundtrip.CleanupWait.
 func (m *Mutex) releaseLost(ctx context.Context, h *hold) {
 	m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		_, err := m.release(ctx, rdb, h.id, 0, "release")
+		_, err := m.release(ctx, rdb, h.id, 0)
 		return nil, err
 	})
 }

@@ -365,7 +365,7 @@ type delayAcquire struct {
 func (h *delayAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
-		if h.armed.Load() && len(args) > 1 && (args[1] == acquireScript.Hash() || args[1] == luaLib+luaAcquire) {
+		if h.armed.Load() && len(args) > 1 && (args[1] == acquireScript.Hash() || args[1] == acquireScript.src) {
 			time.Sleep(h.d)
 		}
 		return next(ctx, cmd)

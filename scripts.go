@@ -15,6 +15,8 @@ import (
 var (
 	//go:embed scripts/lib.lua
 	luaLib string
+	//go:embed scripts/lock_lib.lua
+	luaLockLib string
 	//go:embed scripts/acquire.lua
 	luaAcquire string
 	//go:embed scripts/release.lua
@@ -46,18 +48,18 @@ var (
 	//go:embed scripts/sem_resize.lua
 	luaSemResize string
 
-	acquireScript = newScript("acquire", luaLib+luaAcquire)
-	releaseScript = newScript("release", luaLib+luaRelease)
-	renewScript   = newScript("renew", luaLib+luaRenew)
-	extendScript  = newScript("extend", luaLib+luaExtend)
-	ttlScript     = newScript("ttl", luaLib+luaTTL)
-	handoffScript = newScript("handoff", luaLib+luaHandoff)
-	wakeScript    = newScript("wake", luaLib+luaWake)
+	acquireScript = newScript("acquire", luaLib+luaLockLib+luaAcquire)
+	releaseScript = newScript("release", luaLib+luaLockLib+luaRelease)
+	renewScript   = newScript("renew", luaLib+luaLockLib+luaRenew)
+	extendScript  = newScript("extend", luaLib+luaLockLib+luaExtend)
+	ttlScript     = newScript("ttl", luaLib+luaLockLib+luaTTL)
+	handoffScript = newScript("handoff", luaLib+luaLockLib+luaHandoff)
+	wakeScript    = newScript("wake", luaLib+luaLockLib+luaWake)
 
-	multiAcquireScript = newScript("multiAcquire", luaLib+luaMultiAcquire)
-	multiReleaseScript = newScript("multiRelease", luaLib+luaMultiRelease)
-	proclaimScript     = newScript("proclaim", luaLib+luaProclaim)
-	leaderScript       = newScript("leader", luaLib+luaLeader)
+	multiAcquireScript = newScript("multiAcquire", luaLib+luaLockLib+luaMultiAcquire)
+	multiReleaseScript = newScript("multiRelease", luaLib+luaLockLib+luaMultiRelease)
+	proclaimScript     = newScript("proclaim", luaLib+luaLockLib+luaProclaim)
+	leaderScript       = newScript("leader", luaLib+luaLockLib+luaLeader)
 
 	semAcquireScript = newScript("semAcquire", luaLib+luaSemLib+luaSemAcquire)
 	semReleaseScript = newScript("semRelease", luaLib+luaSemLib+luaSemRelease)
@@ -97,10 +99,6 @@ func (s *luaScript) Run(ctx context.Context, rdb redis.Scripter, keys []string, 
 	}
 	return r
 }
-
-// tombstoneTTL is how long Redis remembers a hold's release, so that a
-// release retried by go-redis after a lost reply reports success.
-const tombstoneTTL = 10 * time.Second
 
 // The typed arguments of the Lua scripts, one wrapper per script in the
 // order of scripts.go: the only place that knows in which order a script
@@ -164,11 +162,11 @@ func (c *Client) runAcked(ctx context.Context, rdb redis.UniversalClient, cfg co
 type acquireArgs struct {
 	ticket    string        // the call's own id
 	lease     time.Duration // of the hold it takes
-	mode      string        // "barge", "queue" or "try"
-	heartbeat time.Duration // the waiter's heartbeat ttl (mode "queue")
-	handoff   time.Duration // the lease of a hold handed to it (mode "queue")
+	mode      string        // "barge", "queue", "again" or "try"
+	heartbeat time.Duration // mode "queue": the record's heartbeat ttl
+	seq       int64         // mode "again": the number of the call's record
+	handoff   time.Duration // mode "queue": the lease of a hold handed to it
 	publish   string        // PUBLISH or SPUBLISH
-	queued    bool          // an earlier attempt of the call queued the ticket
 	metadata  string        // stored with the hold; "" for none
 	record    time.Duration // mode "barge": how long the Client is recorded as waiting; 0 for none
 	others    bool          // mode "barge": other plain waiters of the Client wait for the lock
@@ -176,44 +174,60 @@ type acquireArgs struct {
 
 // call returns the script's call on the lock k.
 func (a acquireArgs) call(k schema.Lock) scriptCall {
-	return scriptCall{acquireScript,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ticket), k.Bargers},
-		[]any{a.ticket, a.lease.Milliseconds(), a.mode, a.heartbeat.Milliseconds(),
-			a.handoff.Milliseconds(), k.Channel, a.publish, flag(a.queued), a.metadata,
-			a.record.Milliseconds(), flag(a.others)}}.elect(k)
-}
-
-// elect adds an election's revision key and channel of changes (see
-// schema.ElectionKeys) to the call of acquire.lua or release.lua on the
-// lock k, when k is an election's: its last key and argument.
-func (c scriptCall) elect(k schema.Lock) scriptCall {
-	if k.Revision != "" {
-		c.keys = append(c.keys, k.Revision)
-		c.args = append(c.args, k.Changes)
+	var arg int64
+	switch a.mode {
+	case "queue":
+		arg = a.heartbeat.Milliseconds()
+	case "again":
+		arg = a.seq
+	case "barge":
+		arg = a.record.Milliseconds()
 	}
-	return c
+	mode := a.mode + sharded(a.publish)
+	if a.others {
+		mode += " others"
+	}
+	return scriptCall{acquireScript,
+		[]string{k.Hash, k.Queue, k.Bargers, k.Tombstone(a.ticket)},
+		[]any{a.ticket, a.lease.Milliseconds(), mode, arg, a.handoff.Milliseconds(), a.metadata}}
 }
 
-// releaseArgs are the arguments of scripts/release.lua. Its release
-// tombstone lasts tombstoneTTL.
+// sharded returns the flag of a script that publishes with publish: "
+// sharded" for SPUBLISH, else "".
+func sharded(publish string) string {
+	if publish == "SPUBLISH" {
+		return " sharded"
+	}
+	return ""
+}
+
+// releaseArgs are the arguments of scripts/release.lua.
 type releaseArgs struct {
 	id      string // the hold id, or the ticket that withdraws
-	token   int64  // the hold's fencing token; 0 when unknown
+	token   int64  // mode "release": the hold's fencing token; 0 when unknown
+	record  string // mode "withdraw": the call's queue record; "" when none or unknown
+	refuse  bool   // mode "withdraw": a call of the ticket may still be on its way
 	publish string // PUBLISH or SPUBLISH
 	mode    string // "release" or "withdraw"
 }
 
 // call returns the script's call on the lock k.
 func (a releaseArgs) call(k schema.Lock) scriptCall {
-	return scriptCall{releaseScript,
-		[]string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.id), k.Bargers},
-		[]any{a.id, a.token, tombstoneTTL.Milliseconds(), k.Channel, a.publish, a.mode}}.elect(k)
+	var arg any = a.token
+	mode := a.mode
+	if a.mode == "withdraw" {
+		arg = a.record
+		if a.refuse {
+			mode += " refuse"
+		}
+	}
+	return scriptCall{releaseScript, []string{k.Hash, k.Queue, k.Bargers}, []any{a.id, arg, mode + sharded(a.publish)}}
 }
 
 // wakeCall returns the call of scripts/wake.lua on the lock k, which
 // passes on a wake-up of plain waiters that reached none.
 func wakeCall(k schema.Lock, publish string) scriptCall {
-	return scriptCall{wakeScript, []string{k.Hash, k.Bargers}, []any{k.Channel, publish}}
+	return scriptCall{wakeScript, []string{k.Hash, k.Queue, k.Bargers}, []any{sharded(publish)}}
 }
 
 // renewCall returns the call of scripts/renew.lua that renews batch: the
@@ -231,15 +245,15 @@ func renewCall(batch []watchdog.Renewal) scriptCall {
 
 // holdRenewKeys returns the keys in renew.lua of a hold of the lock k
 // (kind "hold").
-func holdRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Token} }
+func holdRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Queue} }
 
 // semRenewKeys returns the keys in renew.lua of a holder of the
 // semaphore k (kind "sem").
 func semRenewKeys(k schema.Semaphore) []string { return []string{k.Holders, k.Expiry, k.Size} }
 
 // waitRenewKeys returns the keys in renew.lua of the fair waiters of the
-// lock k (kind "wait"): the last is what they wait for.
-func waitRenewKeys(k schema.Lock) []string { return []string{k.Queue, k.Waiters, k.Hash} }
+// lock k (kind "wait").
+func waitRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Queue} }
 
 // swaitRenewKeys returns the keys in renew.lua of the waiters of the
 // semaphore k (kind "swait"): the last is what they wait for.
@@ -253,7 +267,7 @@ type extendArgs struct {
 
 // call returns the script's call on the lock k.
 func (a extendArgs) call(k schema.Lock) scriptCall {
-	return scriptCall{extendScript, []string{k.Hash, k.Token}, []any{a.id, a.lease.Milliseconds()}}
+	return scriptCall{extendScript, []string{k.Hash, k.Queue}, []any{a.id, a.lease.Milliseconds()}}
 }
 
 // ttlArgs are the arguments of scripts/ttl.lua.
@@ -267,19 +281,17 @@ func (a ttlArgs) call(k schema.Lock) scriptCall {
 }
 
 // handoffGiveArgs are the arguments of scripts/handoff.lua in mode "give".
-// The holder's release tombstone lasts tombstoneTTL.
 type handoffGiveArgs struct {
 	id     string        // the holder's ticket
 	handle string        // under which the hold waits for its taker
 	lease  time.Duration // how long it waits for its taker before it runs out
-	token  int64         // the hold's fencing token
 }
 
 // call returns the script's call on the lock k.
 func (a handoffGiveArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{handoffScript,
-		[]string{k.Hash, k.Token, k.Tombstone(a.id)},
-		[]any{"give", a.id, a.handle, a.lease.Milliseconds(), a.token, tombstoneTTL.Milliseconds()}}
+		[]string{k.Hash, k.Queue, k.Tombstone(a.id)},
+		[]any{"give", a.id, a.handle, a.lease.Milliseconds()}}
 }
 
 // handoffTakeArgs are the arguments of scripts/handoff.lua in mode "take".
@@ -293,7 +305,7 @@ type handoffTakeArgs struct {
 // call returns the script's call on the lock k.
 func (a handoffTakeArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{handoffScript,
-		[]string{k.Hash, k.Token, k.Tombstone(a.ticket)},
+		[]string{k.Hash, k.Queue, k.Tombstone(a.ticket)},
 		[]any{"take", a.handle, a.ticket, a.lease.Milliseconds(), a.metadata}}
 }
 
@@ -321,6 +333,11 @@ func (a semAcquireArgs) call(k schema.Semaphore) scriptCall {
 		[]any{a.holder, a.n, a.size, a.held, a.seq, a.lease.Milliseconds(), a.mode, a.waiter, flag(a.queued),
 			a.heartbeat.Milliseconds(), a.grant.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
 }
+
+// tombstoneTTL is how long Redis remembers a semaphore holding's full
+// release, so that a release retried by go-redis after a lost reply
+// reports success.
+const tombstoneTTL = 10 * time.Second
 
 // semReleaseArgs are the arguments of scripts/sem_release.lua. The memory
 // of a full release lasts tombstoneTTL.
@@ -366,7 +383,7 @@ type redlockRaiseArgs struct {
 
 // call returns the script's call on the lock k, one node's.
 func (a redlockRaiseArgs) call(k schema.Lock) scriptCall {
-	return scriptCall{redlockRaiseScript, []string{k.Hash, k.Token}, []any{a.id, a.token}}
+	return scriptCall{redlockRaiseScript, []string{k.Hash}, []any{a.id, a.token}}
 }
 
 // multiAcquireArgs are the arguments of scripts/multi_acquire.lua.
@@ -378,15 +395,14 @@ type multiAcquireArgs struct {
 
 // call returns the script's call on the locks ks, which share a slot.
 func (a multiAcquireArgs) call(ks []schema.Lock) scriptCall {
-	keys := make([]string, 0, 4*len(ks))
+	keys := make([]string, 0, 3*len(ks))
 	for _, k := range ks {
-		keys = append(keys, k.Hash, k.Token, k.Queue, k.Tombstone(a.ticket))
+		keys = append(keys, k.Hash, k.Queue, k.Tombstone(a.ticket))
 	}
 	return scriptCall{multiAcquireScript, keys, []any{a.ticket, a.lease.Milliseconds(), a.metadata}}
 }
 
-// multiReleaseArgs are the arguments of scripts/multi_release.lua. Its
-// release tombstones last tombstoneTTL.
+// multiReleaseArgs are the arguments of scripts/multi_release.lua.
 type multiReleaseArgs struct {
 	ids     []string // the hold id on each lock
 	tokens  []int64  // the hold's token on each lock; 0 when unknown
@@ -395,11 +411,11 @@ type multiReleaseArgs struct {
 
 // call returns the script's call on the locks ks, which share a slot.
 func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
-	keys := make([]string, 0, 6*len(ks))
-	args := []any{tombstoneTTL.Milliseconds(), a.publish}
+	keys := make([]string, 0, 3*len(ks))
+	args := []any{sharded(a.publish)}
 	for i, k := range ks {
-		keys = append(keys, k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(a.ids[i]), k.Bargers)
-		args = append(args, a.ids[i], a.tokens[i], k.Channel)
+		keys = append(keys, k.Hash, k.Queue, k.Bargers)
+		args = append(args, a.ids[i], a.tokens[i])
 	}
 	return scriptCall{multiReleaseScript, keys, args}
 }
@@ -407,7 +423,6 @@ func (a multiReleaseArgs) call(ks []schema.Lock) scriptCall {
 // proclaimArgs are the arguments of scripts/proclaim.lua.
 type proclaimArgs struct {
 	id      string // the leader's hold id
-	token   int64  // its fencing token
 	value   string // the new value
 	publish string // PUBLISH or SPUBLISH
 	seq     int64  // the call's number, larger than the Election's last
@@ -415,10 +430,10 @@ type proclaimArgs struct {
 
 // call returns the script's call on the election k.
 func (a proclaimArgs) call(k schema.Lock) scriptCall {
-	return scriptCall{proclaimScript, []string{k.Hash, k.Revision}, []any{a.id, a.token, a.value, k.Changes, a.publish, a.seq}}
+	return scriptCall{proclaimScript, []string{k.Hash, k.Queue}, []any{a.id, a.value, a.seq, sharded(a.publish)}}
 }
 
 // leaderCall returns the call of scripts/leader.lua on the election k.
 func leaderCall(k schema.Lock) scriptCall {
-	return scriptCall{leaderScript, []string{k.Hash, k.Token, k.Revision}, nil}
+	return scriptCall{leaderScript, []string{k.Hash}, nil}
 }

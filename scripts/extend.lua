@@ -1,8 +1,7 @@
 -- extend.lua: make one hold of a lock last at least a given lease from
 -- now (Mutex.Extend).
 --
--- KEYS[1] lock hash, KEYS[2] its fencing token counter (kept as long as
---         the lease, so that it tells the holder's token)
+-- KEYS[1] the lock's hash, KEYS[2] its fair queue (see lock_lib.lua)
 -- ARGV[1] hold id, ARGV[2] lease in ms
 --
 -- The lease is set only while the hold id holds the lock, and never
@@ -14,10 +13,15 @@
 --
 -- Reply: {1} the hold lasts at least ARGV[2] ms from now
 --        {0} the hold id does not hold the lock
-local lock, id, ms = KEYS[1], ARGV[1], tonumber(ARGV[2])
-if redis.pcall('HEXISTS', lock, id) ~= 1 then
+local got, s = pcall(load, KEYS[1], KEYS[2], nil)
+if not got or s.owner ~= ARGV[1] or s['end'] <= now_ms() then
   return {0}
 end
-keep_alive(lock, ms)
-keep_longer(KEYS[2], ms)
+local until_ms = now_ms() + tonumber(ARGV[2])
+if s['end'] < until_ms then
+  s['end'] = until_ms
+  set(s, F_END, string.format('%d', until_ms))
+  keep_state(s, until_ms)
+  flush(s)
+end
 return {1}

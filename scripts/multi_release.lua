@@ -2,26 +2,24 @@
 -- once, as release.lua releases each (mode "release"), in one call. Every
 -- key is in one Redis Cluster slot (the caller checks it).
 --
--- For each lock i (0-based), six keys from KEYS[6*i+1]: lock hash, fencing
--- token counter, queue, waiters, the hold's release tombstone and the
--- Clients with plain waiters (as release.lua's KEYS[1] to KEYS[6])
--- ARGV[1] tombstone TTL in ms, ARGV[2] publish command (PUBLISH or SPUBLISH)
--- For each lock i, three arguments from ARGV[3*i+3]: the hold id, the
--- hold's token ('0' when unknown: no tombstone), and the lock's channel
+-- For each lock i (0-based), three keys from KEYS[3*i+1]: the lock's hash,
+-- its fair queue and the Clients with plain waiters (as release.lua's)
+-- ARGV[1] flags: "sharded" to publish with SPUBLISH, else ''
+-- For each lock i, two arguments from ARGV[2*i+2]: the hold id, and the
+-- hold's token ('0' when unknown)
 --
--- The locks are released in turn, each as release.lua does (each lock's
--- keys read before its own writes), so a key of the wrong type on a later
--- lock fails the call after the earlier locks were released: the caller
--- then releases each lock alone, and the earlier ones' tombstones make
--- those calls report success (multimutex.go, release).
+-- Every lock is read before the first write: a key of the wrong type or a
+-- lock of another layout fails the call having changed nothing.
 --
--- Reply: {r1, r2, ...}, for each lock as release.lua's reply: 1 released
--- (now or in an earlier try of this call), 0 not held by the hold id
+-- Reply: {r1, r2, ...}, for each lock as release.lua's reply
+local publish = publish_cmd(ARGV[1])
+local locks = {}
+for i = 0, #KEYS / 3 - 1 do
+  locks[i + 1] = load(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
+end
 local reply = {}
-for i = 0, #KEYS / 6 - 1 do
-  local k, a = 6 * i, 3 * i + 2
-  local count = hold_count(KEYS[k + 1], ARGV[a + 1])
-  reply[i + 1] = release_hold(count, KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 6], KEYS[k + 5],
-    ARGV[a + 2], ARGV[1], ARGV[a + 3], ARGV[2])
+for i, s in ipairs(locks) do
+  reply[i] = release(s, ARGV[2 * i], ARGV[2 * i + 1], KEYS[3 * i], publish)
+  flush(s)
 end
 return reply

@@ -1,15 +1,15 @@
 -- proclaim.lua: change the value of an election's leader, if the hold id
 -- still leads (Election.Proclaim).
 --
--- KEYS[1] the election's lock hash, KEYS[2] its revision key
--- ARGV[1] the leader's hold id, ARGV[2] its fencing token, ARGV[3] the new
---         value ('' for none), ARGV[4] the channel of changes, ARGV[5] the
---         publish command (PUBLISH or SPUBLISH)
--- ARGV[6] the call's number: every Proclaim of an Election value has a
+-- KEYS[1] the election's lock hash, KEYS[2] its fair queue (see
+-- lock_lib.lua)
+-- ARGV[1] the leader's hold id, ARGV[2] the new value ('' for none)
+-- ARGV[3] the call's number: every Proclaim of an Election value has a
 --         larger one than the last
+-- ARGV[4] flags: "sharded" to publish with SPUBLISH, else ''
 --
 -- The hold keeps the number of the last Proclaim applied to it (in the
--- field '{proclaim}', which goes with the hold): a copy of an earlier
+-- field '{proclaim}', which a new hold clears): a copy of an earlier
 -- Proclaim that arrives late (a stalled connection, a retry by the client
 -- library) changes nothing, and a retry of the last one reports success.
 -- A value that is the leader's already changes nothing and announces
@@ -17,18 +17,19 @@
 --
 -- Reply: 1 the hold id leads with the value now, or with a later
 --          Proclaim's; 0 it does not lead
-local lock, seq = KEYS[1], tonumber(ARGV[6])
-elect(KEYS[2], ARGV[4], ARGV[5])
-if hold_count(lock, ARGV[1]) == 0 then
+local s = load(KEYS[1], KEYS[2], {F_PROCLAIM})
+local seq = tonumber(ARGV[3])
+if s.owner ~= ARGV[1] or not held(s) then
   return 0
 end
-local last = redis.call('HGET', lock, PROCLAIM_FIELD)
-if last and (integer(last) or wrong(lock, 'a Proclaim number')) >= seq then
+if number(s.key, s.extra[1]) >= seq then
   return 1
 end
-redis.call('HSET', lock, PROCLAIM_FIELD, ARGV[6])
-if (redis.call('HGET', lock, META_FIELD) or '') ~= ARGV[3] then
-  set_meta(lock, ARGV[3])
-  announce(tonumber(ARGV[2]), ARGV[3], redis.call('PTTL', lock))
+set(s, F_PROCLAIM, ARGV[3])
+if s.meta ~= ARGV[2] then
+  s.meta = ARGV[2]
+  set(s, F_META, ARGV[2])
+  announce(s, s.token, ARGV[2], remaining(s), publish_cmd(ARGV[4]))
 end
+flush(s)
 return 1

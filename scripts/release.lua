@@ -1,45 +1,35 @@
--- release.lua: release a hold; or withdraw a call from the fair queue,
--- giving back the lock if it was handed to the call meanwhile.
+-- release.lua: release a hold; or withdraw a call, giving back the lock if
+-- it was handed to the call meanwhile.
 --
--- KEYS[1] lock hash, KEYS[2] fencing token counter, KEYS[3] queue,
--- KEYS[4] waiters, KEYS[5] the hold id's tombstone (see lib.lua, ended): on
---         a release, a short-lived string holding the hold's token, so that a
---         retried release knows it applied
--- KEYS[6] the Clients with plain waiters (see lib.lua, record_barger)
+-- KEYS[1] the lock's hash, KEYS[2] its fair queue (see lock_lib.lua)
+-- KEYS[3] the Clients with plain waiters (lock_lib.lua, record_barger)
 -- ARGV[1] hold id: the ticket of the call that took the hold, or of the
 --         call that withdraws
--- ARGV[2] token of the hold (0 when unknown: no tombstone)
--- ARGV[3] tombstone TTL in ms
--- ARGV[4] channel, ARGV[5] publish command (PUBLISH or SPUBLISH)
--- ARGV[6] mode: "release"; or "withdraw": the call that owns the ticket
---         gives up; it leaves the queue, and the ticket is refused from now
---         on, so that a copy of one of its calls still on its way (a stalled
---         connection, a retry by the client library) takes nothing
--- KEYS[7], ARGV[7] an election's revision key and channel of changes
---         (absent for a plain lock): the new holder, or none, is announced
---         there (see lib.lua, announce)
+-- ARGV[2] mode "release": the hold's token ('0' when unknown); mode
+--         "withdraw": the call's queue record ('' when it has none, or it is
+--         unknown)
+-- ARGV[3] mode, then flags, separated by spaces: "release" or "withdraw";
+--         "refuse" (withdraw: a call of the ticket may still be on its way:
+--         refuse it from now on, see lock_lib.lua, withdraw), "sharded"
+--         (publish with SPUBLISH)
 --
 -- A hold is released whatever its count (the count of levels is kept by
 -- the holder). The lock is handed to the first live fair waiter (who is
--- told by a message "ticket:token"), or deleted and the plain waiters of
--- one Client are woken (see lib.lua, wake_barger).
+-- told by a message "ticket:token:ms"), or left free and the plain waiters
+-- of one Client are woken (see lock_lib.lua, free).
 --
--- Reply: 1 released (now or in an earlier try of this call)
+-- Reply: 1 released (now, or by an earlier try of this call); or withdrawn
+--        2 not held, and a later hold was taken since: the hold ended
+--          (released by an earlier try, or its lease ran out)
 --        0 not held by the hold id
-local lock, token, queue, waiters, tomb = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, mode = ARGV[1], ARGV[6]
-
-local count = hold_count(lock, id)
-elect(KEYS[7], ARGV[7], ARGV[5])
-if mode == 'withdraw' then
-  -- Read every key written here before the first write: a key of the
-  -- wrong type fails the script having changed nothing. (The token counter
-  -- too: a hand-off below mints after these writes. withdraw_ticket writes
-  -- a key of any type.)
-  redis.call('HLEN', waiters)
-  check_counter(token)
-  redis.call('ZREM', queue, id)
-  del_waiter(waiters, id)
-  withdraw_ticket(tomb)
+local id, flags = ARGV[1], ARGV[3]
+local publish = publish_cmd(flags)
+local s = load(KEYS[1], KEYS[2])
+local r = 1
+if string.sub(flags, 1, 8) == 'withdraw' then
+  withdraw(s, id, ARGV[2], string.find(flags, 'refuse', 1, true), KEYS[3], publish)
+else
+  r = release(s, id, ARGV[2], KEYS[3], publish)
 end
-return release_hold(count, lock, token, queue, waiters, KEYS[6], tomb, ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+flush(s)
+return r

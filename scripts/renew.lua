@@ -1,16 +1,16 @@
 -- renew.lua: the watchdog's batch: extend held leases and keep Clients'
--- fair waiters alive, for many locks in one call.
+-- fair waiters alive, for many locks and semaphores in one call.
 --
 -- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for the fair
 -- waiters of a lock or "swait" for those of a semaphore), owner (the hold's
 -- or semaphore holder's id; for waiters, the Client's id), ms (the lease of
 -- a hold, the heartbeat ttl of waiters; 0 for waiters is a farewell: the
--- Client has no waiters there any more, and its deadline goes). KEYS holds the entries' keys in the
--- same order: two for a hold (its lock hash and its fencing token counter,
--- kept as long as the lease: see lib.lua, mint), three for a semaphore
+-- Client has no waiters there any more, and its deadline goes). KEYS holds
+-- the entries' keys in the same order: two for a hold or a lock's waiters
+-- (the lock's hash and queue: see lock_lib.lua), three for a semaphore
 -- holder (its holders hash, expiry zset and size, which live as long as it
--- holds), three for waiters (the queue, the waiters hash, and the lock hash
--- or the semaphore's holders hash).
+-- holds), three for a semaphore's waiters (its queue, waiters hash and
+-- holders hash).
 --
 -- A hold is extended only while its owner still holds the lock, and never
 -- shortened (a longer lease set by Mutex.Extend stays); a semaphore
@@ -18,35 +18,77 @@
 -- is left for the semaphore's next script to reclaim). Waiters are kept
 -- alive by their Client's deadline (lib.lua, CLIENT_FIELD), one entry per
 -- lock and Client however many of its waiters are queued: its cost does not
--- grow with the queue. A key of the wrong type counts as gone for its entry
--- alone.
+-- grow with the queue. A key of the wrong type, or a lock of another
+-- layout, counts as gone for its entry alone.
 --
 -- Reply: one integer per entry, then the server time in ms. For a hold: 1
 -- renewed, 0 gone (lost). For waiters: 1 kept alive; otherwise each of them
 -- must look again itself, since its wake-up may never come: 3 kept alive,
 -- but the Client's deadline had passed (or was not there yet), so a
--- release may have dropped some of them as dead (told twice: see below); 2 kept alive, but the
--- lock or semaphore is held by nobody (a hand-off to a waiter that died
--- ran out), or (a semaphore) a dead waiter heads its queue; 0 the waiters
--- hash is of the wrong type.
+-- release may have dropped some of them as dead (told twice: see below);
+-- 2 kept alive, but the lock or semaphore is held by nobody (a hand-off to
+-- a waiter that died ran out), or (a semaphore) a dead waiter heads its
+-- queue; 0 the key is of the wrong type.
+
+-- renew_hold extends the hold of owner on the lock whose hash and queue
+-- are lock and queue to at least ms from now, and reports whether it holds.
+local function renew_hold(lock, queue, owner, ms)
+  local st = load(lock, queue, nil)
+  if st.owner ~= owner or st['end'] <= now_ms() then
+    return 0
+  end
+  if st['end'] < now_ms() + ms then
+    st['end'] = now_ms() + ms
+    set(st, F_END, string.format('%d', st['end']))
+    keep_state(st, st['end'])
+  end
+  flush(st)
+  return 1
+end
+
+-- renew_wait moves the deadline of the Client owner's fair waiters on the
+-- lock to ms from now (0: a farewell, the field goes) and returns the
+-- entry's reply.
+local function renew_wait(lock, queue, owner, ms)
+  local field = CLIENT_FIELD .. owner
+  local st = load(lock, queue, {field})
+  local d = st.extra[1]
+  if ms == 0 then
+    if d then
+      redis.call('HDEL', lock, field)
+    end
+    return 1
+  end
+  local now = now_ms()
+  -- A lapse is reported by two heartbeats in a row (the field keeps a mark,
+  -- ':L', until the second): the reply of one may be lost (a retry by
+  -- go-redis runs it again, and would otherwise find nothing wrong), and
+  -- the waiters it tells would sleep on, dropped.
+  local lapsed = (deadline_of(d) or -1) < now
+  local told = d and string.sub(d, -2) == ':L'
+  prepare(st)
+  set(st, field, (now + ms) .. (lapsed and ':L' or ''))
+  keep_state(st, now + 2 * ms)
+  flush(st)
+  if not held(st) then
+    return 2
+  elseif lapsed or told then
+    return 3
+  end
+  return 1
+end
+
 local out = {}
 local k = 1
 for i = 1, #ARGV, 3 do
   local kind, owner, ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local ok = 0
-  if kind == 'hold' then
-    local lock = KEYS[k]
+  if kind == 'hold' or kind == 'wait' then
+    local f = kind == 'hold' and renew_hold or renew_wait
+    local got, r = pcall(f, KEYS[k], KEYS[k + 1], owner, ms)
     k = k + 2
-    if redis.pcall('HEXISTS', lock, owner) == 1 then
-      keep_alive(lock, ms)
-      keep_longer(KEYS[k - 1], ms)
-      if not redis.call('HGET', lock, LAYOUT_FIELD) then
-        -- This version's hold in a hash that layout 1 wrote (its release
-        -- handed the lock over): mark it, so that this version's calls
-        -- wait for the hold instead of failing with ErrLayout.
-        redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT)
-      end
-      ok = 1
+    if got then
+      ok = r
     end
   elseif kind == 'sem' then
     local holders, expiry, size = KEYS[k], KEYS[k + 1], KEYS[k + 2]
@@ -93,11 +135,11 @@ for i = 1, #ARGV, 3 do
       ok = 1
       if redis.call('EXISTS', lock) == 0 then
         ok = 2
-      elseif kind == 'swait' and zset then
+      elseif zset then
         -- A dead waiter at the head is dropped only by a script that
         -- serves the queue: a semaphore's waiter behind it whose request
         -- fits would sleep on until a lease ends. Have them look again;
-        -- an attempt serves the queue. (A fair lock's release drops dead
+        -- an attempt serves the queue. (A lock's release drops dead
         -- waiters as it hands over.)
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         if head and client_of(head) ~= owner then

@@ -11,7 +11,7 @@
 --            and the layout of the semaphore's keys (sem_size); it lives while
 --            the semaphore is in use, and state_memory_ms after the last
 --            Acquire (see lib.lua)
---   queue:   zset waiter id -> when it joined (lib.lua, join_queue); a waiter id is
+--   queue:   zset waiter id -> when it joined (join_queue); a waiter id is
 --            "holder id#call number", one per blocked Acquire
 --   waiters: hash waiter id -> "deadline:lease:permits:seq": the deadline
 --            (ms of server time) until which it is alive on its own, the
@@ -22,7 +22,42 @@
 -- Holders whose lease has ended are removed by every script call before it
 -- does anything else.
 
--- mark_withdrawn refuses a waiter id from now on (see lib.lua,
+-- SEM_LAYOUT is the version of the semaphore's stored layout that these
+-- scripts read and write (internal/schema.SemLayout), carried in its size
+-- record after the size ("size:layout").
+local SEM_LAYOUT = '2'
+
+-- withdrawn_ms is how long a withdrawn call (one that gave up) stays
+-- refused: a copy of one of its calls still in flight when it was withdrawn
+-- (a stalled connection, a retry by the client library) must not take
+-- anything on its late arrival.
+local withdrawn_ms = 120000
+
+-- join_queue appends id to a fair queue (a zset) unless it is queued
+-- already (ZADD NX: it keeps its place). Its score is the server time in
+-- microseconds when it joined (now_us), or the last member's plus one when
+-- that is larger: the order of the queue is the order of arrival even if
+-- the clock steps back, and the score tells how long a waiter has waited.
+-- It reads the queue's tail, then calls record (if not nil), then writes
+-- the queue: a queue of the wrong type fails the script before record
+-- writes anything. The queue then lives at least ms (keep_alive); one
+-- that this call created (it had no tail) has no TTL yet, and gets it in
+-- one call.
+local function join_queue(queue, id, us, record, ms)
+  local tail = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+  local last = tonumber(tail[2]) or 0
+  if record then
+    record()
+  end
+  redis.call('ZADD', queue, 'NX', string.format('%d', math.max(us, last + 1)), id)
+  if tail[1] or ms < 1 then
+    keep_alive(queue, ms)
+  else
+    redis.call('PEXPIRE', queue, ms)
+  end
+end
+
+-- mark_withdrawn refuses a waiter id from now on (see
 -- withdrawn_ms), in a zset waiter id -> server time of the withdrawal,
 -- pruned as it goes.
 local function mark_withdrawn(gone, waiter)
@@ -53,7 +88,7 @@ end
 
 -- sem_size returns the size stored for the semaphore, or nil when none
 -- is, failing the script when the record is not a size. A size written in
--- another layout (see lib.lua, LAYOUT) fails it too while the semaphore
+-- another layout (SEM_LAYOUT) fails it too while the semaphore
 -- has holders or waiters; once idle, it counts as none (and is written
 -- anew in this layout).
 local function sem_size(k)
@@ -65,9 +100,9 @@ local function sem_size(k)
   if not n then
     wrong(k.size, 'a size')
   end
-  if layout ~= LAYOUT then
+  if layout ~= SEM_LAYOUT then
     if redis.call('HLEN', k.holders) > 0 or redis.call('ZCARD', k.queue) > 0 then
-      other_layout(k.size, layout ~= '' and layout or nil)
+      other_layout(k.size, layout ~= '' and layout or nil, SEM_LAYOUT)
     end
     return nil
   end
@@ -76,7 +111,7 @@ end
 
 -- sem_store_size stores the semaphore's size, in this layout.
 local function sem_store_size(k, size)
-  redis.call('SET', k.size, size .. ':' .. LAYOUT)
+  redis.call('SET', k.size, size .. ':' .. SEM_LAYOUT)
 end
 
 -- sem_holder returns the holder id of a waiter id.

@@ -1,13 +1,13 @@
 -- ttl.lua: what is left of one hold's lease (Mutex.TTL).
 --
--- KEYS[1] lock hash
+-- KEYS[1] the lock's hash (see lock_lib.lua)
 -- ARGV[1] hold id
 --
--- Reply: {pttl} the hold id holds the lock, whose PTTL in ms is pttl (-1:
---               no TTL, which only a command outside redisync sets)
---        {-2}   the hold id does not hold the lock (a key of the wrong type
---               counts as the hold gone, as in renew.lua)
-if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) ~= 1 then
+-- Reply: {ms} the hold id holds the lock for ms more
+--        {-2} the hold id does not hold the lock (a key of the wrong type
+--             counts as the hold gone, as in renew.lua)
+local got, s = pcall(load, KEYS[1], nil, nil)
+if not got or s.owner ~= ARGV[1] or s['end'] <= now_ms() then
   return {-2}
 end
-return {redis.call('PTTL', KEYS[1])}
+return {s['end'] - now_ms()}

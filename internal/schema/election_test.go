@@ -4,8 +4,8 @@ import "testing"
 
 func TestElectionKeys(t *testing.T) {
 	e, l := ElectionKeys("p", "a:b"), LockKeys("p", "a:b")
-	keys := []string{e.Hash, e.Token, e.Queue, e.Waiters, e.Channel, e.Tombstone("x/y-1"), e.Revision, e.Changes}
-	seen := map[string]bool{l.Hash: true, l.Token: true, l.Queue: true, l.Waiters: true, l.Channel: true}
+	keys := []string{e.Hash, e.Queue, e.Bargers, e.Channel, e.Tombstone("x/y-1"), e.Changes}
+	seen := map[string]bool{l.Hash: true, l.Queue: true, l.Bargers: true, l.Channel: true}
 	for _, k := range keys {
 		if Slot(k) != Slot("{a:b}") {
 			t.Errorf("%s is in slot %d, not the name's %d", k, Slot(k), Slot("{a:b}"))
@@ -15,11 +15,11 @@ func TestElectionKeys(t *testing.T) {
 		}
 		seen[k] = true
 	}
-	if e.Hash != "p:elect:{a:b}" || e.Revision != "p:elect:{a:b}:rev" || e.Changes != "p:elect:{a:b}:changes" {
-		t.Errorf("layout changed: %q %q %q", e.Hash, e.Revision, e.Changes)
+	if e.Hash != "p:elect:{a:b}" || e.Changes != "p:elect:{a:b}:changes" {
+		t.Errorf("layout changed: %q %q", e.Hash, e.Changes)
 	}
-	if l.Revision != "" || l.Changes != "" {
-		t.Errorf("a lock has an election's keys: %q %q", l.Revision, l.Changes)
+	if l.Changes != "" {
+		t.Errorf("a lock has an election's channel of changes: %q", l.Changes)
 	}
 }
 

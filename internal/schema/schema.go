@@ -9,20 +9,25 @@
 package schema
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 )
 
-// Layout is the version of the stored layout: of the keys below and the
-// records in them. It changes whenever a change to either could make an
-// older or newer redisync misread the state; LAYOUT in scripts/lib.lua is
-// the same number. A lock's hash carries it in the field LayoutField, a
-// semaphore's size record after the size. State without it was written by
-// layout 1, before layouts were numbered.
-const Layout = 2
+// Layout is the version of a lock's stored layout: of its keys and the
+// records in them (an election's too). It changes whenever a change to
+// either could make an older or newer redisync misread the state; LAYOUT
+// in scripts/lock_lib.lua is the same number. A lock's hash carries it in
+// the field LayoutField. State without it was written by layout 1, before
+// layouts were numbered.
+const Layout = 3
 
-// LayoutField is the field of a lock's hash that holds its layout. No hold
-// id can be it (a label has no braces) nor any hand-off handle.
+// SemLayout is the version of a semaphore's (and a RWMutex's) stored
+// layout, carried in its size record after the size; SEM_LAYOUT in
+// scripts/sem_lib.lua is the same number.
+const SemLayout = 2
+
+// LayoutField is the field of a lock's hash that holds its layout.
 const LayoutField = "{layout}"
 
 // DefaultPrefix is the prefix of every key and channel unless one is set.
@@ -42,41 +47,29 @@ func base(prefix, kind, name string) string {
 
 // Lock is the keys and channel of one lock.
 type Lock struct {
-	// Hash is the lock: a hash of hold id -> hold count, LayoutField ->
-	// Layout and, when the holder has metadata, MetaField -> it, with the
-	// lease as the key's TTL. It exists exactly while the lock is held.
+	// Hash is the lock's state, a hash whose fields LockState lists
+	// (scripts/lock_lib.lua). A release does not delete it: it lives at
+	// least an hour past the last hold's lease, so that fencing tokens go
+	// on increasing and withdrawn calls stay refused.
 	Hash string
-	// Token is the last fencing token issued (a decimal integer): the
-	// holder's while the lock is held (it lives as long as the hold's
-	// lease), and kept an hour after the last hold was taken.
-	Token string
-	// Queue is the fair queue: a zset of ticket -> the server time in µs
-	// when it joined, made larger than the last member's so that the
-	// order is the order of arrival (scripts/lib.lua, join_queue).
+	// Queue is the fair queue: a list of QueueRecord, in the order of
+	// arrival. It lives as long as Hash.
 	Queue string
-	// Waiters holds the fair waiters' records: a hash of ticket -> a
-	// LockWaiter record.
-	Waiters string
 	// Bargers records which clients have plain (barging) waiters: a zset
 	// of client id -> the server time in ms until which the record
 	// stands (its waiter attempts again before then). A release that
 	// hands the lock to nobody takes out the record that runs out first
 	// and wakes that client, with an empty message on its GrantChannel
-	// (scripts/lib.lua, wake_barger). It lives as long as its last record.
+	// (scripts/lock_lib.lua, wake_barger). It lives as long as its last
+	// record.
 	Bargers string
 	// Channel names the lock's channels: a client's GrantChannel is
-	// Channel, ":" and the client id. (Layout 2 before barging waiters were
-	// recorded published an empty message on Channel itself at every
-	// release that handed the lock to nobody, for every process's plain
-	// waiters.)
+	// Channel, ":" and the client id.
 	Channel string
-	// Revision and Changes are an election's (ElectionKeys), "" for a
-	// plain lock. Revision is the revision of the election's last
-	// change (a decimal integer, see scripts/lib.lua, announce), kept an
-	// hour after it; every change is published on Changes as an
-	// ElectionChange record.
-	Revision string
-	Changes  string
+	// Changes is an election's channel of changes (ElectionKeys), "" for
+	// a plain lock: every change of leader or value is published there as
+	// an ElectionChange record.
+	Changes string
 }
 
 // GrantChannel returns the channel on which grants to the fair waiters of
@@ -105,51 +98,113 @@ func LockOfGrantChannel(channel string) (Lock, bool) {
 func LockKeys(prefix, name string) Lock { return lockKeys(base(prefix, "lock", name)) }
 
 // ElectionKeys returns the keys of the election called name under prefix:
-// a lock's, whose holder is the leader, with its Revision and Changes.
+// a lock's, whose holder is the leader, with its Changes.
 func ElectionKeys(prefix, name string) Lock {
 	k := lockKeys(base(prefix, "elect", name))
-	k.Revision, k.Changes = k.Hash+":rev", k.Hash+":changes"
+	k.Changes = k.Hash + ":changes"
 	return k
 }
 
 // lockKeys returns the keys of the lock whose hash is b.
 func lockKeys(b string) Lock {
-	return Lock{Hash: b, Token: b + ":token", Queue: b + ":queue",
-		Waiters: b + ":waiters", Bargers: b + ":bargers", Channel: b + ":ch"}
+	return Lock{Hash: b, Queue: b + ":waiting", Bargers: b + ":bargers", Channel: b + ":ch"}
 }
 
-// Tombstone returns the key that exists once the call of the ticket id has
-// ended, so that a late copy of one of its calls takes nothing: its hold
-// was released (the key holds the hold's token for 10 s, so that a
-// retried release knows it applied), or the call was withdrawn (the key
-// lives 2 minutes). See scripts/lib.lua, ended.
+// Tombstone returns the key that refuses the ticket id once its call
+// withdrew while a call of it might still be on its way, so that its late
+// arrival takes nothing (scripts/lock_lib.lua, withdraw). It lives an
+// hour.
 func (k Lock) Tombstone(id string) string { return k.Hash + ":released:" + id }
 
-// LockWaiter is a fair waiter's record, stored as "deadline:handoff"; its
-// metadata, when it has any, is stored apart, under WaiterMetaField
-// (8f61dc3 stored "deadline:handoff:metadata", which every earlier
-// version takes for the record of a dead waiter).
-type LockWaiter struct {
-	Deadline int64  // server time in ms by which it must heartbeat again
+// The fields of a lock's hash (scripts/lock_lib.lua).
+const (
+	OwnerField    = "{owner}"    // the holder's ticket, or a hand-off handle; "" when free
+	EndField      = "{end}"      // the end of the holder's lease, in ms of server time
+	TokenField    = "{token}"    // the last fencing token issued
+	MetaField     = "{meta}"     // the holder's metadata
+	QueueField    = "{queue}"    // how many records the queue holds
+	SeqField      = "{seq}"      // the number of the last record queued
+	PoppedField   = "{popped}"   // the number of the last record taken from the queue's head
+	WakeField     = "{wake}"     // "1" while plain waiters may be recorded in Bargers
+	RefuseField   = "{refuse}"   // ms of server time until which tombstones may exist
+	ExpiresField  = "{expires}"  // ms of server time when the hash runs out
+	RevField      = "{rev}"      // an election's revision of its last change
+	ProclaimField = "{proclaim}" // the number of the leader's last Proclaim
+)
+
+// LockState is what a lock's hash says.
+type LockState struct {
+	Owner   string            // the holder's ticket or a hand-off handle; "" when free
+	End     int64             // the end of the holder's lease, in ms of server time
+	Token   int64             // the last fencing token issued
+	Meta    string            // the holder's metadata
+	Queue   int64             // how many records the queue holds
+	Rev     int64             // an election's revision
+	Clients map[string]string // client id -> its waiters' liveness deadline ("ms" or "ms:L")
+}
+
+// Held reports whether the state names a holder whose lease has not ended
+// at now, in ms of server time.
+func (s LockState) Held(now int64) bool { return s.Owner != "" && s.End > now }
+
+// ParseLockState decodes a lock's hash, read with HGETALL. It reports
+// false when the hash is not a lock's of this layout (an empty hash is a
+// lock never used, or forgotten).
+func ParseLockState(h map[string]string) (LockState, bool) {
+	if len(h) == 0 {
+		return LockState{}, true
+	}
+	if h[LayoutField] != strconv.Itoa(Layout) {
+		return LockState{}, false
+	}
+	s := LockState{Owner: h[OwnerField], Meta: h[MetaField]}
+	for f, p := range map[string]*int64{EndField: &s.End, TokenField: &s.Token, QueueField: &s.Queue, RevField: &s.Rev} {
+		if v := h[f]; v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return LockState{}, false
+			}
+			*p = n
+		}
+	}
+	for f, v := range h {
+		if id, ok := strings.CutPrefix(f, "{client}"); ok {
+			if s.Clients == nil {
+				s.Clients = map[string]string{}
+			}
+			s.Clients[id] = v
+		}
+	}
+	return s, true
+}
+
+// QueueRecord is a fair waiter's record in a lock's queue, stored as "seq
+// ticket joined deadline handoff metadata".
+type QueueRecord struct {
+	Seq      int64  // its number, larger than every earlier record's
+	Ticket   string // the waiting call's
+	Joined   int64  // server time in ms when it joined
+	Deadline int64  // server time in ms until which it is alive on its own
 	Handoff  int64  // the lease in ms of a hold handed to it
 	Metadata string // stored with the hold handed to it
 }
 
-// ParseLockWaiter decodes a fair waiter's record.
-func ParseLockWaiter(rec string) (LockWaiter, bool) {
-	parts := strings.SplitN(rec, ":", 3)
-	if len(parts) < 2 {
-		return LockWaiter{}, false
+// String returns the record as stored.
+func (r QueueRecord) String() string {
+	return fmt.Sprintf("%d %s %d %d %d %s", r.Seq, r.Ticket, r.Joined, r.Deadline, r.Handoff, r.Metadata)
+}
+
+// ParseQueueRecord decodes a fair waiter's record.
+func ParseQueueRecord(rec string) (QueueRecord, bool) {
+	parts := strings.SplitN(rec, " ", 6)
+	if len(parts) != 6 || parts[1] == "" {
+		return QueueRecord{}, false
 	}
-	f, ok := ints(parts[0]+":"+parts[1], 2)
+	f, ok := ints(parts[0]+":"+parts[2]+":"+parts[3]+":"+parts[4], 4)
 	if !ok {
-		return LockWaiter{}, false
+		return QueueRecord{}, false
 	}
-	w := LockWaiter{Deadline: f[0], Handoff: f[1]}
-	if len(parts) == 3 {
-		w.Metadata = parts[2]
-	}
-	return w, true
+	return QueueRecord{Seq: f[0], Ticket: parts[1], Joined: f[1], Deadline: f[2], Handoff: f[3], Metadata: parts[5]}, true
 }
 
 // ElectionChange is a change of an election's leader, published on its
@@ -300,22 +355,8 @@ func ints(rec string, n int) ([]int64, bool) {
 	return f, true
 }
 
-// MetaField is the field of a lock's hash that holds its holder's
-// metadata, when it has any.
-const MetaField = "{meta}"
-
-// ProclaimField is the field of an election's lock hash that holds the
-// number of the last Proclaim applied to its hold (Election.Proclaim), so
-// that a late copy of an earlier one changes nothing.
-const ProclaimField = "{proclaim}"
-
-// WaiterMetaField is the field of a lock's waiters hash that holds the
-// metadata of the fair waiter ticket, when it has any. No ticket starts
-// with '{'.
-func WaiterMetaField(ticket string) string { return MetaField + ticket }
-
-// ClientField returns the field of a waiters hash (a lock's or a
-// semaphore's) that holds the liveness deadline of the Client of id (a
+// ClientField returns the field of a lock's hash, or of a semaphore's
+// waiters hash, that holds the liveness deadline of the Client of id (a
 // ticket or a semaphore waiter id): the server time in ms until which its
 // waiters are alive, whatever their own records say. No ticket or waiter
 // id starts with '{'.

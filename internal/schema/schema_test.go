@@ -23,7 +23,7 @@ func TestSlotMatchesRedisCluster(t *testing.T) {
 func TestKeysShareTheNameAsHashTag(t *testing.T) {
 	l := LockKeys("p", "a:b")
 	s := SemaphoreKeys("p", "a:b")
-	keys := []string{l.Hash, l.Token, l.Queue, l.Waiters, l.Channel, l.Tombstone("x/y-1"),
+	keys := []string{l.Hash, l.Queue, l.Bargers, l.Channel, l.Tombstone("x/y-1"),
 		s.Holders, s.Expiry, s.Size, s.Queue, s.Waiters, s.Released, s.Withdrawn, s.Channel}
 	seen := map[string]bool{}
 	for _, k := range keys {
@@ -41,8 +41,9 @@ func TestKeysShareTheNameAsHashTag(t *testing.T) {
 }
 
 func TestParseRecords(t *testing.T) {
-	if w, ok := ParseLockWaiter("1700000000000:3000"); !ok || w != (LockWaiter{Deadline: 1700000000000, Handoff: 3000}) {
-		t.Errorf("ParseLockWaiter = %+v, %v", w, ok)
+	want := QueueRecord{Seq: 7, Ticket: "app/u-1", Joined: 1699999999000, Deadline: 1700000000000, Handoff: 3000, Metadata: "job 42"}
+	if r, ok := ParseQueueRecord(want.String()); !ok || r != want {
+		t.Errorf("ParseQueueRecord(%q) = %+v, %v", want.String(), r, ok)
 	}
 	if h, ok := ParseSemHolder("3:17"); !ok || h != (SemHolder{3, 17}) {
 		t.Errorf("ParseSemHolder = %+v, %v", h, ok)
@@ -50,13 +51,17 @@ func TestParseRecords(t *testing.T) {
 	if w, ok := ParseSemWaiter("5:3000:2:9"); !ok || w != (SemWaiter{5, 3000, 2, 9}) {
 		t.Errorf("ParseSemWaiter = %+v, %v", w, ok)
 	}
-	if w, ok := ParseLockWaiter("5:3000:job:42"); !ok || w != (LockWaiter{Deadline: 5, Handoff: 3000, Metadata: "job:42"}) {
-		t.Errorf("ParseLockWaiter with metadata = %+v, %v", w, ok)
-	}
-	for _, bad := range []string{"", "1", "a:2", "1:", ":1", "1:2x", "x:1:meta"} {
-		if _, ok := ParseLockWaiter(bad); ok {
-			t.Errorf("ParseLockWaiter(%q) accepted", bad)
+	for _, bad := range []string{"", "1 t 2 3 4", "1  2 3 4 ", "x t 2 3 4 ", "1 t 2 3x 4 "} {
+		if _, ok := ParseQueueRecord(bad); ok {
+			t.Errorf("ParseQueueRecord(%q) accepted", bad)
 		}
+	}
+	st, ok := ParseLockState(map[string]string{LayoutField: "3", OwnerField: "a/u-1", EndField: "1000", TokenField: "9", "{client}u": "5"})
+	if !ok || st.Owner != "a/u-1" || st.Token != 9 || !st.Held(999) || st.Held(1000) || st.Clients["u"] != "5" {
+		t.Errorf("ParseLockState = %+v, %v", st, ok)
+	}
+	if _, ok := ParseLockState(map[string]string{LayoutField: "2", "a/u-1": "1"}); ok {
+		t.Error("ParseLockState read layout 2")
 	}
 	if _, ok := ParseSemWaiter("1:2:3"); ok {
 		t.Error("ParseSemWaiter accepted 3 fields")
