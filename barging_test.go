@@ -308,7 +308,7 @@ func TestBargingWrongTypeRecord(t *testing.T) {
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatalf("release with a Bargers key of the wrong type: %v", err)
 	}
-	if mr.Exists(k.Hash) {
+	if lockHeld(t, mr, k.Hash) {
 		t.Fatal("the release left the lock held")
 	}
 	if v, err := mr.Get(k.Bargers); err != nil || v != "x" {

@@ -86,7 +86,7 @@ func TestReleaseAfterTheDeadlineStillReleases(t *testing.T) {
 	if err := m.Unlock(passed); err != nil {
 		t.Fatalf("Unlock: %v", err)
 	}
-	if mr.Exists("redisync:lock:{m}") {
+	if lockHeld(t, mr, "redisync:lock:{m}") {
 		t.Fatal("the lock is still held in Redis")
 	}
 	s := c.NewSemaphore("s", 2)
@@ -106,7 +106,7 @@ func TestReleaseAfterTheDeadlineStillReleases(t *testing.T) {
 	if err := mm.Unlock(passed); err != nil {
 		t.Fatalf("MultiMutex.Unlock: %v", err)
 	}
-	if mr.Exists("redisync:lock:{a}") || mr.Exists("redisync:lock:{b}") {
+	if lockHeld(t, mr, "redisync:lock:{a}") || lockHeld(t, mr, "redisync:lock:{b}") {
 		t.Fatal("a lock of the MultiMutex is still held in Redis")
 	}
 }

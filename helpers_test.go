@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -200,20 +199,62 @@ func confirmedWaiters(c *Client, channel string) int {
 // eventually fails the test unless cond becomes true within d.
 var eventually = redistest.Eventually
 
-// holdIDs returns the hold ids in a lock's hash (or a semaphore's holders
-// hash): its fields but the layout mark, which a lock's hash must carry,
-// and the holder's metadata.
+// holdIDs returns the hold ids in a lock's hash (its holder's, while its
+// lease has not ended: none, or one), or in a semaphore's holders hash (its
+// fields).
 func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	t.Helper()
+	if strings.Contains(key, ":lock:") || strings.Contains(key, ":elect:") {
+		st := lockState(t, mr, key)
+		if st.Held(serverMS(t, mr)) {
+			return []string{st.Owner}
+		}
+		return nil
+	}
 	fields, err := mr.HKeys(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	isLock := strings.Contains(key, ":lock:")
-	if isLock && mr.HGet(key, schema.LayoutField) != strconv.Itoa(schema.Layout) {
-		t.Fatalf("%s has no layout mark: fields %q", key, fields)
+	return fields
+}
+
+// lockHeld reports whether the lock whose hash is key is held.
+func lockHeld(t *testing.T, mr *miniredis.Miniredis, key string) bool {
+	t.Helper()
+	return lockState(t, mr, key).Held(serverMS(t, mr))
+}
+
+// lockState returns what the lock's hash key says, failing the test when
+// it is not a lock's of this layout.
+func lockState(t *testing.T, mr *miniredis.Miniredis, key string) schema.LockState {
+	t.Helper()
+	h := map[string]string{}
+	if mr.Exists(key) {
+		fields, err := mr.HKeys(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fields {
+			h[f] = mr.HGet(key, f)
+		}
 	}
-	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField || f == schema.MetaField })
+	st, ok := schema.ParseLockState(h)
+	if !ok {
+		t.Fatalf("%s is not a lock of layout %d: %q", key, schema.Layout, h)
+	}
+	return st
+}
+
+// serverMS returns the embedded Redis's clock, in ms.
+func serverMS(t *testing.T, mr *miniredis.Miniredis) int64 {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
 }
 
 // withdrawnTickets returns the keys of the lock k's tombstones that record

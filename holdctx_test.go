@@ -90,13 +90,13 @@ func TestMutexDo(t *testing.T) {
 	m := c.NewMutex("job")
 	boom := errors.New("boom")
 	err := m.Do(ctx, func(ctx context.Context) error {
-		if !mr.Exists("redisync:lock:{job}") || ctx.Err() != nil {
+		if !lockHeld(t, mr, "redisync:lock:{job}") || ctx.Err() != nil {
 			t.Error("fn runs without the lock")
 		}
 		return boom
 	})
-	if !errors.Is(err, boom) || mr.Exists("redisync:lock:{job}") {
-		t.Fatalf("Do: %v, lock left %v; want fn's error and the lock released", err, mr.Exists("redisync:lock:{job}"))
+	if !errors.Is(err, boom) || lockHeld(t, mr, "redisync:lock:{job}") {
+		t.Fatalf("Do: %v, lock left %v; want fn's error and the lock released", err, lockHeld(t, mr, "redisync:lock:{job}"))
 	}
 	// Lost while fn runs: fn's context ends with ErrLockLost, and so does Do.
 	err = m.Do(ctx, func(ctx context.Context) error {
@@ -310,8 +310,8 @@ func TestMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 	if err := <-other; err != nil {
 		t.Fatalf("the other goroutine's Lock: %v", err)
 	}
-	if m.Token() == 0 || !mr.Exists("redisync:lock:{job}") {
-		t.Fatalf("Do released the hold another goroutine took: token %d, key exists %v", m.Token(), mr.Exists("redisync:lock:{job}"))
+	if m.Token() == 0 || !lockHeld(t, mr, "redisync:lock:{job}") {
+		t.Fatalf("Do released the hold another goroutine took: token %d, key exists %v", m.Token(), lockHeld(t, mr, "redisync:lock:{job}"))
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -363,7 +363,7 @@ func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 			t.Errorf("the other goroutine's Lock returned (%v) before Do gave the lost hold back", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if mr.Exists("redisync:lock:{job}") {
+		if lockHeld(t, mr, "redisync:lock:{job}") {
 			t.Error("the other goroutine's Lock took the lock in Redis while it waits for Do's Unlock")
 		}
 		return context.Cause(hctx)
@@ -374,8 +374,8 @@ func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if m.Token() == 0 || !mr.Exists("redisync:lock:{job}") {
-		t.Fatalf("after Do, the other goroutine's Lock (not unlocked yet) holds nothing: token %d, key exists %v", m.Token(), mr.Exists("redisync:lock:{job}"))
+	if m.Token() == 0 || !lockHeld(t, mr, "redisync:lock:{job}") {
+		t.Fatalf("after Do, the other goroutine's Lock (not unlocked yet) holds nothing: token %d, key exists %v", m.Token(), lockHeld(t, mr, "redisync:lock:{job}"))
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatalf("the other goroutine's Unlock: %v", err)

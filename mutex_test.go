@@ -108,14 +108,14 @@ func TestMutexReentrantCountsAndToken(t *testing.T) {
 		if m.Token() != token {
 			t.Fatalf("re-entry changed the token: %d, want %d", m.Token(), token)
 		}
-		if i > 1 && !mr.Exists("redisync:lock:{re}") {
+		if i > 1 && !lockHeld(t, mr, "redisync:lock:{re}") {
 			t.Fatalf("the lock was released with %d levels still held", i)
 		}
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if mr.Exists("redisync:lock:{re}") {
+	if lockHeld(t, mr, "redisync:lock:{re}") {
 		t.Fatal("lock key still exists after the last Unlock")
 	}
 	if m.Token() != 0 || m.Lost() != notHeld {
@@ -157,7 +157,7 @@ func TestMutexWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 			if m.Token() != 0 {
 				t.Fatal("a failed Lock left a hold")
 			}
-			if key == "redisync:lock:{wt}:token" && mr.Exists("redisync:lock:{wt}") {
+			if key == "redisync:lock:{wt}:token" && lockHeld(t, mr, "redisync:lock:{wt}") {
 				t.Fatal("the lock was written although its token key is of the wrong type")
 			}
 		})
@@ -260,7 +260,7 @@ func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatalf("replayed release: %v, want nil", err)
 	}
-	if mr.Exists(key) {
+	if lockHeld(t, mr, key) {
 		t.Fatal("lock still held after the release")
 	}
 }
@@ -338,7 +338,7 @@ func TestMutexLostHoldOwesItsUnlocks(t *testing.T) {
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock of the new hold: %v", err)
 		}
-		if mr.Exists("redisync:lock:{again}") {
+		if lockHeld(t, mr, "redisync:lock:{again}") {
 			t.Fatal("the new hold's single Unlock did not release it")
 		}
 	}
@@ -543,7 +543,7 @@ func TestCloseReleasesHolds(t *testing.T) {
 			t.Fatalf("%s Lost is still open after Close", what)
 		}
 	}
-	if mr.Exists("redisync:lock:{held}") {
+	if lockHeld(t, mr, "redisync:lock:{held}") {
 		t.Fatal("Close left the lock held in Redis until its lease runs out")
 	}
 	if n, _ := mr.HKeys("redisync:sem:{sem}"); len(n) != 0 {

@@ -37,7 +37,7 @@
 local ticket, lease, mode, arg = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local publish = publish_cmd(mode)
 mode = string.match(mode, '^%a+')
-local s = load(KEYS[1], KEYS[2])
+local s = load_lock(KEYS[1], KEYS[2])
 
 if s.owner == ticket then
   if s['end'] > now_ms() then

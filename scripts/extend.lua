@@ -13,7 +13,7 @@
 --
 -- Reply: {1} the hold lasts at least ARGV[2] ms from now
 --        {0} the hold id does not hold the lock
-local got, s = pcall(load, KEYS[1], KEYS[2], nil)
+local got, s = pcall(load_lock, KEYS[1], KEYS[2], nil)
 if not got or s.owner ~= ARGV[1] or s['end'] <= now_ms() then
   return {0}
 end

@@ -17,7 +17,7 @@
 --       ARGV[5] the taker's metadata ('' for none: the giver's goes)
 --       Reply: {1, token} taken (or taken already by this ticket: a retry)
 --              {0, 0} no hold waits under the handle
-local s = load(KEYS[1], KEYS[2], nil)
+local s = load_lock(KEYS[1], KEYS[2], nil)
 if ARGV[1] == 'give' then
   local ticket, handle = ARGV[2], ARGV[3]
   if s.owner == handle then

@@ -6,7 +6,7 @@
 -- Reply: {revision, token, value, ms}, each a string: revision '0' when
 -- none is stored; token '0' when nobody leads; value '' for none; ms the
 -- leader's remaining lease, '0' when nobody leads.
-local s = load(KEYS[1], nil, nil)
+local s = load_lock(KEYS[1], nil, nil)
 local rev = string.format('%d', s.rev or 0)
 if not held(s) then
   return {rev, '0', '', '0'}

@@ -56,13 +56,13 @@ local function number(lock, v)
   return integer(v) or wrong(lock, 'a lock of this layout')
 end
 
--- load reads the state of the lock whose hash is lock, and the fields of
+-- load_lock reads the state of the lock whose hash is lock, and the fields of
 -- extra (a list, or nil), in one call; a key of the wrong type fails here.
 -- The state s has the hash's fields by name (numbers as numbers), the
 -- extra fields' values in s.extra, and s.w, the writes that flush makes.
 -- A hash of another layout fails the script; s.fresh is set when the hash
 -- has no layout 3 state yet (see prepare).
-local function load(lock, queue, extra)
+local function load_lock(lock, queue, extra)
   local fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META}
   local election = string.sub(lock, 1, (string.find(lock, '{', 1, true) or 1) - 1)
   election = string.sub(election, -7) == ':elect:'

@@ -26,7 +26,7 @@ local n = #KEYS / 3
 -- the script having changed nothing.
 local locks, held_n, busy = {}, 0, false
 for i = 0, n - 1 do
-  local s = load(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
+  local s = load_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
   locks[i + 1] = s
   if s.owner == ticket and held(s) then
     held_n = held_n + 1

@@ -15,7 +15,7 @@
 local publish = publish_cmd(ARGV[1])
 local locks = {}
 for i = 0, #KEYS / 3 - 1 do
-  locks[i + 1] = load(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
+  locks[i + 1] = load_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
 end
 local reply = {}
 for i, s in ipairs(locks) do

@@ -17,7 +17,7 @@
 --
 -- Reply: 1 the hold id leads with the value now, or with a later
 --          Proclaim's; 0 it does not lead
-local s = load(KEYS[1], KEYS[2], {F_PROCLAIM})
+local s = load_lock(KEYS[1], KEYS[2], {F_PROCLAIM})
 local seq = tonumber(ARGV[3])
 if s.owner ~= ARGV[1] or not held(s) then
   return 0

@@ -11,7 +11,7 @@
 --
 -- Reply: 1 raised (or already at least the token), 0 the owner no longer
 --        holds the lock here (nothing written)
-local s = load(KEYS[1], nil, nil)
+local s = load_lock(KEYS[1], nil, nil)
 if s.owner ~= ARGV[1] then
   return 0
 end

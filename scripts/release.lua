@@ -24,7 +24,7 @@
 --        0 not held by the hold id
 local id, flags = ARGV[1], ARGV[3]
 local publish = publish_cmd(flags)
-local s = load(KEYS[1], KEYS[2])
+local s = load_lock(KEYS[1], KEYS[2])
 local r = 1
 if string.sub(flags, 1, 8) == 'withdraw' then
   withdraw(s, id, ARGV[2], string.find(flags, 'refuse', 1, true), KEYS[3], publish)

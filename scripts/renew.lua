@@ -33,7 +33,7 @@
 -- renew_hold extends the hold of owner on the lock whose hash and queue
 -- are lock and queue to at least ms from now, and reports whether it holds.
 local function renew_hold(lock, queue, owner, ms)
-  local st = load(lock, queue, nil)
+  local st = load_lock(lock, queue, nil)
   if st.owner ~= owner or st['end'] <= now_ms() then
     return 0
   end
@@ -51,7 +51,7 @@ end
 -- entry's reply.
 local function renew_wait(lock, queue, owner, ms)
   local field = CLIENT_FIELD .. owner
-  local st = load(lock, queue, {field})
+  local st = load_lock(lock, queue, {field})
   local d = st.extra[1]
   if ms == 0 then
     if d then

@@ -6,7 +6,7 @@
 -- Reply: {ms} the hold id holds the lock for ms more
 --        {-2} the hold id does not hold the lock (a key of the wrong type
 --             counts as the hold gone, as in renew.lua)
-local got, s = pcall(load, KEYS[1], nil, nil)
+local got, s = pcall(load_lock, KEYS[1], nil, nil)
 if not got or s.owner ~= ARGV[1] or s['end'] <= now_ms() then
   return {-2}
 end

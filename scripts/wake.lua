@@ -8,7 +8,7 @@
 --
 -- Reply: 1 when the lock was free, 0 when it is held (its release wakes a
 -- Client then)
-local s = load(KEYS[1], KEYS[2], nil)
+local s = load_lock(KEYS[1], KEYS[2], nil)
 if held(s) then
   return 0
 end
