@@ -302,8 +302,8 @@ func TestBargingWrongTypeRecord(t *testing.T) {
 	if !slices.Equal(after, before) {
 		t.Fatalf("the failed Lock changed the keys: %v, then %v", before, after)
 	}
-	if v := mr.HGet(k.Hash, holder.holdID()); v != "1" {
-		t.Fatalf("the holder's count became %q", v)
+	if v := holdIDs(t, mr, k.Hash); len(v) != 1 || v[0] != holder.holdID() {
+		t.Fatalf("the holder became %q", v)
 	}
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatalf("release with a Bargers key of the wrong type: %v", err)

@@ -77,10 +77,10 @@ func TestFairGrantReachesOnlyTheGranteesClient(t *testing.T) {
 	}
 	da := make(chan error, 1)
 	go func() { da <- wa.Lock(ctx) }()
-	eventually(t, 5*time.Second, "wa to queue", func() bool { return zcard(mr, k.Queue) == 1 })
+	eventually(t, 5*time.Second, "wa to queue", func() bool { return len(queuedTickets(t, mr, k)) == 1 })
 	db := make(chan error, 1)
 	go func() { db <- wb.Lock(ctx) }()
-	eventually(t, 5*time.Second, "wb to queue", func() bool { return zcard(mr, k.Queue) == 2 })
+	eventually(t, 5*time.Second, "wb to queue", func() bool { return len(queuedTickets(t, mr, k)) == 2 })
 
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -174,11 +174,6 @@ func TestClientOfID(t *testing.T) {
 	}
 }
 
-// zcard returns the size of a zset, 0 when absent.
-func zcard(mr *miniredis.Miniredis, key string) int {
-	m, _ := mr.ZMembers(key)
-	return len(m)
-}
 
 // InspectLock counts a lock's own grant channels, not the channels of a
 // lock whose name starts with its name and "}:ch:", which its pattern
@@ -211,4 +206,10 @@ func TestInspectCountsOnlyItsOwnGrantChannels(t *testing.T) {
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// zcard returns the number of members of the zset at key.
+func zcard(mr *miniredis.Miniredis, key string) int {
+	m, _ := mr.ZMembers(key)
+	return len(m)
 }

@@ -38,6 +38,10 @@ type hold struct {
 	taken   time.Time       // when it was taken, for events
 	handoff bool            // taken by a hand-off: a fair lock's release, or Accept
 	given   bool            // given to another process by Handoff
+	// refuse is set when a call that took the hold sent something whose
+	// reply never came: a copy of it may still be on its way, and its
+	// ticket is refused when the hold ends (a Mutex's).
+	refuse bool
 	// parts are the holds it is made of, in their Mutex values: a
 	// MultiMutex's hold has one per name, in the global order; a
 	// RedMutex's one per node it holds (nil for the others), of which

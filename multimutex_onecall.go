@@ -127,7 +127,7 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 func (m *MultiMutex) releaseEach(ctx context.Context, locks []*Mutex, args multiReleaseArgs) ([]int64, error) {
 	res, errs := make([]int64, len(locks)), make([]error, len(locks))
 	for i, l := range locks {
-		res[i], errs[i] = l.release(ctx, m.c.rdb, args.ids[i], args.tokens[i])
+		res[i], errs[i] = l.release(ctx, m.c.rdb, &hold{id: args.ids[i], token: args.tokens[i]})
 	}
 	return res, errors.Join(errs...)
 }

@@ -262,10 +262,10 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 // the lock not taken.
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
-	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff}
+	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff, refuse: l.unsure || l.abandoned}
 	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
 		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
-		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h.id, h.token) }}
+		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h) }}
 	if m.cfg.maxHold > 0 {
 		e.Until = since.Add(m.cfg.maxHold)
 	}

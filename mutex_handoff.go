@@ -61,7 +61,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.cfg.holdLease()}
+		give := handoffGiveArgs{id: h.id, handle: handle, lease: m.cfg.holdLease(), refuse: h.refuse}
 		res, err := give.call(m.keys).run(ctx, rdb).Int64Slice()
 		if err != nil {
 			return 0, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -55,8 +54,8 @@ func TestMutexHandoff(t *testing.T) {
 	if b.Token() <= token || b.Lost() == notHeld {
 		t.Fatalf("the taker's token %d (giver's %d), Lost %v", b.Token(), token, b.Lost())
 	}
-	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != b.holdID() || mr.HGet(key, f[0]) != "1" {
-		t.Fatalf("lock fields %q, want the taker's hold alone, count 1", f)
+	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != b.holdID() || lockState(t, mr, key).Token != b.Token() {
+		t.Fatalf("lock holder %q, want the taker's hold alone with its token", f)
 	}
 	if err := a.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("the giver's Unlock: %v, want ErrNotHeld", err)
@@ -68,7 +67,7 @@ func TestMutexHandoff(t *testing.T) {
 	if err := b.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if mr.Exists(key) {
+	if lockHeld(t, mr, key) {
 		t.Fatal("the lock is left after the taker's Unlock")
 	}
 }
@@ -147,8 +146,8 @@ func TestMutexHandoffRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := "redisync:lock:{job}"
-	if v, _ := mr.Get(key + ":token"); mr.HGet(key, b.holdID()) != "1" || v != strconv.FormatInt(b.Token(), 10) {
-		t.Fatalf("after replays: count %q, counter %q, token %d", mr.HGet(key, b.holdID()), v, b.Token())
+	if st := lockState(t, mr, key); st.Owner != b.holdID() || st.Token != b.Token() {
+		t.Fatalf("after replays: owner %q, last token %d; the taker's token %d", st.Owner, st.Token, b.Token())
 	}
 }
 
@@ -217,15 +216,12 @@ func TestMutexAcceptTakesALiveHold(t *testing.T) {
 	}
 }
 
-// Review 6, finding 2: handoff.lua's "take" does not refuse a withdrawn
-// ticket, as acquire.lua does. An Accept whose take is held up on a
-// stalled connection fails (io.EOF), withdraws its ticket and returns; the
-// caller retries Accept with the handle. When the held-up copy arrives
-// first, it takes the handle under the withdrawn ticket: the lock is held
-// for nobody, nobody renews or releases it, the retry gets ErrNotHeld, and
-// the lock stays taken for a whole lease. The late copy of an Accept
-// applied where it should take nothing ("leaves nothing behind").
-func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
+// An Accept whose take is held up on a stalled connection fails (io.EOF),
+// withdraws its ticket with a refusal and returns; the caller retries
+// Accept with the handle. The held-up copy, arriving first, takes nothing:
+// taken under the withdrawn ticket, the lock would be held for nobody for
+// a whole lease, and the retry would get ErrNotHeld.
+func TestMutexLateAcceptCopyIsRefused(t *testing.T) {
 	mr := miniredis.RunT(t)
 	// No retries: the failure reaches the call, as once go-redis's
 	// retries (or the Client's own, on its connections) are spent.
@@ -250,7 +246,7 @@ func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 		t.Fatal("Accept succeeded though its take was held up")
 	}
 	late := hook.copyOf(t)
-	ticket := late[8].(string) // evalsha sha 3 lock token tombstone "take" handle ticket lease
+	ticket := late[8].(string) // evalsha sha 3 lock queue tombstone "take" handle ticket lease
 	eventually(t, 5*time.Second, "the failed Accept to withdraw its ticket", func() bool {
 		v, _ := mr.Get(schema.LockKeys("redisync", "job").Tombstone(ticket))
 		return v == "withdrawn"
@@ -264,26 +260,37 @@ func TestMutexLateAcceptCopyTakesTheHandoffForNobody(t *testing.T) {
 	}
 }
 
-// Review 6, finding 3: Handoff moves the giver's hold to the handle
-// without leaving the release tombstone of the giver's ticket, as Unlock
-// does since review 5. A late copy of the giver's Lock acquire (held up
-// on a stalled connection while go-redis's retry of it went through) that
-// arrives after the handed-off hold is done with takes the lock again
-// under the giver's ticket: nobody holds it, nobody renews or releases it,
-// and the lock stays taken for a whole lease (15 s by default).
-func TestMutexLateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
+// A copy of the giver's acquire whose reply was lost (held up on a
+// stalled connection) that arrives after the handed-off hold is done with
+// takes nothing: the giver's ticket is refused from the hand-off on.
+// Taken, the lock would stay held for a whole lease, for nobody.
+func TestMutexLateAcquireCopyAfterHandoffIsRefused(t *testing.T) {
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	hook := &capture{}
+	hook := &lostReplyThenRecord{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	a, b, other := c.NewMutex("l"), c.NewMutex("l"), c.NewMutex("l")
-	hook.arm(acquireScript)
-	if err := a.Lock(ctx); err != nil {
+	if err := other.Lock(ctx); err != nil { // loads the script: EVALSHA finds it
 		t.Fatal(err)
 	}
-	late := hook.copyOf(t)
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := a.newCall("barge")
+	hook.mu.Lock()
+	hook.armed = true
+	hook.mu.Unlock()
+	if _, _, err := l.attempt(ctx); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("attempt: %v, want its lost reply", err)
+	}
+	if ok, _, err := l.attempt(ctx); !ok || err != nil {
+		t.Fatalf("the attempt after the lost reply: %v, %v; want the lock the lost one took", ok, err)
+	}
+	hook.mu.Lock()
+	late := hook.lost
+	hook.mu.Unlock()
 	handle, err := a.Handoff(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -294,15 +301,15 @@ func TestMutexLateAcquireCopyAfterHandoffTakesTheLock(t *testing.T) {
 	if err := b.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Do(ctx, late...).Err(); err != nil {
-		t.Fatal(err)
+	res, err := rdb.Do(ctx, late...).Int64Slice()
+	if err != nil || res[0] != -2 {
+		t.Fatalf("the late copy: %v, %v; want it refused", res, err)
 	}
 	ok, err := other.TryLock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ok {
-		t.Fatalf("the lock is taken after the hand-off's taker unlocked: a late copy of the giver's acquire holds it (TTL %v), for nobody",
-			mr.TTL("redisync:lock:{l}"))
+		t.Fatal("the lock is taken after the hand-off's taker unlocked: a late copy of the giver's acquire holds it, for nobody")
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,8 +82,8 @@ func TestMutexReentrantCountsAndToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := m.holdID()
-	if got := mr.HGet("redisync:lock:{re}", id); got != "1" {
-		t.Fatalf("the hold's count in Redis is %q, want 1", got)
+	if got := holdIDs(t, mr, "redisync:lock:{re}"); len(got) != 1 || got[0] != id {
+		t.Fatalf("the lock's holder in Redis is %q, want %q", got, id)
 	}
 	sent := cnt.n.Load()
 	hctx, cancel := m.HoldContext(ctx)
@@ -135,18 +134,26 @@ func TestMutexReentrantCountsAndToken(t *testing.T) {
 	}
 }
 
+// A lock's state of the wrong type, or that redisync did not write, fails
+// every call before it writes anything; so does a layout 2 token counter
+// that is not one (read once, when the state is made).
 func TestMutexWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
-	for _, key := range []string{"redisync:lock:{wt}", "redisync:lock:{wt}:token"} {
-		t.Run(key, func(t *testing.T) {
+	for _, bad := range []string{"list", "end", "token"} {
+		t.Run(bad, func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			c := newClient(t, rdb)
-			if err := mr.Set(key, "x"); err != nil {
-				t.Fatal(err)
-			}
-			if key == "redisync:lock:{wt}" {
-				mr.Del(key)
+			key := "redisync:lock:{wt}"
+			switch bad {
+			case "list":
 				mr.Lpush(key, "x")
+			case "end":
+				mr.HSet(key, schema.LayoutField, "3", schema.OwnerField, "a/b-1", schema.EndField, "soon")
+			case "token":
+				if err := mr.Set(key+":token", "x"); err != nil {
+					t.Fatal(err)
+				}
 			}
+			before := mr.Dump()
 			m := c.NewMutex("wt")
 			if err := m.Lock(ctx); !errors.Is(err, ErrWrongType) {
 				t.Fatalf("Lock: %v, want ErrWrongType", err)
@@ -157,89 +164,68 @@ func TestMutexWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 			if m.Token() != 0 {
 				t.Fatal("a failed Lock left a hold")
 			}
-			if key == "redisync:lock:{wt}:token" && lockHeld(t, mr, "redisync:lock:{wt}") {
-				t.Fatal("the lock was written although its token key is of the wrong type")
+			if after := mr.Dump(); after != before {
+				t.Fatalf("a failed Lock wrote:\n%s\nthen\n%s", before, after)
 			}
 		})
 	}
 }
 
-// A token counter of the wrong type fails a Lock that finds the lock held
-// by another at once, writing nothing: it does not queue behind the holder
-// (whose release would then fail on the same key, with the waiter inside).
-func TestMutexWrongTypeTokenFailsAWaiterAtOnce(t *testing.T) {
+// A queue (fair) or a record of plain waiters (barging) of the wrong type
+// fails a Lock that finds the lock held by another at once, writing
+// nothing to the lock: it does not wait behind the holder.
+func TestMutexWrongTypeQueueFailsAWaiterAtOnce(t *testing.T) {
 	for _, fair := range []bool{true, false} {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			c := newClient(t, rdb)
 			var o []Option
+			bad := "redisync:lock:{wtt}:waiting"
 			if !fair {
 				o = append(o, Barging())
+				bad = "redisync:lock:{wtt}:bargers"
 			}
 			holder := c.NewMutex("wtt", o...)
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			mr.Del("redisync:lock:{wtt}:token")
-			mr.Lpush("redisync:lock:{wtt}:token", "x")
+			if err := mr.Set(bad, "x"); err != nil {
+				t.Fatal(err)
+			}
+			before := lockState(t, mr, "redisync:lock:{wtt}")
 			w := c.NewMutex("wtt", o...)
 			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			if err := w.Lock(lctx); !errors.Is(err, ErrWrongType) || lctx.Err() != nil {
 				t.Fatalf("Lock: %v (ctx: %v), want ErrWrongType at once", err, lctx.Err())
 			}
-			if ok, err := w.TryLock(ctx); ok || !errors.Is(err, ErrWrongType) {
-				t.Fatalf("TryLock: %v, %v, want ErrWrongType", ok, err)
-			}
-			if mr.Exists("redisync:lock:{wtt}:queue") || mr.Exists("redisync:lock:{wtt}:waiters") {
-				t.Fatal("the waiter queued although the token key is of the wrong type")
+			if after := lockState(t, mr, "redisync:lock:{wtt}"); after.Queue != before.Queue || after.Owner != before.Owner {
+				t.Fatalf("the waiter changed the lock: %+v, then %+v", before, after)
 			}
 		})
 	}
 }
 
-// A release whose hand-off meets a key of the wrong type (the waiters
-// hash, or the token counter) fails, and leaves the queue as it was: the
-// hand-off takes the head out of the queue first, and puts it back.
-func TestMutexReleaseMeetingWrongTypeLeavesTheQueue(t *testing.T) {
-	for _, key := range []string{"waiters", "token"} {
-		for _, waiters := range []int{1, 2} {
-			t.Run(fmt.Sprintf("%s/%d", key, waiters), func(t *testing.T) {
-				mr, rdb, _ := newMini(t)
-				c := newClient(t, rdb)
-				m := c.NewMutex("wtq")
-				if err := m.Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				queue := "redisync:lock:{wtq}:queue"
-				for i := range waiters {
-					if _, err := mr.ZAdd(queue, float64(100+i), fmt.Sprintf("w/other-%d", i)); err != nil {
-						t.Fatal(err)
-					}
-				}
-				mr.SetTTL(queue, time.Minute)
-				bad := "redisync:lock:{wtq}:" + key
-				mr.Del(bad)
-				mr.Lpush(bad, "x")
-				mr.SetTTL(bad, 30*time.Second)
-				if err := m.Unlock(ctx); !errors.Is(err, ErrWrongType) {
-					t.Fatalf("Unlock: %v, want ErrWrongType", err)
-				}
-				members, err := mr.ZMembers(queue)
-				if err != nil || len(members) != waiters || members[0] != "w/other-0" {
-					t.Fatalf("queue after the failed release: %v, %v", members, err)
-				}
-				if score, _ := mr.ZScore(queue, "w/other-0"); score != 100 {
-					t.Fatalf("the head came back with score %v, want 100", score)
-				}
-				if mr.TTL(queue) <= 0 {
-					t.Fatal("the queue came back without a TTL")
-				}
-				if len(holdIDs(t, mr, "redisync:lock:{wtq}")) != 1 {
-					t.Fatal("the failed release changed the lock")
-				}
-			})
-		}
+// A release whose hand-off meets a queue of the wrong type fails, and
+// changes nothing: the holder still holds.
+func TestMutexReleaseMeetingWrongTypeChangesNothing(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("wtq")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := "redisync:lock:{wtq}"
+	mr.HSet(key, schema.QueueField, "2") // waiters, the lock says
+	if err := mr.Set(key+":waiting", "x"); err != nil {
+		t.Fatal(err)
+	}
+	before := mr.Dump()
+	if err := m.Unlock(ctx); !errors.Is(err, ErrWrongType) {
+		t.Fatalf("Unlock: %v, want ErrWrongType", err)
+	}
+	if after := mr.Dump(); after != before {
+		t.Fatalf("the failed release wrote:\n%s\nthen\n%s", before, after)
 	}
 }
 
@@ -250,11 +236,12 @@ func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	key := "redisync:lock:{retry}"
 
 	cnt.armReplay(acquireScript)
-	if err := m.Lock(ctx); err != nil || mr.HGet(key, m.holdID()) != "1" || m.Token() <= 0 {
-		t.Fatalf("replayed acquire: %v, count %q, token %d; want 1 and a token", err, mr.HGet(key, m.holdID()), m.Token())
+	st := lockState(t, mr, key)
+	if err := m.Lock(ctx); err != nil || m.Token() <= 0 {
+		t.Fatalf("replayed acquire: %v, token %d", err, m.Token())
 	}
-	if v, _ := mr.Get(key + ":token"); v != strconv.FormatInt(m.Token(), 10) {
-		t.Fatalf("replayed acquire minted tokens up to %q, want one: %d", v, m.Token())
+	if st = lockState(t, mr, key); st.Owner != m.holdID() || st.Token != m.Token() {
+		t.Fatalf("replayed acquire: owner %q, last token %d; want %q, %d (one token minted)", st.Owner, st.Token, m.holdID(), m.Token())
 	}
 	cnt.armReplay(releaseScript)
 	if err := m.Unlock(ctx); err != nil {
@@ -361,7 +348,7 @@ func TestMutexUnlockAfterLossLeavesOtherOwnerAlone(t *testing.T) {
 	if err := a.Unlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("a.Unlock: %v, want ErrLockLost", err)
 	}
-	if mr.HGet("redisync:lock:{steal}", b.holdID()) != "1" {
+	if h := holdIDs(t, mr, "redisync:lock:{steal}"); len(h) != 1 || h[0] != b.holdID() {
 		t.Fatal("a's Unlock touched b's hold")
 	}
 	if err := b.Unlock(ctx); err != nil {
@@ -376,8 +363,8 @@ func TestFixedLeaseLostAtDeadline(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := mr.TTL("redisync:lock:{fixed}"); ttl != 50*time.Millisecond {
-		t.Fatalf("lease is %v, want 50ms", ttl)
+	if st := lockState(t, mr, "redisync:lock:{fixed}"); st.End-serverMS(t, mr) > 50 {
+		t.Fatalf("lease ends in %d ms, want at most 50", st.End-serverMS(t, mr))
 	}
 	select {
 	case <-m.Lost():
@@ -493,12 +480,10 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 	mr.Lpush("redisync:lock:{wt}", "x")
 	check("lock hash of the wrong type", c.NewMutex("wt").Lock(ctx))
 	mr.Del("redisync:lock:{wt}")
-	if err := mr.Set("redisync:lock:{wt}:token", "1.5"); err != nil {
-		t.Fatal(err)
-	}
+	mr.HSet("redisync:lock:{wt}", schema.LayoutField, "3", schema.TokenField, "1.5")
 	err := c.NewMutex("wt").Lock(ctx)
-	check("token counter of 1.5", err)
-	if !strings.Contains(err.Error(), "redisync:lock:{wt}:token does not hold a counter") {
+	check("token of 1.5", err)
+	if !strings.Contains(err.Error(), "redisync:lock:{wt} does not hold a lock of this layout") {
 		t.Fatalf("%q does not say which key holds what", err)
 	}
 
@@ -565,6 +550,7 @@ type lostReplyThenRecord struct {
 	mu        sync.Mutex
 	armed     bool
 	recording bool
+	lost      []any // the command whose reply was lost
 	after     [][]any
 }
 
@@ -578,6 +564,9 @@ func (h *lostReplyThenRecord) ProcessHook(next redis.ProcessHook) redis.ProcessH
 		lose := h.armed
 		if h.recording {
 			h.after = append(h.after, args)
+		}
+		if lose {
+			h.lost = args
 		}
 		h.armed, h.recording = false, h.recording || lose
 		h.mu.Unlock()

@@ -53,7 +53,7 @@ func (m *Mutex) unlock(ctx context.Context) error {
 		m.mu.Unlock()
 		if h != nil && errors.Is(err, ErrClosed) {
 			m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-				_, err := m.release(ctx, rdb, h.id, h.token)
+				_, err := m.release(ctx, rdb, h)
 				return nil, err
 			})
 		}
@@ -87,7 +87,7 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	tries := 0
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
 		tries++
-		res, err := m.release(ctx, rdb, h.id, h.token)
+		res, err := m.release(ctx, rdb, h)
 		if res == 2 && tries > 1 {
 			res = 1 // the hold ended since the last try, which may have released it
 		} else if res == 2 {
@@ -105,11 +105,11 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	return nil
 }
 
-// release runs the release script for the hold id, whose token is token
-// (0: unknown), and returns its reply: 1 released, 0 not held, 2 not held
-// and a later hold taken since (released by an earlier try, or lapsed).
-func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, id string, token int64) (int64, error) {
-	release := releaseArgs{id: id, token: token, publish: m.c.publish, mode: "release"}
+// release runs the release script for the hold h, and returns its reply:
+// 1 released, 0 not held, 2 not held and a later hold taken since
+// (released by an earlier try, or lapsed).
+func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, h *hold) (int64, error) {
+	release := releaseArgs{id: h.id, token: h.token, refuse: h.refuse, publish: m.c.publish, mode: "release"}
 	res, err := release.call(m.keys).run(ctx, rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
@@ -139,7 +139,7 @@ func (m *Mutex) withdraw(ctx context.Context, rdb redis.UniversalClient, w withd
 // roundtrip.CleanupWait.
 func (m *Mutex) releaseLost(ctx context.Context, h *hold) {
 	m.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		_, err := m.release(ctx, rdb, h.id, 0)
+		_, err := m.release(ctx, rdb, &hold{id: h.id, refuse: h.refuse})
 		return nil, err
 	})
 }

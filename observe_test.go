@@ -241,7 +241,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	waiter := c.NewMutex("blocked")
 	done := make(chan error, 1)
 	go func() { done <- waiter.Lock(ctx) }()
-	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return mr.Exists("redisync:lock:{blocked}:queue") })
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return mr.Exists("redisync:lock:{blocked}:waiting") })
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}

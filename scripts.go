@@ -206,7 +206,7 @@ type releaseArgs struct {
 	id      string // the hold id, or the ticket that withdraws
 	token   int64  // mode "release": the hold's fencing token; 0 when unknown
 	record  string // mode "withdraw": the call's queue record; "" when none or unknown
-	refuse  bool   // mode "withdraw": a call of the ticket may still be on its way
+	refuse  bool   // a call of the ticket may still be on its way: refuse it from now on
 	publish string // PUBLISH or SPUBLISH
 	mode    string // "release" or "withdraw"
 }
@@ -217,9 +217,9 @@ func (a releaseArgs) call(k schema.Lock) scriptCall {
 	mode := a.mode
 	if a.mode == "withdraw" {
 		arg = a.record
-		if a.refuse {
-			mode += " refuse"
-		}
+	}
+	if a.refuse {
+		mode += " refuse"
 	}
 	return scriptCall{releaseScript, []string{k.Hash, k.Queue, k.Bargers}, []any{a.id, arg, mode + sharded(a.publish)}}
 }
@@ -285,13 +285,14 @@ type handoffGiveArgs struct {
 	id     string        // the holder's ticket
 	handle string        // under which the hold waits for its taker
 	lease  time.Duration // how long it waits for its taker before it runs out
+	refuse bool          // a call of the holder's ticket may still be on its way
 }
 
 // call returns the script's call on the lock k.
 func (a handoffGiveArgs) call(k schema.Lock) scriptCall {
 	return scriptCall{handoffScript,
 		[]string{k.Hash, k.Queue, k.Tombstone(a.id)},
-		[]any{"give", a.id, a.handle, a.lease.Milliseconds()}}
+		[]any{"give", a.id, a.handle, a.lease.Milliseconds(), flag(a.refuse)}}
 }
 
 // handoffTakeArgs are the arguments of scripts/handoff.lua in mode "take".

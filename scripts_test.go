@@ -142,6 +142,17 @@ func TestQueueTTLAfterJoin(t *testing.T) {
 				if res := take(0); res[0] != 1 {
 					t.Fatalf("holder: %v", res)
 				}
+				if kind == "lock" {
+					// A lock's queue lives as long as its state.
+					if res := take(1); res[0] != 0 || rdb.LLen(ctx, queue).Val() != 1 {
+						t.Fatalf("first waiter: %v", res)
+					}
+					hash := rdb.PTTL(ctx, schema.LockKeys("redisync", name).Hash).Val()
+					if got := pttl(); got < hash-time.Second || got > hash || hash < time.Hour {
+						t.Errorf("new queue: PTTL %v, want the lock's state's, %v (an hour at least)", got, hash)
+					}
+					return
+				}
 				// A new queue: join_queue's own PEXPIRE.
 				if res := take(1); res[0] != 0 || rdb.ZCard(ctx, queue).Val() != 1 {
 					t.Fatalf("first waiter: %v", res)
@@ -200,9 +211,7 @@ func TestKeepAliveNonPositive(t *testing.T) {
 	}
 }
 
-// Coverage: queue scores stay in arrival order when the server clock steps
-// back (join_queue: the last member's score plus one). No test failed when
-// the score was the clock alone.
+// The queue stays in arrival order when the server clock steps back.
 func TestQueueOrderSurvivesAClockStepBack(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
@@ -222,8 +231,7 @@ func TestQueueOrderSurvivesAClockStepBack(t *testing.T) {
 		ms = append(ms, m)
 		go func() { errs <- m.Lock(lctx) }()
 		eventually(t, 5*time.Second, "a waiter to queue", func() bool {
-			m, _ := mr.ZMembers(k.Queue)
-			return len(m) == i+1
+			return len(queuedTickets(t, mr, k)) == i+1
 		})
 		mr.SetTime(now.Add(-time.Hour)) // the clock steps back
 	}

@@ -277,7 +277,7 @@ func TestSharedValueKeepsEachCallsPlace(t *testing.T) {
 			})
 			done <- err
 		}()
-		eventually(t, 5*time.Second, w.who+" queued", func() bool { return rdb.ZCard(ctx, shared.keys.Queue).Val() == int64(i+1) })
+		eventually(t, 5*time.Second, w.who+" queued", func() bool { return rdb.LLen(ctx, shared.keys.Queue).Val() == int64(i+1) })
 	}
 	if err := shared.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -381,16 +381,16 @@ func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	if tok := m.Token(); tok <= first || rdb.Exists(ctx, m.keys.Hash).Val() != 1 {
-		t.Fatalf("after the lost hold's Unlock: token %d (the lost one's %d), key exists %d; want the later hold intact",
-			tok, first, rdb.Exists(ctx, m.keys.Hash).Val())
+	if tok := m.Token(); tok <= first || !lockHeldOn(t, rdb, m.keys.Hash) {
+		t.Fatalf("after the lost hold's Unlock: token %d (the lost one's %d), held %v; want the later hold intact",
+			tok, first, lockHeldOn(t, rdb, m.keys.Hash))
 	}
 	done := make(chan error, 1)
 	go func() { done <- m.Unlock(ctx) }() // any goroutine may unlock
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if rdb.Exists(ctx, m.keys.Hash).Val() != 0 {
+	if lockHeldOn(t, rdb, m.keys.Hash) {
 		t.Fatal("the later hold is still in Redis after its Unlock")
 	}
 }
@@ -475,7 +475,7 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 			return setup{
 				mine:   lockable{m.Lock, m.Unlock, m.Lost},
 				other:  lockable{o.Lock, o.Unlock, o.Lost},
-				queued: func() bool { return rdb.ZCard(ctx, m.keys.Queue).Val() == 1 },
+				queued: func() bool { return rdb.LLen(ctx, m.keys.Queue).Val() == 1 },
 				erase:  func() bool { return rdb.Del(ctx, m.keys.Hash).Val() == 1 },
 				waiter: m.Lock, waiterUnlock: m.Unlock,
 			}
@@ -488,7 +488,7 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 				mine:  lockable{m.Lock, m.Unlock, m.Lost},
 				other: lockable{o.Lock, o.Unlock, o.Lost},
 				// The names are taken in the order of their slots.
-				queued: func() bool { return rdb.ZCard(ctx, a.Queue).Val()+rdb.ZCard(ctx, b.Queue).Val() == 1 },
+				queued: func() bool { return rdb.LLen(ctx, a.Queue).Val()+rdb.LLen(ctx, b.Queue).Val() == 1 },
 				erase:  func() bool { return rdb.Del(ctx, a.Hash, b.Hash).Val() == 2 },
 				waiter: m.Lock, waiterUnlock: m.Unlock,
 			}
@@ -514,7 +514,7 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 			return setup{
 				mine:   lockable{campaign(e, "a"), e.Resign, e.Lost},
 				other:  lockable{campaign(o, "o"), o.Resign, o.Lost},
-				queued: func() bool { return rdb.ZCard(ctx, k.Queue).Val() == 1 },
+				queued: func() bool { return rdb.LLen(ctx, k.Queue).Val() == 1 },
 				erase:  func() bool { return rdb.Del(ctx, k.Hash).Val() == 1 },
 				waiter: campaign(e, "b"), waiterUnlock: e.Resign,
 			}

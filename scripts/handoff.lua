@@ -10,7 +10,9 @@
 -- KEYS[3] the taker's ticket's tombstone (take: see lock_lib.lua, refused)
 -- ARGV[1] mode: "give" or "take"
 -- give: ARGV[2] the holder's ticket, ARGV[3] the handle, ARGV[4] how long
---       in ms the hold waits for its taker before it runs out
+--       in ms the hold waits for its taker before it runs out, ARGV[5] "1"
+--       when a call of the holder's ticket may still be on its way: it is
+--       refused from now on (lock_lib.lua, refused)
 --       Reply: {1, 0} given (or given already: a retry)
 --              {0, 0} the ticket does not hold the lock
 -- take: ARGV[2] the handle, ARGV[3] the taker's ticket, ARGV[4] lease in ms,
@@ -25,6 +27,9 @@ if ARGV[1] == 'give' then
   end
   if not held(s) or s.owner ~= ticket then
     return {0, 0}
+  end
+  if ARGV[5] == '1' then
+    refuse_ticket(s, ticket)
   end
   s['end'] = now_ms() + tonumber(ARGV[4])
   set(s, F_OWNER, handle)

@@ -110,9 +110,9 @@ local function prepare(s)
   if redis.call('EXISTS', s.key) == 1 then
     other_layout(s.key, nil, LAYOUT)
   end
-  s.token = integer(redis.call('GET', s.key .. ':token')) or 0
+  s.token = check_counter(s.key .. ':token')
   if s.election then
-    s.rev = integer(redis.call('GET', s.key .. ':rev')) or 0
+    s.rev = check_counter(s.key .. ':rev')
   end
   set(s, F_LAYOUT, LAYOUT)
 end
@@ -258,6 +258,19 @@ end
 -- the last state_memory_ms pays the read.
 local function refused(s, ticket)
   return s.refuse > now_ms() and redis.call('EXISTS', tombstone(s, ticket)) == 1
+end
+
+-- refuse_ticket refuses ticket from now on for state_memory_ms (see
+-- refused): a call of it may still be on its way. The key's SET replaces
+-- a key of any type.
+local function refuse_ticket(s, ticket)
+  prepare(s)
+  redis.call('SET', tombstone(s, ticket), 'withdrawn', 'PX', state_memory_ms)
+  if s.refuse < now_ms() + state_memory_ms then
+    s.refuse = now_ms() + state_memory_ms
+    set(s, F_REFUSE, string.format('%d', s.refuse))
+    keep_state(s, s.refuse)
+  end
 end
 
 -- client_alive returns whether the Client whose field is field has a
@@ -452,13 +465,7 @@ local function withdraw(s, ticket, rec, refuse, bargers, publish)
     set(s, F_QUEUE, s.queue)
   end
   if refuse then
-    redis.call('SET', tombstone(s, ticket), 'withdrawn', 'PX', state_memory_ms)
-    if s.refuse < now_ms() + state_memory_ms then
-      prepare(s)
-      s.refuse = now_ms() + state_memory_ms
-      set(s, F_REFUSE, string.format('%d', s.refuse))
-      keep_state(s, s.refuse)
-    end
+    refuse_ticket(s, ticket)
   end
   if s.owner == ticket then
     free(s, bargers, publish)

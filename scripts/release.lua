@@ -9,9 +9,9 @@
 --         "withdraw": the call's queue record ('' when it has none, or it is
 --         unknown)
 -- ARGV[3] mode, then flags, separated by spaces: "release" or "withdraw";
---         "refuse" (withdraw: a call of the ticket may still be on its way:
---         refuse it from now on, see lock_lib.lua, withdraw), "sharded"
---         (publish with SPUBLISH)
+--         "refuse" (a call of the ticket may still be on its way: refuse
+--         it from now on, see lock_lib.lua, refused), "sharded" (publish
+--         with SPUBLISH)
 --
 -- A hold is released whatever its count (the count of levels is kept by
 -- the holder). The lock is handed to the first live fair waiter (who is
@@ -30,6 +30,9 @@ if string.sub(flags, 1, 8) == 'withdraw' then
   withdraw(s, id, ARGV[2], string.find(flags, 'refuse', 1, true), KEYS[3], publish)
 else
   r = release(s, id, ARGV[2], KEYS[3], publish)
+  if r == 1 and string.find(flags, 'refuse', 1, true) then
+    refuse_ticket(s, id)
+  end
 end
 flush(s)
 return r

@@ -147,13 +147,13 @@ func (w *Watchdog) told(batch []Renewal, res []int64, err error, latency time.Du
 	ev.Renewed(len(batch), latency)
 	var seen map[string]bool
 	for i, r := range batch {
-		if res[i] != 2 || seen[r.Keys[2]] {
+		if res[i] != 2 || seen[r.Keys[0]] {
 			continue
 		}
 		if seen == nil {
 			seen = make(map[string]bool)
 		}
-		seen[r.Keys[2]] = true
+		seen[r.Keys[0]] = true
 		ev.DeadWaiter(r.Kind, r.e.Name)
 	}
 }
