@@ -174,7 +174,6 @@ func TestClientOfID(t *testing.T) {
 	}
 }
 
-
 // InspectLock counts a lock's own grant channels, not the channels of a
 // lock whose name starts with its name and "}:ch:", which its pattern
 // also matches (review 11, finding 4).
