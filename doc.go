@@ -105,26 +105,26 @@
 // the scripts that make it through the Client's subscriber, each numbered
 // with the revision it follows so that a lost message shows as a gap,
 // reported with the current leader read at once. An election's keys are
-// a lock's under "redisync:elect:{name}", with ":rev", and its changes
-// are published on "redisync:elect:{name}:changes".
+// a lock's under "redisync:elect:{name}", and its changes are published
+// on "redisync:elect:{name}:changes".
 //
 // # Keys
 //
 // A lock called name lives in keys that share the hash tag {name}, so that
 // its scripts touch one Redis Cluster slot:
 //
-//	redisync:lock:{name}                 hash: hold id (the ticket of the call that took it) -> count, with the lease as TTL
-//	redisync:lock:{name}:token           the last fencing token (kept an hour after the last hold)
-//	redisync:lock:{name}:queue           fair waiters in arrival order (zset)
-//	redisync:lock:{name}:waiters         fair waiters' heartbeat deadlines (hash)
-//	redisync:lock:{name}:released:ticket a call's tombstone: its hold's release (10 s) or its withdrawal (2 min)
-//	redisync:lock:{name}:ch              the channel of plain waiters
-//	redisync:lock:{name}:ch:client       the grant channel of one Client's fair waiters
+//	redisync:lock:{name}                 hash: the lock's state (holder, lease end, last token, queue length, Clients' waiter deadlines)
+//	redisync:lock:{name}:waiting         fair waiters' records in arrival order (list)
+//	redisync:lock:{name}:bargers         Clients with plain waiters (zset)
+//	redisync:lock:{name}:released:ticket a withdrawn call's refusal, while a copy of it may be on its way (an hour)
+//	redisync:lock:{name}:ch:client       the channel of one Client's waiters: grants and wake-ups
 //
-// The lock hash also holds the field "{layout}", the version of this
-// layout: a call that meets a lock held, or a semaphore in use, under
-// another layout (another version of redisync on the same Redis) fails
-// with ErrLayout and holds nothing (docs/upgrading.md).
+// A release does not delete the hash: it outlives every hold by an hour,
+// and its TTL is pushed out only when it runs low. It holds the field
+// "{layout}", the version of this layout: a call that meets a lock, or a
+// semaphore in use, of another layout (another version of redisync on
+// the same Redis) fails with ErrLayout and holds nothing
+// (docs/upgrading.md).
 //
 // A semaphore's keys are "redisync:sem:{name}...", and a read-write
 // lock's (RWMutex, a semaphore underneath) "redisync:rw:{name}...", in the

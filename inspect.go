@@ -153,6 +153,7 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
 	var (
 		hash    *redis.MapStringStringCmd
+		pttl    *redis.DurationCmd
 		queue   *redis.StringSliceCmd
 		bargers *redis.ZSliceCmd
 		now     *redis.TimeCmd
@@ -160,6 +161,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	)
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		hash = p.HGetAll(ctx, k.Hash)
+		pttl = p.PTTL(ctx, k.Hash)
 		queue = p.LRange(ctx, k.Queue, 0, -1)
 		bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, -1)
 		now = p.Time(ctx)
@@ -174,6 +176,9 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	}
 	lock, ok := schema.ParseLockState(hash.Val())
 	if !ok {
+		if st, ok := olderLock(name, hash.Val(), pttl.Val(), now.Val(), nsubs); ok {
+			return st, nil
+		}
 		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)})
 	}
 	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: nsubs, Queue: []LockWaiter{}, LastToken: lock.Token}
@@ -199,6 +204,27 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 		st.Queue = append(st.Queue, w)
 	}
 	return st, nil
+}
+
+// olderLock reads a lock's hash written by layout 1 or 2 (the hold id ->
+// its count, with the lease as the key's TTL), so that an operator sees
+// who holds during a rolling deploy; false when h is no such hash.
+func olderLock(name string, h map[string]string, pttl time.Duration, now time.Time, nsubs int64) (*LockState, bool) {
+	if l := h[schema.LayoutField]; l != "" && l != "2" {
+		return nil, false
+	}
+	st := &LockState{Name: name, ServerTime: now, Subscribers: nsubs, Queue: []LockWaiter{}}
+	for f, v := range h {
+		if f == schema.LayoutField || f == schema.MetaField || f == schema.ProclaimField {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 || st.Holder != nil {
+			return nil, false
+		}
+		st.Holder = &LockHolder{ID: f, Label: schema.Label(f), Count: n, Lease: pttl, Metadata: h[schema.MetaField]}
+	}
+	return st, true
 }
 
 // InspectSemaphore reads the state of the semaphore called name: its
