@@ -282,3 +282,67 @@ func mustGet(t *testing.T, mr interface{ Get(string) (string, error) }, key stri
 	}
 	return v
 }
+
+// lockState returns what the hash of the lock k says, failing the test
+// unless it is a lock's hash of this layout (or absent).
+func lockState(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) schema.LockState {
+	t.Helper()
+	h := map[string]string{}
+	if mr.Exists(k.Hash) {
+		fields, err := mr.HKeys(k.Hash)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fields {
+			h[f] = mr.HGet(k.Hash, f)
+		}
+	}
+	s, ok := schema.ParseLockState(h)
+	if !ok {
+		t.Fatalf("%s is no lock hash of layout %d: %q", k.Hash, schema.Layout, h)
+	}
+	return s
+}
+
+// lockHeld reports whether the lock k is held at now (the server's clock:
+// time.Now() for a miniredis whose time was not set).
+func lockHeld(t *testing.T, mr *miniredis.Miniredis, k schema.Lock, now time.Time) bool {
+	t.Helper()
+	return lockState(t, mr, k).Held(now.UnixMilli())
+}
+
+// queueSize returns how many records the queue at key holds: a lock's list
+// or a semaphore's zset.
+func queueSize(mr *miniredis.Miniredis, key string) int {
+	switch mr.Type(key) {
+	case "list":
+		l, _ := mr.List(key)
+		return len(l)
+	case "zset":
+		m, _ := mr.ZMembers(key)
+		return len(m)
+	}
+	return 0
+}
+
+// queueRecords returns the records in the fair queue of the lock k, in
+// order.
+func queueRecords(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []schema.QueueRecord {
+	t.Helper()
+	if !mr.Exists(k.Queue) {
+		return nil
+	}
+	recs, err := mr.List(k.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []schema.QueueRecord
+	for _, r := range recs {
+		rec, ok := schema.ParseQueueRecord(r)
+		if !ok {
+			t.Fatalf("queue record %q", r)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
