@@ -238,7 +238,7 @@ func TestCloseLockAttemptNotSentOnceCloseBegan(t *testing.T) {
 		t.Errorf("Lock: %v, want ErrClosed", err)
 	}
 	if tok := lockState(t, mr, schema.LockKeys("redisync", "f")).Token; tok != 0 {
-		t.Errorf("a fencing token was minted during Close (%s): the closing Client took the lock", tok)
+		t.Errorf("a fencing token was minted during Close (%d): the closing Client took the lock", tok)
 	}
 }
 

@@ -200,25 +200,35 @@ func confirmedWaiters(c *Client, channel string) int {
 // eventually fails the test unless cond becomes true within d.
 var eventually = redistest.Eventually
 
-// holdIDs returns the hold ids in a lock's hash (or a semaphore's holders
-// hash): its fields but the layout mark, which a lock's hash must carry,
-// and the holder's metadata.
+// holdIDs returns the hold ids in a lock's hash (its {owner}, while its
+// lease lasts by the local clock: none when free) or in a semaphore's
+// holders hash (its fields but the layout mark and the metadata). A lock's
+// hash must carry the layout mark.
 func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	t.Helper()
 	fields, err := mr.HKeys(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	isLock := strings.Contains(key, ":lock:")
-	if isLock && mr.HGet(key, schema.LayoutField) != strconv.Itoa(schema.Layout) {
-		t.Fatalf("%s has no layout mark: fields %q", key, fields)
+	if strings.Contains(key, ":lock:") || strings.Contains(key, ":elect:") {
+		if len(fields) == 0 {
+			return nil
+		}
+		if mr.HGet(key, schema.LayoutField) != strconv.Itoa(schema.Layout) {
+			t.Fatalf("%s has no layout mark: fields %q", key, fields)
+		}
+		end, _ := strconv.ParseInt(mr.HGet(key, schema.EndField), 10, 64)
+		if owner := mr.HGet(key, schema.OwnerField); owner != "" && end > time.Now().UnixMilli() {
+			return []string{owner}
+		}
+		return nil
 	}
 	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField || f == schema.MetaField })
 }
 
 // withdrawnTickets returns the keys of the lock k's tombstones that record
-// a withdrawal (scripts/lib.lua, withdraw_ticket), failing the test unless
-// each has a TTL of at most 2 minutes.
+// a withdrawal with refusal (scripts/lock_lib.lua, withdraw), failing the
+// test unless each has a TTL of at most an hour.
 func withdrawnTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []string {
 	t.Helper()
 	var keys []string
@@ -229,8 +239,8 @@ func withdrawnTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []st
 		if v, _ := mr.Get(key); v != "withdrawn" {
 			continue
 		}
-		if ttl := mr.TTL(key); ttl <= 0 || ttl > 2*time.Minute {
-			t.Errorf("%s: TTL %v, want at most 2 min", key, ttl)
+		if ttl := mr.TTL(key); ttl <= 0 || ttl > time.Hour {
+			t.Errorf("%s: TTL %v, want at most an hour", key, ttl)
 		}
 		keys = append(keys, key)
 	}
@@ -345,4 +355,30 @@ func queueRecords(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []schema
 		out = append(out, rec)
 	}
 	return out
+}
+
+// serverLockState returns what the hash of the lock k says on the server
+// of rdb, and that server's time in ms.
+func serverLockState(t *testing.T, rdb redis.Cmdable, k schema.Lock) (schema.LockState, int64) {
+	t.Helper()
+	h, err := rdb.HGetAll(context.Background(), k.Hash).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := schema.ParseLockState(h)
+	if !ok {
+		t.Fatalf("%s is no lock hash of layout %d: %q", k.Hash, schema.Layout, h)
+	}
+	return s, now.UnixMilli()
+}
+
+// serverLockHeld reports whether the lock k is held on the server of rdb.
+func serverLockHeld(t *testing.T, rdb redis.Cmdable, k schema.Lock) bool {
+	t.Helper()
+	s, now := serverLockState(t, rdb, k)
+	return s.Held(now)
 }
