@@ -90,23 +90,22 @@ func closeWithLateWaiters(t *testing.T, mr *miniredis.Miniredis, c *Client, hook
 		go func() { errs <- wait(wctx) }()
 	}
 	eventually(t, 30*time.Second, "every waiter to queue", func() bool {
-		m, _ := mr.ZMembers(queue)
-		return len(m) == n
+		return queueSize(mr, queue) == n
 	})
 	wctx.armed.Store(true)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
 	hook.armed.Store(1)
-	left, _ := mr.ZMembers(queue)
+	left := queueSize(mr, queue)
 	close(wctx.release)
 	for range n {
 		if err := <-errs; !errors.Is(err, ErrClosed) {
 			t.Errorf("a waiting call after Close: %v, want ErrClosed", err)
 		}
 	}
-	if len(left) != 0 {
-		t.Errorf("%d of %d waiters still queued when Close returned", len(left), n)
+	if left != 0 {
+		t.Errorf("%d of %d waiters still queued when Close returned", left, n)
 	}
 	if sent := hook.sent.Load(); sent != 0 {
 		t.Errorf("%d commands sent after Close returned", sent)
@@ -156,8 +155,7 @@ func (c *nthSlowCtx) Err() error {
 	return c.Context.Err()
 }
 
-// Review 26 (of 1713ea8, Close waiting for the waiters to withdraw): the
-// calls it found sending commands during or after Close, each with a
+// Calls that could send commands during or after Close, each with a
 // goroutine that runs late.
 
 // A MultiMutex.Lock that holds its first name and waits for the second
@@ -176,15 +174,14 @@ func TestCloseMultiMutexGivesBackBeforeCloseReturns(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- m.Lock(wctx) }()
 	eventually(t, 5*time.Second, "the MultiMutex to queue for its second name", func() bool {
-		n, _ := mr.ZMembers(schema.LockKeys("redisync", second).Queue)
-		return len(n) == 1
+		return len(queuedTickets(t, mr, schema.LockKeys("redisync", second))) == 1
 	})
 	wctx.armed.Store(true)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
 	hook.armed.Store(1)
-	held := mr.Exists(schema.LockKeys("redisync", first).Hash)
+	held := lockHeldAt(t, mr, schema.LockKeys("redisync", first), time.Now())
 	close(wctx.release)
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Errorf("Lock: %v, want ErrClosed", err)
@@ -219,7 +216,7 @@ func TestCloseTryLockRacingCloseSendsNothingAfterIt(t *testing.T) {
 	if n := hook.sent.Load(); n != 0 {
 		t.Errorf("%d commands sent after Close returned", n)
 	}
-	if mr.Exists(schema.LockKeys("redisync", "t").Token) {
+	if lockStateOf(t, mr, schema.LockKeys("redisync", "t")).Token != 0 {
 		t.Error("a fencing token was minted: the closed Client took the lock")
 	}
 }
@@ -240,8 +237,8 @@ func TestCloseLockAttemptNotSentOnceCloseBegan(t *testing.T) {
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Errorf("Lock: %v, want ErrClosed", err)
 	}
-	if tok, err := mr.Get(schema.LockKeys("redisync", "f").Token); err == nil {
-		t.Errorf("a fencing token was minted during Close (%s): the closing Client took the lock", tok)
+	if tok := lockStateOf(t, mr, schema.LockKeys("redisync", "f")).Token; tok != 0 {
+		t.Errorf("a fencing token was minted during Close (%d): the closing Client took the lock", tok)
 	}
 }
 
@@ -304,10 +301,9 @@ func TestCloseUnlockDuringCloseEndsAsReleased(t *testing.T) {
 	}
 }
 
-// (Older than HEAD.) The same Unlock removes the hold from the watchdog
-// without sending its release, so Close does not release it either: the
-// lock stays in Redis for its lease, though Close promises every hold is
-// released.
+// The same Unlock, which removes the hold from the watchdog without
+// sending its release, does not leave the lock held for its lease: Close
+// still releases every hold.
 func TestCloseUnlockDuringCloseLeavesTheLock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c, err := New(rdb, withHooksOf(rdb))
@@ -321,17 +317,17 @@ func TestCloseUnlockDuringCloseLeavesTheLock(t *testing.T) {
 	c.close()
 	_ = m.Unlock(ctx)
 	_ = c.Close()
-	if mr.Exists("redisync:lock:{job}") {
+	if lockHeldAt(t, mr, schema.LockKeys("redisync", "job"), time.Now()) {
 		mr.Del("redisync:lock:{job}")
 		t.Fatal("after Close, the lock is still in Redis: neither Unlock nor Close released it")
 	}
 }
 
-// Review 9, finding 5: Close waits without bound for the observer (or the
-// log handler) to take every queued event: one that blocks (an exporter
-// stuck on the network, a log sink that stalls) hangs Close for good, and
-// a slow one delays it by up to the queue's 1,024 events times its
-// latency, past the 2 s that Close otherwise allows its releases.
+// Close does not wait without bound for the observer (or the log handler)
+// to take every queued event: one that blocks (an exporter stuck on the
+// network, a log sink that stalls) would hang Close for good, and a slow
+// one delay it by up to the queue's 1,024 events times its latency, past
+// the 2 s that Close otherwise allows its releases.
 func TestCloseDoesNotWaitForABlockedObserver(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}

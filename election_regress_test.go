@@ -9,13 +9,14 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Regressions found by review 16 of the Election.
+// Observers and Proclaim of an Election under lost messages, late
+// commands and rollbacks.
 
-// A state read with revision 0 (the revision key forgotten after an hour
-// without changes) is reported as following a gap, since 0 proves nothing:
-// an observer cut off while x handed to y and y to z, with the key
-// forgotten under x and again under z, reports z with Gap, never as if it
-// followed x.
+// A state read with revision 0 (the election's {rev} field lost, as when a
+// rollback or a restart from an older snapshot left a hash without it) is
+// reported as following a gap, since 0 proves nothing: an observer cut off
+// while x handed to y and y to z, with the revision lost under x and again
+// under z, reports z with Gap, never as if it followed x.
 func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	rdb := redistest.Client(t)
 	name := redistest.Name(t)
@@ -37,8 +38,8 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	if l := nextChange(t, obs); l.Value != "x" {
 		t.Fatalf("got %+v", l)
 	}
-	// x leads for "an hour": the revision key is forgotten.
-	rdb.Del(ctx, k.Revision)
+	// The revision is lost under x.
+	rdb.HDel(ctx, k.Hash, schema.RevField)
 	// The observer's expiry reads (one per lease) see revision 0, same state.
 	noChange(t, obs, time.Second)
 
@@ -46,7 +47,7 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	yWon := make(chan error, 1)
 	go func() { yWon <- y.Campaign(ctx, "y") }()
 	eventually(t, 5*time.Second, "y queued", func() bool {
-		n, _ := rdb.ZCard(ctx, k.Queue).Result()
+		n, _ := rdb.LLen(ctx, k.Queue).Result()
 		return n == 1
 	})
 	if err := x.Resign(ctx); err != nil {
@@ -58,7 +59,7 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	zWon := make(chan error, 1)
 	go func() { zWon <- z.Campaign(ctx, "z") }()
 	eventually(t, 5*time.Second, "z queued", func() bool {
-		n, _ := rdb.ZCard(ctx, k.Queue).Result()
+		n, _ := rdb.LLen(ctx, k.Queue).Result()
 		return n == 1
 	})
 	if err := y.Resign(ctx); err != nil {
@@ -67,8 +68,8 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	if err := <-zWon; err != nil {
 		t.Fatal(err)
 	}
-	// z leads "an hour" while the observer is cut off: forgotten again.
-	rdb.Del(ctx, k.Revision)
+	// Lost again under z, while the observer is cut off.
+	rdb.HDel(ctx, k.Hash, schema.RevField)
 	proxy.ResetAll()
 	proxy.SetBlackhole(false)
 	l := nextChange(t, obs)
@@ -153,7 +154,7 @@ func TestElectionObserveResyncDropsWhatWasHeardBefore(t *testing.T) {
 	}
 	nextChange(t, fast) // slow has heard v3 too: it is in its inbox
 	// Roll back to C1 (as a failover to a replica that missed C2 would).
-	rdb.Set(ctx, k.Revision, c1.Revision, time.Hour)
+	rdb.HSet(ctx, k.Hash, schema.RevField, c1.Revision)
 	rdb.HSet(ctx, k.Hash, schema.MetaField, "v2")
 	rdb.ClientKillByFilter(ctx, "TYPE", "pubsub")
 	if l := nextChange(t, fast); l.Value != "v2" || !l.Gap {

@@ -74,7 +74,7 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	won := make(chan error, 1)
 	go func() { won <- b.Campaign(ctx, "b1") }()
 	eventually(t, 5*time.Second, "b queued", func() bool {
-		n, _ := rdb.ZCard(ctx, schema.ElectionKeys("redisync", name).Queue).Result()
+		n, _ := rdb.LLen(ctx, schema.ElectionKeys("redisync", name).Queue).Result()
 		return n == 1
 	})
 	if err := a.Proclaim(ctx, "a2"); err != nil {
@@ -144,7 +144,7 @@ func TestElectionTryCampaign(t *testing.T) {
 	if ok, err := b.TryCampaign(ctx, "b1"); ok || err != nil || b.Token() != 0 {
 		t.Fatalf("TryCampaign while a leads: %v, %v; want false", ok, err)
 	}
-	if n := rdb.ZCard(ctx, queue).Val(); n != 0 {
+	if n := rdb.LLen(ctx, queue).Val(); n != 0 {
 		t.Fatalf("%d candidates queued after a TryCampaign that failed; want none", n)
 	}
 	hctx, hcancel := a.HoldContext(ctx)
@@ -257,7 +257,7 @@ func TestElectionObserveGap(t *testing.T) {
 	// one whose message arrives: the observer sees the gap and reads the
 	// current state.
 	rev := first.Revision + 1
-	rdb.Set(ctx, k.Revision, rev, time.Hour)
+	rdb.HSet(ctx, k.Hash, schema.RevField, rev)
 	rdb.HSet(ctx, k.Hash, schema.MetaField, "v2")
 	if err := e.Proclaim(ctx, "v3"); err != nil {
 		t.Fatal(err)

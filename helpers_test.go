@@ -324,11 +324,67 @@ func mustGet(t *testing.T, mr interface{ Get(string) (string, error) }, key stri
 	return v
 }
 
-// lockHeldOn reports whether the lock whose hash is key is held, read on
-// rdb.
-func lockHeldOn(t *testing.T, rdb redis.UniversalClient, key string) bool {
+// lockStateOf returns what the hash of the lock k says (lockState).
+func lockStateOf(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) schema.LockState {
 	t.Helper()
-	h, err := rdb.HGetAll(context.Background(), key).Result()
+	return lockState(t, mr, k.Hash)
+}
+
+// lockHeldAt reports whether the lock k is held at now (the server's
+// clock: time.Now() for a miniredis whose time was not set).
+func lockHeldAt(t *testing.T, mr *miniredis.Miniredis, k schema.Lock, now time.Time) bool {
+	t.Helper()
+	return lockStateOf(t, mr, k).Held(now.UnixMilli())
+}
+
+// queueRecords returns the records in the fair queue of the lock k, in
+// order.
+func queueRecords(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []schema.QueueRecord {
+	t.Helper()
+	if !mr.Exists(k.Queue) {
+		return nil
+	}
+	recs, err := mr.List(k.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []schema.QueueRecord
+	for _, r := range recs {
+		rec, ok := schema.ParseQueueRecord(r)
+		if !ok {
+			t.Fatalf("queue record %q", r)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// queueSize returns how many records the queue at key holds: a lock's list
+// or a semaphore's zset.
+func queueSize(mr *miniredis.Miniredis, key string) int {
+	switch mr.Type(key) {
+	case "list":
+		l, _ := mr.List(key)
+		return len(l)
+	case "zset":
+		m, _ := mr.ZMembers(key)
+		return len(m)
+	}
+	return 0
+}
+
+// serverLockHeld reports whether the lock k is held on the server of rdb.
+func serverLockHeld(t *testing.T, rdb redis.Cmdable, k schema.Lock) bool {
+	t.Helper()
+	s, now := serverLockState(t, rdb, k)
+	return s.Held(now)
+}
+
+// serverLockState returns what the hash of the lock k says on the server
+// of rdb, and that server's time in ms.
+func serverLockState(t *testing.T, rdb redis.Cmdable, k schema.Lock) (schema.LockState, int64) {
+	t.Helper()
+	h, err := rdb.HGetAll(context.Background(), k.Hash).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,9 +392,9 @@ func lockHeldOn(t *testing.T, rdb redis.UniversalClient, key string) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, ok := schema.ParseLockState(h)
+	s, ok := schema.ParseLockState(h)
 	if !ok {
-		t.Fatalf("%s is not a lock of layout %d: %q", key, schema.Layout, h)
+		t.Fatalf("%s is no lock hash of layout %d: %q", k.Hash, schema.Layout, h)
 	}
-	return st.Held(now.UnixMilli())
+	return s, now.UnixMilli()
 }

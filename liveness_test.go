@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,19 +16,6 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/waiters"
 )
-
-// queuedTickets returns the tickets in the queue of the lock keys k.
-func queuedTickets(t *testing.T, mr *miniredis.Miniredis, k schema.Lock) []string {
-	t.Helper()
-	if !mr.Exists(k.Queue) {
-		return nil
-	}
-	m, err := mr.ZMembers(k.Queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
 
 // lockAsync runs m.Lock in a goroutine and returns its outcome's channel.
 func lockAsync(m *Mutex) <-chan error {
@@ -68,8 +56,8 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 	field := schema.ClientField(queuedTickets(t, mr, k)[0])
 	records := func() map[string]string {
 		m := map[string]string{}
-		for _, ticket := range queuedTickets(t, mr, k) {
-			m[ticket] = mr.HGet(k.Waiters, ticket)
+		for _, rec := range queueRecords(t, mr, k) {
+			m[rec.Ticket] = rec.String()
 		}
 		return m
 	}
@@ -78,7 +66,7 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 		if now := records(); !maps.Equal(now, before) {
 			before, seen = now, map[string]bool{}
 		}
-		if v := mr.HGet(k.Waiters, field); v != "" {
+		if v := mr.HGet(k.Hash, field); v != "" {
 			seen[v] = true
 		}
 		return len(seen) >= 3
@@ -107,7 +95,7 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 		}
 	}
 	// With its last waiter gone, the Client's deadline goes too.
-	eventually(t, 5*time.Second, "the waiters hash to go", func() bool { return !mr.Exists(k.Waiters) })
+	eventually(t, 5*time.Second, "the Client's deadline to go", func() bool { return mr.HGet(k.Hash, field) == "" })
 }
 
 // A Client closed while its waiters are queued removes its deadline.
@@ -123,13 +111,13 @@ func TestClosedClientRemovesItsDeadline(t *testing.T) {
 	done := lockAsync(b.NewMutex("closed"))
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return len(queuedTickets(t, mr, k)) == 1 })
 	field := schema.ClientField(queuedTickets(t, mr, k)[0])
-	eventually(t, 5*time.Second, "a heartbeat", func() bool { return mr.HGet(k.Waiters, field) != "" })
+	eventually(t, 5*time.Second, "a heartbeat", func() bool { return mr.HGet(k.Hash, field) != "" })
 	_ = b.Close()
 	if err := result(t, done); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Lock: %v, want ErrClosed", err)
 	}
-	if mr.Exists(k.Waiters) && mr.HGet(k.Waiters, field) != "" {
-		t.Fatalf("the closed Client left its deadline: %v", mustHKeys(t, mr, k.Waiters))
+	if mr.HGet(k.Hash, field) != "" {
+		t.Fatalf("the closed Client left its deadline: %v", lockStateOf(t, mr, k).Clients)
 	}
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -164,13 +152,23 @@ func TestMutexWaiterDroppedAsDeadQueuesAgain(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool {
 		return len(queuedTickets(t, mr, k)) == 1 && asleep(c) == 1
 	})
-	ticket := queuedTickets(t, mr, k)[0]
-	ownDeadlinePassed(t, mr, k.Waiters, ticket)
-	if _, err := mr.ZRem(k.Queue, ticket); err != nil {
+	rec := queueRecords(t, mr, k)[0]
+	ticket := rec.Ticket
+	eventually(t, 5*time.Second, "the waiter's own deadline to pass", func() bool {
+		return time.Now().UnixMilli() > rec.Deadline
+	})
+	// Dropped as a release drops a dead waiter: its record leaves the
+	// queue's head, and its Client's deadline has passed. In one
+	// transaction, so that the waiter's heartbeat sees all of it or none.
+	drop := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer drop.Close()
+	if _, err := drop.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.LPop(ctx, k.Queue)
+		p.HSet(ctx, k.Hash, schema.QueueField, 0, schema.PoppedField, rec.Seq, schema.ClientField(ticket), "1")
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	mr.HDel(k.Waiters, ticket)
-	mr.HSet(k.Waiters, schema.ClientField(ticket), "1")
 	eventually(t, 5*time.Second, "the waiter to queue again", func() bool {
 		q := queuedTickets(t, mr, k)
 		return len(q) == 1 && q[0] != ticket
@@ -219,7 +217,7 @@ func adoptsAfterLongWaitMutex(t *testing.T, mr *miniredis.Miniredis, c *Client, 
 		return len(queuedTickets(t, mr, k)) == 1 && asleep(c) == 1
 	})
 	ticket := queuedTickets(t, mr, k)[0]
-	waitHeartbeats(t, mr, k.Waiters, schema.ClientField(ticket), 4*hb)
+	waitHeartbeats(t, mr, k.Hash, schema.ClientField(ticket), 4*hb)
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -259,8 +257,9 @@ func adoptsAfterLongWaitSemaphore(t *testing.T, mr *miniredis.Miniredis, c *Clie
 	}
 }
 
-// waitHeartbeats waits until the Client deadline in field of the waiters
-// hash has moved for at least d.
+// waitHeartbeats waits until the Client deadline in field of the hash
+// waiters (a lock's hash, or a semaphore's waiters hash) has moved for at
+// least d.
 func waitHeartbeats(t *testing.T, mr *miniredis.Miniredis, waiters, field string, d time.Duration) {
 	t.Helper()
 	start := time.Now()
@@ -309,19 +308,23 @@ func TestReleaseDropsDeadClientsDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	const dead = "app/deadclient-1"
-	if _, err := mr.ZAdd(k.Queue, 1, dead); err != nil {
+	// Its own deadline (1 ms) and its Client's passed long ago.
+	if _, err := mr.RPush(k.Queue, schema.QueueRecord{Seq: 1, Ticket: dead, Joined: 1, Deadline: 1, Handoff: 3000}.String()); err != nil {
 		t.Fatal(err)
 	}
-	mr.HSet(k.Waiters, dead, "1:3000")
-	mr.HSet(k.Waiters, schema.ClientField(dead), "1")
+	mr.HSet(k.Hash, schema.QueueField, "1", schema.SeqField, "1", schema.ClientField(dead), "1")
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if mr.Exists(k.Waiters) {
-		t.Fatalf("left in the waiters hash: %v", mustHKeys(t, mr, k.Waiters))
+	st := lockStateOf(t, mr, k)
+	if len(st.Clients) != 0 {
+		t.Fatalf("Clients' deadlines left in the lock's hash: %v", st.Clients)
 	}
-	if mr.Exists(k.Hash) {
-		t.Fatal("the lock was handed to a dead waiter")
+	if st.Owner != "" {
+		t.Fatalf("the lock was handed to a dead waiter: owner %q", st.Owner)
+	}
+	if q := queuedTickets(t, mr, k); len(q) != 0 || st.Queue != 0 {
+		t.Fatalf("queue %v (count %d) after the release, want the dead waiter dropped", q, st.Queue)
 	}
 }
 
@@ -331,12 +334,13 @@ func TestReleaseDropsDeadClientsDeadline(t *testing.T) {
 func TestLapseReportedByTwoHeartbeats(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "lapse")
-	mr.HSet(k.Hash, "app/other-1", "1")
+	far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+	mr.HSet(k.Hash, schema.LayoutField, strconv.Itoa(schema.Layout), schema.OwnerField, "app/other-1", schema.EndField, far)
 	field := schema.ClientField("app/me-1")
-	mr.HSet(k.Waiters, field, "1") // passed long ago
+	mr.HSet(k.Hash, field, "1") // passed long ago
 	beat := func() int64 {
 		t.Helper()
-		res, err := renewScript.Run(ctx, rdb, []string{k.Queue, k.Waiters, k.Hash}, "wait", "me", 3000).Int64Slice()
+		res, err := renewScript.Run(ctx, rdb, []string{k.Hash, k.Queue}, "wait", "me", 3000).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,10 +349,11 @@ func TestLapseReportedByTwoHeartbeats(t *testing.T) {
 	if r1, r2, r3 := beat(), beat(), beat(); r1 != 3 || r2 != 3 || r3 != 1 {
 		t.Fatalf("heartbeats after a lapse replied %d, %d, %d; want 3, 3, 1", r1, r2, r3)
 	}
-	mr.HSet(k.Waiters, "app/me-2", "1:3000") // its own deadline passed too
-	if _, err := mr.ZAdd(k.Queue, 1, "app/me-2"); err != nil {
+	// Its own deadline (1 ms) passed long ago too.
+	if _, err := mr.RPush(k.Queue, schema.QueueRecord{Seq: 1, Ticket: "app/me-2", Joined: 1, Deadline: 1, Handoff: 3000}.String()); err != nil {
 		t.Fatal(err)
 	}
+	mr.HSet(k.Hash, schema.QueueField, "1", schema.SeqField, "1")
 	var ins *LockState
 	ins, err := newClient(t, rdb).InspectLock(ctx, "lapse")
 	if err != nil {
@@ -375,9 +380,8 @@ func TestClientDeadlineAloneKeepsWaiterAlive(t *testing.T) {
 	})
 	ticket := queuedTickets(t, mr, k)[0]
 	eventually(t, 5*time.Second, "its own deadline to pass", func() bool {
-		rec, ok := schema.ParseLockWaiter(mr.HGet(k.Waiters, ticket))
-		q := queuedTickets(t, mr, k)
-		return ok && time.Now().UnixMilli() > rec.Deadline+50 && len(q) == 1 && q[0] == ticket
+		q := queueRecords(t, mr, k)
+		return len(q) == 1 && q[0].Ticket == ticket && time.Now().UnixMilli() > q[0].Deadline+50
 	})
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)

@@ -320,12 +320,10 @@ func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
 	go func() { done <- m.Lock(ctx) }()
 	rdb := redistest.Client(t)
 	k := schema.LockKeys(schema.DefaultPrefix, m.Names()[0])
-	eventually(t, 5*time.Second, "the first name taken", func() bool { return rdb.Exists(ctx, k.Hash).Val() == 1 })
-	first, err := rdb.Get(ctx, k.Token).Int64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 5*time.Second, "the first name's fixed lease to run out", func() bool { return rdb.Exists(ctx, k.Hash).Val() == 0 })
+	eventually(t, 5*time.Second, "the first name taken", func() bool { return serverLockHeld(t, rdb, k) })
+	st, _ := serverLockState(t, rdb, k)
+	first := st.Token
+	eventually(t, 5*time.Second, "the first name's fixed lease to run out", func() bool { return !serverLockHeld(t, rdb, k) })
 	if err := other.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -362,17 +360,24 @@ func TestMultiMutexLateReplyUndone(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The take mints a token for each name; the undoing leaves them free.
+	tokens := func() (int64, int64) {
+		a, _ := serverLockState(t, rdb, m.keys[0])
+		b, _ := serverLockState(t, rdb, m.keys[1])
+		return a.Token, b.Token
+	}
+	a0, b0 := tokens()
 	px.DelayReplies(200 * time.Millisecond)
 	lctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
 	if err := m.Lock(lctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock: %v, want its deadline", err)
 	}
-	held := func() bool {
-		n, err := rdb.Exists(ctx, m.keys[0].Hash, m.keys[1].Hash).Result()
-		return err != nil || n > 0
-	}
-	eventually(t, 5*time.Second, "the late take to run", held)
+	held := func() bool { return serverLockHeld(t, rdb, m.keys[0]) || serverLockHeld(t, rdb, m.keys[1]) }
+	eventually(t, 5*time.Second, "the late take to run", func() bool {
+		a, b := tokens()
+		return a > a0 && b > b0
+	})
 	eventually(t, 5*time.Second, "the late take to be undone", func() bool { return !held() })
 	px.DelayReplies(0)
 	if m.Lost() != notHeld {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -150,7 +149,7 @@ func TestMultiMutexFastPath(t *testing.T) {
 		t.Fatalf("TryLock took a set with a name held: %v, %v", ok, err)
 	}
 	for _, name := range []string{"a", "c"} {
-		if mr.Exists(schema.LockKeys(schema.DefaultPrefix, name).Hash) {
+		if lockHeldAt(t, mr, schema.LockKeys(schema.DefaultPrefix, name), time.Now()) {
 			t.Errorf("TryLock that failed left %s held", name)
 		}
 	}
@@ -196,9 +195,9 @@ func TestMultiMutexReentrantAndDo(t *testing.T) {
 	}
 }
 
-// TestMultiMutexReleaseOfOneNameFails breaks one name's token counter
-// while the set is held, which fails the one-call release on that name:
-// Unlock reports it, and still releases the other names.
+// TestMultiMutexReleaseOfOneNameFails breaks one name's queue while the
+// set is held, which fails the one-call release on that name (its
+// hand-off): Unlock reports it, and still releases the other names.
 func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
@@ -206,28 +205,28 @@ func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The hand-off reads the counter only when someone waits: queue a
-	// waiter on b, then make b's counter a hash.
+	// The hand-off reads the queue only when someone waits: queue a
+	// waiter on b, then make b's queue a hash.
 	w := c.NewMutex("b")
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Lock(wctx) }()
 	kb := schema.LockKeys(schema.DefaultPrefix, "b")
-	eventually(t, 5*time.Second, "a waiter on b", func() bool { ms, _ := mr.ZMembers(kb.Queue); return len(ms) == 1 })
-	mr.Del(kb.Token)
-	mr.HSet(kb.Token, "x", "y")
+	eventually(t, 5*time.Second, "a waiter on b", func() bool { return len(queuedTickets(t, mr, kb)) == 1 })
+	mr.Del(kb.Queue)
+	mr.HSet(kb.Queue, "x", "y")
 	err := m.Unlock(ctx)
 	if !errors.Is(err, ErrWrongType) {
 		t.Errorf("Unlock: %v, want ErrWrongType", err)
 	}
 	for _, name := range []string{"a", "c"} {
-		if mr.Exists(schema.LockKeys(schema.DefaultPrefix, name).Hash) {
+		if lockHeldAt(t, mr, schema.LockKeys(schema.DefaultPrefix, name), time.Now()) {
 			t.Errorf("%s still held after Unlock", name)
 		}
 	}
 	cancel()
 	<-done
-	mr.Del(kb.Token)
+	mr.Del(kb.Queue)
 	mr.Del(kb.Hash)
 }
 
@@ -248,7 +247,7 @@ func TestMultiMutexTryLockDuringLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	kb := schema.LockKeys(schema.DefaultPrefix, second)
-	queued := func() bool { ms, _ := mr.ZMembers(kb.Queue); return len(ms) == 1 }
+	queued := func() bool { return len(queuedTickets(t, mr, kb)) == 1 }
 
 	// A Lock that gives up while it waits for b holds nothing after.
 	lctx, cancel := context.WithCancel(ctx)
@@ -260,10 +259,10 @@ func TestMultiMutexTryLockDuringLock(t *testing.T) {
 		t.Fatalf("Lock: %v, want context.Canceled", err)
 	}
 	for _, k := range []schema.Lock{schema.LockKeys(schema.DefaultPrefix, m.Names()[0]), kb} {
-		if k != kb && mr.Exists(k.Hash) || k == kb && len(holdIDs(t, mr, k.Hash)) != 1 {
+		if k != kb && lockHeldAt(t, mr, k, time.Now()) || k == kb && len(holdIDs(t, mr, k.Hash)) != 1 {
 			t.Errorf("%s: the Lock that gave up left a hold", k.Hash)
 		}
-		if ms, _ := mr.ZMembers(k.Queue); len(ms) != 0 {
+		if ms := queuedTickets(t, mr, k); len(ms) != 0 {
 			t.Errorf("%s queues %q after the Lock gave up", k.Queue, ms)
 		}
 	}
@@ -354,8 +353,8 @@ func TestMultiMutexRetriedTake(t *testing.T) {
 	}
 	for name, tok := range m.Tokens() {
 		k := schema.LockKeys(schema.DefaultPrefix, name)
-		if stored, _ := mr.Get(k.Token); stored != strconv.FormatInt(tok, 10) {
-			t.Errorf("%s: token %d, counter %s", name, tok, stored)
+		if stored := lockStateOf(t, mr, k).Token; stored != tok {
+			t.Errorf("%s: token %d, the lock's last token %d", name, tok, stored)
 		}
 		if ids := holdIDs(t, mr, k.Hash); len(ids) != 1 {
 			t.Errorf("%s holds %q, want one hold", name, ids)

@@ -3,10 +3,13 @@ package redisync
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
@@ -22,6 +25,25 @@ func entry(t *testing.T, m *Mutex) (e *watchdog.Entry, deadline, confirmed time.
 	}
 	deadline, confirmed, _ = m.c.wd.Schedule(h.ka)
 	return h.ka, deadline, confirmed
+}
+
+// freeze stops miniredis's clock (the server time that scripts read) at
+// the current time, in whole ms, and returns it.
+func freeze(mr *miniredis.Miniredis) time.Time {
+	now := time.Now().Truncate(time.Millisecond)
+	mr.SetTime(now)
+	return now
+}
+
+// leaseIn returns the lease left at now (server time) to the hold of the
+// lock whose hash is key: its {end} field, not the key's TTL.
+func leaseIn(t *testing.T, mr *miniredis.Miniredis, key string, now time.Time) time.Duration {
+	t.Helper()
+	end, err := strconv.ParseInt(mr.HGet(key, schema.EndField), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: no lease end: %v", key, err)
+	}
+	return time.Duration(end-now.UnixMilli()) * time.Millisecond
 }
 
 // renewed waits until the watchdog has renewed m's hold twice after since.
@@ -45,16 +67,17 @@ func renewed(t *testing.T, m *Mutex, since time.Time) {
 // set, and cut it, would leave the key to expire before the deadline.
 func TestWatchdogRenewalNeverShortensALease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
+	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(60*time.Millisecond))
 	m := c.NewMutex("long")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	key := "redisync:lock:{long}"
-	mr.SetTTL(key, time.Minute)
+	mr.HSet(key, schema.EndField, strconv.FormatInt(at.Add(time.Minute).UnixMilli(), 10))
 	now := time.Now()
 	renewed(t, m, now)
-	if ttl := mr.TTL(key); ttl != time.Minute {
+	if ttl := leaseIn(t, mr, key, at); ttl != time.Minute {
 		t.Fatalf("the lease is %v after renewals, want the longer 1m kept", ttl)
 	}
 	if err := m.Unlock(ctx); err != nil {
@@ -66,6 +89,7 @@ func TestWatchdogRenewalNeverShortensALease(t *testing.T) {
 // deadline, counted from the call's sending; it never shortens a lease.
 func TestMutexExtendFixedLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
+	at := freeze(mr)
 	c := newClient(t, rdb)
 	m := c.NewMutex("ext", WithFixedLease(time.Second))
 	key := "redisync:lock:{ext}"
@@ -82,7 +106,7 @@ func TestMutexExtendFixedLease(t *testing.T) {
 	if took := time.Since(before); took < 200*time.Millisecond {
 		t.Fatalf("Extend took %v, the reply was not held up", took)
 	}
-	if ttl := mr.TTL(key); ttl != 5*time.Second {
+	if ttl := leaseIn(t, mr, key, at); ttl != 5*time.Second {
 		t.Fatalf("the lease in Redis is %v after Extend(5s)", ttl)
 	}
 	_, deadline, _ := entry(t, m)
@@ -96,7 +120,7 @@ func TestMutexExtendFixedLease(t *testing.T) {
 	if err := m.Extend(ctx, time.Second); err != nil {
 		t.Fatalf("Extend with a shorter lease: %v", err)
 	}
-	if ttl := mr.TTL(key); ttl != 5*time.Second {
+	if ttl := leaseIn(t, mr, key, at); ttl != 5*time.Second {
 		t.Fatalf("Extend(1s) cut the lease to %v", ttl)
 	}
 	if _, d, _ := entry(t, m); !d.Equal(deadline) {
@@ -109,7 +133,7 @@ func TestMutexExtendFixedLease(t *testing.T) {
 	if err := m.Lock(hctx); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := mr.TTL(key); ttl != 5*time.Second {
+	if ttl := leaseIn(t, mr, key, at); ttl != 5*time.Second {
 		t.Fatalf("re-entering changed the lease to %v", ttl)
 	}
 	for range 2 {
@@ -117,7 +141,7 @@ func TestMutexExtendFixedLease(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if mr.Exists(key) {
+	if lockHeldAt(t, mr, m.keys, at) {
 		t.Fatal("the extended hold was not released")
 	}
 }
@@ -129,6 +153,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 	// A short lease, for renewals to come soon; not so short that a
 	// loaded machine's late renewal loses the hold before Extend (60 ms
 	// did, once, in CI beside another test run).
+	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
 	m := c.NewMutex("extwd")
 	key := "redisync:lock:{extwd}"
@@ -144,7 +169,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 		t.Fatalf("the local deadline is %v short of sent + 1m - drift", min.Sub(deadline))
 	}
 	renewed(t, m, time.Now())
-	if ttl := mr.TTL(key); ttl != time.Minute {
+	if ttl := leaseIn(t, mr, key, at); ttl != time.Minute {
 		t.Fatalf("the lease in Redis is %v after renewals, want the extended 1m", ttl)
 	}
 	if _, d, _ := entry(t, m); d.Before(deadline) {
@@ -162,6 +187,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 
 func TestMutexExtendErrors(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
+	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(time.Minute))
 	m := c.NewMutex("exterr")
 	key := "redisync:lock:{exterr}"
@@ -184,7 +210,7 @@ func TestMutexExtendErrors(t *testing.T) {
 	if err := m.Extend(ctx, 0); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("Extend(0) while held: %v, want ErrInvalidOption", err)
 	}
-	if ttl := mr.TTL(key); ttl != time.Minute {
+	if ttl := leaseIn(t, mr, key, at); ttl != time.Minute {
 		t.Fatalf("a refused Extend changed the lease to %v", ttl)
 	}
 	cancelled, cancel := context.WithCancel(ctx)
@@ -209,7 +235,7 @@ func TestMutexExtendErrors(t *testing.T) {
 	default:
 		t.Fatal("Extend found the hold gone and Lost is still open")
 	}
-	if ttl := mr.TTL(key); ttl != time.Second {
+	if ttl := leaseIn(t, mr, key, at); ttl != time.Second {
 		t.Fatalf("Extend of a lost hold changed the new owner's lease to %v", ttl)
 	}
 	if err := m.Extend(ctx, time.Hour); !errors.Is(err, ErrLockLost) {
@@ -243,6 +269,7 @@ func (h slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func TestMutexTTL(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
+	at := freeze(mr)
 	c := newClient(t, rdb)
 	m := c.NewMutex("ttl", WithFixedLease(2*time.Second))
 	key := "redisync:lock:{ttl}"
@@ -258,7 +285,7 @@ func TestMutexTTL(t *testing.T) {
 	if d, err := m.TTL(ctx); d != 2*time.Second || err != nil {
 		t.Fatalf("TTL: %v, %v, want 2s", d, err)
 	}
-	mr.FastForward(500 * time.Millisecond)
+	mr.SetTime(at.Add(500 * time.Millisecond))
 	if d, err := m.TTL(ctx); d != 1500*time.Millisecond || err != nil {
 		t.Fatalf("TTL 500ms later: %v, %v, want 1.5s", d, err)
 	}
@@ -306,7 +333,6 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
 	c := newClient(t, rdb, WithCrashTimeout(lease), WithMaxHold(limit))
 	m := c.NewMutex("hung")
-	key := "redisync:lock:{hung}"
 	start := time.Now()
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -348,12 +374,15 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second capped hold is still renewed after 5s")
 	}
-	mr.FastForward(lease)
-	if mr.Exists("redisync:lock:{hung2}") {
+
+	// A renewal after Lost closed would have moved the lease's end past
+	// a lease from then.
+	lostAt := time.Now()
+	if lockHeldAt(t, mr, hung.keys, lostAt.Add(lease)) {
 		t.Fatal("the capped hold was renewed after Lost closed")
 	}
-	if mr.Exists(key) {
-		t.Fatal("the first hold's key is left")
+	if lockHeldAt(t, mr, m.keys, time.Now()) {
+		t.Fatal("the first hold is left")
 	}
 	if err := hung.Unlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Unlock: %v, want ErrLockLost", err)
@@ -363,6 +392,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 // Extend is the holder's own call: the cap does not undo it.
 func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 	mr, rdb, _ := newMini(t)
+	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(60*time.Millisecond), WithMaxHold(30*time.Millisecond))
 	m := c.NewMutex("capext")
 	if err := m.Lock(ctx); err != nil {
@@ -380,7 +410,7 @@ func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 	if _, d, _ := entry(t, m); d.Before(sent.Add(time.Minute - watchdog.Drift(time.Minute))) {
 		t.Fatalf("the capped hold's deadline is %v short of the extended lease", sent.Add(time.Minute).Sub(d))
 	}
-	if ttl := mr.TTL("redisync:lock:{capext}"); ttl != time.Minute {
+	if ttl := leaseIn(t, mr, "redisync:lock:{capext}", at); ttl != time.Minute {
 		t.Fatalf("the lease in Redis is %v, want the extended 1m", ttl)
 	}
 	if err := m.Unlock(ctx); err != nil {
@@ -418,6 +448,7 @@ func TestRedlockMaxHold(t *testing.T) {
 // that Extend has made longer since: the local deadline counts on it.
 func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
+	at := freeze(mr)
 	c := newClient(t, rdb)
 	m := c.NewMutex("late", WithFixedLease(time.Second))
 	if err := m.Lock(ctx); err != nil {
@@ -427,13 +458,13 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := m.keys
-	res, err := acquireScript.Run(ctx, rdb, []string{k.Hash, k.Token, k.Queue, k.Waiters, k.Tombstone(m.holdID())},
-		m.holdID(), time.Second.Milliseconds(), "barge", m.cfg.heartbeat.Milliseconds(),
-		m.cfg.grantLease().Milliseconds(), m.keys.Channel, "PUBLISH", "0").Int64Slice()
+	// Its keys and arguments: scripts/acquire.lua.
+	res, err := acquireScript.Run(ctx, rdb, []string{k.Hash, k.Queue, k.Bargers, k.Tombstone(m.holdID())},
+		m.holdID(), time.Second.Milliseconds(), "barge", 0, m.cfg.grantLease().Milliseconds(), "").Int64Slice()
 	if err != nil || res[0] != 1 {
 		t.Fatalf("the late copy: %v, %v; want it to find its ticket holding", res, err)
 	}
-	if ttl := mr.TTL(k.Hash); ttl != time.Minute {
+	if ttl := leaseIn(t, mr, k.Hash, at); ttl != time.Minute {
 		t.Fatalf("a late copy of the acquire cut the extended lease to %v", ttl)
 	}
 	if err := m.Unlock(ctx); err != nil {

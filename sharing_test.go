@@ -381,16 +381,16 @@ func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	if tok := m.Token(); tok <= first || !lockHeldOn(t, rdb, m.keys.Hash) {
+	if tok := m.Token(); tok <= first || !serverLockHeld(t, rdb, m.keys) {
 		t.Fatalf("after the lost hold's Unlock: token %d (the lost one's %d), held %v; want the later hold intact",
-			tok, first, lockHeldOn(t, rdb, m.keys.Hash))
+			tok, first, serverLockHeld(t, rdb, m.keys))
 	}
 	done := make(chan error, 1)
 	go func() { done <- m.Unlock(ctx) }() // any goroutine may unlock
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if lockHeldOn(t, rdb, m.keys.Hash) {
+	if serverLockHeld(t, rdb, m.keys) {
 		t.Fatal("the later hold is still in Redis after its Unlock")
 	}
 }

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -10,9 +11,10 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Issue 19, point 5: nothing redisync writes stays in Redis for good. After
-// every primitive was used (contended, queued, released), every key left
-// has a TTL: the fencing token counter and a semaphore's size included.
+// Nothing redisync writes stays in Redis for good. After every primitive
+// was used (contended, queued, released), every key left has a TTL: a
+// lock's hash (which a release leaves, with its last token) and a
+// semaphore's size included.
 func TestNothingLeftWithoutTTL(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
@@ -73,13 +75,14 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 }
 
 // Fencing tokens strictly increase per name across the expiry of the
-// counter that remembers the last one (they follow the server clock), and
-// while it is stored, across a server clock that steps back.
+// lock's hash, whose {token} remembers the last one (they follow the
+// server clock), and while it is stored, across a server clock that steps
+// back.
 func TestTokensIncreaseAcrossStateExpiry(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
 	m := c.NewMutex("t")
-	key := "redisync:lock:{t}:token"
+	key := "redisync:lock:{t}"
 	hold := func() int64 {
 		t.Helper()
 		if err := m.Lock(ctx); err != nil {
@@ -94,31 +97,36 @@ func TestTokensIncreaseAcrossStateExpiry(t *testing.T) {
 	first := hold()
 	// The server clock steps back ten minutes: the counter, still stored,
 	// keeps the next token above the last.
-	mr.SetTime(time.Now().Add(-10 * time.Minute))
+	back := time.Now().Add(-10 * time.Minute)
+	mr.SetTime(back)
 	second := hold()
 	if second <= first {
 		t.Fatalf("after the clock stepped back: token %d, then %d", first, second)
 	}
-	// An hour and a bit of idleness later the counter is gone, and the
-	// clock (moved on as far) gives a larger token still.
-	mr.FastForward(time.Hour + time.Minute)
-	if mr.Exists(key) {
-		t.Fatal("the token counter outlived an hour of idleness")
+	// The hash outlives the hold by an hour at least, then goes; the
+	// clock, moved on as far, gives a larger token still.
+	ttl := mr.TTL(key)
+	if ttl < time.Hour {
+		t.Fatalf("the lock's state has a TTL of %v after its release, want an hour at least", ttl)
 	}
-	mr.SetTime(time.Now().Add(time.Hour))
+	mr.FastForward(ttl + time.Minute)
+	if mr.Exists(key) {
+		t.Fatal("the lock's state outlived its TTL")
+	}
+	mr.SetTime(back.Add(ttl + time.Minute))
 	if third := hold(); third <= second {
 		t.Fatalf("after the counter expired: token %d, then %d", second, third)
 	}
 }
 
-// Review 5, finding 2: a semaphore's size is to live "while it is in use
-// and an hour after its last Acquire", but a partial Release re-arms the
-// holder's lease (sem_rearm) without the size key's TTL, and with a fixed
-// lease nothing renews it. A holder that acquires with WithFixedLease and gives
-// back part of its permits late in the lease holds the rest past the size
-// key's expiry; the size is then gone while the semaphore is in use, and a
-// Semaphore opened with another size is accepted (ErrSizeMismatch is not
-// reported) and grants beyond the size the holder was granted under.
+// A semaphore's size lives "while it is in use and an hour after its last
+// Acquire": a partial Release, which re-arms the holder's lease
+// (sem_rearm), keeps the size key as long, though with a fixed lease
+// nothing renews it. Otherwise a holder that acquires with WithFixedLease
+// and gives back part of its permits late in the lease would hold the rest
+// past the size key's expiry, and a Semaphore opened with another size
+// would be accepted (no ErrSizeMismatch) and grant beyond the size the
+// holder was granted under.
 func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -153,17 +161,15 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	}
 }
 
-// Review 8, finding 4. LockState.LastToken: "the holder's while the lock
-// is held"; design.md: the counter is kept "as long as the lease". A fair
-// waiter that finds the lock free (its holder's lease ran out) hands it to
-// itself in acquire.lua: the token is minted for the short hand-off lease
-// (so the counter lives an hour) and then the lock's lease is set to the
-// full lease. With a watchdog lease over an hour whose renewals stop
-// (WithMaxHold), the hold outlives its counter: InspectLock then reports
-// token 0 for a held lock.
-func TestSelfHandoffHoldOutlivesItsTokenCounter(t *testing.T) {
+// A fair waiter that finds the lock free (its holder's lease ran out)
+// hands it to itself in acquire.lua, for its full lease: the hold, and
+// the hash that keeps its token, outlive an hour without renewals
+// (WithMaxHold stops them), and InspectLock reports the holder's token.
+func TestSelfHandoffHoldKeepsItsToken(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
+	t0 := time.Now().Truncate(time.Millisecond)
+	mr.SetTime(t0)
 	a := newClient(t, rdb, WithLabel("a"), WithFixedLease(time.Minute))
 	b := newClient(t, rdb, WithLabel("b"), WithCrashTimeout(2*time.Hour),
 		WithMaxHold(10*time.Minute), WithWaiterTimeout(2*time.Minute), WithRecheck(20*time.Millisecond))
@@ -175,15 +181,14 @@ func TestSelfHandoffHoldOutlivesItsTokenCounter(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- mb.Lock(lctx) }()
-	eventually(t, 5*time.Second, "b to queue", func() bool {
-		m, _ := mr.ZMembers(k.Queue)
-		return len(m) == 1
-	})
-	mr.FastForward(61 * time.Second) // a's lease runs out: nobody releases
+	eventually(t, 5*time.Second, "b to queue", func() bool { return len(queuedTickets(t, mr, k)) == 1 })
+	mr.SetTime(t0.Add(61 * time.Second)) // a's lease runs out: nobody releases
+	mr.FastForward(61 * time.Second)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	mr.FastForward(61 * time.Minute) // no renewal: past b's max hold
+	mr.SetTime(t0.Add(61*time.Second + 61*time.Minute)) // no renewal: past b's max hold
+	mr.FastForward(61 * time.Minute)
 	st, err := b.InspectLock(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
@@ -192,16 +197,16 @@ func TestSelfHandoffHoldOutlivesItsTokenCounter(t *testing.T) {
 		t.Fatalf("holder %+v; want b, whose lease is 2h", st.Holder)
 	}
 	if st.Holder.Token != mb.Token() {
-		t.Errorf("InspectLock: holder's token %d, want b's %d (counter TTL %v, lock TTL %v)",
-			st.Holder.Token, mb.Token(), mr.TTL(k.Token), mr.TTL(k.Hash))
+		t.Errorf("InspectLock: holder's token %d, want b's %d (lock TTL %v)", st.Holder.Token, mb.Token(), mr.TTL(k.Hash))
 	}
 	_ = mb.Unlock(ctx)
 }
 
-// Coverage: the fencing-token counter lives as long as the hold's lease
-// (mint, renew.lua, extend.lua, redlock_raise.lua). No test failed when
-// any one of those four was reverted.
-func TestTokenCounterFollowsTheLease(t *testing.T) {
+// The lock's hash, which keeps its last token, lives an hour at least
+// past the hold's lease, however the lease was set: by the grant, Extend
+// or a renewal (lock_lib.lua, keep_state); and a Redlock's raise of the
+// token is kept in it.
+func TestTokenOutlivesTheLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
 
@@ -211,8 +216,8 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = m.Unlock(ctx) }()
-		if ttl := mr.TTL(k.Token); ttl < 2*time.Hour {
-			t.Errorf("counter TTL %v after a 2h hold was minted", ttl)
+		if ttl := mr.TTL(k.Hash); ttl < 3*time.Hour-time.Second {
+			t.Errorf("state TTL %v after a 2h hold was minted, want 2h + 1h at least", ttl)
 		}
 	})
 	t.Run("extend", func(t *testing.T) {
@@ -224,8 +229,8 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 		if err := m.Extend(ctx, 3*time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if ttl := mr.TTL(k.Token); ttl < 3*time.Hour {
-			t.Errorf("counter TTL %v after Extend(3h)", ttl)
+		if ttl := mr.TTL(k.Hash); ttl < 4*time.Hour-time.Second {
+			t.Errorf("state TTL %v after Extend(3h), want 3h + 1h at least", ttl)
 		}
 	})
 	t.Run("renew", func(t *testing.T) {
@@ -235,8 +240,11 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = m.Unlock(ctx) }()
-		mr.SetTTL(k.Token, time.Millisecond) // as an hour into a long hold
-		eventually(t, 5*time.Second, "a renewal to keep the counter", func() bool { return mr.TTL(k.Token) >= lease })
+		// As an hour into a long hold: the state about to run out.
+		soon := time.Now().Add(time.Second)
+		mr.HSet(k.Hash, schema.ExpiresField, strconv.FormatInt(soon.UnixMilli(), 10))
+		mr.SetTTL(k.Hash, time.Second)
+		eventually(t, 5*time.Second, "a renewal to keep the state", func() bool { return mr.TTL(k.Hash) >= time.Hour })
 	})
 	t.Run("redlock raise", func(t *testing.T) {
 		c := newClient(t, rdb)
@@ -244,12 +252,26 @@ func TestTokenCounterFollowsTheLease(t *testing.T) {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = m.Unlock(ctx) }()
-		if err := redlockRaiseScript.Run(ctx, rdb, []string{k.Hash, k.Token}, m.holdID(), m.Token()+1000).Err(); err != nil {
+		if err := redlockRaiseScript.Run(ctx, rdb, []string{k.Hash}, m.holdID(), m.Token()+1000).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if ttl := mr.TTL(k.Token); ttl < 2*time.Hour-time.Second {
-			t.Errorf("counter TTL %v after a raise during a 2h hold", ttl)
+		if tok := lockStateOf(t, mr, k).Token; tok != m.Token()+1000 {
+			t.Errorf("last token %d after a raise to %d", tok, m.Token()+1000)
+		}
+		if ttl := mr.TTL(k.Hash); ttl < 3*time.Hour-time.Second {
+			t.Errorf("state TTL %v after a raise during a 2h hold", ttl)
+		}
+		raised := m.Token() + 1000
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		next := c.NewMutex("job")
+		if err := next.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = next.Unlock(ctx) }()
+		if next.Token() <= raised {
+			t.Errorf("the next hold's token %d, want above the raised %d", next.Token(), raised)
 		}
 	})
 }
