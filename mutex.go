@@ -262,7 +262,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 // the lock not taken.
 func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease time.Duration, handoff bool) (bool, time.Duration, error) {
 	m := l.m
-	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff, refuse: l.unsure || l.abandoned}
+	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff, refuse: l.unsure || l.abandoned || m.c.rt.MayCopy()}
 	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
 		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
 		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h) }}
@@ -336,7 +336,7 @@ func (l *lockCall) finish(ctx context.Context, err error) {
 // (a copy of one of its calls still on its way takes nothing). It waits
 // for it at most roundtrip.CleanupWait.
 func (l *lockCall) withdraw(ctx context.Context) {
-	w := withdrawal{ticket: l.ticket, record: l.record, refuse: l.unsure}
+	w := withdrawal{ticket: l.ticket, record: l.record, refuse: l.unsure || l.m.c.rt.MayCopy()}
 	if !l.queued {
 		w.record = ""
 	}

@@ -281,8 +281,13 @@ func TestRedlockNoQuorum(t *testing.T) {
 		t.Fatalf("TryLock: %v, %v; want false, ErrQuorum", ok, err)
 	}
 	for _, k := range mrs[1].Keys() {
-		// The lock's state stays, free (it remembers the last token);
+		// The lock's state stays, free (it remembers the last token), and
+		// the refusal of a withdrawn call (a Redlock's node calls go
+		// through go-redis, whose retries may leave a copy on its way);
 		// nothing else does.
+		if strings.Contains(k, ":released:") && mustGet(t, mrs[1], k) == "withdrawn" && mrs[1].TTL(k) > 0 {
+			continue
+		}
 		if !strings.HasSuffix(k, "}") || lockHeld(t, mrs[1], k) {
 			t.Fatalf("key %q left on the live node", k)
 		}

@@ -1,6 +1,8 @@
 package redisync
 
 import (
+	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -234,37 +236,45 @@ func TestTombstoneReleaseAfterWithdrawalKeepsTheWithdrawal(t *testing.T) {
 	}
 }
 
-// A late copy of a Lock's acquire (held up on a stalled connection while
-// a retry of it went through) that arrives after the hold was released
-// must not take the lock again under the released ticket: nobody would
-// hold that hold, nobody renew or release it, and the lock would stay
-// taken for a whole lease (15 s by default) after Unlock, an acquire
-// applied twice.
-func TestTombstoneLateAcquireCopyAfterUnlockTakesTheLock(t *testing.T) {
+// A copy of an acquire whose reply was lost (held up on a stalled
+// connection) that arrives after the hold it took was released takes
+// nothing: the release refuses the ticket. Taken, the lock would stay held
+// for a whole lease after Unlock, for nobody.
+func TestLateAcquireCopyAfterUnlockIsRefused(t *testing.T) {
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	hook := &capture{}
+	hook := &lostReplyThenRecord{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
 	m, other := c.NewMutex("l"), c.NewMutex("l")
-	hook.arm(acquireScript)
-	if err := m.Lock(ctx); err != nil {
+	if err := other.Lock(ctx); err != nil { // loads the script: EVALSHA finds it
 		t.Fatal(err)
 	}
-	late := hook.copyOf(t)
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := m.newCall("barge")
+	hook.mu.Lock()
+	hook.armed = true
+	hook.mu.Unlock()
+	if _, _, err := l.attempt(ctx); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("attempt: %v, want its lost reply", err)
+	}
+	if ok, _, err := l.attempt(ctx); !ok || err != nil {
+		t.Fatalf("the attempt after the lost reply: %v, %v; want the lock the lost one took", ok, err)
+	}
+	hook.mu.Lock()
+	late := hook.lost
+	hook.mu.Unlock()
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Do(ctx, late...).Err(); err != nil {
-		t.Fatal(err)
+	res, err := rdb.Do(ctx, late...).Int64Slice()
+	if err != nil || res[0] != -2 {
+		t.Fatalf("the late copy: %v, %v; want it refused", res, err)
 	}
-	ok, err := other.TryLock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !ok {
-		st := lockStateOf(t, mr, schema.LockKeys("redisync", "l"))
-		t.Fatalf("the lock is taken after its only holder unlocked: a late copy of the released call's acquire holds it (%+v), for nobody", st)
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after the holder's Unlock and the late copy: %v, %v; want the lock", ok, err)
 	}
 }

@@ -43,6 +43,12 @@ if s.owner == ticket then
   if s['end'] > now_ms() then
     -- A retry of the call that took it, or a hand-off to it: as long as
     -- its lease, and never shorter (Mutex.Extend may have made it longer).
+    if s['end'] < now_ms() + lease then
+      s['end'] = now_ms() + lease
+      set(s, F_END, string.format('%d', s['end']))
+      keep_state(s, s['end'])
+      flush(s)
+    end
     return {1, s.token}
   end
   return mode == 'again' and {-3, 0} or {-2, 0}
@@ -76,6 +82,9 @@ if not taken and s.queue > 0 then
   -- stopped).
   local head, t = hand_off(s, publish, ticket)
   if head == ticket then
+    s['end'] = now_ms() + lease -- the caller's own lease, not a hand-off's
+    set(s, F_END, string.format('%d', s['end']))
+    keep_state(s, s['end'])
     flush(s)
     return {1, t}
   end

@@ -343,6 +343,10 @@ local function hand_off(s, publish, self)
   return nil
 end
 
+-- scan_max bounds the records a withdrawal reads to find its own, when its
+-- caller does not know it.
+local scan_max = 256
+
 -- wake_max bounds the records of plain waiters one release looks at.
 local wake_max = 16
 
@@ -460,6 +464,17 @@ end
 -- from then on for state_memory_ms, by a key of its own (see refused); a
 -- record that was not found is dropped when it reaches the head.
 local function withdraw(s, ticket, rec, refuse, bargers, publish)
+  if rec == '' and refuse and s.queue > 0 then
+    -- Its record, if it has one, is unknown: look for it among the first
+    -- scan_max records (a record not found is dropped when it reaches the
+    -- head, refused).
+    for _, r in ipairs(redis.call('LRANGE', s.queue_key, 0, scan_max - 1)) do
+      if string.find(r, ' ' .. ticket .. ' ', 1, true) then
+        rec = r
+        break
+      end
+    end
+  end
   if rec ~= '' and s.queue > 0 and redis.call('LREM', s.queue_key, 1, rec) == 1 then
     s.queue = s.queue - 1
     set(s, F_QUEUE, s.queue)

@@ -109,6 +109,12 @@ func (r *Runner) Attempt(ctx context.Context, do Do, late Late) (res []int64, ab
 	return r.callFor(ctx, do, late, true, true)
 }
 
+// MayCopy reports whether a round trip that returned may still have a copy
+// on its way: true when round trips go through the user's client, whose
+// retries resend a command without telling its caller; false on lanes,
+// which resend only over a connection the first copy cannot arrive by.
+func (r *Runner) MayCopy() bool { return r.lanes == nil }
+
 // notSent is the error of a round trip that was not sent.
 type notSent struct{ err error }
 
