@@ -44,7 +44,7 @@ func TestCluster(t *testing.T) {
 		}
 	}
 	for _, name := range names {
-		if tk, _ := crdb.Get(ctx, schema.LockKeys("redisync", name).Token).Int64(); tk != last[name] {
+		if tk, _ := crdb.HGet(ctx, schema.LockKeys("redisync", name).Hash, schema.TokenField).Int64(); tk != last[name] {
 			t.Errorf("%s: token counter %d, want the last run's %d", name, tk, last[name])
 		}
 	}
@@ -101,7 +101,7 @@ func TestSentinel(t *testing.T) {
 	if code != 0 || token == "" || p.stderr.String() != "" {
 		t.Errorf("lock: exit %d, stdout %q, stderr %q; want 0, a token and nothing on stderr", code, p.stdout.String(), p.stderr.String())
 	}
-	if tk := redistest.NewClient(t, primary.Addr).Get(ctx, schema.LockKeys("redisync", name).Token).Val(); tk != token {
+	if tk := redistest.NewClient(t, primary.Addr).HGet(ctx, schema.LockKeys("redisync", name).Hash, schema.TokenField).Val(); tk != token {
 		t.Errorf("token on the primary %q, want %q", tk, token)
 	}
 	code, p = runCode(t, "", "status", "--json", "--redis", spec, name)

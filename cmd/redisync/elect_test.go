@@ -25,7 +25,7 @@ func TestElect(t *testing.T) {
 	waitFor(t, "a to lead", func() bool { return fileHas(readyA, "ready") || a.exited() })
 	b := start(t, addr, "elect", "--value", "B", name, "--", "sh", "-c", `echo "$REDISYNC_VALUE $REDISYNC_TOKEN" > "$0"`, readyB)
 	waitFor(t, "b to wait", func() bool {
-		n, _ := redistest.Client(t).ZCard(context.Background(), schema.ElectionKeys("redisync", name).Queue).Result()
+		n, _ := redistest.Client(t).LLen(context.Background(), schema.ElectionKeys("redisync", name).Queue).Result()
 		return n == 1
 	})
 	st := electStatus(t, addr, name)
@@ -100,7 +100,7 @@ func TestElectNoWait(t *testing.T) {
 	if _, err := os.Stat(ran); err == nil {
 		t.Error("a command ran without the leadership")
 	}
-	if n := redistest.Client(t).ZCard(context.Background(), schema.ElectionKeys("redisync", name).Queue).Val(); n != 0 {
+	if n := redistest.Client(t).LLen(context.Background(), schema.ElectionKeys("redisync", name).Queue).Val(); n != 0 {
 		t.Errorf("%d candidates queued by elect -n; want none", n)
 	}
 	if err := leader.cmd.Process.Signal(syscall.SIGTERM); err != nil {

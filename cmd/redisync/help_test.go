@@ -138,9 +138,9 @@ func (e *exampleEnv) ran(prog string) []string {
 	return lines
 }
 
-// lastToken returns the fencing token counter of a lock or election.
+// lastToken returns the last fencing token of a lock or election.
 func (e *exampleEnv) lastToken(keys schema.Lock) string {
-	return e.rdb.Get(context.Background(), keys.Token).Val()
+	return e.rdb.HGet(context.Background(), keys.Hash, schema.TokenField).Val()
 }
 
 // holdLock holds the lock name until the test ends.
@@ -304,7 +304,7 @@ kill $holder; wait $holder`: {{
 					e.t.Errorf("%s ran %q; want it once with the token %s", step, lines, token)
 				}
 			}
-			if n := e.rdb.Exists(context.Background(), keys.Hash).Val(); n != 0 {
+			if len(holdIDs(e.t, e.rdb, keys.Hash)) != 0 {
 				e.t.Error("the lock is still held after its holder was killed")
 			}
 		},
@@ -312,9 +312,9 @@ kill $holder; wait $holder`: {{
 	`redisync lock --lease 5m migrate -- ./migrate.sh`: {{
 		during: func(e *exampleEnv, p *proc) {
 			waitFor(e.t, "migrate.sh to run", func() bool { return len(e.ran("migrate.sh")) > 0 || p.exited() })
-			ttl := e.rdb.PTTL(context.Background(), schema.LockKeys(e.prefix, "migrate").Hash).Val()
-			if ttl <= 4*time.Minute || ttl > 5*time.Minute {
-				e.t.Errorf("the lock's TTL while migrate.sh runs: %v, want at most 5m", ttl)
+			st, now := lockState(e.t, e.rdb, schema.LockKeys(e.prefix, "migrate").Hash)
+			if ttl := time.Duration(st.End-now) * time.Millisecond; ttl <= 4*time.Minute || ttl > 5*time.Minute {
+				e.t.Errorf("the lock's lease while migrate.sh runs: %v, want at most 5m", ttl)
 			}
 		},
 		check: func(e *exampleEnv, p *proc) { e.ranWithToken("migrate.sh", schema.LockKeys(e.prefix, "migrate")) },

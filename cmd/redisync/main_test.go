@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -182,7 +181,7 @@ func holdLock(t *testing.T, name string, opts ...redisync.Option) *redisync.Mute
 // queueLen returns the number of fair waiters of the lock name.
 func queueLen(t *testing.T, name string) int64 {
 	t.Helper()
-	n, err := redistest.Client(t).ZCard(context.Background(), schema.LockKeys("redisync", name).Queue).Result()
+	n, err := redistest.Client(t).LLen(context.Background(), schema.LockKeys("redisync", name).Queue).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,9 +339,9 @@ func TestInterruptWhileWaiting(t *testing.T) {
 	if n := queueLen(t, name); n != 0 {
 		t.Errorf("%d waiters left queued", n)
 	}
-	waiters, err := redistest.Client(t).HLen(context.Background(), schema.LockKeys("redisync", name).Waiters).Result()
-	if err != nil || waiters != 0 {
-		t.Errorf("waiter records left: %d, %v", waiters, err)
+	h, err := redistest.Client(t).HGetAll(context.Background(), schema.LockKeys("redisync", name).Hash).Result()
+	if st, ok := schema.ParseLockState(h); err != nil || !ok || st.Queue != 0 || len(st.Clients) != 0 {
+		t.Errorf("waiter records left: %+v, %v", st, err)
 	}
 }
 
@@ -398,19 +397,37 @@ func TestTokenInEnvironment(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
 	code, p := runCode(t, addr, "lock", name, "--", "sh", "-c", `echo "$REDISYNC_NAME $REDISYNC_TOKEN"`)
-	token := redistest.NewClient(t, addr).Get(context.Background(), schema.LockKeys("redisync", name).Token).Val()
+	token := redistest.NewClient(t, addr).HGet(context.Background(), schema.LockKeys("redisync", name).Hash, schema.TokenField).Val()
 	if want := name + " " + token; code != 0 || token == "" || strings.TrimSpace(p.stdout.String()) != want {
 		t.Errorf("exit %d, stdout %q; want %q", code, p.stdout.String(), want)
 	}
 }
 
-// holdIDs returns the hold ids in the lock hash key: its fields but the
-// layout mark.
+// holdIDs returns the holder of the lock whose hash is key, while its
+// lease lasts: none, or one.
 func holdIDs(t *testing.T, rdb redis.Cmdable, key string) []string {
 	t.Helper()
-	fields, err := rdb.HKeys(context.Background(), key).Result()
+	if st, now := lockState(t, rdb, key); st.Held(now) {
+		return []string{st.Owner}
+	}
+	return nil
+}
+
+// lockState returns what the hash of a lock says, and the server's time
+// in ms.
+func lockState(t *testing.T, rdb redis.Cmdable, key string) (schema.LockState, int64) {
+	t.Helper()
+	h, err := rdb.HGetAll(context.Background(), key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.LayoutField || f == schema.MetaField })
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok := schema.ParseLockState(h)
+	if !ok {
+		t.Fatalf("%s is not a lock of layout %d: %q", key, schema.Layout, h)
+	}
+	return st, now.UnixMilli()
 }

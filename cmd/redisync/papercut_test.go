@@ -86,7 +86,7 @@ func TestHoldWithoutCommand(t *testing.T) {
 	key := schema.LockKeys("redisync", name).Hash
 	p := start(t, addr, "lock", name)
 	waitFor(t, "the lock to be held", func() bool { return strings.Contains(p.stdout.String(), "\n") || p.exited() })
-	token := redistest.NewClient(t, addr).Get(context.Background(), schema.LockKeys("redisync", name).Token).Val()
+	token := redistest.NewClient(t, addr).HGet(context.Background(), schema.LockKeys("redisync", name).Hash, schema.TokenField).Val()
 	if out := p.stdout.String(); token == "" || out != key+" "+token+"\n" {
 		t.Fatalf("stdout %q, want %q; stderr %q", out, key+" "+token+"\n", p.stderr.String())
 	}
@@ -99,7 +99,7 @@ func TestHoldWithoutCommand(t *testing.T) {
 	if code := p.wait(t); code != 0 {
 		t.Errorf("exit %d on SIGTERM, want 0; stderr %q", code, p.stderr.String())
 	}
-	if n := redistest.Client(t).Exists(context.Background(), key).Val(); n != 0 {
+	if len(holdIDs(t, redistest.Client(t), key)) != 0 {
 		t.Error("the lock is still held after redisync exited")
 	}
 }

@@ -146,8 +146,9 @@ func scanCandidates(ctx context.Context, rdb redis.UniversalClient, prefix strin
 }
 
 // parseKey returns the primitive whose main key or queue key is key:
-// "prefix:kind:{name}", or that followed by ":queue" (or ":bargers", the
-// record of a lock's barging waiters). A name is the hash tag, between
+// "prefix:kind:{name}", or that followed by ":waiting" (a lock's or an
+// election's queue), ":queue" (a semaphore's) or ":bargers" (the record
+// of a lock's barging waiters). A name is the hash tag, between
 // the first "{" and the "}" before the suffix.
 func parseKey(prefix, key string) (candidate, bool) {
 	rest, ok := strings.CutPrefix(key, prefix+":")
@@ -159,8 +160,10 @@ func parseKey(prefix, key string) (candidate, bool) {
 		if !ok {
 			continue
 		}
-		for _, suffix := range []string{"}", "}:queue", "}:bargers"} {
-			if name, ok := strings.CutSuffix(tagged, suffix); ok && name != "" && (suffix != "}:bargers" || k.key == "lock") {
+		for _, suffix := range []string{"}", "}:queue", "}:waiting", "}:bargers"} {
+			lockish := k.key == "lock" || k.key == "elect"
+			if name, ok := strings.CutSuffix(tagged, suffix); ok && name != "" && (suffix != "}:bargers" || k.key == "lock") &&
+				(suffix != "}:waiting" || lockish) && (suffix != "}:queue" || !lockish) {
 				return candidate{i, name}, true
 			}
 		}

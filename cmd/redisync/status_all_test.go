@@ -22,7 +22,8 @@ func TestParseKey(t *testing.T) {
 		ok   bool
 	}{
 		{"p:lock:{a}", candidate{0, "a"}, true},
-		{"p:lock:{a}:queue", candidate{0, "a"}, true},
+		{"p:lock:{a}:waiting", candidate{0, "a"}, true},
+		{"p:lock:{a}:queue", candidate{}, false},
 		{"p:lock:{a}:bargers", candidate{0, "a"}, true},
 		{"p:lock:{a}:token", candidate{}, false},
 		{"p:lock:{a}:released:host/1/uuid-1", candidate{}, false},
@@ -31,6 +32,7 @@ func TestParseKey(t *testing.T) {
 		{"p:rw:{r}:queue", candidate{2, "r"}, true},
 		{"p:elect:{e}", candidate{3, "e"}, true},
 		{"p:elect:{e}:rev", candidate{}, false},
+		{"p:elect:{e}:waiting", candidate{3, "e"}, true},
 		{"q:lock:{a}", candidate{}, false},
 		{"p:lock:{}", candidate{}, false},
 		{"p:other:{a}", candidate{}, false},
@@ -73,7 +75,7 @@ func TestStatusAll(t *testing.T) {
 	must(free.Unlock(ctx))
 	waiter := start(t, addr, "lock", "--prefix", prefix, "queued", "--", "true")
 	waitFor(t, "the waiter to queue", func() bool {
-		return redistest.Client(t).ZCard(ctx, schema.LockKeys(prefix, "queued").Queue).Val() == 1 || waiter.exited()
+		return redistest.Client(t).LLen(ctx, schema.LockKeys(prefix, "queued").Queue).Val() == 1 || waiter.exited()
 	})
 	for _, s := range []struct {
 		name    string

@@ -48,9 +48,17 @@ func TestStatus(t *testing.T) {
 		waiters = append(waiters, start(t, addr, "lock", name, "--", "true"))
 		waitFor(t, "waiter "+strconv.Itoa(i+1)+" to queue", func() bool { return queueLen(t, name) == int64(i+1) })
 	}
-	queue, err := rdb.ZRange(ctx, keys.Queue, 0, -1).Result()
-	if err != nil || len(queue) != 2 {
-		t.Fatalf("queue %q, %v", queue, err)
+	records, err := rdb.LRange(ctx, keys.Queue, 0, -1).Result()
+	if err != nil || len(records) != 2 {
+		t.Fatalf("queue %q, %v", records, err)
+	}
+	var queue []string
+	for _, r := range records {
+		rec, ok := schema.ParseQueueRecord(r)
+		if !ok {
+			t.Fatalf("queue record %q", r)
+		}
+		queue = append(queue, rec.Ticket)
 	}
 	// And a plain one, which is not queued: its process is recorded and
 	// subscribed to its own grant channel, as the fair ones are.
