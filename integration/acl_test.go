@@ -25,8 +25,8 @@ const (
 	aclBase = "resetkeys resetchannels -@all ~redisync:* &redisync:*" +
 		" +evalsha +eval" +
 		" +ping +subscribe +unsubscribe +publish" +
-		" +get +set +del +exists +type +pexpire +pttl +time" +
-		" +hget +hmget +hset +hdel +hexists +hlen +hvals" +
+		" +get +set +exists +type +pexpire +pexpireat +pttl +time" +
+		" +hget +hmget +hset +hdel +hlen +hvals +rpush +lpop +lrem +lrange" +
 		" +zadd +zrem +zscore +zcard +zrange +zrangebyscore +zremrangebyscore"
 	// aclReplicas is for WithReplicas.
 	aclReplicas = "+wait"
