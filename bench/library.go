@@ -71,6 +71,7 @@ func libraries() []library {
 		limitLibrary(),
 		redisyncLibrary(false),
 		redisyncLibrary(true),
+		layout2Library(),
 		redsyncLibrary(),
 		redislockLibrary("10ms"),
 		redislockLibrary("1ms"),

@@ -3,6 +3,9 @@
 // semaphore.Weighted) on one redis-server, one library after another, in
 // the scenarios of the design notes: a hot lock, its scaling to a thousand
 // waiters, the uncontended fast path, many locks at once, and a semaphore.
+// redisync-layout2 is redisync's fair Mutex of layout 2, frozen in
+// internal/layout2, to set beside the current layout in one run (it runs
+// the lock scenarios on one server only).
 //
 // Usage:
 //

@@ -1,0 +1,118 @@
+-- renew.lua: the watchdog's batch: extend held leases and keep Clients'
+-- fair waiters alive, for many locks in one call.
+--
+-- ARGV holds one triple per entry: kind ("hold", "sem", "wait" for the fair
+-- waiters of a lock or "swait" for those of a semaphore), owner (the hold's
+-- or semaphore holder's id; for waiters, the Client's id), ms (the lease of
+-- a hold, the heartbeat ttl of waiters; 0 for waiters is a farewell: the
+-- Client has no waiters there any more, and its deadline goes). KEYS holds the entries' keys in the
+-- same order: two for a hold (its lock hash and its fencing token counter,
+-- kept as long as the lease: see lib.lua, mint), three for a semaphore
+-- holder (its holders hash, expiry zset and size, which live as long as it
+-- holds), three for waiters (the queue, the waiters hash, and the lock hash
+-- or the semaphore's holders hash).
+--
+-- A hold is extended only while its owner still holds the lock, and never
+-- shortened (a longer lease set by Mutex.Extend stays); a semaphore
+-- holder only while it holds permits whose lease has not ended (an ended one
+-- is left for the semaphore's next script to reclaim). Waiters are kept
+-- alive by their Client's deadline (lib.lua, CLIENT_FIELD), one entry per
+-- lock and Client however many of its waiters are queued: its cost does not
+-- grow with the queue. A key of the wrong type counts as gone for its entry
+-- alone.
+--
+-- Reply: one integer per entry, then the server time in ms. For a hold: 1
+-- renewed, 0 gone (lost). For waiters: 1 kept alive; otherwise each of them
+-- must look again itself, since its wake-up may never come: 3 kept alive,
+-- but the Client's deadline had passed (or was not there yet), so a
+-- release may have dropped some of them as dead (told twice: see below); 2 kept alive, but the
+-- lock or semaphore is held by nobody (a hand-off to a waiter that died
+-- ran out), or (a semaphore) a dead waiter heads its queue; 0 the waiters
+-- hash is of the wrong type.
+local out = {}
+local k = 1
+for i = 1, #ARGV, 3 do
+  local kind, owner, ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local ok = 0
+  if kind == 'hold' then
+    local lock = KEYS[k]
+    k = k + 2
+    if redis.pcall('HEXISTS', lock, owner) == 1 then
+      keep_alive(lock, ms)
+      keep_longer(KEYS[k - 1], ms)
+      if not redis.call('HGET', lock, LAYOUT_FIELD) then
+        -- This version's hold in a hash that layout 1 wrote (its release
+        -- handed the lock over): mark it, so that this version's calls
+        -- wait for the hold instead of failing with ErrLayout.
+        redis.call('HSET', lock, LAYOUT_FIELD, LAYOUT)
+      end
+      ok = 1
+    end
+  elseif kind == 'sem' then
+    local holders, expiry, size = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
+    local now = now_ms()
+    local rec = redis.pcall('HGET', holders, owner)
+    local e = redis.pcall('ZSCORE', expiry, owner)
+    if type(rec) == 'string' and type(e) == 'string' and tonumber(e) > now then
+      if tonumber(e) < now + ms then
+        redis.call('ZADD', expiry, now + ms, owner)
+      end
+      keep_alive(holders, ms)
+      keep_alive(expiry, ms)
+      if redis.pcall('TYPE', size)['ok'] == 'string' then
+        keep_longer(size, ms)
+      end
+      ok = 1
+    end
+  else
+    local queue, waiters, lock = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
+    local field = CLIENT_FIELD .. owner
+    local d = redis.pcall('HGET', waiters, field)
+    if ms == 0 then
+      -- A farewell: the Client has no waiters here any more.
+      if type(d) == 'string' then
+        redis.call('HDEL', waiters, field)
+      end
+      ok = 1
+    elseif type(d) ~= 'table' then -- not an error: a hash, or no key
+      local now = now_ms()
+      -- A lapse is reported by two heartbeats in a row (the field keeps a
+      -- mark, ':L', until the second): the reply of one may be lost (a
+      -- retry by go-redis runs it again, and would otherwise find nothing
+      -- wrong), and the waiters it tells would sleep on, dropped.
+      local lapsed = (deadline_of(d) or -1) < now
+      local told = type(d) == 'string' and string.sub(d, -2) == ':L'
+      redis.call('HSET', waiters, field, (now + ms) .. (lapsed and ':L' or ''))
+      keep_alive(waiters, 2 * ms)
+      local zset = redis.pcall('TYPE', queue)['ok'] == 'zset'
+      if zset then
+        keep_alive(queue, 2 * ms)
+      end
+      ok = 1
+      if redis.call('EXISTS', lock) == 0 then
+        ok = 2
+      elseif kind == 'swait' and zset then
+        -- A dead waiter at the head is dropped only by a script that
+        -- serves the queue: a semaphore's waiter behind it whose request
+        -- fits would sleep on until a lease ends. Have them look again;
+        -- an attempt serves the queue. (A fair lock's release drops dead
+        -- waiters as it hands over.)
+        local head = redis.call('ZRANGE', queue, 0, 0)[1]
+        if head and client_of(head) ~= owner then
+          local v = redis.call('HMGET', waiters, head, client_field(head))
+          if not alive(tonumber(string.match(v[1] or '', '^(%d+):')), v[2], now) then
+            ok = 2
+          end
+        end
+      end
+      if ok == 1 and (lapsed or told) then
+        ok = 3
+      end
+    end
+  end
+  out[#out + 1] = ok
+end
+out[#out + 1] = now_ms()
+return out
