@@ -46,8 +46,7 @@ func TestACLElection(t *testing.T) {
 		t.Fatalf("observed %+v, want a2", l)
 	}
 	eventually(t, 10*time.Second, "b to queue", func() bool {
-		st, err := s.admin.ZCard(ctx, "redisync:elect:{"+name+"}:queue").Result()
-		return err == nil && st == 1
+		return waitingLen(t, s.admin, "redisync:elect:{"+name+"}") == 1
 	})
 	if err := a.Resign(ctx); err != nil {
 		t.Fatal(err)

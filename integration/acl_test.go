@@ -275,12 +275,12 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		case <-time.After(3 * lease):
 		}
 		// The waiters are still queued, not dropped as dead.
-		lockQueue := "redisync:lock:{" + name + "}:queue"
+		if n := waitingLen(t, s.admin, lockKey(name)); n != 1 {
+			t.Errorf("%s:waiting has %d waiters, want 1", lockKey(name), n)
+		}
 		semQueue, _ := semKeys(name)
-		for _, q := range []string{lockQueue, semQueue} {
-			if n := s.admin.ZCard(ctx, q).Val(); n != 1 {
-				t.Errorf("%s has %d waiters, want 1", q, n)
-			}
+		if n := s.admin.ZCard(ctx, semQueue).Val(); n != 1 {
+			t.Errorf("%s has %d waiters, want 1", semQueue, n)
 		}
 		if err := holder.Unlock(ctx); err != nil {
 			t.Fatal(err)
@@ -501,8 +501,7 @@ func TestACLCLI(t *testing.T) {
 			<-exited
 		}
 	})
-	queue := "redisync:lock:{" + name + "}:queue"
-	eventually(t, 10*time.Second, "the command to queue", func() bool { return s.admin.ZCard(ctx, queue).Val() == 1 })
+	eventually(t, 10*time.Second, "the command to queue", func() bool { return waitingLen(t, s.admin, lockKey(name)) == 1 })
 
 	out, err = run("status", name).Output()
 	held := strconv.FormatInt(m.Token(), 10)

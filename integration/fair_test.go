@@ -18,11 +18,7 @@ import (
 // queueLen returns the number of fair waiters queued on a lock.
 func queueLen(t *testing.T, rdb redis.UniversalClient, name string) int64 {
 	t.Helper()
-	n, err := rdb.ZCard(ctx, lockKey(name)+":queue").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return waitingLen(t, rdb, lockKey(name))
 }
 
 // order records the order in which waiters acquired a lock.
@@ -64,18 +60,21 @@ func queueWaiter(t *testing.T, rdb redis.UniversalClient, name string, m *redisy
 }
 
 // assertClean fails unless a lock has no holder, queue or waiter records.
-// The waiters hash may keep a Client's liveness deadline until that
-// Client's watchdog removes it, in its next round after its last waiter
-// left.
+// The lock's hash stays (a release leaves it, with no owner), and so may
+// tombstones of calls that withdrew with a send in flight (lockLeftovers).
+// The hash may keep a Client's liveness deadline until that Client's
+// watchdog removes it, in its next round after its last waiter left.
 func assertClean(t *testing.T, rdb redis.UniversalClient, name string) {
 	t.Helper()
-	for _, suffix := range []string{"", ":queue"} {
-		if n := rdb.Exists(ctx, lockKey(name)+suffix).Val(); n != 0 {
-			t.Errorf("%q left behind: %v", lockKey(name)+suffix, rdb.Type(ctx, lockKey(name)+suffix).Val())
-		}
+	if left := lockLeftovers(t, rdb, lockKey(name)); len(left) > 0 {
+		t.Errorf("left behind: %q", left)
 	}
-	eventually(t, 5*time.Second, "the waiters hash to go", func() bool {
-		return rdb.Exists(ctx, lockKey(name)+":waiters").Val() == 0
+	if st, _ := lockStateOn(t, rdb, lockKey(name)); st.Queue != 0 {
+		t.Errorf("the lock's hash counts %d queued records, want 0", st.Queue)
+	}
+	eventually(t, 5*time.Second, "the Clients' liveness deadlines to go", func() bool {
+		st, _ := lockStateOn(t, rdb, lockKey(name))
+		return len(st.Clients) == 0
 	})
 }
 
@@ -165,8 +164,8 @@ func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	if got := o.get(); !slices.Equal(got, []int{0, 2}) {
 		t.Fatalf("acquisition order %v, want [0 2]", got)
 	}
-	eventually(t, 5*time.Second, "the lock's keys to go", func() bool {
-		return rdb.Exists(ctx, lockKey(name), lockKey(name)+":queue").Val() == 0
+	eventually(t, 5*time.Second, "the lock to be free and its queue empty", func() bool {
+		return len(lockLeftovers(t, rdb, lockKey(name))) == 0
 	})
 }
 

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 var ctx = context.Background()
@@ -189,3 +191,115 @@ func (c *inCS) enter() {
 }
 
 func (c *inCS) leave() { c.now.Add(-1) }
+
+// lockStateOn returns what the lock's hash key says on the server of rdb,
+// and that server's time in ms, failing the test when the hash is not a
+// lock's of this layout.
+func lockStateOn(t *testing.T, rdb redis.Cmdable, key string) (schema.LockState, int64) {
+	t.Helper()
+	h, err := rdb.HGetAll(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok := schema.ParseLockState(h)
+	if !ok {
+		t.Fatalf("%s is not a lock of layout %d: %q", key, schema.Layout, h)
+	}
+	return st, serverNow(t, rdb)
+}
+
+// serverNow returns the clock of the server of rdb, in ms.
+func serverNow(t *testing.T, rdb redis.Cmdable) int64 {
+	t.Helper()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
+}
+
+// heldOn reports whether the lock whose hash is key is held on the server
+// of rdb: it names an owner whose lease has not ended by the server's
+// clock.
+func heldOn(t *testing.T, rdb redis.Cmdable, key string) bool {
+	t.Helper()
+	st, now := lockStateOn(t, rdb, key)
+	return st.Held(now)
+}
+
+// heldCount returns on how many of the servers of rdbs the lock whose
+// hash is key is held.
+func heldCount(t *testing.T, key string, rdbs ...*redis.Client) int {
+	t.Helper()
+	n := 0
+	for _, rdb := range rdbs {
+		if heldOn(t, rdb, key) {
+			n++
+		}
+	}
+	return n
+}
+
+// leaseOn returns the lease left to the holder of the lock whose hash is
+// key, by the clock of the server of rdb; 0 when it is not held.
+func leaseOn(t *testing.T, rdb redis.Cmdable, key string) time.Duration {
+	t.Helper()
+	st, now := lockStateOn(t, rdb, key)
+	if !st.Held(now) {
+		return 0
+	}
+	return time.Duration(st.End-now) * time.Millisecond
+}
+
+// waitingLen returns how many records the fair queue of the lock whose
+// hash is key holds.
+func waitingLen(t *testing.T, rdb redis.Cmdable, key string) int64 {
+	t.Helper()
+	n, err := rdb.LLen(ctx, key+":waiting").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// lockLeftovers returns the keys of the lock whose hash is key that hold
+// something, described: every key of its hash tag but the lock's hash when
+// it is not held (a release leaves it, owner ”) and tombstones
+// ("withdrawn", TTL at most an hour) that calls which withdrew with a
+// send in flight leave by design.
+func lockLeftovers(t *testing.T, rdb redis.Cmdable, key string) []string {
+	t.Helper()
+	var out []string
+	if st, now := lockStateOn(t, rdb, key); st.Held(now) {
+		out = append(out, fmt.Sprintf("%s held by %q for %d ms more", key, st.Owner, st.End-now))
+	}
+	return append(out, otherLockKeys(t, rdb, key)...)
+}
+
+// otherLockKeys returns the keys of the lock whose hash is key, but its
+// hash, that hold something, described (see lockLeftovers).
+func otherLockKeys(t *testing.T, rdb redis.Cmdable, key string) []string {
+	t.Helper()
+	tag := key[strings.IndexByte(key, '{'):]
+	keys, err := rdb.Keys(ctx, "*"+tag+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, k := range keys {
+		if k == key {
+			continue
+		}
+		if strings.HasPrefix(k, key+":released:") {
+			v, _ := rdb.Get(ctx, k).Result()
+			ttl := rdb.PTTL(ctx, k).Val()
+			if v == "withdrawn" && ttl > 0 && ttl <= time.Hour {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s = %q (PTTL %v)", k, v, ttl))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s (%s, PTTL %v)", k, rdb.Type(ctx, k).Val(), rdb.PTTL(ctx, k).Val()))
+	}
+	return out
+}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -235,7 +233,7 @@ func blockedWaitersDoNotPoll(t *testing.T, barging bool) {
 		// (two heartbeats), and its waiters look again each time, once
 		// per wait. Count from when every Client's heartbeat is steady.
 		eventually(t, 10*time.Second, "every Client's heartbeat to be steady", func() bool {
-			fields, err := rdb.HGetAll(ctx, lockKey(name)+":waiters").Result()
+			fields, err := rdb.HGetAll(ctx, lockKey(name)).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,41 +291,52 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	count := func() string { return admin(t).HGet(ctx, lockKey(name), ownerOf(t, name)).Val() }
 
+	// Layout 3 keeps no hold count in Redis (re-entry is counted by m):
+	// every step must leave the lock held by the one hold the first Lock
+	// took, under the token that Lock was given, whatever the retries.
+	var owner string
+	var token int64
 	hctx := ctx // the hold's context, once held
-	for i, step := range []struct {
-		op   func() error
-		want string
-	}{
-		{func() error {
+	for i, op := range []func() error{
+		func() error {
 			err := m.Lock(ctx)
 			var cancel context.CancelFunc
 			hctx, cancel = m.HoldContext(ctx)
 			t.Cleanup(cancel)
 			return err
-		}, "1"},
-		{func() error { return m.Lock(hctx) }, "1"}, // re-entry is counted by m, not in Redis
-		{func() error { return m.Unlock(ctx) }, "1"},
+		},
+		func() error { return m.Lock(hctx) }, // re-entry is counted by m, not in Redis
+		func() error { return m.Unlock(ctx) },
 	} {
 		p.DropReplies(1)
-		if err := step.op(); err != nil {
+		if err := op(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
-		if got := count(); got != step.want {
-			t.Fatalf("step %d: hold count %q after a dropped and retried reply, want %s", i, got, step.want)
+		st, now := lockStateOn(t, admin(t), lockKey(name))
+		if !st.Held(now) {
+			t.Fatalf("step %d: the lock is not held after a dropped and retried reply: %+v", i, st)
+		}
+		if i == 0 {
+			owner, token = st.Owner, st.Token
+			if token != m.Token() {
+				t.Fatalf("step 0: last token issued %d, the hold's %d: the retried acquire minted another", token, m.Token())
+			}
+		}
+		if st.Owner != owner || st.Token != token {
+			t.Fatalf("step %d: held by %q with last token %d after a dropped and retried reply, want %q, %d", i, st.Owner, st.Token, owner, token)
 		}
 	}
 	p.DropReplies(1)
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatalf("final Unlock with its reply dropped: %v", err)
 	}
-	if n := admin(t).Exists(ctx, lockKey(name)).Val(); n != 0 {
+	if heldOn(t, admin(t), lockKey(name)) {
 		t.Fatal("the lock is still held after the final Unlock")
 	}
 }
 
-// ownerOf returns the only owner field of a lock's hash.
+// ownerOf returns the holder of a lock.
 func ownerOf(t *testing.T, name string) string {
 	t.Helper()
 	owners := holdIDs(t, name)
@@ -337,17 +346,15 @@ func ownerOf(t *testing.T, name string) string {
 	return owners[0]
 }
 
-// holdIDs returns the hold ids in the lock hash of name: its fields but
-// the layout mark, which it must carry while held.
+// holdIDs returns the hold ids of the lock name: its owner while it is
+// held (per its hash and the server's clock), none when it is free.
 func holdIDs(t *testing.T, name string) []string {
 	t.Helper()
-	fields := admin(t).HGetAll(ctx, lockKey(name)).Val()
-	if len(fields) > 0 && fields[schema.LayoutField] != strconv.Itoa(schema.Layout) {
-		t.Fatalf("lock hash %v without the layout mark", fields)
+	st, now := lockStateOn(t, admin(t), lockKey(name))
+	if !st.Held(now) {
+		return nil
 	}
-	delete(fields, schema.LayoutField)
-	delete(fields, schema.MetaField)
-	return slices.Sorted(maps.Keys(fields))
+	return []string{st.Owner}
 }
 
 func TestMutexWrongTypeOnRealRedis(t *testing.T) {
@@ -380,9 +387,10 @@ func TestMutexWrongTypeOnRealRedis(t *testing.T) {
 }
 
 // On a real Redis too (whose pcall hands the script an error table, not
-// a string), a release whose hand-off meets a waiters hash of the wrong
-// type fails with ErrWrongType and puts the head back into the queue,
-// with a TTL.
+// a string), a release that meets a queue of the wrong type (the lock's
+// hash counting queued waiters, so that the release looks at it) fails
+// with ErrWrongType and writes nothing: the hold, the lock's state and the
+// queue key stay as they were.
 func TestMutexReleaseMeetingWrongTypeLeavesTheQueueOnRealRedis(t *testing.T) {
 	c := newClients(t, 1)[0]
 	rdb := admin(t)
@@ -391,23 +399,28 @@ func TestMutexReleaseMeetingWrongTypeLeavesTheQueueOnRealRedis(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	queue, waiters := lockKey(name)+":queue", lockKey(name)+":waiters"
-	rdb.ZAdd(ctx, queue, redis.Z{Score: 100, Member: "w/other-0"})
-	rdb.PExpire(ctx, queue, time.Minute)
-	rdb.Set(ctx, waiters, "x", 30*time.Second)
+	key, queue := lockKey(name), lockKey(name)+":waiting"
+	rdb.HSet(ctx, key, schema.QueueField, "2") // waiters, the lock says
+	rdb.Set(ctx, queue, "x", time.Minute)
+	before := rdb.HGetAll(ctx, key).Val()
 	err := m.Unlock(ctx)
 	if !errors.Is(err, redisync.ErrWrongType) {
 		t.Fatalf("Unlock: %v, want ErrWrongType", err)
 	}
 	t.Logf("Unlock: %v", err)
-	got, _ := rdb.ZRangeWithScores(ctx, queue, 0, -1).Result()
-	if len(got) != 1 || got[0].Member != "w/other-0" || got[0].Score != 100 {
-		t.Fatalf("queue after the failed release: %v", got)
+	if after := rdb.HGetAll(ctx, key).Val(); !maps.Equal(after, before) {
+		t.Fatalf("the failed release wrote the lock's hash:\n%q\nthen\n%q", before, after)
+	}
+	if st, now := lockStateOn(t, rdb, key); !st.Held(now) {
+		t.Fatalf("the failed release freed the lock: %+v", st)
+	}
+	if got := rdb.Get(ctx, queue).Val(); got != "x" {
+		t.Fatalf("queue after the failed release: %q", got)
 	}
 	if ttl := rdb.PTTL(ctx, queue).Val(); ttl <= 0 {
 		t.Fatalf("the queue came back with PTTL %v", ttl)
 	}
-	rdb.Del(ctx, queue, waiters, lockKey(name))
+	rdb.Del(ctx, queue, key)
 }
 
 func TestMutexCancelledLockLeavesNothing(t *testing.T) {
@@ -434,10 +447,24 @@ func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 	if owners := holdIDs(t, name); len(owners) != 1 {
 		t.Fatalf("lock owners %v, want only the holder", owners)
 	}
-	for _, k := range []string{":queue", ":waiters"} {
-		if n := rdb.Exists(ctx, lockKey(name)+k).Val(); n != 0 {
-			t.Fatalf("%s left behind by a cancelled Lock", k)
+	// The barging waiter's Client may stay recorded in the lock's
+	// bargers zset until its record runs out (schema.Lock.Bargers): that
+	// key must have a TTL; nothing else may be left.
+	bargers := schema.LockKeys(schema.DefaultPrefix, name).Bargers
+	if ttl := rdb.PTTL(ctx, bargers).Val(); ttl == -1 {
+		t.Fatalf("%s left without a TTL", bargers)
+	}
+	var left []string
+	for _, k := range otherLockKeys(t, rdb, lockKey(name)) {
+		if !strings.HasPrefix(k, bargers+" ") {
+			left = append(left, k)
 		}
+	}
+	if len(left) != 0 {
+		t.Fatalf("left behind by a cancelled Lock: %q", left)
+	}
+	if st, _ := lockStateOn(t, rdb, lockKey(name)); st.Queue != 0 || len(st.Clients) != 0 {
+		t.Fatalf("a cancelled Lock left %d queued records and liveness deadlines %v in the lock's hash", st.Queue, st.Clients)
 	}
 	eventually(t, 10*time.Second, "the idle channel to be unsubscribed", func() bool {
 		return subscribed(t, rdb, name) == 0

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // spawnNodes starts n redis-servers of the test's own.
@@ -60,33 +60,43 @@ func nodeAdmins(t *testing.T, ss []*redistest.Server) []*redis.Client {
 	return out
 }
 
-// leftovers lists, on every reachable node, the keys of lock name other
-// than its token counter and its calls' tombstones (a release's expires
-// within 10 s; a withdrawal's, left by a node attempt that its round gave
-// up on, within 2 min): a lock hash found there is an orphan unless held.
+// leftovers lists, on every reachable node, what lock name left there
+// (lockLeftovers): a hold still held, or any key but the lock's hash (which
+// a release leaves free, keeping the last token) and the tombstones of
+// calls that withdrew with a send in flight (a node attempt that its round
+// gave up on leaves one by design), which expire within an hour.
 func leftovers(t *testing.T, admins []*redis.Client, name string) []string {
 	t.Helper()
 	var out []string
 	for i, rdb := range admins {
-		keys, err := rdb.Keys(ctx, "*{"+name+"}*").Result()
-		if err != nil {
+		if rdb.Ping(ctx).Err() != nil {
 			continue // a node that is down holds nothing we can see
 		}
-		for _, k := range keys {
-			if strings.HasSuffix(k, ":token") {
-				continue
-			}
-			pttl := rdb.PTTL(ctx, k).Val()
-			switch {
-			case pttl == -2:
-				continue // gone since KEYS listed it
-			case strings.Contains(k, ":released:") && pttl > 0:
-				continue // a tombstone, which expires
-			}
-			out = append(out, fmt.Sprintf("node %d: %s (PTTL %d)", i, k, pttl))
+		for _, l := range lockLeftovers(t, rdb, lockKey(name)) {
+			out = append(out, fmt.Sprintf("node %d: %s", i, l))
 		}
 	}
 	return out
+}
+
+// seedToken makes node rdb's lock name, free, remember last as the last
+// fencing token it issued: as if it had minted more tokens for the name
+// than the other nodes.
+func seedToken(t *testing.T, rdb *redis.Client, name string, last int64) {
+	t.Helper()
+	if err := rdb.HSet(ctx, lockKey(name), schema.LayoutField, schema.Layout, schema.TokenField, last).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// jumpClock ends the lease of the hold of lock name on node rdb now, as a
+// jump of that server's clock would: the hold runs out there, the state
+// (the last token) stays.
+func jumpClock(t *testing.T, rdb *redis.Client, name string) {
+	t.Helper()
+	if err := rdb.HSet(ctx, lockKey(name), schema.EndField, serverNow(t, rdb)).Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // contendRedlock runs workers goroutines spread over rs, each with a
@@ -238,10 +248,10 @@ func TestRedlockSlowNodeGrantIsUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 15*time.Second, "the slow node's late grant undone", func() bool {
-		return admins[2].Exists(ctx, lockKey(name)).Val() == 0
+		return !heldOn(t, admins[2], lockKey(name))
 	})
 	for i := range 2 {
-		if admins[i].Exists(ctx, lockKey(name)).Val() != 1 {
+		if !heldOn(t, admins[i], lockKey(name)) {
 			t.Fatalf("node %d lost the hold", i)
 		}
 	}
@@ -264,21 +274,17 @@ func TestRedlockClockJumpDoubleGrantIsFenced(t *testing.T) {
 	admins := nodeAdmins(t, ss)
 	name := redistest.Name(t)
 	// Node 0 has minted more tokens for this name than the others.
-	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	seedToken(t, admins[0], name, 100)
 	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
 	if err := h1.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t1 := h1.Token()
 	for _, rdb := range admins[1:] {
-		if err := rdb.PExpire(ctx, lockKey(name), time.Millisecond).Err(); err != nil {
-			t.Fatal(err)
-		}
+		jumpClock(t, rdb, name)
 	}
-	eventually(t, 5*time.Second, "the keys on nodes 1 and 2 to expire", func() bool {
-		return admins[1].Exists(ctx, lockKey(name)).Val()+admins[2].Exists(ctx, lockKey(name)).Val() == 0
+	eventually(t, 5*time.Second, "the holds on nodes 1 and 2 to expire", func() bool {
+		return heldCount(t, lockKey(name), admins[1:]...) == 0
 	})
 	if err := h2.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -304,8 +310,8 @@ func TestRedlockClockJumpDoubleGrantIsFenced(t *testing.T) {
 	if err := h1.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
 		t.Fatalf("h1's Unlock: %v, want ErrLockLost", err)
 	}
-	if n := admins[1].Exists(ctx, lockKey(name)).Val(); n != 1 {
-		t.Fatal("h1's Unlock removed h2's hold")
+	if st, now := lockStateOn(t, admins[1], lockKey(name)); !st.Held(now) || st.Token != t2 {
+		t.Fatalf("h1's Unlock removed h2's hold (token %d): %+v", t2, st)
 	}
 	if err := h2.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -321,9 +327,7 @@ func TestRedlockKleppmannFiveNodes(t *testing.T) {
 	rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
 	admins := nodeAdmins(t, ss)
 	name := redistest.Name(t)
-	if err := admins[0].Set(ctx, lockKey(name)+":token", 100, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	seedToken(t, admins[0], name, 100)
 	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
 	for _, s := range ss[3:] {
 		s.Signal(t, syscall.SIGSTOP)
@@ -337,14 +341,12 @@ func TestRedlockKleppmannFiveNodes(t *testing.T) {
 	}
 	// D and E ran h1's acquire when they resumed; it is undone.
 	eventually(t, 15*time.Second, "h1's late grants on D and E undone", func() bool {
-		return admins[3].Exists(ctx, lockKey(name)).Val()+admins[4].Exists(ctx, lockKey(name)).Val() == 0
+		return heldCount(t, lockKey(name), admins[3:]...) == 0
 	})
 	t1 := h1.Token()
-	if err := admins[2].PExpire(ctx, lockKey(name), time.Millisecond).Err(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 5*time.Second, "C's key to expire", func() bool {
-		return admins[2].Exists(ctx, lockKey(name)).Val() == 0
+	jumpClock(t, admins[2], name)
+	eventually(t, 5*time.Second, "C's hold to expire", func() bool {
+		return !heldOn(t, admins[2], lockKey(name))
 	})
 	if err := h2.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -446,7 +448,7 @@ func testRedlockWaiterWoken(t *testing.T, bare bool) {
 		// was given back).
 		var held []*redis.Client
 		for _, rdb := range admins {
-			if rdb.Exists(ctx, lockKey(name)).Val() == 1 {
+			if heldOn(t, rdb, lockKey(name)) {
 				held = append(held, rdb)
 			}
 		}

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,8 +48,8 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Acknowledged: the replica has the hold the moment Lock returns.
-		if n := rAdmin.Exists(ctx, lockKey(name)).Val(); n != 1 {
-			t.Fatalf("fair=%v: the replica lacks the hold after Lock returned", fair)
+		if st, now := lockStateOn(t, rAdmin, lockKey(name)); !st.Held(now) || st.Token != m.Token() {
+			t.Fatalf("fair=%v: the replica lacks the hold (token %d) after Lock returned: %+v", fair, m.Token(), st)
 		}
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)
@@ -72,8 +71,8 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, redisync.ErrNotReplicated) {
 		t.Fatalf("TryLock without a replica: %v, %v, want ErrNotReplicated", ok, err)
 	}
-	if n := pAdmin.Exists(ctx, lockKey(name)).Val(); n != 0 {
-		t.Fatal("an acquisition that was not replicated was left on the primary")
+	if st, now := lockStateOn(t, pAdmin, lockKey(name)); st.Held(now) {
+		t.Fatalf("an acquisition that was not replicated was left on the primary: %+v", st)
 	}
 	if m.Token() != 0 {
 		t.Fatal("a failed Lock left a hold")
@@ -108,7 +107,7 @@ func TestReplicatedHoldSurvivesFailover(t *testing.T) {
 	if ok, err := other.TryLock(ctx); ok || err != nil {
 		t.Fatalf("after failover another owner took the lock: %v, %v", ok, err)
 	}
-	if got := rAdmin.Get(ctx, lockKey(name)+":token").Val(); got != strconv.FormatInt(token, 10) {
-		t.Fatalf("the promoted replica's token counter is %s, want the holder's %d", got, token)
+	if st, now := lockStateOn(t, rAdmin, lockKey(name)); !st.Held(now) || st.Token != token {
+		t.Fatalf("the promoted replica's lock state is %+v, want held with the holder's last token %d", st, token)
 	}
 }

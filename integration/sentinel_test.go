@@ -73,8 +73,8 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	// The hold was acknowledged by the replica before Lock returned, so the
 	// new primary has it.
 	promoted := redistest.NewClient(t, replica.Addr)
-	if got := promoted.HGetAll(ctx, lockKey(name)).Val(); len(got) != 2 || got[schema.LayoutField] == "" {
-		t.Fatalf("the promoted replica's lock hash is %v, want the holder and the layout mark", got)
+	if st, now := lockStateOn(t, promoted, lockKey(name)); !st.Held(now) || st.Token != token {
+		t.Fatalf("the promoted replica's lock state is %+v, want held by the holder, last token %d", st, token)
 	}
 	uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -101,7 +101,7 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	if got := o.get(); len(got) != 3 || got[0] != 0 || got[1] != 1 || got[2] != 2 {
 		t.Fatalf("acquisition order %v, want [0 1 2]", got)
 	}
-	if tk, _ := promoted.Get(ctx, lockKey(name)+":token").Int64(); tk <= token {
+	if tk, _ := promoted.HGet(ctx, lockKey(name), schema.TokenField).Int64(); tk <= token {
 		t.Fatalf("token counter %d on the new primary, want more than the holder's %d (three holds since)", tk, token)
 	}
 }
