@@ -15,7 +15,7 @@ import (
 // at lockKey(name)+":waiting", and tombstones ":released:<ticket>".
 
 // l3bHash returns the lock name's hash, as HGETALL reads it.
-func l3bHash(t testing.TB, rdb *redis.Client, name string) map[string]string {
+func l3bHash(t testing.TB, rdb redis.Cmdable, name string) map[string]string {
 	t.Helper()
 	h, err := rdb.HGetAll(ctx, lockKey(name)).Result()
 	if err != nil {
@@ -26,7 +26,7 @@ func l3bHash(t testing.TB, rdb *redis.Client, name string) map[string]string {
 
 // l3bState returns the lock name's state, failing the test when its hash
 // is not a layout 3 lock's.
-func l3bState(t testing.TB, rdb *redis.Client, name string) schema.LockState {
+func l3bState(t testing.TB, rdb redis.Cmdable, name string) schema.LockState {
 	t.Helper()
 	h := l3bHash(t, rdb, name)
 	s, ok := schema.ParseLockState(h)
@@ -37,14 +37,14 @@ func l3bState(t testing.TB, rdb *redis.Client, name string) schema.LockState {
 }
 
 // l3bHeld reports whether the lock name is held now by the server's clock.
-func l3bHeld(t testing.TB, rdb *redis.Client, name string) bool {
+func l3bHeld(t testing.TB, rdb redis.Cmdable, name string) bool {
 	t.Helper()
 	s := l3bState(t, rdb, name)
 	return s.Held(l3bNow(t, rdb))
 }
 
 // l3bNow returns the server's clock in ms.
-func l3bNow(t testing.TB, rdb *redis.Client) int64 {
+func l3bNow(t testing.TB, rdb redis.Cmdable) int64 {
 	t.Helper()
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
@@ -55,7 +55,7 @@ func l3bNow(t testing.TB, rdb *redis.Client) int64 {
 
 // l3bLease returns what is left of the lock name's lease by the server's
 // clock ({end} minus now), or 0 when it is not held.
-func l3bLease(t testing.TB, rdb *redis.Client, name string) time.Duration {
+func l3bLease(t testing.TB, rdb redis.Cmdable, name string) time.Duration {
 	t.Helper()
 	s := l3bState(t, rdb, name)
 	now := l3bNow(t, rdb)
@@ -66,13 +66,13 @@ func l3bLease(t testing.TB, rdb *redis.Client, name string) time.Duration {
 }
 
 // l3bToken returns the last fencing token the lock name issued.
-func l3bToken(t testing.TB, rdb *redis.Client, name string) int64 {
+func l3bToken(t testing.TB, rdb redis.Cmdable, name string) int64 {
 	t.Helper()
 	return l3bState(t, rdb, name).Token
 }
 
 // l3bTombstones returns the lock name's tombstone keys.
-func l3bTombstones(t testing.TB, rdb *redis.Client, name string) []string {
+func l3bTombstones(t testing.TB, rdb redis.Cmdable, name string) []string {
 	t.Helper()
 	var keys []string
 	iter := rdb.Scan(ctx, 0, globEscape(lockKey(name)+":released:")+"*", 1000).Iterator()
@@ -89,7 +89,7 @@ func l3bTombstones(t testing.TB, rdb *redis.Client, name string) []string {
 // once every call on it returned: a hold, a queued record, a tombstone
 // other than "withdrawn" with a TTL of at most an hour. The lock's hash
 // itself stays by design, free.
-func l3bLeftovers(t testing.TB, rdb *redis.Client, name string) []string {
+func l3bLeftovers(t testing.TB, rdb redis.Cmdable, name string) []string {
 	t.Helper()
 	var left []string
 	h := l3bHash(t, rdb, name)
@@ -118,7 +118,7 @@ func l3bLeftovers(t testing.TB, rdb *redis.Client, name string) []string {
 
 // l3bSettled waits up to d for l3bLeftovers to be empty and returns what
 // was left at the end.
-func l3bSettled(t testing.TB, rdb *redis.Client, name string, d time.Duration) []string {
+func l3bSettled(t testing.TB, rdb redis.Cmdable, name string, d time.Duration) []string {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -145,7 +145,7 @@ func l3bClientFields(h map[string]string) map[string]string {
 // {refuse} field of a lock's hash: that field and "withdrawn" tombstones
 // are what a call writes when it withdraws its ticket after a failed
 // attempt whose send may have run (see l3bWithdrawals).
-func l3bSnapshot(t testing.TB, rdb *redis.Client, keys []string) []string {
+func l3bSnapshot(t testing.TB, rdb redis.Cmdable, keys []string) []string {
 	t.Helper()
 	out := make([]string, len(keys))
 	for i, k := range keys {
@@ -172,7 +172,7 @@ func l3bSnapshot(t testing.TB, rdb *redis.Client, keys []string) []string {
 
 // l3bBadTombstones returns the lock name's tombstones that are not
 // "withdrawn" with a TTL of at most an hour.
-func l3bBadTombstones(t testing.TB, rdb *redis.Client, name string) []string {
+func l3bBadTombstones(t testing.TB, rdb redis.Cmdable, name string) []string {
 	t.Helper()
 	var bad []string
 	for _, k := range l3bTombstones(t, rdb, name) {
