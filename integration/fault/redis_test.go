@@ -133,7 +133,8 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 
 // queuedReplies is a go-redis hook that records the tickets of the fair
 // Lock attempts (scripts/acquire.lua in mode "queue": KEYS, then ARGV
-// ticket, lease, mode, ...) that Redis answered "queued" ({0, pttl}),
+// ticket, lease, mode and flags, ...) that Redis answered "queued" ({0,
+// ms, seq, until}),
 // once the answer has reached the Client.
 type queuedReplies struct {
 	mu      sync.Mutex
@@ -150,10 +151,12 @@ func (q *queuedReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return err
 		}
 		keys, _ := strconv.Atoi(args[2])
-		if len(args) <= 3+keys+2 || args[3+keys+2] != "queue" {
+		// Layout 3 (scripts/acquire.lua): ARGV[3] is the mode, then
+		// flags; a call queued by it is answered {0, ms, seq, until}.
+		if len(args) <= 3+keys+2 || strings.SplitN(args[3+keys+2], " ", 2)[0] != "queue" {
 			return err
 		}
-		if res, rerr := cmd.(*redis.Cmd).Int64Slice(); rerr == nil && len(res) == 2 && res[0] == 0 {
+		if res, rerr := cmd.(*redis.Cmd).Int64Slice(); rerr == nil && len(res) == 4 && res[0] == 0 {
 			q.mu.Lock()
 			q.tickets[args[3+keys]] = true
 			q.mu.Unlock()
