@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // ops runs Lock, TryLock and Unlock on m with lctx, each bounded by 5 s
@@ -170,8 +171,10 @@ func snapshot(t *testing.T, rdb *redis.Client, keys []string) []string {
 }
 
 // TestWrongKeyTypes puts a value of each wrong type at each of a lock's
-// keys (hash, token counter, queue, waiters; with a waiter queued when the
-// waiters' records are of the wrong type) and runs Lock (bounded by
+// keys (layout 3: hash, queue, bargers' zset, and the token counter of
+// layout 2 that a new lock's state reads; with the lock held by another
+// when the queue or the bargers' zset is planted, so that the waiting call
+// meets it) and runs Lock (bounded by
 // 3 s) then, if it succeeded, Unlock, on a plain and a fair Mutex. It fails
 // if a call panics or hangs, or returns an error that is not ErrWrongType,
 // or returns ErrWrongType after changing any of the lock's keys (the
@@ -187,13 +190,16 @@ func TestWrongKeyTypes(t *testing.T) {
 		"zset":   func(k string) error { return rdb.ZAdd(ctx, k, redis.Z{Score: 1, Member: "x"}).Err() },
 		"hash":   func(k string) error { return rdb.HSet(ctx, k, "x", "y").Err() },
 	}
+	// Layout 3: the lock's hash, its fair queue (a list), the zset of
+	// Clients with plain waiters, and the token counter of layout 2, which
+	// is read only when the lock's state is first created.
 	wrong := map[string][]string{ // key suffix -> wrong types
 		"":         {"string", "list", "set", "zset"},
 		":token":   {"string", "list", "set", "zset", "hash"}, // string "x" is not a counter
-		":queue":   {"string", "list", "set", "hash"},
-		":waiters": {"string", "list", "set", "zset"},
+		":waiting": {"string", "set", "zset", "hash"},
+		":bargers": {"string", "list", "set", "hash"},
 	}
-	for _, suffix := range []string{"", ":token", ":queue", ":waiters"} {
+	for _, suffix := range []string{"", ":token", ":waiting", ":bargers"} {
 		for _, typ := range wrong[suffix] {
 			for _, fair := range []bool{false, true} {
 				label := "lock" + suffix + "=" + typ
@@ -203,15 +209,20 @@ func TestWrongKeyTypes(t *testing.T) {
 				t.Run(label, func(t *testing.T) {
 					name := redistest.Name(t)
 					base := lockKey(name)
-					keys := []string{base, base + ":token", base + ":queue", base + ":waiters"}
+					keys := []string{base, base + ":token", base + ":waiting", base + ":bargers"}
 					t.Cleanup(func() { rdb.Del(ctx, keys...) })
+					// The queue is read by a fair waiter that finds the
+					// lock taken, the bargers' zset by a plain one: the
+					// lock is held by someone else first, so that the
+					// call must meet the planted key.
+					if (suffix == ":waiting" && fair) || (suffix == ":bargers" && !fair) {
+						other := newClient(t, addr).NewMutex(name, redisync.WithFixedLease(time.Minute))
+						if err := other.Lock(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
 					if err := plant[typ](base + suffix); err != nil {
 						t.Fatal(err)
-					}
-					if suffix == ":waiters" {
-						// Someone queued, so that a release or a fair
-						// acquire reads the waiters' records.
-						rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
 					}
 					var o []redisync.Option
 					if !fair {
@@ -219,7 +230,11 @@ func TestWrongKeyTypes(t *testing.T) {
 					}
 					m := c.NewMutex(name, o...)
 					check := func(op string, call func() error) bool {
-						before := snapshot(t, rdb, keys)
+						// Layout 3: a call whose attempt failed withdraws its
+						// ticket (its send may have run: roundtrip.MayHaveRun),
+						// which may write a "withdrawn" tombstone and the
+						// hash's {refuse}; nothing else may change.
+						before, dumpBefore := l3bSnapshot(t, rdb, keys), keysDump(t, rdb, lockKey(name))
 						err := call()
 						if err == nil {
 							return true
@@ -227,8 +242,11 @@ func TestWrongKeyTypes(t *testing.T) {
 						if !errors.Is(err, redisync.ErrWrongType) {
 							t.Fatalf("%s: %v, want nil or ErrWrongType", op, err)
 						}
-						if after := snapshot(t, rdb, keys); !equalStrings(before, after) {
-							t.Fatalf("%s returned ErrWrongType but changed the lock's keys", op)
+						if bad := l3bBadTombstones(t, rdb, name); len(bad) > 0 {
+							t.Fatalf("%s returned ErrWrongType but left tombstones %v", op, bad)
+						}
+						if after := l3bSnapshot(t, rdb, keys); !equalStrings(before, after) {
+							t.Fatalf("%s returned ErrWrongType but changed the lock's keys:\nbefore %v\nafter  %v", op, dumpBefore, keysDump(t, rdb, lockKey(name)))
 						}
 						return false
 					}
@@ -248,38 +266,40 @@ func TestWrongKeyTypes(t *testing.T) {
 
 // TestWrongKeyTypesOnRelease is TestWrongKeyTypes for the release that
 // hands a fair lock over: the lock is taken cleanly, then a key the
-// hand-off meets after the lock's own (queue, waiters' records, token
-// counter) is given a wrong type, with a waiter queued. Unlock must return
+// hand-off meets after the lock's own (layout 3: the queue) is given a
+// wrong type, with a waiter queued as the lock's hash counts it. Unlock must return
 // ErrWrongType having changed none of the lock's keys, their TTLs
 // included: the hand-off reads what it writes before its first write.
 func TestWrongKeyTypesOnRelease(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
 	c := newClient(t, addr)
+	// Layout 3: the hand-off meets the fair queue (a list) after the
+	// lock's hash, when the hash counts a waiter queued.
 	wrong := map[string]func(k string) error{
-		":queue":   func(k string) error { return rdb.HSet(ctx, k, "x", "y").Err() },
-		":waiters": func(k string) error { return rdb.Set(ctx, k, "x", 0).Err() },
-		":token":   func(k string) error { return rdb.RPush(ctx, k, "x").Err() },
+		":waiting=hash":   func(k string) error { return rdb.HSet(ctx, k, "x", "y").Err() },
+		":waiting=string": func(k string) error { return rdb.Set(ctx, k, "x", 0).Err() },
+		":waiting=zset":   func(k string) error { return rdb.ZAdd(ctx, k, redis.Z{Score: 1, Member: "ghost"}).Err() },
 	}
-	for _, suffix := range []string{":queue", ":waiters", ":token"} {
-		t.Run("lock"+suffix, func(t *testing.T) {
+	for _, label := range []string{":waiting=hash", ":waiting=string", ":waiting=zset"} {
+		t.Run("lock"+label, func(t *testing.T) {
 			name := redistest.Name(t)
 			base := lockKey(name)
-			keys := []string{base, base + ":token", base + ":queue", base + ":waiters"}
+			keys := []string{base, base + ":waiting", base + ":bargers"}
 			t.Cleanup(func() { rdb.Del(ctx, keys...) })
 			m := c.NewMutex(name)
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			rdb.Del(ctx, base+suffix)
-			if err := wrong[suffix](base + suffix); err != nil {
+			rdb.Del(ctx, base+":waiting")
+			if err := wrong[label](base + ":waiting"); err != nil {
 				t.Fatal(err)
 			}
-			if suffix != ":queue" {
-				// A waiter that died, alone in a queue with the TTL that
-				// queued waiters keep it alive with.
-				rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"})
-				rdb.PExpire(ctx, base+":queue", time.Minute)
+			rdb.PExpire(ctx, base+":waiting", time.Minute)
+			// A waiter queued, as the hash counts it, so that the release
+			// hands the lock over and reads the queue.
+			if err := rdb.HSet(ctx, base, schema.QueueField, 1).Err(); err != nil {
+				t.Fatal(err)
 			}
 			before := snapshot(t, rdb, keys)
 			err := m.Unlock(ctx)
@@ -289,10 +309,11 @@ func TestWrongKeyTypesOnRelease(t *testing.T) {
 			if after := snapshot(t, rdb, keys); !equalStrings(before, after) {
 				t.Fatal("Unlock returned ErrWrongType but changed the lock's keys")
 			}
-			if suffix != ":queue" {
-				if ttl := rdb.PTTL(ctx, base+":queue").Val(); ttl <= 0 {
-					t.Fatalf("the queue's PTTL after the failed release is %v, was a minute: the release wrote", ttl)
-				}
+			if ttl := rdb.PTTL(ctx, base+":waiting").Val(); ttl <= 0 {
+				t.Fatalf("the queue's PTTL after the failed release is %v, was a minute: the release wrote", ttl)
+			}
+			if !l3bHeld(t, rdb, name) {
+				t.Fatal("Unlock returned ErrWrongType but the lock is no longer held")
 			}
 		})
 	}

@@ -105,7 +105,7 @@ func TestMultiStorm(t *testing.T) {
 	// still running (an abandoned call's undo among them): a name still
 	// held now was left behind, to run out with its 3 s lease.
 	for _, n := range names {
-		if left, _ := admin.Exists(ctx, lockKey(n)).Result(); left != 0 {
+		if l3bHeld(t, admin, n) {
 			s.fail("left behind", "%s is still held after every Client closed", n)
 		}
 	}

@@ -151,7 +151,7 @@ func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := admin(t, addr).Exists(ctx, lockKey(name)).Val(); barging && n != 0 {
+	if barging && l3bHeld(t, admin(t, addr), name) {
 		t.Fatal("the lock is still held after Unlock")
 	}
 	if late {
@@ -207,7 +207,7 @@ func TestFairHandoffSurvivesSubscriberKill(t *testing.T) {
 		}()
 		// Queue them one by one, so that their order is known.
 		eventually(t, 5*time.Second, "the waiter to queue", func() bool {
-			return admin.ZCard(ctx, lockKey(name)+":queue").Val() == int64(i+1)
+			return admin.LLen(ctx, lockKey(name)+":waiting").Val() == int64(i+1)
 		})
 	}
 	eventually(t, 5*time.Second, "the waiters' subscription", func() bool { return subscribers(t, admin, name) == 1 })

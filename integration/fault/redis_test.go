@@ -89,10 +89,10 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 			}()
 		}
 	}
-	queue := lockKey(name) + ":queue"
+	queue := lockKey(name) + ":waiting"
 	eventually(t, 10*time.Second, "50 waiters queued", func() bool {
 		return started.Load() == clients*perClient && queued.count() == clients*perClient &&
-			admin.ZCard(ctx, queue).Val() == clients*perClient
+			admin.LLen(ctx, queue).Val() == clients*perClient
 	})
 
 	srv.Kill(t)
@@ -133,7 +133,8 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 
 // queuedReplies is a go-redis hook that records the tickets of the fair
 // Lock attempts (scripts/acquire.lua in mode "queue": KEYS, then ARGV
-// ticket, lease, mode, ...) that Redis answered "queued" ({0, pttl}),
+// ticket, lease, mode and flags, ...) that Redis answered "queued" ({0,
+// ms, seq, until}),
 // once the answer has reached the Client.
 type queuedReplies struct {
 	mu      sync.Mutex
@@ -150,10 +151,12 @@ func (q *queuedReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return err
 		}
 		keys, _ := strconv.Atoi(args[2])
-		if len(args) <= 3+keys+2 || args[3+keys+2] != "queue" {
+		// Layout 3 (scripts/acquire.lua): ARGV[3] is the mode, then
+		// flags; a call queued by it is answered {0, ms, seq, until}.
+		if len(args) <= 3+keys+2 || strings.SplitN(args[3+keys+2], " ", 2)[0] != "queue" {
 			return err
 		}
-		if res, rerr := cmd.(*redis.Cmd).Int64Slice(); rerr == nil && len(res) == 2 && res[0] == 0 {
+		if res, rerr := cmd.(*redis.Cmd).Int64Slice(); rerr == nil && len(res) == 4 && res[0] == 0 {
 			q.mu.Lock()
 			q.tickets[args[3+keys]] = true
 			q.mu.Unlock()
@@ -251,7 +254,8 @@ func TestShutdownIsQuiet(t *testing.T) {
 		holds = append(holds, m)
 	}
 	busy := redistest.Name(t)
-	admin.HSet(ctx, lockKey(busy), "someone-else", 1, schema.LayoutField, schema.Layout) // held in this layout
+	admin.HSet(ctx, lockKey(busy), schema.OwnerField, "someone/else-1", schema.EndField, serverMs(t, admin)+time.Minute.Milliseconds(),
+		schema.TokenField, 1, schema.LayoutField, schema.Layout) // held in this layout
 	admin.PExpire(ctx, lockKey(busy), time.Minute)
 	w1, w2 := lockAsync(c.NewMutex(busy), ctx), lockAsync(c.NewMutex(busy), ctx)
 	eventually(t, 5*time.Second, "the waiters to subscribe", func() bool { return subscribers(t, admin, busy) == 1 })
@@ -326,7 +330,9 @@ func TestFailoverGrantsTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := redistest.Name(t)
-	tokenKey := lockKey(name) + ":token"
+	// Layout 3: the token counter is the {token} field of the lock's hash,
+	// which a release leaves (free).
+	replicaToken := func() string { return rAdmin.HGet(ctx, lockKey(name), schema.TokenField).Val() }
 
 	a := newClient(t, primary.Addr, redisync.WithCrashTimeout(3*time.Second)).NewMutex(name)
 	if err := a.Lock(ctx); err != nil {
@@ -337,7 +343,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "the token counter and the release to reach the replica", func() bool {
-		return rAdmin.Get(ctx, tokenKey).Val() == first && rAdmin.Exists(ctx, lockKey(name)).Val() == 0
+		return replicaToken() == first && l3bState(t, rAdmin, name).Owner == ""
 	})
 
 	link.SetBlackhole(true) // the replication link now carries nothing
@@ -355,7 +361,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	if n, err := pAdmin.Wait(ctx, 1, 200*time.Millisecond).Result(); err != nil || n != 0 {
 		t.Fatalf("WAIT 1: %d replicas, %v; the blackhole did not hold", n, err)
 	}
-	if v := rAdmin.Get(ctx, tokenKey).Val(); v != first {
+	if v := replicaToken(); v != first {
 		t.Fatalf("replica's token counter is %q despite the blackhole", v)
 	}
 

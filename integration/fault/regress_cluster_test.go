@@ -121,8 +121,8 @@ func TestFinding7StalledPrimaryDelaysHealthyRenewals(t *testing.T) {
 			continue
 		}
 		for _, m := range ms {
-			if n, err := admin.Exists(ctx, lockKey(m.Name())).Result(); err != nil || n != 1 {
-				t.Fatalf("lock %s on healthy primary %s: not in Redis after the stall (err %v)", m.Name(), p, err)
+			if !l3bHeld(t, admin, m.Name()) {
+				t.Fatalf("lock %s on healthy primary %s: not held in Redis after the stall", m.Name(), p)
 			}
 		}
 	}

@@ -167,7 +167,7 @@ func mutexLeftNothing(t *testing.T, admin *redis.Client, m *redisync.Mutex) {
 		t.Fatalf("the failed call left the Mutex holding token %d", m.Token())
 	}
 	eventually(t, 7*time.Second, "the lock to be free in Redis", func() bool {
-		return admin.Exists(ctx, lockKey(m.Name())).Val() == 0
+		return !l3bHeld(t, admin, m.Name())
 	})
 }
 

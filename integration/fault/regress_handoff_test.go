@@ -8,6 +8,7 @@ import (
 
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // TestFinding3HandoffDeadlineCountsFromGrant guards finding 3: a hold
@@ -204,7 +205,7 @@ func testLongQueuedHandoff(t *testing.T, heartbeat time.Duration, keeps bool) {
 		if ok, err := poller.TryLock(ctx); err != nil || ok {
 			t.Fatalf("another Client took the lock %v after the hand-off (err %v)", time.Since(released).Round(time.Millisecond), err)
 		}
-		if cur, err := admin.Get(ctx, tokenKey(name)).Int64(); err != nil || cur != token {
+		if cur, err := admin.HGet(ctx, tokenKey(name), schema.TokenField).Int64(); err != nil || cur != token {
 			t.Fatalf("the waiter holds token %d, the lock's latest is %d (err %v): the hold was undone and granted again", token, cur, err)
 		}
 		if q := queued(t, admin, name); q != 0 {

@@ -10,21 +10,23 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // Helpers of the regression tests named TestFinding*: each of those
 // guards one finding of the review of the library's core, and fails on
 // the code the finding was made on.
 
-// queueKey and tokenKey are a lock's fair queue and fencing token counter
-// under the default prefix.
-func queueKey(name string) string { return lockKey(name) + ":queue" }
-func tokenKey(name string) string { return lockKey(name) + ":token" }
+// queueKey is a lock's fair queue under the default prefix (layout 3: a
+// list of records); tokenKey is the key that holds its fencing token
+// counter, which in layout 3 is the lock's hash (field schema.TokenField).
+func queueKey(name string) string { return lockKey(name) + ":waiting" }
+func tokenKey(name string) string { return lockKey(name) }
 
 // queued returns how many fair waiters are queued on a lock.
 func queued(t *testing.T, rdb *redis.Client, name string) int64 {
 	t.Helper()
-	n, err := rdb.ZCard(ctx, queueKey(name)).Result()
+	n, err := rdb.LLen(ctx, queueKey(name)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,24 +61,29 @@ func grab(t *testing.T, m *redisync.Mutex, lost <-chan struct{}, d time.Duration
 }
 
 // settle waits until the fair waiters of the lock name have made their
-// attempts and sleep: their records in the lock's waiters hash, which
-// every attempt writes and heartbeats leave alone (those move their
-// Client's deadline), stay as they are for quiet.
+// attempts and sleep: the lock's queue of records and its hash but for
+// the fields heartbeats move (the Clients' deadlines, {client}<id>) stay as
+// they are for quiet.
 func settle(t *testing.T, rdb *redis.Client, name string, quiet, d time.Duration) {
 	t.Helper()
 	var last map[string]string
 	changed := time.Now()
 	eventually(t, d, "the waiters to make their attempts", func() bool {
-		all, err := rdb.HGetAll(ctx, lockKey(name)+":waiters").Result()
+		all, err := rdb.HGetAll(ctx, lockKey(name)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		records := map[string]string{}
 		for field, v := range all {
-			if !strings.HasPrefix(field, "{") {
+			if !strings.HasPrefix(field, "{client}") && field != schema.ExpiresField {
 				records[field] = v
 			}
 		}
+		recs, err := rdb.LRange(ctx, queueKey(name), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		records[" queue"] = strings.Join(recs, "\n")
 		if !maps.Equal(records, last) {
 			last, changed = records, time.Now()
 		}

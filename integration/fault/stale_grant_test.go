@@ -40,7 +40,7 @@ func TestFairStaleGrantAfterPause(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
 	name := redistest.Name(t)
-	queueLen := func() int64 { return rdb.ZCard(ctx, lockKey(name)+":queue").Val() }
+	queueLen := func() int64 { return rdb.LLen(ctx, lockKey(name)+":waiting").Val() }
 	c := newClient(t, addr, redisync.WithWaiterTimeout(hb), redisync.WithCrashTimeout(hb))
 	h, x := c.NewMutex(name), c.NewMutex(name)
 	w := startHolder(t, "serve", "-addr", addr, "-name", name, "-fair",
@@ -60,7 +60,7 @@ func TestFairStaleGrantAfterPause(t *testing.T) {
 		if err := h.Unlock(ctx); err != nil { // hands the lock to the paused W
 			t.Fatal(err)
 		}
-		tW, _ := rdb.Get(ctx, lockKey(name)+":token").Int64()
+		tW := l3bToken(t, rdb, name)
 		r := await(t, xDone, 3*hb+5*time.Second, "X, after W's hand-off lease")
 		cancel()
 		tX := x.Token()

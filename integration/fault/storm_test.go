@@ -657,13 +657,15 @@ func (s *storm) violations(vs []history.Violation) {
 	}
 }
 
-// checkLockKeys waits for the lock's keys to go from rdb's Redis and
-// checks that nothing of the name is left without a TTL.
+// checkLockKeys waits for the lock to be free with nobody queued in rdb's
+// Redis and checks that nothing of the name is left without a TTL.
 func (s *storm) checkLockKeys(rdb *redis.Client) {
 	s.t.Helper()
-	base := lockKey(s.name)
-	s.gone(rdb, "the lock", base)
-	s.gone(rdb, "the queue and waiters", base+":queue", base+":waiters")
+	// Layout 3: the lock's hash stays, free; its queue goes, and only
+	// "withdrawn" tombstones with at most an hour to live may be left.
+	if left := l3bSettled(s.t, rdb, s.name, 3*time.Second); len(left) > 0 {
+		s.fail("left in Redis", "3 s after the storm: %s", strings.Join(left, ", "))
+	}
 	s.noPersistent(rdb)
 }
 
