@@ -61,9 +61,9 @@ func grab(t *testing.T, m *redisync.Mutex, lost <-chan struct{}, d time.Duration
 }
 
 // settle waits until the fair waiters of the lock name have made their
-// attempts and sleep: the lock's queue of records and its hash but for
-// the fields heartbeats move (the Clients' deadlines, {client}<id>) stay as
-// they are for quiet.
+// attempts and sleep: no Client's first heartbeats still report a lapse,
+// and the lock's queue of records and its hash but for the deadlines that
+// heartbeats move stay as they are for quiet.
 func settle(t *testing.T, rdb *redis.Client, name string, quiet, d time.Duration) {
 	t.Helper()
 	var last map[string]string
@@ -73,9 +73,18 @@ func settle(t *testing.T, rdb *redis.Client, name string, quiet, d time.Duration
 		if err != nil {
 			t.Fatal(err)
 		}
-		records := map[string]string{}
+		records, lapsed := map[string]string{}, false
 		for field, v := range all {
-			if !strings.HasPrefix(field, "{client}") && field != schema.ExpiresField {
+			switch {
+			case strings.HasPrefix(field, "{client}"):
+				// A Client's deadline moves with every heartbeat; its
+				// lapse mark (":L", while the first heartbeats report a
+				// lapse) has its waiters look again, with an attempt
+				// that writes nothing: settled once the mark is gone
+				// and the attempt after it had the time to return.
+				lapsed = lapsed || strings.HasSuffix(v, ":L")
+				records[field] = strconv.FormatBool(strings.HasSuffix(v, ":L"))
+			case field != schema.ExpiresField:
 				records[field] = v
 			}
 		}
@@ -87,7 +96,7 @@ func settle(t *testing.T, rdb *redis.Client, name string, quiet, d time.Duration
 		if !maps.Equal(records, last) {
 			last, changed = records, time.Now()
 		}
-		return time.Since(changed) > quiet
+		return !lapsed && time.Since(changed) > quiet
 	})
 }
 
