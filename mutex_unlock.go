@@ -84,14 +84,10 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	}
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
-	tries := 0
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-		tries++
 		res, err := m.release(ctx, rdb, h)
-		if res == 2 && tries > 1 {
-			res = 1 // the hold ended since the last try, which may have released it
-		} else if res == 2 {
-			res = 0
+		if res == 2 {
+			res = 0 // ended, and not by a release known to be this one's: lost
 		}
 		return res, err
 	}, nil)
@@ -106,8 +102,8 @@ func (m *Mutex) unlock(ctx context.Context) error {
 }
 
 // release runs the release script for the hold h, and returns its reply:
-// 1 released, 0 not held, 2 not held and a later hold taken since
-// (released by an earlier try, or lapsed).
+// 1 released (now, or by an earlier try), 0 not held, 2 not held and a
+// later hold taken since.
 func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, h *hold) (int64, error) {
 	release := releaseArgs{id: h.id, token: h.token, refuse: h.refuse, publish: m.c.publish, mode: "release"}
 	res, err := release.call(m.keys).run(ctx, rdb).Int64()

@@ -26,7 +26,7 @@ const (
 		" +evalsha +eval" +
 		" +ping +subscribe +unsubscribe +publish" +
 		" +get +set +exists +type +pexpire +pexpireat +pttl +time" +
-		" +hget +hmget +hset +hdel +hlen +hvals +rpush +lpop +lrem +lrange" +
+		" +hget +hmget +hset +hdel +hlen +hvals +rpush +lpop +lrem +lrange +llen" +
 		" +zadd +zrem +zscore +zcard +zrange +zrangebyscore +zremrangebyscore"
 	// aclReplicas is for WithReplicas.
 	aclReplicas = "+wait"

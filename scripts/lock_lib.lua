@@ -16,6 +16,7 @@
 --   {refuse}  server ms until which withdrawn tickets may be refused (see
 --             withdraw)
 --   {expires} server ms when the hash runs out (see keep_state)
+--   {freed}   the token of the last hold a release ended (see release)
 --   {rev}, {proclaim}  an election's: the revision of its last change and
 --             the number of the holder's last Proclaim
 --   {client}<id>  a Client's liveness deadline for its fair waiters (lib.lua,
@@ -40,7 +41,7 @@ local LAYOUT = '3'
 
 local F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_META = '{layout}', '{owner}', '{end}', '{token}', '{meta}'
 local F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE = '{queue}', '{seq}', '{popped}', '{wake}', '{refuse}'
-local F_EXPIRES, F_REV, F_PROCLAIM = '{expires}', '{rev}', '{proclaim}'
+local F_EXPIRES, F_REV, F_PROCLAIM, F_FREED = '{expires}', '{rev}', '{proclaim}', '{freed}'
 
 -- drop_max bounds the records of dead or withdrawn waiters one call drops
 -- from the queue's head: the next call, or the next waiter to look again,
@@ -63,7 +64,7 @@ end
 -- A hash of another layout fails the script; s.fresh is set when the hash
 -- has no layout 3 state yet (see prepare).
 local function load_lock(lock, queue, extra)
-  local fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META}
+  local fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED}
   local election = string.sub(lock, 1, (string.find(lock, '{', 1, true) or 1) - 1)
   election = string.sub(election, -7) == ':elect:'
   if election then
@@ -81,9 +82,9 @@ local function load_lock(lock, queue, extra)
     ['end'] = number(lock, v[3]), token = number(lock, v[4]), queue = number(lock, v[5]),
     seq = number(lock, v[6]), popped = number(lock, v[7]), wake = v[8] == '1',
     refuse = number(lock, v[9]), expires = number(lock, v[10]), meta = v[11] or '',
-    election = election, w = {}, extra = {}}
+    freed = number(lock, v[12]), election = election, w = {}, extra = {}}
   if election then
-    s.rev = number(lock, v[12])
+    s.rev = number(lock, v[13])
   end
   for i = n + 1, #fields do
     s.extra[i - n] = v[i]
@@ -274,13 +275,13 @@ local function refuse_ticket(s, ticket)
 end
 
 -- client_alive returns whether the Client whose field is field has a
--- deadline that has not passed, reading it once per script (cache).
-local client_deadlines = {}
+-- deadline on the lock s that has not passed, reading it once per script.
 local function client_alive(s, field)
-  local d = client_deadlines[field]
+  s.clients = s.clients or {}
+  local d = s.clients[field]
   if d == nil then
     d = redis.call('HGET', s.key, field) or false
-    client_deadlines[field] = d
+    s.clients[field] = d
   end
   return alive(false, d, now_ms()), d
 end
@@ -427,6 +428,8 @@ end
 -- fair waiter (see hand_off), or is left free and one Client's plain
 -- waiters are woken (see wake_barger).
 local function free(s, bargers, publish)
+  s.freed = s.token
+  set(s, F_FREED, string.format('%d', s.token))
   if s.queue > 0 and hand_off(s, publish, nil) then
     return
   end
@@ -441,16 +444,16 @@ end
 -- release ends the hold of ticket id, whose token is mytoken ('0' when
 -- unknown), whatever its count (the holder keeps the count of levels), as
 -- free does. It returns 1 when released now, or by an earlier try (the
--- lock was freed or given on since, and no token minted); 2 when not held
--- but a later hold was taken since (the hold ended: released by an
--- earlier try, or its lease ran out); 0 when not held.
+-- last release ended the hold of mytoken); 2 when not held, and a later
+-- hold was taken since (its lease ran out, or a release of it was
+-- followed by another); 0 when not held.
 local function release(s, id, mytoken, bargers, publish)
   if s.owner == id then
     free(s, bargers, publish)
     return 1
   end
   local t = tonumber(mytoken)
-  if t > 0 and s.token == t then
+  if t > 0 and (s.freed == t or (s.token == t and string.sub(s.owner, 1, 9) == '{handoff}')) then
     return 1
   elseif t > 0 and s.token > t then
     return 2

@@ -15,7 +15,11 @@
 local publish = publish_cmd(ARGV[1])
 local locks = {}
 for i = 0, #KEYS / 3 - 1 do
-  locks[i + 1] = load_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
+  local s = load_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
+  if s.queue > 0 then
+    redis.call('LLEN', s.queue_key) -- a queue of the wrong type fails here, before any write
+  end
+  locks[i + 1] = s
 end
 local reply = {}
 for i, s in ipairs(locks) do

@@ -30,7 +30,7 @@ if string.sub(flags, 1, 8) == 'withdraw' then
   withdraw(s, id, ARGV[2], string.find(flags, 'refuse', 1, true), KEYS[3], publish)
 else
   r = release(s, id, ARGV[2], KEYS[3], publish)
-  if r == 1 and string.find(flags, 'refuse', 1, true) then
+  if string.find(flags, 'refuse', 1, true) then
     refuse_ticket(s, id)
   end
 end

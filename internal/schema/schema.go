@@ -128,6 +128,7 @@ const (
 	WakeField     = "{wake}"     // "1" while plain waiters may be recorded in Bargers
 	RefuseField   = "{refuse}"   // ms of server time until which tombstones may exist
 	ExpiresField  = "{expires}"  // ms of server time when the hash runs out
+	FreedField    = "{freed}"    // the token of the last hold a release ended
 	RevField      = "{rev}"      // an election's revision of its last change
 	ProclaimField = "{proclaim}" // the number of the leader's last Proclaim
 )
