@@ -134,7 +134,7 @@ func TestFairQueuedWaiterSIGKILL(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
 	name := redistest.Name(t)
-	queueLen := func() int64 { return rdb.ZCard(ctx, lockKey(name)+":queue").Val() }
+	queueLen := func() int64 { return rdb.LLen(ctx, queueKey(name)).Val() }
 	opts := []redisync.Option{redisync.WithWaiterTimeout(hb)}
 
 	h := newClient(t, addr, opts...).NewMutex(name)

@@ -74,7 +74,7 @@ func TestElectionLeaderSIGKILL(t *testing.T) {
 	}()
 	rdb := redistest.NewClient(t, addr)
 	eventually(t, 5*time.Second, "b to queue", func() bool {
-		return rdb.ZCard(ctx, "redisync:elect:{"+name+"}:queue").Val() == 1
+		return rdb.LLen(ctx, lockQueueKey("redisync:elect:{"+name+"}")).Val() == 1
 	})
 	time.Sleep(lease / 2) // the kill lands at a random point of the lease (a deliberate pause)
 

@@ -19,7 +19,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 	rdb := redistest.NewClient(t, addr)
 	px := redistest.NewProxy(t, addr)
 	name := redistest.Name(t)
-	queue := lockKey(name) + ":queue"
+	queue := queueKey(name)
 
 	x := newClient(t, addr).NewMutex(name)
 	if err := x.Lock(ctx); err != nil {
@@ -42,7 +42,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 	// Goroutine A waits on m, queued behind X.
 	a := lockAsync(m, ctx)
 	eventually(t, 5*time.Second, "A queued and subscribed", func() bool {
-		return rdb.ZCard(ctx, queue).Val() == 1 && subscribers(t, rdb, name) == 1
+		return rdb.LLen(ctx, queue).Val() == 1 && subscribers(t, rdb, name) == 1
 	})
 	// A looks again once subscribed (so a later call joins at once).
 	waitUpTo(time.Second, func() bool { return calls.Load() >= 2 })

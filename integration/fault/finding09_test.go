@@ -60,7 +60,7 @@ func TestFinding9LockRacingCloseReturnsErrClosed(t *testing.T) {
 					err, isClosed(lost()))
 			}
 			if !goneWithin(t, rdb, key, time.Second) {
-				t.Errorf("the call that lost the race with Close left a hold in Redis (%s, PTTL %v)", key, rdb.PTTL(ctx, key).Val())
+				t.Errorf("the call that lost the race with Close left a hold in Redis (%s, %s)", key, holdLeft(t, rdb, key))
 			}
 		})
 	}
@@ -117,7 +117,7 @@ func TestFinding9LockRacingCloseStress(t *testing.T) {
 			case o.err == nil && o.at.After(closed):
 				late++
 			case errors.Is(o.err, redisync.ErrClosed):
-				if rdb.Exists(ctx, lockKey(o.name)).Val() == 1 {
+				if heldOn(t, rdb, lockKey(o.name)) {
 					leftovers++
 				}
 			case o.err != nil:

@@ -2,8 +2,6 @@ package fault
 
 import (
 	"errors"
-	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -13,8 +11,8 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Finding 10: a counter holding "1.5" (the token counter, or a hold
-// count) is a value of the wrong type: calls fail with ErrWrongType and
+// Finding 10: a counter holding "1.5" (the token counter, or a lease's
+// end) is a value of the wrong type: calls fail with ErrWrongType and
 // change nothing, rather than writing and then failing.
 func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 	for _, tc := range []struct {
@@ -24,13 +22,18 @@ func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 		// the call that must fail with ErrWrongType.
 		setup func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error
 	}{
+		// Layout 2's token counter, which the first call of layout 3 reads.
 		{"lock-free-token", false, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
 			rdb.Set(ctx, base+":token", "1.5", 0)
 			return func() error { return m.Lock(ctx) }
 		}},
+		{"lock-free-token-field", false, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
+			rdb.HSet(ctx, base, schema.LayoutField, schema.Layout, schema.OwnerField, "", schema.TokenField, "1.5")
+			return func() error { return m.Lock(ctx) }
+		}},
 		{"fair-lock-hands-off-to-queued", true, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
 			queueGhost(t, rdb, base)
-			rdb.Set(ctx, base+":token", "1.5", 0)
+			rdb.HSet(ctx, base, schema.TokenField, "1.5")
 			return func() error { return m.Lock(ctx) }
 		}},
 		{"unlock-hands-off-to-queued", true, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
@@ -38,18 +41,14 @@ func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 				t.Fatal(err)
 			}
 			queueGhost(t, rdb, base)
-			rdb.Set(ctx, base+":token", "1.5", 0)
+			rdb.HSet(ctx, base, schema.TokenField, "1.5")
 			return func() error { return m.Unlock(ctx) }
 		}},
-		{"unlock-hold-count", false, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
+		{"unlock-lease-end", false, func(t *testing.T, rdb *redis.Client, base string, m *redisync.Mutex) func() error {
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			owners := slices.DeleteFunc(rdb.HKeys(ctx, base).Val(), func(f string) bool { return f == schema.LayoutField })
-			if len(owners) != 1 {
-				t.Fatalf("lock hash fields %q, want one owner", owners)
-			}
-			rdb.HSet(ctx, base, owners[0], "1.5")
+			rdb.HSet(ctx, base, schema.EndField, "1.5")
 			return func() error { return m.Unlock(ctx) }
 		}},
 	} {
@@ -83,15 +82,23 @@ func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 	}
 }
 
-// queueGhost queues a live-looking fair waiter "ghost" (heartbeat deadline
-// an hour away) on the lock whose hash is base.
+// queueGhost queues a live-looking fair waiter "ghost" (its deadline an
+// hour away) on the lock whose hash is base.
 func queueGhost(t *testing.T, rdb *redis.Client, base string) {
 	t.Helper()
-	deadline := serverMs(t, rdb) + time.Hour.Milliseconds()
-	if err := rdb.ZAdd(ctx, base+":queue", redis.Z{Score: 1, Member: "ghost"}).Err(); err != nil {
+	now := serverMs(t, rdb)
+	if err := rdb.HSetNX(ctx, base, schema.LayoutField, schema.Layout).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.HSet(ctx, base+":waiters", "ghost", strconv.FormatInt(deadline, 10)+":3000").Err(); err != nil {
+	seq, err := rdb.HIncrBy(ctx, base, schema.SeqField, 1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := schema.QueueRecord{Seq: seq, Ticket: "ghost/ghost-1", Joined: now, Deadline: now + time.Hour.Milliseconds(), Handoff: 3000}
+	if err := rdb.RPush(ctx, lockQueueKey(base), rec.String()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HIncrBy(ctx, base, schema.QueueField, 1).Err(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -19,7 +19,7 @@ func TestFinding11BraceNameRejected(t *testing.T) {
 			rdb := redistest.NewClient(t, addr)
 			name := tc.prefix + redistest.Name(t)
 			t.Cleanup(func() {
-				for _, k := range []string{lockKey(name), lockKey(name) + ":token", semKey(name), semKey(name) + ":expiry", semKey(name) + ":size"} {
+				for _, k := range []string{lockKey(name), semKey(name), semKey(name) + ":expiry", semKey(name) + ":size"} {
 					rdb.Del(ctx, k)
 				}
 			})

@@ -38,7 +38,7 @@ func TestFinding13DelayedReplyNeverReturnsExpiredHold(t *testing.T) {
 		aDone := lockAsync(a, actx)
 		// Once A's acquire has run in Redis, B waits for the lock.
 		eventually(t, 5*time.Second, "A's acquire to run in Redis", func() bool {
-			return rdb.Exists(ctx, lockKey(name)).Val() == 1
+			return heldOn(t, rdb, lockKey(name))
 		})
 		bDone := lockAsync(b, ctx)
 		ra := <-aDone

@@ -16,15 +16,14 @@ import (
 )
 
 // Suspected case (a): a fair Lock that fails after it queued (ctx ended,
-// or an error reply) withdraws: the queue and the waiters' records no
-// longer hold it when the call returns.
+// or an error reply) withdraws: the queue (its records, and the count in
+// the lock's hash) no longer holds it when the call returns.
 func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 	t.Run("ctx-ends-during-an-attempt", func(t *testing.T) {
 		// A fair Lock queued behind X is woken (an empty message, as a
 		// release publishes) and its ctx ends while the attempt that
 		// follows is on its way (20 ms each way through the proxy): it
-		// must leave neither its place in the queue nor its waiter's
-		// record. (It used to return the attempt's error without
+		// must not leave its record in the queue. (It used to return the attempt's error without
 		// withdrawing.) Its clean-up runs for at most 25 ms before Lock
 		// returns, then in the background: the keys must be clean within
 		// a second of the return.
@@ -46,9 +45,9 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			actx, cancel := context.WithCancel(ctx)
 			a := lockAsync(m, actx)
 			eventually(t, 5*time.Second, "A queued and subscribed", func() bool {
-				return rdb.ZCard(ctx, base+":queue").Val() == 1 && subscribers(t, rdb, name) == 1
+				return rdb.LLen(ctx, lockQueueKey(base)).Val() == 1 && subscribers(t, rdb, name) == 1
 			})
-			owner := rdb.ZRange(ctx, base+":queue", 0, -1).Val()[0]
+			owner := queueRecordsOn(t, rdb, base)[0].Ticket
 			wake(t, rdb, name)                                            // A looks again: 20 ms to Redis, 20 ms back
 			time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond) // lands the end of ctx in the attempt (not a wait for a condition)
 			cancel()
@@ -60,8 +59,9 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatalf("trial %d: A's Lock hangs after its ctx was cancelled", i)
 			}
-			eventually(t, time.Second, "A's ticket out of the queue and the waiters' records", func() bool {
-				return rdb.ZScore(ctx, base+":queue", owner).Err() != nil && !rdb.HExists(ctx, base+":waiters", owner).Val()
+			eventually(t, time.Second, "A's record out of the queue", func() bool {
+				st, _ := lockStateOn(t, rdb, base)
+				return !ticketQueued(t, rdb, base, owner) && st.Queue == 0
 			})
 		}
 	})
@@ -86,7 +86,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		var failNext atomic.Bool
 		crdb := redistest.NewClient(t, addr)
 		hook := hookFunc(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-			if argContains(scriptArgs(cmd), base+":queue") && failNext.CompareAndSwap(true, false) {
+			if argContains(scriptArgs(cmd), lockQueueKey(base)) && failNext.CompareAndSwap(true, false) {
 				err := replyError("OOM command not allowed when used memory > 'maxmemory'.")
 				cmd.SetErr(err)
 				return err
@@ -104,9 +104,9 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 
 		a := lockAsync(m, ctx)
 		eventually(t, 5*time.Second, "A queued and subscribed", func() bool {
-			return rdb.ZCard(ctx, base+":queue").Val() == 1 && subscribers(t, rdb, name) == 1
+			return rdb.LLen(ctx, lockQueueKey(base)).Val() == 1 && subscribers(t, rdb, name) == 1
 		})
-		owner := rdb.ZRange(ctx, base+":queue", 0, 0).Val()[0]
+		owner := queueRecordsOn(t, rdb, base)[0].Ticket
 		failNext.Store(true)
 		// Wake A: its next look at the lock gets the error reply.
 		var r result
@@ -116,10 +116,9 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		if r.err == nil || !strings.Contains(r.err.Error(), "OOM") {
 			t.Fatalf("A's Lock returned %v, want the injected error reply", r.err)
 		}
-		inQueue := rdb.ZScore(ctx, base+":queue", owner).Err() == nil
-		inWaiters := rdb.HExists(ctx, base+":waiters", owner).Val()
-		if inQueue || inWaiters {
-			t.Fatalf("A's Lock returned %v but left A queued (in the queue: %v, in the waiters' records: %v)", r.err, inQueue, inWaiters)
+		st, _ := lockStateOn(t, rdb, base)
+		if inQueue := ticketQueued(t, rdb, base, owner); inQueue || st.Queue != 0 {
+			t.Fatalf("A's Lock returned %v but left A queued (its record in the queue: %v, queued by the lock's hash: %d)", r.err, inQueue, st.Queue)
 		}
 	})
 }
