@@ -83,6 +83,17 @@ func (c cmdCounter) total(t *testing.T) int64 {
 	return n
 }
 
+// statsDiff returns the calls of each command between two stats.
+func statsDiff(before, after map[string]int64) map[string]int64 {
+	d := make(map[string]int64)
+	for name, n := range after {
+		if n != before[name] {
+			d[name] = n - before[name]
+		}
+	}
+	return d
+}
+
 // callsOf returns how many times Redis ran the command cmd ("evalsha"
 // counts script calls, not their inner calls).
 func callsOf(t *testing.T, c cmdCounter, cmd string) int64 {

@@ -120,8 +120,8 @@ end
 
 -- keep_state has the hash live at least state_memory_ms past until (server
 -- ms), pushing its TTL out to twice that only when less is left: one
--- PEXPIREAT per half hour of use, not one per call. The queue's list lives
--- as long (see join).
+-- PEXPIREAT per state_memory_ms (an hour) of use, not one per call. The
+-- queue's list lives as long (see join).
 local function keep_state(s, until_ms)
   if s.expires < until_ms + state_memory_ms then
     s.expires = until_ms + 2 * state_memory_ms
