@@ -18,7 +18,7 @@ var (
 	//go:embed scripts/redlock_raise.lua
 	luaRedlockRaise string
 
-	redlockRaiseScript = newScript("redlockRaise", luaLib+luaLockLib+luaRedlockRaise)
+	redlockRaiseScript = newScript("redlockRaise", luaLockLib, luaRedlockRaise)
 )
 
 // round makes one attempt on every node and keeps the lock if a quorum

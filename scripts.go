@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/roundtrip"
 	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/watchdog"
 )
 
-// The Lua scripts, each prefixed with the shared helpers of lib.lua.
+// The Lua scripts: each is the helpers of lib.lua, those of its
+// primitive (lock_lib.lua or sem_lib.lua), then its own body.
 var (
 	//go:embed scripts/lib.lua
 	luaLib string
@@ -48,22 +50,22 @@ var (
 	//go:embed scripts/sem_resize.lua
 	luaSemResize string
 
-	acquireScript = newScript("acquire", luaLib+luaLockLib+luaAcquire)
-	releaseScript = newScript("release", luaLib+luaLockLib+luaRelease)
-	renewScript   = newScript("renew", luaLib+luaLockLib+luaRenew)
-	extendScript  = newScript("extend", luaLib+luaLockLib+luaExtend)
-	ttlScript     = newScript("ttl", luaLib+luaLockLib+luaTTL)
-	handoffScript = newScript("handoff", luaLib+luaLockLib+luaHandoff)
-	wakeScript    = newScript("wake", luaLib+luaLockLib+luaWake)
+	acquireScript = newScript("acquire", luaLockLib, luaAcquire)
+	releaseScript = newScript("release", luaLockLib, luaRelease)
+	renewScript   = newScript("renew", luaLockLib, luaRenew)
+	extendScript  = newScript("extend", luaLockLib, luaExtend)
+	ttlScript     = newScript("ttl", luaLockLib, luaTTL)
+	handoffScript = newScript("handoff", luaLockLib, luaHandoff)
+	wakeScript    = newScript("wake", luaLockLib, luaWake)
 
-	multiAcquireScript = newScript("multiAcquire", luaLib+luaLockLib+luaMultiAcquire)
-	multiReleaseScript = newScript("multiRelease", luaLib+luaLockLib+luaMultiRelease)
-	proclaimScript     = newScript("proclaim", luaLib+luaLockLib+luaProclaim)
-	leaderScript       = newScript("leader", luaLib+luaLockLib+luaLeader)
+	multiAcquireScript = newScript("multiAcquire", luaLockLib, luaMultiAcquire)
+	multiReleaseScript = newScript("multiRelease", luaLockLib, luaMultiRelease)
+	proclaimScript     = newScript("proclaim", luaLockLib, luaProclaim)
+	leaderScript       = newScript("leader", luaLockLib, luaLeader)
 
-	semAcquireScript = newScript("semAcquire", luaLib+luaSemLib+luaSemAcquire)
-	semReleaseScript = newScript("semRelease", luaLib+luaSemLib+luaSemRelease)
-	semResizeScript  = newScript("semResize", luaLib+luaSemLib+luaSemResize)
+	semAcquireScript = newScript("semAcquire", luaSemLib, luaSemAcquire)
+	semReleaseScript = newScript("semRelease", luaSemLib, luaSemRelease)
+	semResizeScript  = newScript("semResize", luaSemLib, luaSemResize)
 )
 
 // luaScript is a Lua script with its SHA-1 digest, which EVALSHA names it
@@ -72,13 +74,17 @@ var (
 // mode may not use SHA-1.
 type luaScript struct {
 	name, src, sha string
+	lib, body      string // src is luaLib + lib + body
 }
 
 //go:generate go test . -run ^TestScriptDigests$ -update-digests
 
-// newScript returns the script src, known as name in scripts_sha1.go.
-func newScript(name, src string) *luaScript {
-	s := &luaScript{name, src, scriptSHA1[name]}
+// newScript returns the script of body, which uses the helpers of lib.lua
+// and lib; it is known as name in scripts_sha1.go and in the function
+// library.
+func newScript(name, lib, body string) *luaScript {
+	src := luaLib + lib + body
+	s := &luaScript{name: name, src: src, sha: scriptSHA1[name], lib: lib, body: body}
 	allScripts = append(allScripts, s)
 	return s
 }
@@ -90,9 +96,16 @@ var allScripts []*luaScript
 // Hash returns the script's SHA-1 digest, in hex.
 func (s *luaScript) Hash() string { return s.sha }
 
-// Run sends EVALSHA, then EVAL when the server does not know the script
-// yet.
+// Run sends the script: an FCALL of its function when rdb is a lane
+// (roundtrip.Conn) to a server that runs the function library (see
+// functions.go); otherwise EVALSHA, then EVAL when the server does not
+// know the script yet.
 func (s *luaScript) Run(ctx context.Context, rdb redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	if c, ok := rdb.(*roundtrip.Conn); ok && c.Server.Functions.Load() >= 0 && library().fn[s] != "" {
+		if r, ok := callFunction(ctx, c, s, keys, args); ok {
+			return r
+		}
+	}
 	r := rdb.EvalSha(ctx, s.sha, keys, args...)
 	if redis.HasErrorPrefix(r.Err(), "NOSCRIPT") {
 		return rdb.Eval(ctx, s.src, keys, args...)

@@ -63,7 +63,7 @@ func TestScriptDigests(t *testing.T) {
 // testScript returns a script of the tests' own.
 func testScript(src string) *luaScript {
 	sum := sha1.Sum([]byte(src))
-	return &luaScript{"test", src, hex.EncodeToString(sum[:])}
+	return &luaScript{name: "test", src: src, sha: hex.EncodeToString(sum[:])} // not in the function library: sent as a script
 }
 
 // Load loads the script into the script cache of rdb's server.

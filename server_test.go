@@ -83,11 +83,12 @@ func TestServers(t *testing.T) {
 }
 
 // TestServerWithoutLua: a server that cannot run scripts (Valkey 9.1
-// without its Lua module; here, a server whose EVAL and EVALSHA are
-// renamed away) fails the first call with ErrUnsupportedServer, saying
+// without its Lua module; here, a server whose EVAL, EVALSHA, FCALL and
+// FUNCTION are renamed away) fails the first call with ErrUnsupportedServer, saying
 // what redisync needs, and leaves nothing written.
 func TestServerWithoutLua(t *testing.T) {
-	s := redistest.Spawn(t, "--rename-command", "EVAL", "", "--rename-command", "EVALSHA", "")
+	s := redistest.Spawn(t, "--rename-command", "EVAL", "", "--rename-command", "EVALSHA", "",
+		"--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
 	rdb := redistest.NewClient(t, s.Addr)
 	c := newClient(t, rdb)
 	for _, call := range []func(context.Context) error{

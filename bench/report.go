@@ -43,6 +43,8 @@ const legend = `Columns:
              redsync's; sys/acq: its system part (used_cpu_sys), the kernel's work for the
              requests and deliveries (sockets, wake-ups), whatever the commands do; Linux
              samples the user/system split at each timer tick, so it is coarse
+  lua/acq    the scripts' run time in Redis per acquisition: the usec of FCALL, EVALSHA
+             and EVAL in INFO commandstats (part of cpu/acq)
   ccpu/acq   the benchmark process's CPU time per acquisition: every client of the run
              and the harness (the limit's figure is the harness's share)
   wait       from calling Lock to holding; p99 xlim: divided by the limit's p99
@@ -201,12 +203,12 @@ func printFloor(w io.Writer, rows []result) {
 // the floor's PUBLISH→deliver.
 func printContended(w io.Writer, rows []result, floor result) {
 	limit, rs := findRow(rows, "limit"), findRow(rows, "redsync")
-	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "sys/acq", "ccpu/acq",
+	t := [][]string{{"library", "acq/s", "xlim", "cmds/acq", "calls/acq", "req/acq", "dlv/acq", "subs/acq", "cpu/acq", "xrs", "sys/acq", "lua/acq", "ccpu/acq",
 		"wait p50", "p99", "p99 xlim", "max", "gap p50", "xpub", "gap p99", "hold", "Jain", "viol", "errs", "conns", "bg/s", "left"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0), fmtRatio(midRatio(r, limit, rateOf, rateOf)),
 			fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2), fmtNum(r.delivers, 2), fmtNum(r.subs, 2),
-			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.sys), fmtMicros(r.ccpu),
+			fmtMicros(r.cpu), fmtRatio(midRatio(r, rs, cpuOf, cpuOf)), fmtMicros(r.sys), fmtMicros(r.lua), fmtMicros(r.ccpu),
 			midDur(r, waitAt(0.5)), midDur(r, waitAt(0.99)), fmtRatio(midRatio(r, limit, inSeconds(waitAt(0.99)), inSeconds(waitAt(0.99)))),
 			midDur(r, waitMax), midDur(r, gapAt(0.5)), fmtRatio(midRatio(r, floor, inSeconds(gapAt(0.5)), inSeconds(opAt(0.5)))),
 			midDur(r, gapAt(0.99)), midDur(r, heldAt(0.5)), fmtNum(r.jain, 3), strconv.FormatInt(r.violations, 10), strconv.FormatInt(r.errors, 10),
@@ -220,12 +222,12 @@ func printContended(w io.Writer, rows []result, floor result) {
 func printUncontended(w io.Writer, rows []result) {
 	rl := findRow(rows, "redislock-10ms")
 	t := [][]string{{"library", "ops/s", "op p50", "p50 xrl", "op p99", "op max", "Lock p50", "cmds/op", "calls/op", "req/op",
-		"dlv/op", "cpu/op", "sys/op", "ccpu/op", "errs", "bg/s", "left"}}
+		"dlv/op", "cpu/op", "sys/op", "lua/op", "ccpu/op", "errs", "bg/s", "left"}}
 	for _, r := range rows {
 		t = append(t, []string{r.library, fmtNum(r.rate, 0),
 			midDur(r, opAt(0.5)), fmtRatio(midRatio(r, rl, inSeconds(opAt(0.5)), inSeconds(opAt(0.5)))), midDur(r, opAt(0.99)),
 			midDur(r, opMax), midDur(r, waitAt(0.5)), fmtNum(r.cmds, 2), fmtNum(r.calls, 2), fmtNum(r.requests, 2),
-			fmtNum(r.delivers, 2), fmtMicros(r.cpu), fmtMicros(r.sys), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10),
+			fmtNum(r.delivers, 2), fmtMicros(r.cpu), fmtMicros(r.sys), fmtMicros(r.lua), fmtMicros(r.ccpu), strconv.FormatInt(r.errors, 10),
 			fmtNum(r.background, 1), strconv.FormatInt(r.left, 10)})
 	}
 	writeTable(w, t)

@@ -61,6 +61,7 @@ var medianFields = []func(*result) *float64{
 	func(r *result) *float64 { return &r.requests },
 	func(r *result) *float64 { return &r.cpu },
 	func(r *result) *float64 { return &r.sys },
+	func(r *result) *float64 { return &r.lua },
 	func(r *result) *float64 { return &r.ccpu },
 	func(r *result) *float64 { return &r.delivers },
 	func(r *result) *float64 { return &r.subs },

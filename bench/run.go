@@ -38,6 +38,7 @@ type result struct {
 	requests float64 // requests the clients waited for (a pipeline counts one)
 	cpu      float64 // Redis CPU time, user + system, in µs
 	sys      float64 // the system (kernel) part of cpu, in µs
+	lua      float64 // the scripts' run time in Redis (FCALL, EVALSHA, EVAL), in µs
 	ccpu     float64 // the benchmark process's CPU time (every client, the harness too), in µs
 	delivers float64 // messages Redis pushed to the clients (pub/sub, invalidations)
 	subs     float64 // (S|P)SUBSCRIBE and (S|P)UNSUBSCRIBE calls Redis ran
@@ -308,6 +309,7 @@ func (r *run) observe(ctx context.Context, t *target, counts *clientCounts, repo
 		calls:      float64(d.calls),
 		cpu:        d.cpu * 1e6,
 		sys:        d.sys * 1e6,
+		lua:        d.lua,
 		ccpu:       cpuMicros(ccpu0, ccpu1),
 		requests:   float64(c1.requests - c0.requests),
 		delivers:   float64(c1.deliveries - c0.deliveries),
@@ -329,6 +331,7 @@ func (r *run) summarize(res *result) {
 	res.requests = perAcquisition(res.requests, res.acquisitions)
 	res.cpu = perAcquisition(res.cpu, res.acquisitions)
 	res.sys = perAcquisition(res.sys, res.acquisitions)
+	res.lua = perAcquisition(res.lua, res.acquisitions)
 	res.ccpu = perAcquisition(res.ccpu, res.acquisitions)
 	res.delivers = perAcquisition(res.delivers, res.acquisitions)
 	res.subs = perAcquisition(res.subs, res.acquisitions)

@@ -18,10 +18,14 @@ var subscriptionCommands = map[string]bool{
 	"cmdstat_ssubscribe": true, "cmdstat_sunsubscribe": true,
 }
 
+// scriptCommands run Lua: their usec is the scripts' run time.
+var scriptCommands = map[string]bool{"cmdstat_fcall": true, "cmdstat_evalsha": true, "cmdstat_eval": true}
+
 // counters are the server's cumulative figures at one instant.
 type counters struct {
 	calls int64   // INFO commandstats calls, summed over all commands
 	subs  int64   // the calls of subscriptionCommands
+	lua   float64 // the usec of scriptCommands: the scripts' run time, in µs
 	cpu   float64 // INFO cpu used_cpu_user + used_cpu_sys, in seconds
 	sys   float64 // INFO cpu used_cpu_sys: the kernel's share of cpu
 	nodes int     // servers summed, each read by one INFO per snapshot
@@ -29,7 +33,7 @@ type counters struct {
 
 // add returns the sum of c and o, as one snapshot of both servers.
 func (c counters) add(o counters) counters {
-	return counters{calls: c.calls + o.calls, subs: c.subs + o.subs, cpu: c.cpu + o.cpu, sys: c.sys + o.sys, nodes: c.nodes + o.nodes}
+	return counters{calls: c.calls + o.calls, subs: c.subs + o.subs, lua: c.lua + o.lua, cpu: c.cpu + o.cpu, sys: c.sys + o.sys, nodes: c.nodes + o.nodes}
 }
 
 // snapshot reads the counters with one INFO commandstats cpu.
@@ -52,6 +56,9 @@ func parseCounters(info string) counters {
 			if subscriptionCommands[key] {
 				c.subs += n
 			}
+			if scriptCommands[key] {
+				c.lua += commandField(value, "usec")
+			}
 		case key == "used_cpu_user" || key == "used_cpu_sys":
 			v, _ := strconv.ParseFloat(value, 64)
 			c.cpu += v
@@ -73,6 +80,7 @@ func (c counters) since(before counters, samples int) counters {
 		nodes: c.nodes,
 		calls: c.calls - before.calls - int64(c.nodes)*(1+int64(samples)),
 		subs:  c.subs - before.subs,
+		lua:   c.lua - before.lua,
 		cpu:   c.cpu - before.cpu,
 		sys:   c.sys - before.sys,
 	}
@@ -102,9 +110,14 @@ func infoFields(info string) map[string]string {
 
 // commandCalls reads calls=N from a commandstats value.
 func commandCalls(value string) int64 {
+	return int64(commandField(value, "calls"))
+}
+
+// commandField reads the figure name of one INFO commandstats value.
+func commandField(value, name string) float64 {
 	for _, part := range strings.Split(value, ",") {
-		if n, ok := strings.CutPrefix(part, "calls="); ok {
-			v, _ := strconv.ParseInt(n, 10, 64)
+		if n, ok := strings.CutPrefix(part, name+"="); ok {
+			v, _ := strconv.ParseFloat(n, 64)
 			return v
 		}
 	}

@@ -23,7 +23,7 @@ import (
 // primary with replicas, or each Redlock node); the others are added to it.
 const (
 	aclBase = "resetkeys resetchannels -@all ~redisync:* &redisync:*" +
-		" +evalsha +eval" +
+		" +fcall +function|load +evalsha +eval" +
 		" +ping +subscribe +unsubscribe +publish" +
 		" +get +set +exists +type +pexpire +pexpireat +pttl +time" +
 		" +hget +hmget +hset +hdel +hlen +hvals +rpush +lpop +lrem +lrange +llen" +
@@ -168,7 +168,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		res = contend(t, mutexes(cs, redistest.Name(t), 4), 2*time.Millisecond, rounds(10))
 		increasing(t, res.tokens)
 		st := cnt.stats(t)
-		for _, cmd := range []string{"eval", "evalsha", "subscribe", "publish", "zrem"} {
+		for _, cmd := range []string{"fcall", "function|load", "subscribe", "publish", "zrem"} {
 			if st[cmd] == 0 {
 				t.Errorf("Redis ran no %s: the path that sends it was not exercised", strings.ToUpper(cmd))
 			}
@@ -393,7 +393,11 @@ func TestACLWithoutARuleFails(t *testing.T) {
 		lockFails bool   // whether an uncontended Lock fails
 	}{
 		{drop: "+time", denied: "command time (lua)", lockFails: true},
-		{drop: "+eval", denied: "command eval (toplevel)", lockFails: true},
+		// Scripts are sent only where functions may not be called.
+		{drop: "+eval", add: "-fcall", denied: "command eval (toplevel)", lockFails: true},
+		// A Client that may not call functions sends scripts: the lock
+		// still works, and only the ACL LOG tells.
+		{drop: "+fcall", denied: "command fcall (toplevel)"},
 		{drop: "~redisync:*", add: "~other:*", denied: "key redisync:lock:{", lockFails: true},
 		// Waiters fall back to looking every 250 ms: the lock still works,
 		// and only the ACL LOG tells.

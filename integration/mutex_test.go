@@ -223,7 +223,7 @@ func blockedWaitersDoNotPoll(t *testing.T, barging bool) {
 	counter := cmdCounter{rdb}
 	busy := func() int64 {
 		if !barging {
-			return callsOf(t, counter, "evalsha") + callsOf(t, counter, "eval")
+			return callsOf(t, counter, "fcall") + callsOf(t, counter, "evalsha") + callsOf(t, counter, "eval")
 		}
 		return counter.total(t) - callsOf(t, counter, "info") - callsOf(t, counter, "ping")
 	}

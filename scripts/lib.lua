@@ -140,6 +140,14 @@ local function check_counter(token)
   return c
 end
 
+-- begin_call readies the caches above for a call of a function of the
+-- library (see functions.go), whose locals outlive the call, unlike a
+-- script's: the call reads the clock and the counters anew.
+local function begin_call()
+  clock_us = nil
+  counters = {}
+end
+
 -- state_memory_ms is how long redisync's record of an idle lock or
 -- semaphore (a lock's fencing token counter, a semaphore's size) outlives
 -- its last use: nothing redisync writes stays in Redis for good.

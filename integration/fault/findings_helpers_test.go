@@ -71,10 +71,10 @@ func withHook(hook redis.Hook) redisync.Option {
 	})
 }
 
-// scriptArgs returns the arguments of a script call (EVAL or EVALSHA) as
+// scriptArgs returns the arguments of a script call (FCALL, EVALSHA or EVAL) as
 // strings, or nil for any other command.
 func scriptArgs(cmd redis.Cmder) []string {
-	if n := strings.ToLower(cmd.Name()); n != "evalsha" && n != "eval" {
+	if n := strings.ToLower(cmd.Name()); n != "fcall" && n != "evalsha" && n != "eval" {
 		return nil
 	}
 	var out []string

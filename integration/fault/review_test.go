@@ -18,7 +18,8 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// scriptHook lets a test act on the EVALSHA calls of one go-redis client:
+// scriptHook lets a test act on the script calls (FCALL, EVALSHA, EVAL) of
+// one go-redis client:
 // before is called before a script call is sent, after once its reply is
 // in (before the caller sees it). Both get the call's string arguments.
 type scriptHook struct {
@@ -31,7 +32,7 @@ func (h *scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next 
 func (h *scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := strings.ToLower(cmd.Name())
-		if name != "evalsha" && name != "eval" {
+		if name != "fcall" && name != "evalsha" && name != "eval" {
 			return next(ctx, cmd)
 		}
 		args := make([]string, 0, len(cmd.Args()))

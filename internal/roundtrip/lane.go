@@ -32,10 +32,11 @@ import (
 // A lane sees none of the hooks added to the user's client (AddHook):
 // setup, when set, is run on each lane's client to add them.
 type Lanes struct {
-	opts  *redis.Options
-	setup func(*redis.Client) error
-	slots chan struct{} // one per lane in use
-	retry bool          // the user's client retries: so does a lane, once, on a new connection
+	opts   *redis.Options
+	setup  func(*redis.Client) error
+	slots  chan struct{} // one per lane in use
+	retry  bool          // the user's client retries: so does a lane, once, on a new connection
+	server Server        // what the round trips learnt of the server
 
 	mu        sync.Mutex
 	idle      []*lane // the last used last
@@ -46,10 +47,27 @@ type Lanes struct {
 	spares    sync.WaitGroup     // the goroutines that make them
 }
 
+// Conn is the client a round trip on lanes is sent with: the lane's own
+// client, of one connection, and what the Client learnt of the server.
+type Conn struct {
+	*redis.Client
+	Server *Server
+}
+
+// Server is what a Client's round trips learnt of the server its lanes
+// connect to, shared by every lane.
+type Server struct {
+	// Functions says whether the server runs redisync's scripts as a
+	// function library (FCALL): 0 not known yet, 1 yes, -1 no (it has no
+	// functions, or the ACL user may not call or load them).
+	Functions atomic.Int32
+}
+
 // lane is one connection of Lanes.
 type lane struct {
 	rdb    *redis.Client
-	conn   atomic.Pointer[cutConn] // the connection the lane dialled last
+	conn   *Conn                   // rdb, as round trips get it
+	dialed atomic.Pointer[cutConn] // the connection the lane dialled last
 	ctx    context.Context         // ends when the lane is cut short or closed: a dial under way gives up
 	cancel context.CancelFunc
 }
@@ -119,7 +137,7 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 	if stop != nil {
 		endStop = context.AfterFunc(stop, u.cut)
 	}
-	res, err = do(rctx, l.rdb)
+	res, err = do(rctx, l.conn)
 	if err != nil && (readOnly(err) || (ls.retry && dropped(err))) {
 		// The lane's connection was closed by the server or on the way
 		// (an idle connection that a restart or a proxy dropped), as
@@ -131,7 +149,7 @@ func (ls *Lanes) Do(ctx context.Context, grace bool, stop context.Context, do Do
 			err = gerr
 		} else if nl != nil {
 			l = nl
-			res, err = do(rctx, l.rdb)
+			res, err = do(rctx, l.conn)
 		}
 	}
 	endCtx()
@@ -196,7 +214,7 @@ func (ls *Lanes) newLane() (*lane, error) {
 			return nil, err
 		}
 		cc := &cutConn{Conn: c}
-		l.conn.Store(cc)
+		l.dialed.Store(cc)
 		if sys, ok := c.(syscall.Conn); ok {
 			return sysCutConn{cc, sys}, nil
 		}
@@ -204,6 +222,7 @@ func (ls *Lanes) newLane() (*lane, error) {
 	}
 	l.rdb = redis.NewClient(o)
 	l.rdb.AddHook(l)
+	l.conn = &Conn{Client: l.rdb, Server: &ls.server}
 	if ls.setup != nil {
 		if err := ls.setup(l.rdb); err != nil {
 			l.close()
@@ -313,14 +332,14 @@ func (l *lane) dial(ctx context.Context, dial func(context.Context, string, stri
 // cut gives up the lane's dial under way and cuts its connection short.
 func (l *lane) cut() {
 	l.cancel()
-	if c := l.conn.Load(); c != nil {
+	if c := l.dialed.Load(); c != nil {
 		c.cut()
 	}
 }
 
 // drop closes the lane's connection: its next command dials anew.
 func (l *lane) drop() {
-	if c := l.conn.Load(); c != nil {
+	if c := l.dialed.Load(); c != nil {
 		_ = c.Close()
 	}
 }
@@ -396,7 +415,7 @@ func (u *use) cut() {
 	u.isCut = true
 	u.cancel()
 	u.l.cancel() // a dial under way
-	if c := u.l.conn.Load(); c != nil {
+	if c := u.l.dialed.Load(); c != nil {
 		c.cut()
 	}
 }

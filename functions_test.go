@@ -1,0 +1,160 @@
+package redisync
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redistest"
+)
+
+// sentCommands is a hook that records the name of every command a Client
+// sends on its own connections (handshakes aside).
+type sentCommands struct {
+	passHooks
+	mu    sync.Mutex
+	names []string
+}
+
+func (s *sentCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !handshake(cmd) {
+			s.mu.Lock()
+			s.names = append(s.names, strings.ToLower(cmd.Name()))
+			s.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// take returns the names recorded since the last take.
+func (s *sentCommands) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.names
+	s.names = nil
+	return n
+}
+
+// clientSending returns a Client of rdb whose own connections record what
+// they send in the returned hook.
+func clientSending(t *testing.T, rdb *redis.Client) (*Client, *sentCommands) {
+	t.Helper()
+	sent := &sentCommands{}
+	c, err := New(rdb, WithConnSetup(func(c *redis.Client) error { c.AddHook(sent); return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, sent
+}
+
+// lockUnlock takes the lock name with a Mutex of c, and gives it back.
+func lockUnlock(t *testing.T, c *Client, name string) {
+	t.Helper()
+	m := c.NewMutex(name)
+	if err := m.Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// libraryLoaded reports whether rdb's server has the function library.
+func libraryLoaded(t *testing.T, rdb *redis.Client) bool {
+	t.Helper()
+	libs, err := rdb.Do(context.Background(), "function", "list", "libraryname", library().name).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(libs) == 1
+}
+
+// On a server with functions, a Client of one server calls its scripts as
+// functions: it loads the library where the server lacks it (a server new
+// to this version, or whose functions were flushed), and sends no script.
+func TestFunctionsLoadedAndCalled(t *testing.T) {
+	s := redistest.Spawn(t)
+	admin := redistest.NewClient(t, s.Addr)
+	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
+	lockUnlock(t, c, "a")
+	want := []string{"fcall", "function", "fcall", "fcall"} // acquire (not found, load, again), release
+	if got := sent.take(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("a new server: sent %q, want %q", got, want)
+	}
+	if !libraryLoaded(t, admin) {
+		t.Fatalf("the library %s is not loaded", library().name)
+	}
+	lockUnlock(t, c, "a")
+	if got := sent.take(); strings.Join(got, " ") != "fcall fcall" {
+		t.Fatalf("with the library loaded: sent %q, want two FCALLs", got)
+	}
+	if err := admin.Do(context.Background(), "function", "flush").Err(); err != nil {
+		t.Fatal(err)
+	}
+	lockUnlock(t, c, "a")
+	if got := sent.take(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("after FUNCTION FLUSH: sent %q, want %q", got, want)
+	}
+}
+
+// A Client whose ACL user may not call functions, or of a server that has
+// none (the embedded Redis), sends scripts: it tries an FCALL once.
+func TestFunctionsRefusedFallBackToScripts(t *testing.T) {
+	t.Run("no FCALL for the ACL user", func(t *testing.T) {
+		s := redistest.Spawn(t)
+		admin := redistest.NewClient(t, s.Addr)
+		if err := admin.Do(context.Background(), "acl", "setuser", "nofn", "on", ">pw", "~*", "&*", "+@all", "-fcall").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, Username: "nofn", Password: "pw"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		testFallBack(t, rdb)
+		if libraryLoaded(t, admin) {
+			t.Error("the library was loaded for a user that may not call it")
+		}
+	})
+	t.Run("no FUNCTION LOAD for the ACL user", func(t *testing.T) {
+		s := redistest.Spawn(t)
+		admin := redistest.NewClient(t, s.Addr)
+		if err := admin.Do(context.Background(), "acl", "setuser", "noload", "on", ">pw", "~*", "&*", "+@all", "-function").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, Username: "noload", Password: "pw"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		c, sent := clientSending(t, rdb)
+		lockUnlock(t, c, "a")
+		if got := strings.Join(sent.take(), " "); got != "fcall function evalsha eval evalsha eval" {
+			t.Fatalf("first Lock+Unlock sent %q", got)
+		}
+		lockUnlock(t, c, "a")
+		if got := strings.Join(sent.take(), " "); got != "evalsha evalsha" {
+			t.Fatalf("then sent %q, want scripts only", got)
+		}
+	})
+	t.Run("the embedded Redis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		testFallBack(t, rdb)
+	})
+}
+
+// testFallBack checks that a Client of rdb, which may not call functions,
+// tries one FCALL and sends scripts from then on.
+func testFallBack(t *testing.T, rdb *redis.Client) {
+	t.Helper()
+	c, sent := clientSending(t, rdb)
+	lockUnlock(t, c, "a")
+	if got := strings.Join(sent.take(), " "); got != "fcall evalsha eval evalsha eval" {
+		t.Fatalf("first Lock+Unlock sent %q, want one FCALL, then scripts", got)
+	}
+	lockUnlock(t, c, "a")
+	if got := strings.Join(sent.take(), " "); got != "evalsha evalsha" {
+		t.Fatalf("then sent %q, want scripts only", got)
+	}
+}
