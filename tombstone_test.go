@@ -250,6 +250,14 @@ func TestTombstoneReleaseAfterWithdrawalKeepsTheWithdrawal(t *testing.T) {
 // nothing: the release refuses the ticket. Taken, the lock would stay held
 // for a whole lease after Unlock, for nobody.
 func TestLateAcquireCopyAfterUnlockIsRefused(t *testing.T) {
+	for _, late := range []time.Duration{0, time.Minute} {
+		t.Run(late.String()+" late", func(t *testing.T) { testLateAcquireCopy(t, late) })
+	}
+}
+
+// testLateAcquireCopy delivers the late copy late after the Unlock (the
+// embedded Redis's clock and TTLs moved forward that much).
+func testLateAcquireCopy(t *testing.T, late time.Duration) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -274,12 +282,14 @@ func TestLateAcquireCopyAfterUnlockIsRefused(t *testing.T) {
 		t.Fatalf("the attempt after the lost reply: %v, %v; want the lock the lost one took", ok, err)
 	}
 	hook.mu.Lock()
-	late := hook.lost
+	lost := hook.lost
 	hook.mu.Unlock()
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err := rdb.Do(ctx, late...).Int64Slice()
+	mr.SetTime(time.Now().Add(late))
+	mr.FastForward(late)
+	res, err := rdb.Do(ctx, lost...).Int64Slice()
 	if err != nil || res[0] != -2 {
 		t.Fatalf("the late copy: %v, %v; want it refused", res, err)
 	}
