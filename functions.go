@@ -58,13 +58,19 @@ var library = sync.OnceValue(func() *functionLibrary {
 	return lib
 })
 
+// functionCall is what came of an FCALL of a script's function.
+type functionCall int
+
+const (
+	functionCalled     functionCall = iota // it ran, or failed: its reply is the call's
+	functionsRefused                       // it did not run: the server has no functions, or c's user may not call them
+	libraryNotLoadable                     // it did not run: the library is missing, and c's user may not load it
+)
+
 // callFunction sends s as an FCALL of its function on c, loading the
 // library first where the server lacks it (a server new to this version,
-// restarted, or whose functions were flushed). It reports false, and has
-// the Client's lanes send scripts from then on, when the server has no
-// functions or c's ACL user may not call or load them: the FCALL did not
-// run.
-func callFunction(ctx context.Context, c *roundtrip.Conn, s *luaScript, keys []string, args []any) (*redis.Cmd, bool) {
+// restarted, or whose functions were flushed).
+func callFunction(ctx context.Context, c *roundtrip.Conn, s *luaScript, keys []string, args []any) (*redis.Cmd, functionCall) {
 	lib := library()
 	argv := make([]any, 0, 3+len(keys)+len(args))
 	argv = append(argv, "fcall", lib.fn[s], len(keys))
@@ -79,20 +85,61 @@ func callFunction(ctx context.Context, c *roundtrip.Conn, s *luaScript, keys []s
 		case err == nil || strings.Contains(err.Error(), "already exists"): // or loaded by another call meanwhile
 			r = c.Do(ctx, argv...)
 		case refusedCommand(err, "function"):
-			c.Server.Functions.Store(-1)
-			return nil, false
+			return nil, libraryNotLoadable
 		default:
 			r = redis.NewCmd(ctx, argv...)
 			r.SetErr(err)
-			return r, true
+			return r, functionCalled
 		}
 	}
 	if err := r.Err(); err != nil && refusedCommand(err, "fcall") {
-		c.Server.Functions.Store(-1)
-		return nil, false
+		return nil, functionsRefused
 	}
 	c.Server.Functions.CompareAndSwap(0, 1)
-	return r, true
+	return r, functionCalled
+}
+
+// notLoadedError is the error of a script call by an ACL user that may
+// call functions but may neither load the library nor send scripts.
+func notLoadedError(err error) error {
+	return fmt.Errorf("redisync: the function library %s is not loaded on the server, and the ACL user may "+
+		"neither load it (FUNCTION LOAD) nor send scripts: load it once with Client.LoadFunctions, "+
+		"as a user that may: %w", library().name, err)
+}
+
+// LoadFunctions loads the scripts' function library on the Client's
+// server (on every primary of a Redis Cluster), unless it is there
+// already. A Client loads it itself at its first call when its ACL user
+// may (+function|load), and otherwise sends scripts (+evalsha +eval):
+// LoadFunctions is for an ACL user that may do neither, which then needs
+// only +fcall besides the commands the scripts call (docs/acl.md). Run it
+// as a user that may load functions, after each upgrade of redisync, and
+// after the server lost its functions (a restart without persistence).
+// A server without functions fails it with ErrUnsupportedServer.
+func (c *Client) LoadFunctions(ctx context.Context) error {
+	if err := cmp.Or(ctx.Err(), c.usable()); err != nil {
+		return wrapOp("loadfunctions", "", err)
+	}
+	load := func(ctx context.Context, rdb redis.UniversalClient) error {
+		err := rdb.Do(ctx, "function", "load", library().src).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		return err
+	}
+	_, _, err := c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		if c.cluster == nil {
+			return nil, load(ctx, rdb)
+		}
+		return nil, c.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return load(ctx, node) })
+	}, nil)
+	switch {
+	case isUnknownCommand(err): // its text repeats the library's code
+		return wrapOp("loadfunctions", "", fmt.Errorf("%w: it has no functions (FUNCTION LOAD: Redis 7.0 or later, or Valkey)", ErrUnsupportedServer))
+	case err != nil:
+		return wrapOp("loadfunctions", "", redisError(err))
+	}
+	return nil
 }
 
 // refusedCommand reports whether err says that the server refused the

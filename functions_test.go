@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -156,5 +157,28 @@ func testFallBack(t *testing.T, rdb *redis.Client) {
 	lockUnlock(t, c, "a")
 	if got := strings.Join(sent.take(), " "); got != "evalsha evalsha" {
 		t.Fatalf("then sent %q, want scripts only", got)
+	}
+}
+
+// LoadFunctions loads the library where it is missing, and changes
+// nothing where it is there; a server without functions fails it with
+// ErrUnsupportedServer.
+func TestLoadFunctions(t *testing.T) {
+	s := redistest.Spawn(t)
+	admin := redistest.NewClient(t, s.Addr)
+	c := newClient(t, redistest.NewClient(t, s.Addr))
+	for range 2 {
+		if err := c.LoadFunctions(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if !libraryLoaded(t, admin) {
+			t.Fatalf("the library %s is not loaded", library().name)
+		}
+	}
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := newClient(t, rdb).LoadFunctions(context.Background()); !errors.Is(err, ErrUnsupportedServer) {
+		t.Fatalf("LoadFunctions on the embedded Redis: %v, want ErrUnsupportedServer", err)
 	}
 }

@@ -98,14 +98,35 @@ func (s *luaScript) Hash() string { return s.sha }
 
 // Run sends the script: an FCALL of its function when rdb is a lane
 // (roundtrip.Conn) to a server that runs the function library (see
-// functions.go); otherwise EVALSHA, then EVAL when the server does not
-// know the script yet.
+// functions.go); otherwise, and from then on when the server has no
+// functions or the user may not call them, or may not load the missing
+// library but may send scripts, with send.
 func (s *luaScript) Run(ctx context.Context, rdb redis.Scripter, keys []string, args ...any) *redis.Cmd {
-	if c, ok := rdb.(*roundtrip.Conn); ok && c.Server.Functions.Load() >= 0 && library().fn[s] != "" {
-		if r, ok := callFunction(ctx, c, s, keys, args); ok {
-			return r
+	c, ok := rdb.(*roundtrip.Conn)
+	if !ok || c.Server.Functions.Load() < 0 || library().fn[s] == "" {
+		return s.send(ctx, rdb, keys, args)
+	}
+	r, called := callFunction(ctx, c, s, keys, args)
+	switch called {
+	case functionsRefused:
+		c.Server.Functions.Store(-1)
+		return s.send(ctx, rdb, keys, args)
+	case libraryNotLoadable:
+		// Scripts, if the user may send them; if not, the library may
+		// be loaded later by a user that may (LoadFunctions).
+		r = s.send(ctx, rdb, keys, args)
+		if err := r.Err(); err != nil && (refusedCommand(err, "evalsha") || refusedCommand(err, "eval")) {
+			r.SetErr(notLoadedError(err))
+		} else {
+			c.Server.Functions.Store(-1)
 		}
 	}
+	return r
+}
+
+// send sends the script: EVALSHA, then EVAL when the server does not know
+// it yet.
+func (s *luaScript) send(ctx context.Context, rdb redis.Scripter, keys []string, args []any) *redis.Cmd {
 	r := rdb.EvalSha(ctx, s.sha, keys, args...)
 	if redis.HasErrorPrefix(r.Err(), "NOSCRIPT") {
 		return rdb.Eval(ctx, s.src, keys, args...)

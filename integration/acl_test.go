@@ -22,9 +22,15 @@ import (
 // page. aclBase is what the library needs on one Redis (standalone, a
 // primary with replicas, or each Redlock node); the others are added to it.
 const (
-	aclBase = "resetkeys resetchannels -@all ~redisync:* &redisync:*" +
-		" +fcall +function|load +evalsha +eval" +
-		" +ping +subscribe +unsubscribe +publish" +
+	aclBase = aclScope + " +fcall +function|load +evalsha +eval" + aclCalled
+	// aclFunctionsOnly is the least-privileged user's: it calls the
+	// function library, which it may not load, and runs no Lua of its own.
+	aclFunctionsOnly = aclScope + " +fcall" + aclCalled
+	// aclScope confines a user to the prefix's keys and channels.
+	aclScope = "resetkeys resetchannels -@all ~redisync:* &redisync:*"
+	// aclCalled is what the Client sends besides scripts, and what the
+	// scripts call.
+	aclCalled = " +ping +subscribe +unsubscribe +publish" +
 		" +get +set +exists +type +pexpire +pexpireat +pttl +time" +
 		" +hget +hmget +hset +hdel +hlen +hvals +rpush +lpop +lrem +lrange +llen" +
 		" +zadd +zrem +zscore +zcard +zrange +zrangebyscore +zremrangebyscore"
@@ -631,7 +637,7 @@ func TestACLDocumented(t *testing.T) {
 	// escapes of '|' in tables.
 	doc := strings.NewReplacer("\\\n", " ", "'", "", "\\|", "|").Replace(string(b))
 	doc = strings.Join(strings.Fields(doc), " ")
-	for _, rules := range []string{aclBase, aclReplicas, aclCluster, aclCLI, aclCLIList, aclIdentity} {
+	for _, rules := range []string{aclBase, aclFunctionsOnly, aclReplicas, aclCluster, aclCLI, aclCLIList, aclIdentity} {
 		if !strings.Contains(doc, rules) {
 			t.Errorf("docs/acl.md does not show %q", rules)
 		}
