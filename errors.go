@@ -154,26 +154,35 @@ var (
 
 // redisError makes an error from Redis read as one clean line: without
 // what Redis appends to a script's error (its SHA and line, a Lua stack
-// traceback). It adds ErrWrongType when Redis or a script reported a key
-// of the wrong type (a script's own error carries the word after a
-// position prefix, hence Index).
+// traceback). A script's own error starts with its kind, after a position
+// prefix (hence Index), and may name keys after it: the first kind in the
+// message is the error's. It adds ErrWrongType when Redis or a script
+// reported a key of the wrong type, ErrLayout for state of another layout,
+// and ErrInvalidOption for an argument beyond a script's limits.
 func redisError(err error) error {
 	msg := oneLine(err.Error())
-	if i := strings.Index(msg, "LAYOUT redisync: "); i >= 0 {
-		return &layoutError{detail: msg[i+len("LAYOUT redisync: "):], err: err}
-	}
-	i := strings.Index(msg, "WRONGTYPE")
-	if i < 0 {
-		if u := unsupported(err); u != nil {
-			return u
+	kind, i := "", len(msg)
+	for _, k := range []string{"LIMIT redisync: ", "LAYOUT redisync: ", "WRONGTYPE"} {
+		if j := strings.Index(msg, k); j >= 0 && j < i {
+			kind, i = k, j
 		}
-		if msg == err.Error() {
-			return err
-		}
-		return &cleaned{msg: msg, err: err}
 	}
-	detail := strings.TrimPrefix(strings.TrimSpace(msg[i+len("WRONGTYPE"):]), "redisync: ")
-	return &wrongType{detail: strings.TrimSuffix(detail, "."), err: err}
+	switch kind {
+	case "LIMIT redisync: ":
+		return fmt.Errorf("%w: %s (%w)", ErrInvalidOption, msg[i+len(kind):], err)
+	case "LAYOUT redisync: ":
+		return &layoutError{detail: msg[i+len(kind):], err: err}
+	case "WRONGTYPE":
+		detail := strings.TrimPrefix(strings.TrimSpace(msg[i+len(kind):]), "redisync: ")
+		return &wrongType{detail: strings.TrimSuffix(detail, "."), err: err}
+	}
+	if u := unsupported(err); u != nil {
+		return u
+	}
+	if msg == err.Error() {
+		return err
+	}
+	return &cleaned{msg: msg, err: err}
 }
 
 // oneLine cuts what Redis appends to a script's error from msg.

@@ -25,6 +25,10 @@
 -- ARGV[6] the caller's metadata (WithMetadata), stored with its hold; ''
 --         for none
 --
+-- A lease, heartbeat or hand-off lease beyond lib.lua's MAX_MS, or metadata
+-- longer than MAX_TEXT, fails the script with a LIMIT error, before it
+-- reads or writes anything.
+--
 -- Reply: {1, token}           held by the ticket; token of the hold
 --        {0, ms}              held by another; ms its remaining lease (0:
 --                             free, with waiters queued ahead)
@@ -34,7 +38,12 @@
 --        {-3, 0}              mode "again": the ticket left the queue (it
 --                             was handed the lock, whose hold has ended
 --                             since; or dropped as dead)
-local ticket, lease, mode, arg = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local ticket, lease, mode, arg = ARGV[1], ms_arg(ARGV[2], 1, 'the lease'), ARGV[3], tonumber(ARGV[4])
+text_arg(ARGV[6], 'the metadata')
+if string.sub(mode, 1, 5) == 'queue' then
+  ms_arg(ARGV[4], 1, 'the heartbeat')
+  ms_arg(ARGV[5], 1, 'the hand-off lease')
+end
 local publish = publish_cmd(mode)
 mode = string.match(mode, '^%a+')
 local s = load_lock(KEYS[1], KEYS[2])

@@ -11,8 +11,11 @@
 -- gives its sender a lower bound of the lease's end. A key of the wrong
 -- type counts as the hold gone, as in renew.lua.
 --
+-- A lease beyond lib.lua's MAX_MS fails the script (LIMIT error).
+--
 -- Reply: {1} the hold lasts at least ARGV[2] ms from now
 --        {0} the hold id does not hold the lock
+ms_arg(ARGV[2], 1, 'the lease')
 local got, s = pcall(load_lock, KEYS[1], KEYS[2], nil)
 if not got or s.owner ~= ARGV[1] or s['end'] <= now_ms() then
   return {0}

@@ -43,6 +43,37 @@ local function wrong(key, what)
   error('WRONGTYPE redisync: ' .. key .. ' does not hold ' .. what)
 end
 
+-- The limits that the Go side checks before any call, checked again where
+-- the data is, against callers that are not this library: MAX_MS the
+-- longest lease, heartbeat or hand-off (redisync.MaxLease, 24 h), MAX_TEXT
+-- the longest metadata or election value (redisync.MaxMetadataLen),
+-- MAX_BATCH the most entries of one renewal (internal/watchdog.Batch).
+local MAX_MS, MAX_TEXT, MAX_BATCH = 86400000, 1024, 256
+
+-- limit fails the script, before it reads or writes anything, with a LIMIT
+-- error saying what, unless ok.
+local function limit(ok, what)
+  if not ok then
+    error('LIMIT redisync: ' .. what)
+  end
+end
+
+-- ms_arg returns the argument v, a duration in ms, failing the script
+-- unless it is a whole number from least to MAX_MS.
+local function ms_arg(v, least, what)
+  local n = tonumber(v)
+  limit(n and n == math.floor(n) and n >= least and n <= MAX_MS,
+    what .. ' must be whole milliseconds from ' .. least .. ' to ' .. MAX_MS)
+  return n
+end
+
+-- text_arg returns the argument v, failing the script when it is longer
+-- than MAX_TEXT bytes.
+local function text_arg(v, what)
+  limit(#v <= MAX_TEXT, what .. ' must be at most ' .. MAX_TEXT .. ' bytes')
+  return v
+end
+
 -- integer returns v as a number when it is a base-10 integer, else nil.
 local function integer(v)
   if type(v) == 'string' and string.match(v, '^%-?%d+$') then

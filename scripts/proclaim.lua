@@ -7,6 +7,7 @@
 -- ARGV[3] the call's number: every Proclaim of an Election value has a
 --         larger one than the last
 -- ARGV[4] flags: "sharded" to publish with SPUBLISH, else ''
+-- A value longer than lib.lua's MAX_TEXT fails the script (LIMIT error).
 --
 -- The hold keeps the number of the last Proclaim applied to it (in the
 -- field '{proclaim}', which a new hold clears): a copy of an earlier
@@ -18,6 +19,7 @@
 -- Reply: 1 the hold id leads with the value now, or with a later
 --          Proclaim's; 0 it does not lead
 local s = load_lock(KEYS[1], KEYS[2], {F_PROCLAIM})
+text_arg(ARGV[2], 'the value')
 local seq = tonumber(ARGV[3])
 if s.owner ~= ARGV[1] or not held(s) then
   return 0

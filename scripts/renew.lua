@@ -21,6 +21,9 @@
 -- grow with the queue. A key of the wrong type, or a lock of another
 -- layout, counts as gone for its entry alone.
 --
+-- More than lib.lua's MAX_BATCH entries, or an ms beyond MAX_MS, fail the
+-- script (LIMIT error) before it renews anything.
+--
 -- Reply: one integer per entry, then the server time in ms. For a hold: 1
 -- renewed, 0 gone (lost). For waiters: 1 kept alive; otherwise each of them
 -- must look again itself, since its wake-up may never come: 3 kept alive,
@@ -78,6 +81,10 @@ local function renew_wait(lock, queue, owner, ms)
   return 1
 end
 
+limit(#ARGV <= 3 * MAX_BATCH, 'a renewal must have at most ' .. MAX_BATCH .. ' entries')
+for i = 3, #ARGV, 3 do
+  ms_arg(ARGV[i], 0, 'a renewal')
+end
 local out = {}
 local k = 1
 for i = 1, #ARGV, 3 do
