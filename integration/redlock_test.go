@@ -477,8 +477,12 @@ func testRedlockWaiterWoken(t *testing.T, bare bool) {
 	beforeStats := make([]map[string]int64, len(admins))
 	for i, rdb := range admins {
 		counters[i] = cmdCounter{rdb}
+		// Settled: quiet for longer than the pause between two rounds
+		// of the waiter's first attempts (after a round that took the
+		// free node, it pauses up to maxSplitJitter, 50 ms).
 		eventually(t, 5*time.Second, "the waiter to settle", func() bool {
 			a := counters[i].total(t)
+			<-time.After(100 * time.Millisecond) // a measuring interval
 			b := counters[i].total(t)
 			before[i] = b
 			beforeStats[i] = counters[i].stats(t)
