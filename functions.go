@@ -34,6 +34,11 @@ type functionLibrary struct {
 	fn   map[*luaScript]string // the name of each script's function
 }
 
+// readOnly are the scripts that never write: their functions are flagged
+// no-writes, so that they run where a write would be refused (a server
+// out of memory, a replica), as the scripts did.
+var readOnly = map[string]bool{"ttl": true, "leader": true}
+
 // library returns the function library of the scripts.
 var library = sync.OnceValue(func() *functionLibrary {
 	scripts := slices.SortedFunc(slices.Values(allScripts), func(a, b *luaScript) int {
@@ -43,7 +48,7 @@ var library = sync.OnceValue(func() *functionLibrary {
 	digest := sha256.New()
 	digest.Write([]byte(helpers))
 	for _, s := range scripts {
-		fmt.Fprintf(digest, "\x00%s\x00%s", s.name, s.body)
+		fmt.Fprintf(digest, "\x00%s\x00%v\x00%s", s.name, readOnly[s.name], s.body)
 	}
 	lib := &functionLibrary{name: "redisync_" + hex.EncodeToString(digest.Sum(nil))[:16], fn: map[*luaScript]string{}}
 	var src strings.Builder
@@ -52,7 +57,12 @@ var library = sync.OnceValue(func() *functionLibrary {
 		lib.fn[s] = lib.name + "_" + s.name
 		// The body reads KEYS and ARGV as a script does, here the
 		// function's arguments.
-		fmt.Fprintf(&src, "\nredis.register_function('%s', function(KEYS, ARGV)\nbegin_call()\n%s\nend)\n", lib.fn[s], s.body)
+		flags := ""
+		if readOnly[s.name] {
+			flags = ", flags = {'no-writes'}"
+		}
+		fmt.Fprintf(&src, "\nredis.register_function{function_name = '%s'%s, callback = function(KEYS, ARGV)\nbegin_call()\n%s\nend}\n",
+			lib.fn[s], flags, s.body)
 	}
 	lib.src = src.String()
 	return lib
@@ -82,9 +92,12 @@ func callFunction(ctx context.Context, c *roundtrip.Conn, s *luaScript, keys []s
 	if err := r.Err(); err != nil && strings.HasPrefix(strings.TrimPrefix(err.Error(), "ERR "), "Function not found") {
 		err := c.Do(ctx, "function", "load", lib.src).Err()
 		switch {
-		case err == nil || strings.Contains(err.Error(), "already exists"): // or loaded by another call meanwhile
+		case err == nil || lib.loaded(err): // or loaded by another call meanwhile
 			r = c.Do(ctx, argv...)
-		case refusedCommand(err, "function"):
+		case refusedCommand(err, "function") || strings.Contains(err.Error(), "already exists"):
+			// Refused, or another library has one of its functions'
+			// names: the scripts, which are named by their digests,
+			// run what this version sent.
 			return nil, libraryNotLoadable
 		default:
 			r = redis.NewCmd(ctx, argv...)
@@ -95,8 +108,16 @@ func callFunction(ctx context.Context, c *roundtrip.Conn, s *luaScript, keys []s
 	if err := r.Err(); err != nil && refusedCommand(err, "fcall") {
 		return nil, functionsRefused
 	}
-	c.Server.Functions.CompareAndSwap(0, 1)
+	if c.Server.Functions.Load() != 1 {
+		c.Server.Functions.Store(1)
+	}
 	return r, functionCalled
+}
+
+// loaded reports whether err, from FUNCTION LOAD, says that the library
+// is there already (loaded by another call, or another process).
+func (lib *functionLibrary) loaded(err error) bool {
+	return strings.Contains(err.Error(), "Library '"+lib.name+"' already exists")
 }
 
 // notLoadedError is the error of a script call by an ACL user that may
@@ -122,7 +143,7 @@ func (c *Client) LoadFunctions(ctx context.Context) error {
 	}
 	load := func(ctx context.Context, rdb redis.UniversalClient) error {
 		err := rdb.Do(ctx, "function", "load", library().src).Err()
-		if err != nil && strings.Contains(err.Error(), "already exists") {
+		if err != nil && library().loaded(err) {
 			return nil
 		}
 		return err
@@ -148,7 +169,7 @@ func (c *Client) LoadFunctions(ctx context.Context) error {
 // is not that: it may come after the function wrote).
 func refusedCommand(err error, cmd string) bool {
 	msg := strings.ToLower(err.Error())
-	if strings.HasPrefix(msg, "err unknown command") {
+	if strings.HasPrefix(msg, "err unknown command '"+cmd+"'") || strings.HasPrefix(msg, "err unknown command `"+cmd+"`") {
 		return true
 	}
 	return strings.HasPrefix(msg, "noperm") && (strings.Contains(msg, "'"+cmd+"'") || strings.Contains(msg, "'"+cmd+"|"))

@@ -3,13 +3,16 @@ package redisync
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // sentCommands is a hook that records the name of every command a Client
@@ -180,5 +183,135 @@ func TestLoadFunctions(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	if err := newClient(t, rdb).LoadFunctions(context.Background()); !errors.Is(err, ErrUnsupportedServer) {
 		t.Fatalf("LoadFunctions on the embedded Redis: %v, want ErrUnsupportedServer", err)
+	}
+}
+
+// Only a refusal of the command itself sends the script instead: an error
+// raised inside a function that ran (which may have written) is the call's.
+func TestRefusedCommandIsTheCommandItself(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		want bool
+	}{
+		{"ERR unknown command 'FCALL', with args beginning with: 'redisync_x_acquire' '4' ", true},
+		{"ERR unknown command `fcall`, with args beginning with: `redisync_x_acquire`, ", true},
+		{"NOPERM User u has no permissions to run the 'fcall' command", true},
+		{"NOPERM this user has no permissions to run the 'fcall' command", true},
+		{"ERR Unknown command called from script script: 9, on @user_function:12.", false},
+		{"ERR Unknown Redis command called from script script: 9, on @user_function:12.", false},
+		{"ERR ACL failure in script: User u has no permissions to run the 'publish' command script: 9, on @user_function:40.", false},
+		{"ERR The user executing the script can't run this command or subcommand script: 9, on @user_function:40.", false},
+		{"NOPERM this user has no permissions to access one of the keys used as arguments", false},
+		{"ERR unknown command 'fcall_ro'", false},
+	} {
+		if got := refusedCommand(replyError(tc.msg), "fcall"); got != tc.want {
+			t.Errorf("%q: refused %v, want %v", tc.msg, got, tc.want)
+		}
+	}
+}
+
+// A server where another library holds one of the functions' names (here
+// the release's), and this version's library is missing: loading it fails,
+// and the Client sends its scripts, which run what this version sent.
+// (Whoever may load functions can change what every Client of the server
+// runs: docs/acl.md.)
+func TestFunctionNameTakenFallsBackToScripts(t *testing.T) {
+	s := redistest.Spawn(t)
+	admin := redistest.NewClient(t, s.Addr)
+	squat := "#!lua name=squat\nredis.register_function('" + library().fn[releaseScript] + "', function() return 1 end)"
+	if err := admin.Do(context.Background(), "function", "load", squat).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
+	m := c.NewMutex("a")
+	if err := m.Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(sent.take(), " "); got != "fcall function evalsha eval evalsha eval" {
+		t.Fatalf("Lock+Unlock sent %q, want one FCALL, a refused load, then the scripts", got)
+	}
+	if st, _ := serverLockState(t, admin, schema.LockKeys("redisync", "a")); st.Owner != "" {
+		t.Fatalf("the lock's state %+v after Unlock: want it free (released by the script)", st)
+	}
+}
+
+// A Client whose user may not load the missing library tries a function
+// again once libraryRecheck has passed, and calls the library once a user
+// that may has loaded it.
+func TestFunctionsTriedAgainOnceLoaded(t *testing.T) {
+	defer func(d time.Duration) { libraryRecheck = d }(libraryRecheck)
+	libraryRecheck = time.Nanosecond
+	s := redistest.Spawn(t)
+	admin := redistest.NewClient(t, s.Addr)
+	if err := admin.Do(context.Background(), "acl", "setuser", "noload", "on", ">pw", "~*", "&*", "+@all", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, Username: "noload", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c, sent := clientSending(t, rdb)
+	lockUnlock(t, c, "a")
+	if got := sent.take(); !slices.Contains(got, "evalsha") {
+		t.Fatalf("without the library, sent %q: want scripts", got)
+	}
+	if err := newClient(t, admin).LoadFunctions(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lockUnlock(t, c, "a")
+	if got := strings.Join(sent.take(), " "); got != "fcall fcall" {
+		t.Fatalf("once the library is loaded: sent %q, want two FCALLs", got)
+	}
+}
+
+// A read-only script's function runs where a write is refused, as the
+// script did: Mutex.TTL on a server out of memory.
+func TestReadOnlyFunctionsRunOutOfMemory(t *testing.T) {
+	s := redistest.Spawn(t)
+	admin := redistest.NewClient(t, s.Addr)
+	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
+	m := c.NewMutex("a", WithLease(time.Minute))
+	if err := m.Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(context.Background(), "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	sent.take()
+	ttl, err := m.TTL(context.Background())
+	if err := admin.ConfigSet(context.Background(), "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || ttl <= 0 {
+		t.Fatalf("TTL out of memory: %v, %v; want the remaining lease", ttl, err)
+	}
+	if got := strings.Join(sent.take(), " "); got != "fcall" {
+		t.Fatalf("TTL sent %q, want one FCALL", got)
+	}
+	if err := m.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A function reads the server clock at each call, not once for the
+// library's life: a lease read 300 ms after it was set is shorter.
+func TestFunctionsReadTheClockPerCall(t *testing.T) {
+	s := redistest.Spawn(t)
+	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
+	m := c.NewMutex("a", WithLease(5*time.Second))
+	if err := m.Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-time.After(300 * time.Millisecond) // the time between the two calls
+	ttl, err := m.TTL(context.Background())
+	if err != nil || ttl > 4800*time.Millisecond {
+		t.Fatalf("TTL 300 ms after a 5 s lease was set: %v, %v; want at most 4.8 s", ttl, err)
+	}
+	if got := sent.take(); !slices.Contains(got, "fcall") || slices.Contains(got, "evalsha") {
+		t.Fatalf("sent %q, want functions only", got)
+	}
+	if err := m.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -103,25 +103,43 @@ func (s *luaScript) Hash() string { return s.sha }
 // library but may send scripts, with send.
 func (s *luaScript) Run(ctx context.Context, rdb redis.Scripter, keys []string, args ...any) *redis.Cmd {
 	c, ok := rdb.(*roundtrip.Conn)
-	if !ok || c.Server.Functions.Load() < 0 || library().fn[s] == "" {
+	if !ok || library().fn[s] == "" || !functionsToTry(c.Server) {
 		return s.send(ctx, rdb, keys, args)
 	}
 	r, called := callFunction(ctx, c, s, keys, args)
 	switch called {
 	case functionsRefused:
 		c.Server.Functions.Store(-1)
+		c.Server.Recheck.Store(0)
 		return s.send(ctx, rdb, keys, args)
 	case libraryNotLoadable:
-		// Scripts, if the user may send them; if not, the library may
-		// be loaded later by a user that may (LoadFunctions).
+		// Scripts, if the user may send them, until a user that may
+		// loads the library (LoadFunctions).
 		r = s.send(ctx, rdb, keys, args)
 		if err := r.Err(); err != nil && (refusedCommand(err, "evalsha") || refusedCommand(err, "eval")) {
 			r.SetErr(notLoadedError(err))
 		} else {
+			c.Server.Recheck.Store(time.Now().Add(libraryRecheck).UnixNano())
 			c.Server.Functions.Store(-1)
 		}
 	}
 	return r
+}
+
+// libraryRecheck is how long a Client that found the library missing,
+// and could not load it, sends scripts before it tries a function again.
+var libraryRecheck = time.Minute
+
+// functionsToTry reports whether a call to server is sent as an FCALL:
+// unless the server was found to have no usable functions, and then once
+// per libraryRecheck while that may pass.
+func functionsToTry(server *roundtrip.Server) bool {
+	if server.Functions.Load() >= 0 {
+		return true
+	}
+	at := server.Recheck.Load()
+	return at != 0 && time.Now().UnixNano() >= at &&
+		server.Recheck.CompareAndSwap(at, time.Now().Add(libraryRecheck).UnixNano())
 }
 
 // send sends the script: EVALSHA, then EVAL when the server does not know

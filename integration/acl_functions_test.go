@@ -18,6 +18,9 @@ import (
 // refused.
 func TestACLFunctionsOnly(t *testing.T) {
 	s := spawnACL(t)
+	if err := s.admin.FunctionFlush(ctx).Err(); err != nil { // as a new version finds the server
+		t.Fatal(err)
+	}
 	s.setUser(t, "fcall-only", aclFunctionsOnly)
 	cs := s.aclClients(t, "fcall-only", 3)
 	name := redistest.Name(t)

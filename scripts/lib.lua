@@ -135,8 +135,10 @@ end
 -- one that has none yet (GT leaves it as it is) or a longer one takes two,
 -- the second PEXPIRE NX, which sets a TTL only where there is none. Before
 -- Redis 7 (PEXPIRE has no GT), the script reads the TTL first from then on
--- (keep_longer). An ms below 1 asks for nothing (a PEXPIRE in the past
--- would delete the key).
+-- (keep_longer), as do the calls after it in a function library, which
+-- keeps the flag (an error that refused one call turns it off too: the
+-- fallback gives the same result, one read more). An ms below 1 asks for
+-- nothing (a PEXPIRE in the past would delete the key).
 local expire_gt = true
 local function keep_alive(key, ms)
   if ms < 1 then

@@ -376,8 +376,10 @@ local function record_barger(s, bargers, ticket, ms)
   redis.call('ZREMRANGEBYSCORE', bargers, '-inf', '(' .. string.format('%d', now))
   local until_ms = string.format('%d', now + ms)
   if zadd_gt then
-    -- The key is a zset or absent by now: an error can only be a GT
-    -- this server does not know.
+    -- The key is a zset or absent by now: an error is a GT this server
+    -- does not know (or a refusal of this call, such as OOM). Either way
+    -- the fallback below gives the same result with one read more, for
+    -- the calls after it too (a function library keeps the flag).
     zadd_gt = type(redis.pcall('ZADD', bargers, 'GT', until_ms, client)) == 'number'
   end
   if not zadd_gt then

@@ -61,6 +61,10 @@ type Server struct {
 	// function library (FCALL): 0 not known yet, 1 yes, -1 no (it has no
 	// functions, or the ACL user may not call or load them).
 	Functions atomic.Int32
+	// Recheck, when Functions is -1 for a reason that may pass (the
+	// library was missing and could not be loaded), is when (Unix ns) to
+	// try a function again; 0: never.
+	Recheck atomic.Int64
 }
 
 // lane is one connection of Lanes.
