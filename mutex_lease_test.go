@@ -421,10 +421,11 @@ func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 // A RedMutex's node holds are Mutex holds: the cap ends the RedMutex's.
 func TestRedlockMaxHold(t *testing.T) {
 	_, rdbs, _ := newMiniNodes(t, 3)
-	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
+	const lease, limit = 400 * time.Millisecond, 1200 * time.Millisecond
 	// The default node timeout, a tenth of the lease, is shorter than a
-	// first script load on the embedded Redis under -race.
-	r := newRedlock(t, rdbs, WithCrashTimeout(lease), WithMaxHold(limit), WithNodeTimeout(100*time.Millisecond))
+	// first script load on the embedded Redis under -race; a round must
+	// take less than the lease on a busy machine.
+	r := newRedlock(t, rdbs, WithCrashTimeout(lease), WithMaxHold(limit), WithNodeTimeout(200*time.Millisecond))
 	m := r.NewMutex("hung")
 	start := time.Now()
 	if err := m.Lock(ctx); err != nil {
