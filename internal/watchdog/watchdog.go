@@ -9,9 +9,11 @@ package watchdog
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/waiters"
 )
 
@@ -244,9 +246,35 @@ func (w *Watchdog) run() {
 }
 
 // collect drops the holds past their deadline (in flight or not) and
-// returns the entries due for renewal (or about to be: within a sixth of
-// their interval) that have no renewal in flight, marked busy.
+// returns the entries to renew now that have no renewal in flight, marked
+// busy: every entry that must go (see must), and, to fill the calls these
+// make, some that may go early (see may).
+//
+// The rule: every entry within a sixth of its interval of its due time
+// goes now (run wakes for the first of them). The script
+// calls they need, of at most Batch entries each (per hash slot when
+// Sharded), are then filled up to Batch with entries within a third of
+// their interval of their due time, those that must go soonest first. An
+// entry renewed early is due again an interval after the call's send time,
+// like any other. Holds taken one after another, whose due times are
+// spread evenly, are then renewed in full calls, about ceil(n/Batch) per
+// interval, where taking only the entries that must go would wake run
+// for a few of them at a time.
+//
+// It is bounded: no entry goes later than it must (its deadline, and when
+// it is reported lost, do not change), and none goes more than a third of
+// its interval before it is due, so that its renewals are at least two
+// thirds of an interval apart, where those sent when they must go are five
+// sixths apart: at most 1.25 times as frequent, 1.5 times the rate of one
+// renewal per interval. No
+// call is made for early entries alone: only entries that must go wake
+// run, so there is no busy loop.
 func (w *Watchdog) collect(now time.Time) []Renewal {
+	type group struct {
+		must int      // entries of the group that must go
+		may  []*Entry // entries that may go early
+	}
+	var groups map[uint16]*group // by hash slot; all in slot 0 unless Sharded
 	var batch []Renewal
 	var gone []func()
 	w.mu.Lock()
@@ -259,22 +287,41 @@ func (w *Watchdog) collect(now time.Time) []Renewal {
 			// Renewed for as long as it may be: from now on it is
 			// a hold with a fixed lease, lost at its deadline.
 			e.Renew, e.due = false, e.deadline
-		case e.Renew && !e.busy && !now.Before(e.due.Add(-e.interval(e.TTL)/6)):
-			// A hold's renewal is of use until its lease runs out; a
-			// waiter's heartbeat for as long as Redis keeps its record
-			// (a late one still refreshes it), which is at least a
-			// heartbeat from now.
-			e.busy = true
-			limit := now.Add(e.TTL)
-			if e.Hold {
-				limit = e.deadline
+		case e.Renew && !e.busy && !now.Before(e.must()):
+			batch = append(batch, w.take(e, now))
+			if groups == nil {
+				groups = make(map[uint16]*group)
 			}
-			ttl := e.TTL
-			if e.farewell {
-				ttl = 0 // see renew.lua
+			g := groups[w.slot(e)]
+			if g == nil {
+				g = &group{}
+				groups[w.slot(e)] = g
 			}
-			e.beat = e.beat || e.waiters != nil
-			batch = append(batch, Renewal{e: e, Kind: e.Kind, Owner: e.Owner, Keys: e.Keys, TTL: ttl, limit: limit})
+			g.must++
+		}
+	}
+	if len(batch) > 0 {
+		// The loop above dropped the lost holds and stopped renewing
+		// those past Until.
+		for e := range w.entries {
+			if e.Renew && !e.busy && now.Before(e.must()) && !now.Before(e.may()) {
+				if g := groups[w.slot(e)]; g != nil && g.must%Batch != 0 {
+					g.may = append(g.may, e)
+				}
+			}
+		}
+		for _, g := range groups {
+			room := Batch - g.must%Batch
+			if room == Batch || len(g.may) == 0 {
+				continue
+			}
+			if len(g.may) > room {
+				slices.SortFunc(g.may, func(a, b *Entry) int { return a.must().Compare(b.must()) })
+				g.may = g.may[:room]
+			}
+			for _, e := range g.may {
+				batch = append(batch, w.take(e, now))
+			}
 		}
 	}
 	w.mu.Unlock()
@@ -284,6 +331,46 @@ func (w *Watchdog) collect(now time.Time) []Renewal {
 	return batch
 }
 
+// take marks e busy and returns its renewal, of a batch collected at now.
+// w.mu must be held.
+func (w *Watchdog) take(e *Entry, now time.Time) Renewal {
+	// A hold's renewal is of use until its lease runs out; a waiter's
+	// heartbeat for as long as Redis keeps its record (a late one still
+	// refreshes it), which is at least a heartbeat from now.
+	e.busy = true
+	limit := now.Add(e.TTL)
+	if e.Hold {
+		limit = e.deadline
+	}
+	ttl := e.TTL
+	if e.farewell {
+		ttl = 0 // see renew.lua
+	}
+	e.beat = e.beat || e.waiters != nil
+	return Renewal{e: e, Kind: e.Kind, Owner: e.Owner, Keys: e.Keys, TTL: ttl, limit: limit}
+}
+
+// slot returns the hash slot by which split groups e's renewals: 0 unless
+// Sharded.
+func (w *Watchdog) slot(e *Entry) uint16 {
+	if !w.cfg.Sharded {
+		return 0
+	}
+	return schema.Slot(e.Keys[0])
+}
+
+// must returns from when e's renewal must go: a sixth of its interval
+// before it is due. run wakes then.
+func (e *Entry) must() time.Time {
+	return e.due.Add(-e.interval(e.TTL) / 6)
+}
+
+// may returns from when e's renewal may go early, to fill a call made for
+// others: a third of its interval before it is due.
+func (e *Entry) may() time.Time {
+	return e.due.Add(-e.interval(e.TTL) / 3)
+}
+
 // sleep returns how long run may sleep: until the next renewal is due or
 // the next deadline passes.
 func (w *Watchdog) sleep(now time.Time) time.Duration {
@@ -291,8 +378,8 @@ func (w *Watchdog) sleep(now time.Time) time.Duration {
 	defer w.mu.Unlock()
 	next := now.Add(time.Hour)
 	for e := range w.entries {
-		if e.Renew && !e.busy && e.due.Add(-e.interval(e.TTL)/6).Before(next) {
-			next = e.due.Add(-e.interval(e.TTL) / 6)
+		if e.Renew && !e.busy && e.must().Before(next) {
+			next = e.must()
 		}
 		if e.Hold && e.deadline.Before(next) {
 			next = e.deadline
