@@ -60,8 +60,12 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 					}()
 				}
 			}
-			eventually(t, 5*time.Second, "8 waiters on 2 subscriptions", func() bool {
-				return started.Load() == clients*perClient && subscribers(t, admin, name) == clients
+			// Every waiter queued (its first attempt done: a first
+			// attempt that fails returns its error) and two
+			// subscriptions.
+			eventually(t, 5*time.Second, "8 waiters queued on 2 subscriptions", func() bool {
+				return started.Load() == clients*perClient && subscribers(t, admin, name) == clients &&
+					admin.LLen(ctx, "redisync:lock:{"+name+"}:waiting").Val() == clients*perClient
 			})
 
 			if tc.proxy {
