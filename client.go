@@ -2,6 +2,8 @@ package redisync
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -268,7 +270,32 @@ func (c *Client) enter(ctx context.Context, channel string) (leave func(), err e
 }
 
 // ticket mints an id unique to this Client value, that starts with label
-// (see WithLabel): a semaphore holding's or a Lock call's ticket.
+// (see WithLabel): a semaphore holding's or a Lock call's ticket,
+// "label/client-n.random". A grant is addressed to a ticket (or to a
+// semaphore waiter id made from it): its random part, from crypto/rand,
+// makes the address of a waiting call known only to Redis and to this
+// Client until the grant is published, so that a grant forged by another
+// publisher on the grant channel names no waiting call (see
+// docs/design.md, Tickets). The scripts and internal/schema find the
+// Client id before the last '-', which the hex random part never holds.
 func (c *Client) ticket(label string) string {
-	return label + "/" + c.id + "-" + strconv.FormatUint(c.seq.Add(1), 10)
+	var b [MaxLabelLen + 128]byte
+	s := append(b[:0], label...)
+	s = append(s, '/')
+	s = append(s, c.id...)
+	s = append(s, '-')
+	s = strconv.AppendUint(s, c.seq.Add(1), 10)
+	return string(appendRandom(s))
+}
+
+// randomBytes is the size of the random part of a ticket or a waiter id:
+// 96 bits.
+const randomBytes = 12
+
+// appendRandom appends to b '.' and randomBytes from crypto/rand, in
+// lowercase hex.
+func appendRandom(b []byte) []byte {
+	var r [randomBytes]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand.Read)
+	return hex.AppendEncode(append(b, '.'), r[:])
 }

@@ -18,7 +18,7 @@ import (
 // own connections (lanes) run the scripts as the functions of one library,
 // loaded once per server (FUNCTION LOAD) and called with FCALL. A script
 // sent with EVALSHA runs the definitions of its helpers again at every
-// call, which costs a lock's acquisition about a third of its script time;
+// call, which costs a lock's acquisition about a fifth of its script time;
 // a function finds them defined. The library's name carries a digest of its
 // code, so that the processes of two versions of redisync on one server
 // (during a rolling deploy) each call their own. The scripts' bodies are

@@ -122,7 +122,7 @@ type SemaphoreHolder struct {
 
 // SemaphoreWaiter is a queued waiter for permits: one blocked Acquire.
 type SemaphoreWaiter struct {
-	ID      string // the waiter id: the holder id, "#", the Acquire's number
+	ID      string // the waiter id: the holder id, "#", the Acquire's number, "." and a random part
 	Holder  string // the holder id of the Semaphore value that waits
 	Label   string // whose call, for people (see WithLabel)
 	Permits int64  // permits wanted
@@ -294,7 +294,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	nowUS := st.ServerTime.UnixMicro()
 	for _, z := range queue.Val() {
 		id := fmt.Sprint(z.Member)
-		holder := id // a waiter id is "holder id#call"; a label may hold '#'
+		holder := id // a waiter id is "holder id#call.random"; a label may hold '#'
 		if i := strings.LastIndexByte(id, '#'); i >= 0 {
 			holder = id[:i]
 		}

@@ -27,8 +27,10 @@ type acquireCall struct {
 	holder string
 	onto   *hold
 	// waiter is the call's id in the queue and on the channel:
-	// "holder#number", one per call, so that a message granting an
-	// earlier call is never taken for this one.
+	// "holder#number.random", one per call, so that a message granting an
+	// earlier call is never taken for this one; its random part (see
+	// appendRandom) keeps it unknown to other publishers on the grant
+	// channel even when they learnt holder from an earlier grant.
 	waiter string
 	place
 }
@@ -49,7 +51,10 @@ func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
 // held.
 func (s *Semaphore) nextWaiter(holder string) string {
 	s.calls++
-	return holder + "#" + strconv.FormatInt(s.calls, 10)
+	b := make([]byte, 0, len(holder)+48)
+	b = append(append(b, holder...), '#')
+	b = strconv.AppendInt(b, s.calls, 10)
+	return string(appendRandom(b))
 }
 
 // attempt runs the acquire script once. It reports whether s holds n more

@@ -493,11 +493,15 @@ func (l *labeler) name(owner string) string {
 	}
 	i := strings.LastIndexByte(owner, '-')
 	if i > 0 {
+		n := owner[i+1:] // the number, then '.' and the ticket's random part
+		if j := strings.IndexByte(n, '.'); j >= 0 {
+			n = n[:j]
+		}
 		if c, ok := l.clients[owner[:i]]; ok {
-			return c + "#" + owner[i+1:]
+			return c + "#" + n
 		}
 		if i > 8 {
-			return owner[:8] + "…" + owner[i:]
+			return owner[:8] + "…-" + n
 		}
 	}
 	return owner

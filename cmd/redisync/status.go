@@ -62,9 +62,9 @@ lock NAME is held, or the election NAME has a leader; 1 none of them
 With --watch: 0 when interrupted. With --all: 0, or 64, 69, 70.
 
 Times come from the Redis server's clock. An owner id is the holder's
-label (by default "host/pid"; see redisync.WithLabel), "/", its client id
-and a number; a semaphore waiter is an owner id followed by "#" and the
-number of its Acquire.
+label (by default "host/pid"; see redisync.WithLabel), "/", its client id,
+"-", a number, "." and a random part; a semaphore waiter is an owner id
+followed by "#", the number of its Acquire, "." and a random part.
 
 Examples:
   # who holds backup and who waits; exit 0 when it is held, 1 when free

@@ -258,7 +258,7 @@ type Semaphore struct {
 	// Size is the semaphore's size record (ParseSemSize), stored while it
 	// is in use and an hour after the last Acquire.
 	Size string
-	// Queue is a zset of waiter id ("holder id#call number") -> the server
+	// Queue is a zset of waiter id ("holder id#call number.random") -> the server
 	// time in µs when it joined, as a lock's queue.
 	Queue string
 	// Waiters holds the waiters' records: a hash of waiter id -> a
@@ -368,7 +368,8 @@ func ClientField(id string) string { return "{client}" + Client(id) }
 // id starts with '{'.
 const HandoffPrefix = "{handoff}"
 
-// Label returns the label that starts a hold id ("label/client-n") or a
+// Label returns the label that starts a hold id ("label/client-n.random",
+// see Client) or a
 // hand-off handle, or "" for an id without one. A semaphore waiter id's
 // label is its holder id's.
 func Label(id string) string {
@@ -380,10 +381,11 @@ func Label(id string) string {
 	return id[:i]
 }
 
-// Client returns the client id in a hold id ("label/client-n"), a
-// semaphore waiter id ("label/client-n#m") or a ticket, or "" for an id of
-// another form. The scripts find it the same way (scripts/lib.lua,
-// grant_channel).
+// Client returns the client id in a hold id or a ticket
+// ("label/client-n.random", or "label/client-n"), a semaphore waiter id
+// ("label/client-n.random#m.random", or "label/client-n#m"), or "" for an
+// id of another form; a random part is hex, without '-'. The scripts find
+// it the same way (scripts/lib.lua, grant_channel).
 func Client(id string) string {
 	id = id[strings.LastIndexByte(id, '/')+1:]
 	if i := strings.LastIndexByte(id, '#'); i >= 0 {
