@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"reflect"
@@ -291,6 +292,15 @@ func (c *Client) ticket(label string) string {
 // randomBytes is the size of the random part of a ticket or a waiter id:
 // 96 bits.
 const randomBytes = 12
+
+// appendRandomDigits appends to b 96 bits from crypto/rand as 30 decimal
+// digits (20 and 10, zero-padded).
+func appendRandomDigits(b []byte) []byte {
+	var r [randomBytes]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand.Read)
+	hi, lo := binary.LittleEndian.Uint64(r[:8]), binary.LittleEndian.Uint32(r[8:])
+	return fmt.Appendf(b, "%020d%010d", hi, lo)
+}
 
 // appendRandom appends to b '.' and randomBytes from crypto/rand, in
 // lowercase hex.

@@ -189,8 +189,11 @@ func TestTicketsHaveARandomPart(t *testing.T) {
 		seen[random] = true
 		s := c.NewSemaphore("s", 2)
 		w1, w2 := s.nextWaiter(ticket), s.nextWaiter(ticket)
-		if w1 == w2 || !strings.HasPrefix(w1, ticket+"#1.") || !strings.HasPrefix(w2, ticket+"#2.") {
-			t.Fatalf("waiter ids %q and %q of holder %q: want holder, '#', the call's number, '.', a random part", w1, w2, ticket)
+		d1, _ := strings.CutPrefix(w1, ticket+"#")
+		d2, _ := strings.CutPrefix(w2, ticket+"#")
+		if w1 == w2 || len(d1) != 31 || len(d2) != 31 || strings.Trim(d1+d2, "0123456789") != "" ||
+			!strings.HasSuffix(d1, "1") || !strings.HasSuffix(d2, "2") || d1[:30] == d2[:30] {
+			t.Fatalf("waiter ids %q and %q of holder %q: want holder, '#', 30 random digits, the call's number", w1, w2, ticket)
 		}
 		for _, id := range []string{ticket, w1, schema.HandoffPrefix + ticket} {
 			if got := schema.Client(id); got != c.id {

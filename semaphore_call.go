@@ -27,10 +27,13 @@ type acquireCall struct {
 	holder string
 	onto   *hold
 	// waiter is the call's id in the queue and on the channel:
-	// "holder#number.random", one per call, so that a message granting an
-	// earlier call is never taken for this one; its random part (see
-	// appendRandom) keeps it unknown to other publishers on the grant
-	// channel even when they learnt holder from an earlier grant.
+	// "holder#digits", one per call, so that a message granting an
+	// earlier call is never taken for this one: 30 random digits (see
+	// appendRandomDigits), which keep it unknown to other publishers on
+	// the grant channel even when they learnt holder from an earlier
+	// grant, then the call's number. Digits only after the '#', as every
+	// version's scripts read a waiter id (sem_lib.lua, sem_holder): a
+	// semaphore's layout is shared with earlier versions.
 	waiter string
 	place
 }
@@ -51,10 +54,9 @@ func (s *Semaphore) newCall(n int64, mode string) *acquireCall {
 // held.
 func (s *Semaphore) nextWaiter(holder string) string {
 	s.calls++
-	b := make([]byte, 0, len(holder)+48)
-	b = append(append(b, holder...), '#')
-	b = strconv.AppendInt(b, s.calls, 10)
-	return string(appendRandom(b))
+	b := make([]byte, 0, len(holder)+52)
+	b = appendRandomDigits(append(append(b, holder...), '#'))
+	return string(strconv.AppendInt(b, s.calls, 10))
 }
 
 // attempt runs the acquire script once. It reports whether s holds n more

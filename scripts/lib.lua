@@ -91,7 +91,7 @@ end
 local CLIENT_FIELD = '{client}'
 
 -- client_of returns the client id in a ticket ("label/client-n.random"),
--- a hold id, or a semaphore waiter id ("label/client-n.random#m.random")
+-- a hold id, or a semaphore waiter id ("label/client-n.random#digits")
 -- (internal/schema, Client): the random parts are hex, without '-'.
 local function client_of(id)
   local c = string.match(id, '[^/]*$')
@@ -203,7 +203,7 @@ local function mint(token, lease)
 end
 
 -- grant_channel returns the channel on which a grant to id (a ticket, or a
--- semaphore waiter id, "label/client-n.random#m.random") is published: channel, ':' and
+-- semaphore waiter id, "label/client-n.random#digits") is published: channel, ':' and
 -- the id's client (internal/schema, Client). Only the grantee's process
 -- subscribes to it, so only it is woken.
 local function grant_channel(channel, id)

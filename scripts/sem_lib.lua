@@ -114,10 +114,9 @@ local function sem_store_size(k, size)
   redis.call('SET', k.size, size .. ':' .. SEM_LAYOUT)
 end
 
--- sem_holder returns the holder id of a waiter id ("holder#m.random", or
--- "holder#m").
+-- sem_holder returns the holder id of a waiter id.
 local function sem_holder(waiter)
-  return string.match(waiter, '^(.*)#%d+%.%x+$') or string.match(waiter, '^(.*)#%d+$') or waiter
+  return string.match(waiter, '^(.*)#%d+$') or waiter
 end
 
 -- sem_load reads every holder record's value (HVALS), once per script: a

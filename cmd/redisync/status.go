@@ -64,7 +64,7 @@ With --watch: 0 when interrupted. With --all: 0, or 64, 69, 70.
 Times come from the Redis server's clock. An owner id is the holder's
 label (by default "host/pid"; see redisync.WithLabel), "/", its client id,
 "-", a number, "." and a random part; a semaphore waiter is an owner id
-followed by "#", the number of its Acquire, "." and a random part.
+followed by "#", 30 random digits and the number of its Acquire.
 
 Examples:
   # who holds backup and who waits; exit 0 when it is held, 1 when free

@@ -383,7 +383,7 @@ func Label(id string) string {
 
 // Client returns the client id in a hold id or a ticket
 // ("label/client-n.random", or "label/client-n"), a semaphore waiter id
-// ("label/client-n.random#m.random", or "label/client-n#m"), or "" for an
+// ("label/client-n.random#digits", or "label/client-n#m"), or "" for an
 // id of another form; a random part is hex, without '-'. The scripts find
 // it the same way (scripts/lib.lua, grant_channel).
 func Client(id string) string {
