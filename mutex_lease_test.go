@@ -393,7 +393,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	at := freeze(mr)
-	c := newClient(t, rdb, WithCrashTimeout(60*time.Millisecond), WithMaxHold(30*time.Millisecond))
+	c := newClient(t, rdb, WithCrashTimeout(600*time.Millisecond), WithMaxHold(300*time.Millisecond))
 	m := c.NewMutex("capext")
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
