@@ -215,7 +215,7 @@ func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fields
+	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.SemUsedField })
 }
 
 // lockHeld reports whether the lock whose hash is key is held.

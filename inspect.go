@@ -277,6 +277,9 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		end[fmt.Sprint(z.Member)] = z.Score
 	}
 	for id, v := range holders.Val() {
+		if id == schema.SemUsedField {
+			continue
+		}
 		rec, ok := schema.ParseSemHolder(v)
 		if !ok {
 			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a holder record for " + id})

@@ -121,16 +121,32 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
 		}
 	})
+	t.Run("busy, layout 2", func(t *testing.T) { // holders counted by reading every record
+		mr, rdb, _ := newMini(t)
+		c := newClient(t, rdb)
+		if err := mr.Set(k.Size, "5:2"); err != nil {
+			t.Fatal(err)
+		}
+		mr.HSet(k.Holders, "other-version/abc-1", "2:1")
+		before := mr.Dump()
+		if ok, err := c.NewSemaphore("pool", 5).TryAcquire(ctx, 1); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 2") {
+			t.Errorf("TryAcquire: %v, %v; want ErrLayout", ok, err)
+		}
+		mr.Del(k.Withdrawn)
+		if after := mr.Dump(); after != before {
+			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
+		}
+	})
 	t.Run("busy, a newer layout", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)
-		if err := mr.Set(k.Size, "5:3"); err != nil {
+		if err := mr.Set(k.Size, "5:4"); err != nil {
 			t.Fatal(err)
 		}
 		mr.ZAdd(k.Queue, 1, "other-version/abc-1#1")
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := c.NewSemaphore("pool", 5).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 3") {
+		if err := c.NewSemaphore("pool", 5).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 4") {
 			t.Errorf("Acquire: %v; want ErrLayout", err)
 		}
 	})

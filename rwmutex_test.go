@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 const rwKey = "redisync:rw:{rw}"
@@ -379,8 +380,8 @@ func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
 	if err != nil || w.Token() != stored {
 		t.Fatalf("token %d after a replayed acquire, counter %d (%v)", w.Token(), stored, err)
 	}
-	if got := mustHKeys(t, mr, rwKey); len(got) != 1 {
-		t.Fatalf("holders %v, want one", got)
+	if got := mustHKeys(t, mr, rwKey); len(got) != 2 || !slices.Contains(got, schema.SemUsedField) {
+		t.Fatalf("fields of the holders hash %v, want one holder and the count", got)
 	}
 	if err := w.Unlock(ctx); err != nil {
 		t.Fatal(err)

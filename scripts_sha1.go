@@ -14,9 +14,9 @@ var scriptSHA1 = map[string]string{
 	"redlockRaise": "9c46d81ad5d6377b9a0c1c39f07912b688447bd3",
 	"release":      "c6c10a3bc359bee597f05a4716e1254322bf37cb",
 	"renew":        "fbce8b45fd52829a016f3c104fd2cbba0a528d80",
-	"semAcquire":   "efaa80e31b4827b0b6d6f47492e0090d1fd6e78c",
-	"semRelease":   "4f78775110107a42daf19322721ad20e2b8ce91e",
-	"semResize":    "734c4083b369418edf16a8f571e1b29f8f65faad",
+	"semAcquire":   "bbe8f14eb2e46d39a7f51fa2a26dac9dff9bddd7",
+	"semRelease":   "96e17b005f9f386ea7ed228ba2baca1756579f7a",
+	"semResize":    "f6f1fdd3c71526d3c7448542945ec55d5bf7a77f",
 	"ttl":          "68437860f20ce61d394641758de3c8d5e6ebf044",
 	"wake":         "a5961c60de6cc76fb1572a44aa40ead7bdd3a6e3",
 }

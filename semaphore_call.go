@@ -200,6 +200,12 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 // Redis ran before the grant was sent (see place.confirmed).
 func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 	n, ms, ours := parseGrant(grant, a.waiter)
+	if n == 0 {
+		// Not a grant: the script that sent it stopped at its bound
+		// with the call at the queue's head, and the attempt serves
+		// the queue on.
+		return false, nil
+	}
 	var token int64
 	if a.s.fence && a.n == a.s.size {
 		n, token = a.n, n

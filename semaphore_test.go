@@ -115,7 +115,7 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 	if ok, err := b.TryAcquire(ctx, 2); !ok || err != nil {
 		t.Fatalf("TryAcquire(2) with 2 free: %v, %v, want true", ok, err)
 	}
-	if got, _ := mr.Get(semKey + ":size"); got != "5:2" { // size:layout
+	if got, _ := mr.Get(semKey + ":size"); got != "5:3" { // size:layout
 		t.Fatalf("stored size %q, want 5", got)
 	}
 	if err := a.Release(ctx, 2); err != nil || a.Held() != 1 || permitsOf(mr, a) != "1" {
@@ -144,7 +144,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	if ok, err := other.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrSizeMismatch) {
 		t.Fatalf("TryAcquire with another size: %v, %v, want ErrSizeMismatch", ok, err)
 	}
-	if got, _ := mr.Get(semKey + ":size"); got != "3:2" {
+	if got, _ := mr.Get(semKey + ":size"); got != "3:3" {
 		t.Fatalf("stored size changed to %q", got)
 	}
 	if other.Held() != 0 || queueLen(t, mr) != 0 {

@@ -34,7 +34,9 @@
 -- Reply: {1, token}  the caller holds n more permits; token is the fencing
 --                    token of a RWMutex's write, else 0
 --        {0, ms}     not granted (queued in mode "queue"); ms until the
---                    earliest lease ends (-1: no holder)
+--                    earliest lease ends (-1: no holder), or 1 when the
+--                    call stopped at a bound (sem_lib.lua: reclaim_max,
+--                    serve_max) and a later call is to go on
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
 --        {-2, size}  the stored size differs from ARGV[3]
 --        {-3, 0}     the call was withdrawn, or this is a stale copy of an
@@ -73,7 +75,8 @@ if held == 0 and ARGV[9] ~= '1' and redis.call('ZSCORE', KEYS[7], holder) then
 end
 sem_peek(k)
 local queued = redis.call('ZSCORE', k.queue, waiter)
-sem_load(k) -- every holder record is checked
+sem_load(k)
+sem_mine(k, holder) -- the caller's record is checked
 
 local now = now_ms()
 sem_reclaim(k, now) -- reads the expiry zset before it writes
@@ -148,5 +151,8 @@ if mode == 'queue' then
   end
   redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
   keep_alive(k.waiters, 2 * ttl)
+end
+if k.more or k.ended then
+  return {0, 1} -- a later call serves the rest of the queue, or reclaims more
 end
 return {0, sem_next(k, now)}

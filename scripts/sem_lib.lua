@@ -5,7 +5,8 @@
 --   holders: hash holder id -> "permits:seq", where seq is the highest call
 --            number of the holder's value applied to it: a call numbered
 --            seq again is a retry (of a call that was applied), one numbered
---            lower a stale copy; neither changes anything
+--            lower a stale copy; neither changes anything; and USED -> the
+--            permits in use, the sum of the records' permits
 --   expiry:  zset holder id -> end of the holder's lease, ms of server time
 --   size:    string "size:layout", the size every Client must agree on
 --            and the layout of the semaphore's keys (sem_size); it lives while
@@ -20,12 +21,27 @@
 --            grant applies that call; and a Client's liveness deadline (see
 --            lib.lua, CLIENT_FIELD)
 -- Holders whose lease has ended are removed by every script call before it
--- does anything else.
+-- does anything else, at most reclaim_max of them.
+--
+-- The work of one call is bounded by constants, whatever the number of
+-- holders, waiters and withdrawn calls: no call reads every record.
 
 -- SEM_LAYOUT is the version of the semaphore's stored layout that these
 -- scripts read and write (internal/schema.SemLayout), carried in its size
 -- record after the size ("size:layout").
-local SEM_LAYOUT = '2'
+local SEM_LAYOUT = '3'
+
+-- USED is the field of the holders hash that counts the permits in use
+-- (no holder id is USED: an id has a '/', see internal/schema, Client).
+-- Every change of a record changes it in the same call; it is absent
+-- while nobody holds a permit.
+local USED = '{used}'
+
+-- reclaim_max bounds the holders whose lease ended that one call removes;
+-- serve_max the waiters one call grants or drops as dead (the rest are
+-- served by the next call: see sem_serve); prune_max the entries one call
+-- forgets from the zsets of withdrawn calls and of releases.
+local reclaim_max, serve_max, prune_max = 64, 8, 64
 
 -- withdrawn_ms is how long a withdrawn call (one that gave up) stays
 -- refused: a copy of one of its calls still in flight when it was withdrawn
@@ -57,12 +73,23 @@ local function join_queue(queue, id, us, record, ms)
   end
 end
 
+-- prune removes from the zset key the members scored upto (ms) or
+-- lower, the lowest scored first, at most prune_max of them: each call
+-- adds at most one member, so a zset pruned this way stays as short as
+-- its members' time to live allows.
+local function prune(key, upto)
+  local n = redis.call('ZCOUNT', key, '-inf', string.format('%d', upto))
+  if n > 0 then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(n, prune_max) - 1)
+  end
+end
+
 -- mark_withdrawn refuses a waiter id from now on (see
 -- withdrawn_ms), in a zset waiter id -> server time of the withdrawal,
 -- pruned as it goes.
 local function mark_withdrawn(gone, waiter)
   local now = now_ms()
-  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now - withdrawn_ms)
+  prune(gone, now - withdrawn_ms)
   redis.call('ZADD', gone, now, waiter)
   redis.call('PEXPIRE', gone, withdrawn_ms)
 end
@@ -119,59 +146,103 @@ local function sem_holder(waiter)
   return string.match(waiter, '^(.*)#%d+$') or waiter
 end
 
--- sem_load reads every holder record's value (HVALS), once per script: a
--- record that redisync did not write fails the script here, before it
--- writes anything. It keeps the permits in use in k.used, and in k.held
+-- sem_load reads the permits in use (USED) into k.used, once per script:
+-- a holders key of the wrong type, or a count that redisync did not
+-- write, fails the script here, before it writes anything. k.held keeps
 -- the records sem_mine has read (holder id -> {permits, call number});
--- sem_put and sem_reclaim keep both in step with the hash. (HGETALL would
--- read the records in the same call, but the ACL of docs/acl.md, which
--- users have deployed, does not allow it.)
+-- sem_put and sem_reclaim keep both in step with the hash.
 local function sem_load(k)
+  local v = redis.call('HGET', k.holders, USED)
   local used = 0
-  for _, v in ipairs(redis.call('HVALS', k.holders)) do
-    used = used + sem_parse(v, k.holders)
+  if v then
+    used = tonumber(string.match(v, '^%d+$'))
+    if not used then
+      wrong(k.holders, 'a count of permits')
+    end
   end
   k.used, k.held = used, {}
 end
 
+-- sem_count writes k.used into USED (removed at zero).
+local function sem_count(k)
+  if k.used > 0 then
+    redis.call('HSET', k.holders, USED, string.format('%d', k.used))
+  else
+    redis.call('HDEL', k.holders, USED)
+  end
+end
+
+-- sem_forget removes holders (a list of ids) whose records held permits
+-- (their sum) from the hash and the expiry zset.
+local function sem_forget(k, holders, permits)
+  for _, h in ipairs(holders) do
+    k.held[h] = {0, 0}
+  end
+  k.used = math.max(k.used - permits, 0)
+  redis.call('HDEL', k.holders, unpack(holders))
+  redis.call('ZREM', k.expiry, unpack(holders))
+  sem_count(k)
+end
+
 -- sem_mine returns a holder's permits and call number (0, 0 for none),
--- reading its record once per script.
-local function sem_mine(k, holder)
+-- reading its record once per script; with soft, nil for a record that
+-- redisync did not write (which fails the script otherwise). After a reclaim that stopped at
+-- reclaim_max (k.ended), a holder whose lease has ended is reclaimed here.
+local function sem_mine(k, holder, soft)
   local r = k.held[holder]
   if not r then
-    r = {sem_parse(redis.call('HGET', k.holders, holder))}
+    local v = redis.call('HGET', k.holders, holder)
+    if soft and v and not string.match(v, '^%d+:%d+$') then
+      return nil
+    end
+    r = {sem_parse(v, k.holders)}
     k.held[holder] = r
+    if k.ended and r[1] > 0 then
+      local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
+      if e and e <= k.ended then
+        sem_forget(k, {holder}, r[1])
+        r = k.held[holder]
+      end
+    end
   end
   return r[1], r[2]
 end
 
 -- sem_put sets a holder's permits (removing it at zero) and call number.
 local function sem_put(k, holder, permits, seq)
-  k.used = k.used + permits - sem_mine(k, holder)
+  local mine = sem_mine(k, holder)
   if permits > 0 then
-    redis.call('HSET', k.holders, holder, permits .. ':' .. seq)
+    k.used = k.used + permits - mine
+    redis.call('HSET', k.holders, holder, permits .. ':' .. seq, USED, string.format('%d', k.used))
     k.held[holder] = {permits, seq}
   else
-    redis.call('HDEL', k.holders, holder)
-    redis.call('ZREM', k.expiry, holder)
-    k.held[holder] = {0, 0}
+    sem_forget(k, {holder}, mine)
   end
 end
 
--- sem_lease makes a holder's lease end no earlier than now + ms, and the
--- keys live at least as long (the size too), so that no holder outlives
--- its record. A grant to a waiter (granted) has the short grant lease,
--- which the keys, kept as long as the other holders' full leases, usually
--- outlive already: their TTL is read first (see lib.lua, keep_longer).
-local function sem_lease(k, holder, now, ms, granted)
-  local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
-  if not e or e < now + ms then
-    redis.call('ZADD', k.expiry, now + ms, holder)
-  end
+-- sem_keep makes the keys live at least ms (the size too), so that no
+-- holder outlives its record. A grant to a waiter (granted) has the short
+-- grant lease, which the keys, kept as long as the other holders' full
+-- leases, usually outlive already: their TTL is read first (see lib.lua,
+-- keep_longer).
+local function sem_keep(k, ms, granted)
   local keep = granted and keep_longer or keep_alive
   keep(k.holders, ms)
   keep(k.expiry, ms)
   keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
+end
+
+-- sem_lease makes a holder's lease end no earlier than now + ms, and the
+-- keys live at least as long (sem_keep), unless later: then the caller
+-- keeps them alive once for all the leases it sets.
+local function sem_lease(k, holder, now, ms, granted, later)
+  local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
+  if not e or e < now + ms then
+    redis.call('ZADD', k.expiry, now + ms, holder)
+  end
+  if not later then
+    sem_keep(k, ms, granted)
+  end
 end
 
 -- sem_rearm makes a holder's lease end at now + ms exactly (a holder that
@@ -184,17 +255,24 @@ local function sem_rearm(k, holder, now, ms)
   keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua
 end
 
--- sem_reclaim removes the holders whose lease ended by now (see sem_load).
--- It reads the expiry zset before it writes (one of the wrong type fails
--- there).
+-- sem_reclaim removes the holders whose lease ended by now, the earliest
+-- ended first, at most reclaim_max of them; when there may be more,
+-- k.ended is now (see sem_mine), and their permits count as in use until
+-- a later call reclaims them. It reads the expiry zset and the records
+-- before it writes (a key of the wrong type, or a record that redisync
+-- did not write, fails there).
 local function sem_reclaim(k, now)
-  local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now)
-  for i = 1, #gone, 1000 do
-    redis.call('HDEL', k.holders, unpack(gone, i, math.min(i + 999, #gone)))
+  local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now, 'LIMIT', 0, reclaim_max)
+  if #gone == 0 then
+    return
   end
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
-    sem_load(k) -- the permits in use, anew (rarely: a holder died)
+  local permits = 0
+  for _, v in ipairs(redis.call('HMGET', k.holders, unpack(gone))) do
+    permits = permits + sem_parse(v, k.holders)
+  end
+  sem_forget(k, gone, permits)
+  if #gone == reclaim_max then
+    k.ended, k.held = now, {} -- records read again are checked (sem_mine)
   end
 end
 
@@ -246,12 +324,24 @@ end
 -- RWMutex's) mints a token for every waiter granted the whole size (a
 -- write), sent in the message in place of the permits. It returns the
 -- permits in use afterwards, whether self was granted, self's token (0
--- for none), whether a live waiter is still queued (one that does not
--- fit; the queue is empty otherwise), and whether self was dropped as
--- dead.
+-- for none), whether a waiter that may be live is still queued (one that
+-- does not fit, or one left for a later call; the queue is empty
+-- otherwise), and whether self was dropped as dead.
+-- It grants or drops at most serve_max waiters; then k.more is true, and
+-- the next waiter, when alive, is sent "waiter:0:ms", which asks it to
+-- attempt again at once (an attempt serves the queue from its head).
 local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
   local msgs, order = {}, {} -- grant channel -> its grants; channels in order
   local served, selftoken, waiting, dropped = false, 0, false, false
+  local function send(head, grant)
+    local ch = grant_channel(channel, head)
+    if not msgs[ch] then
+      msgs[ch], order[#order + 1] = {}, ch
+    end
+    table.insert(msgs[ch], head .. ':' .. grant .. ':' .. now)
+  end
+  local steps = 0
+  local selfms, grantms -- the leases set: the keys live as long (sem_keep)
   while true do
     local head, v = sem_next_waiter(k)
     if not head then
@@ -260,10 +350,23 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
     local d, l, w, q = string.match(v[1] or '', '^(%d+):(%d+):(%d+):(%d+)$')
     local lease, want = tonumber(l), tonumber(w)
     local live = want and alive(tonumber(d), v[2], now)
+    if live and not sem_mine(k, sem_holder(head), true) then
+      -- Its holder's record is not redisync's: served as a dead waiter,
+      -- as its own next call fails on the record.
+      live = false
+    end
     if live and used + want > size then
       waiting = true
       break
     end
+    if steps == serve_max then
+      waiting, k.more = true, true
+      if live and head ~= self then
+        send(head, '0')
+      end
+      break
+    end
+    steps = steps + 1
     redis.call('ZREM', k.queue, head)
     redis.call('HDEL', k.waiters, head)
     if v[2] and not alive(false, v[2], now) then
@@ -284,16 +387,23 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
         selftoken = token
       else
         s = math.max(s, tonumber(q))
-        local ch = grant_channel(channel, head)
-        if not msgs[ch] then
-          msgs[ch], order[#order + 1] = {}, ch
-        end
-        table.insert(msgs[ch], head .. ':' .. string.format('%d', token > 0 and token or want) .. ':' .. now)
+        send(head, string.format('%d', token > 0 and token or want))
       end
       sem_put(k, holder, permits + want, s)
-      sem_lease(k, holder, now, lease, head ~= self)
+      sem_lease(k, holder, now, lease, head ~= self, true)
+      if head == self then
+        selfms = lease
+      else
+        grantms = math.max(grantms or 0, lease)
+      end
       used = used + want
     end
+  end
+  if grantms then
+    sem_keep(k, grantms, true)
+  end
+  if selfms then
+    sem_keep(k, selfms, false)
   end
   for _, ch in ipairs(order) do
     redis.call(publish, ch, table.concat(msgs[ch], ' '))

@@ -53,14 +53,15 @@ end
 -- written.
 sem_peek(k)
 local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
-sem_load(k) -- every holder record is checked
+sem_load(k)
+sem_mine(k, holder) -- the caller's record is checked
 if mode == 'withdraw' then
   redis.call('ZCARD', KEYS[6])
 end
 
 local now = now_ms()
 sem_reclaim(k, now)
-redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
+prune(released, now)
 local mine, mseq = sem_mine(k, holder)
 local result = 1
 if mode == 'withdraw' then

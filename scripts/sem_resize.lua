@@ -29,10 +29,11 @@ if stored and stored ~= from and stored ~= to then
   return {0, stored}
 end
 
+local now = now_ms()
+local live = math.max(redis.call('PTTL', k.holders), redis.call('PTTL', k.queue))
+sem_reclaim(k, now) -- reads the records it reclaims before it writes
 sem_store_size(k, to)
 keep_alive(k.size, state_memory_ms)
-keep_alive(k.size, math.max(redis.call('PTTL', k.holders), redis.call('PTTL', k.queue)))
-local now = now_ms()
-sem_reclaim(k, now)
+keep_alive(k.size, live)
 sem_serve(k, to, sem_used(k), now, false, 0, 0, ARGV[3], ARGV[4])
 return {1, 0}

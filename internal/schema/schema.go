@@ -25,7 +25,12 @@ const Layout = 3
 // SemLayout is the version of a semaphore's (and a RWMutex's) stored
 // layout, carried in its size record after the size; SEM_LAYOUT in
 // scripts/sem_lib.lua is the same number.
-const SemLayout = 2
+const SemLayout = 3
+
+// SemUsedField is the field of a semaphore's holders hash that counts the
+// permits in use (USED in scripts/sem_lib.lua); every other field is a
+// holder's record.
+const SemUsedField = "{used}"
 
 // LayoutField is the field of a lock's hash that holds its layout.
 const LayoutField = "{layout}"
