@@ -264,6 +264,9 @@ var (
 	// ErrNoNames is returned by the calls of a MultiMutex made with no
 	// names.
 	ErrNoNames = errors.New("redisync: no lock names")
+	// ErrTooManyNames is returned by the calls of a MultiMutex made with
+	// more than MaxMultiNames names. Hold fewer names at once.
+	ErrTooManyNames = errors.New("redisync: too many lock names")
 	// ErrDuplicateName is returned by the calls of a MultiMutex given the
 	// same name twice: a set holds each name once.
 	ErrDuplicateName = errors.New("redisync: duplicate lock name")

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,8 @@ func TestScriptsEnforceTheLimits(t *testing.T) {
 		{"a renewal of more than a batch", renewals(watchdog.Batch+1, time.Second)},
 		{"an election value over MaxMetadataLen", proclaimArgs{id: "vm/1/c-1", value: strings.Repeat("v", MaxMetadataLen+1),
 			publish: "PUBLISH", seq: 1}.call(schema.ElectionKeys("redisync", "limits"))},
+		{"a multi-lock acquisition of more than MaxMultiNames", multiAcquire(MaxMultiNames + 1)},
+		{"a multi-lock release of more than MaxMultiNames", multiRelease(MaxMultiNames + 1)},
 	} {
 		err := tc.call.run(ctx, rdb).Err()
 		if !errors.Is(redisError(err), ErrInvalidOption) {
@@ -57,6 +60,68 @@ func TestScriptsEnforceTheLimits(t *testing.T) {
 	}
 	if err := renewals(watchdog.Batch, MaxLease).run(ctx, rdb).Err(); err != nil {
 		t.Errorf("a renewal of a whole batch at the longest lease: %v", err)
+	}
+	if err := multiAcquire(MaxMultiNames).run(ctx, rdb).Err(); err != nil {
+		t.Errorf("a multi-lock acquisition of MaxMultiNames: %v", err)
+	}
+	if err := multiRelease(MaxMultiNames).run(ctx, rdb).Err(); err != nil {
+		t.Errorf("a multi-lock release of MaxMultiNames: %v", err)
+	}
+}
+
+// multiAcquire returns a call of multi_acquire.lua on n locks.
+func multiAcquire(n int) scriptCall {
+	return multiAcquireArgs{ticket: "vm/1/c-1", lease: time.Second}.call(manyLocks(n))
+}
+
+// multiRelease returns a call of multi_release.lua on n locks.
+func multiRelease(n int) scriptCall {
+	a := multiReleaseArgs{publish: "PUBLISH"}
+	for range n {
+		a.ids, a.tokens = append(a.ids, "vm/1/c-1"), append(a.tokens, 0)
+	}
+	return a.call(manyLocks(n))
+}
+
+// manyLocks returns the keys of n locks that share a slot.
+func manyLocks(n int) []schema.Lock {
+	ks := make([]schema.Lock, n)
+	for i, name := range manyNames("multi-", n) {
+		ks[i] = schema.LockKeys("redisync", name)
+	}
+	return ks
+}
+
+// manyNames returns n names that start with prefix.
+func manyNames(prefix string, n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return names
+}
+
+// A MultiMutex of MaxMultiNames names takes them all, in one script call
+// on one Redis, and releases them.
+func TestMultiMutexAtMaxMultiNames(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMultiMutex(manyNames("at-max-", MaxMultiNames))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range m.Names() {
+		if !lockHeld(t, mr, schema.LockKeys("redisync", name).Hash) {
+			t.Fatalf("%s is not held", name)
+		}
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range m.Names() {
+		if lockHeld(t, mr, schema.LockKeys("redisync", name).Hash) {
+			t.Fatalf("%s is still held", name)
+		}
 	}
 }
 
