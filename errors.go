@@ -51,6 +51,12 @@ var (
 	// than asked acknowledged an acquisition in time. The acquisition was
 	// undone.
 	ErrNotReplicated = errors.New("redisync: not acknowledged by enough replicas")
+	// ErrQueueFull is returned by a fair Mutex's Lock (a MultiMutex's
+	// Lock, an Election's Campaign) when the lock's fair queue holds as
+	// many calls as WithMaxWaiters allows already: the call did not join
+	// it, and left nothing in Redis. Try again later, or allow more
+	// waiters with WithMaxWaiters.
+	ErrQueueFull = errors.New("redisync: too many calls queued for the lock")
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")

@@ -1,6 +1,7 @@
 package redisync
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -43,6 +44,8 @@ func TestScriptsEnforceTheLimits(t *testing.T) {
 		{"a renewal of more than a batch", renewals(watchdog.Batch+1, time.Second)},
 		{"an election value over MaxMetadataLen", proclaimArgs{id: "vm/1/c-1", value: strings.Repeat("v", MaxMetadataLen+1),
 			publish: "PUBLISH", seq: 1}.call(schema.ElectionKeys("redisync", "limits"))},
+		{"a negative most waiters", acquireArgs{ticket: "vm/1/c-1", lease: time.Second, mode: "queue", heartbeat: time.Second,
+			handoff: time.Second, publish: "PUBLISH", most: -1}.call(k)},
 		{"a multi-lock acquisition of more than MaxMultiNames", multiAcquire(MaxMultiNames + 1)},
 		{"a multi-lock release of more than MaxMultiNames", multiRelease(MaxMultiNames + 1)},
 	} {
@@ -143,5 +146,114 @@ func TestRedisErrorReadsTheScriptsOwnKind(t *testing.T) {
 				t.Errorf("%q: errors.Is(%v) = %v", tc.msg, e, errors.Is(err, e))
 			}
 		}
+	}
+}
+
+// A fair lock's queue holds at most WithMaxWaiters calls: the next Lock
+// fails at once with ErrQueueFull, leaving nothing in Redis (no record,
+// no tombstone, no heartbeat of its Client), while the queued calls get
+// the lock in their order; once one has left, a Lock queues again.
+func TestMutexQueueFullRefusesTheNextLock(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	k := schema.LockKeys("redisync", "full")
+	// Heartbeats every 20 s: none runs while the test compares the state.
+	opts := []Option{WithMaxWaiters(3), WithRecheck(time.Hour), WithWaiterTimeout(time.Minute)}
+	holder := newClient(t, rdb, opts...).NewMutex("full")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ws := make([]*Mutex, 3)
+	done := make([]<-chan error, len(ws))
+	for i := range ws {
+		ws[i] = newClient(t, rdb, opts...).NewMutex("full")
+		done[i] = async(func() error { return ws[i].Lock(ctx) })
+		eventually(t, 5*time.Second, "the waiter to queue", func() bool { return queueSize(mr, k.Queue) == i+1 })
+	}
+	before := mr.Dump()
+	refused := newClient(t, rdb, opts...)
+	late := refused.NewMutex("full")
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := late.Lock(lctx)
+	if !errors.Is(err, ErrQueueFull) || lctx.Err() != nil {
+		t.Fatalf("Lock on a full queue: %v (ctx: %v), want ErrQueueFull at once", err, lctx.Err())
+	}
+	if !strings.Contains(err.Error(), `"full"`) {
+		t.Errorf("the error %q does not name the lock", err)
+	}
+	if after := mr.Dump(); after != before {
+		t.Fatalf("the refused Lock wrote:\n%s\nthen\n%s", before, after)
+	}
+	if ok, err := late.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock on a full queue: %v, %v; want false, nil", ok, err)
+	}
+
+	// In their order; the refused Client queues once there is room.
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done[0]); err != nil {
+		t.Fatal(err)
+	}
+	again := async(func() error { return late.Lock(ctx) })
+	eventually(t, 5*time.Second, "the refused Client's Lock to queue", func() bool { return queueSize(mr, k.Queue) == 3 })
+	ws, done = append(ws, late), append(done, again)
+	for i := range ws {
+		if i > 0 {
+			if err := result(t, done[i]); err != nil {
+				t.Fatalf("waiter %d: %v", i, err)
+			}
+		}
+		for j := i + 1; j < len(ws); j++ {
+			pending(t, done[j], fmt.Sprintf("waiter %d, queued behind waiter %d", j, i))
+		}
+		if err := ws[i].Unlock(ctx); err != nil {
+			t.Fatalf("waiter %d: %v", i, err)
+		}
+	}
+	if n := queueSize(mr, k.Queue); n != 0 {
+		t.Fatalf("%d records left in the queue", n)
+	}
+}
+
+// A call refused by a full queue leaves nothing in Redis, whatever it
+// found: acquire.lua replies {-4, most} before it writes anything of the
+// call. A call already queued is never refused (its later attempts are
+// not joins), nor a TryLock, which never joins; 0 is no limit.
+func TestAcquireScriptQueueLimit(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	k := schema.LockKeys("redisync", "most")
+	attempt := func(ticket, mode string, most int, seq int64) ([]int64, error) {
+		return acquireArgs{ticket: ticket, lease: time.Minute, mode: mode, heartbeat: time.Minute, seq: seq,
+			handoff: time.Minute, publish: "PUBLISH", most: most}.call(k).run(ctx, rdb).Int64Slice()
+	}
+	if res, err := attempt("vm/1/c-1.h", "queue", 1, 0); err != nil || res[0] != 1 {
+		t.Fatalf("the first attempt: %v, %v; want the lock", res, err)
+	}
+	queued, err := attempt("vm/1/c-2.a", "queue", 1, 0)
+	if err != nil || len(queued) != 4 {
+		t.Fatalf("the second attempt: %v, %v; want queued", queued, err)
+	}
+	before := mr.Dump()
+	if res, err := attempt("vm/1/c-3.b", "queue", 1, 0); err != nil || len(res) != 2 || res[0] != -4 || res[1] != 1 {
+		t.Fatalf("an attempt on a full queue: %v, %v; want {-4, 1}", res, err)
+	}
+	if after := mr.Dump(); after != before {
+		t.Fatalf("the refused attempt wrote:\n%s\nthen\n%s", before, after)
+	}
+	if res, err := attempt("vm/1/c-2.a", "again", 1, queued[2]); err != nil || res[0] != 0 {
+		t.Fatalf("the queued call's next attempt: %v, %v; want {0, ...}", res, err)
+	}
+	if res, err := attempt("vm/1/c-3.b", "try", 1, 0); err != nil || len(res) != 2 || res[0] != 0 {
+		t.Fatalf("a TryLock on a full queue: %v, %v; want {0, ms}", res, err)
+	}
+	if res, err := attempt("vm/1/c-3.b", "queue", 0, 0); err != nil || len(res) != 4 {
+		t.Fatalf("an attempt with no limit: %v, %v; want queued", res, err)
+	}
+	if res, err := attempt("vm/1/c-4.c", "queue", 3, 0); err != nil || len(res) != 4 {
+		t.Fatalf("an attempt under a limit of 3: %v, %v; want queued", res, err)
+	}
+	if res, err := attempt("vm/1/c-5.d", "queue", 3, 0); err != nil || res[0] != -4 {
+		t.Fatalf("an attempt on a queue of 3, at most 3: %v, %v; want {-4, 3}", res, err)
 	}
 }

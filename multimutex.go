@@ -139,8 +139,9 @@ func oneCall(c *Client, ks []schema.Lock) bool {
 // from the queue it waited in, and returns the error: it holds all or
 // none. When a name's hold is lost before the last name was taken (under
 // WithFixedLease, a lease shorter than the wait), Lock releases what is left of
-// the set and takes it anew. It returns ErrClosed after Close, and the
-// errors of Redis, as Mutex.Lock does. It is safe for concurrent use.
+// the set and takes it anew. It returns ErrQueueFull when a name's queue
+// is full (WithMaxWaiters), ErrClosed after Close, and the errors of
+// Redis, as Mutex.Lock does. It is safe for concurrent use.
 func (m *MultiMutex) Lock(ctx context.Context) error {
 	return observed(m.c.obs, ctx, m.call(OpLock), m.lock, nil)
 }

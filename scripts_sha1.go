@@ -4,7 +4,7 @@ package redisync
 
 // scriptSHA1 is the SHA-1 digest of each script of newScript, by name.
 var scriptSHA1 = map[string]string{
-	"acquire":      "997b53c73a328fcf3b71787a9ce472e5df845630",
+	"acquire":      "cf4887b79c7cef32fe4a0f48816f517277924bbf",
 	"extend":       "4ef293f0c59f6793c0389558e66eb51390778a0d",
 	"handoff":      "70894002c2157563773dabff07d38f5b2f430d11",
 	"leader":       "efc21eeb9fa021c1ca40ccc9a08315125d7cfa23",
