@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync/internal/redistest"
 	"github.com/redisync/redisync/internal/schema"
 	"github.com/redisync/redisync/internal/watchdog"
 )
@@ -156,8 +160,9 @@ func TestRedisErrorReadsTheScriptsOwnKind(t *testing.T) {
 func TestMutexQueueFullRefusesTheNextLock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "full")
-	// Heartbeats every 20 s: none runs while the test compares the state.
-	opts := []Option{WithMaxWaiters(3), WithRecheck(time.Hour), WithWaiterTimeout(time.Minute)}
+	// No renewals, and heartbeats every 20 s: none runs while the test
+	// compares the state.
+	opts := []Option{WithMaxWaiters(3), WithRecheck(time.Hour), WithWaiterTimeout(time.Minute), WithFixedLease(time.Minute)}
 	holder := newClient(t, rdb, opts...).NewMutex("full")
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -221,7 +226,47 @@ func TestMutexQueueFullRefusesTheNextLock(t *testing.T) {
 // call. A call already queued is never refused (its later attempts are
 // not joins), nor a TryLock, which never joins; 0 is no limit.
 func TestAcquireScriptQueueLimit(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+	t.Run("miniredis", func(t *testing.T) {
+		mr, rdb, _ := newMini(t)
+		acquireQueueLimit(t, rdb, func() string { return mr.Dump() })
+	})
+	t.Run("redis", func(t *testing.T) {
+		rdb := redistest.NewClient(t, redistest.Spawn(t).Addr)
+		acquireQueueLimit(t, rdb, func() string { return dump(t, rdb) })
+	})
+}
+
+// dump returns every key of rdb's server with its type and content.
+func dump(t *testing.T, rdb *redis.Client) string {
+	t.Helper()
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, key := range keys {
+		var v any
+		switch typ := rdb.Type(ctx, key).Val(); typ {
+		case "string":
+			v = rdb.Get(ctx, key).Val()
+		case "hash":
+			v = rdb.HGetAll(ctx, key).Val() // printed with sorted keys
+		case "list":
+			v = rdb.LRange(ctx, key, 0, -1).Val()
+		case "zset":
+			v = rdb.ZRangeWithScores(ctx, key, 0, -1).Val()
+		default:
+			v = typ
+		}
+		fmt.Fprintf(&b, "%s: %v\n", key, v)
+	}
+	return b.String()
+}
+
+// acquireQueueLimit is TestAcquireScriptQueueLimit on rdb's server, whose
+// keys and their content dump returns.
+func acquireQueueLimit(t *testing.T, rdb *redis.Client, dump func() string) {
 	k := schema.LockKeys("redisync", "most")
 	attempt := func(ticket, mode string, most int, seq int64) ([]int64, error) {
 		return acquireArgs{ticket: ticket, lease: time.Minute, mode: mode, heartbeat: time.Minute, seq: seq,
@@ -234,11 +279,11 @@ func TestAcquireScriptQueueLimit(t *testing.T) {
 	if err != nil || len(queued) != 4 {
 		t.Fatalf("the second attempt: %v, %v; want queued", queued, err)
 	}
-	before := mr.Dump()
+	before := dump()
 	if res, err := attempt("vm/1/c-3.b", "queue", 1, 0); err != nil || len(res) != 2 || res[0] != -4 || res[1] != 1 {
 		t.Fatalf("an attempt on a full queue: %v, %v; want {-4, 1}", res, err)
 	}
-	if after := mr.Dump(); after != before {
+	if after := dump(); after != before {
 		t.Fatalf("the refused attempt wrote:\n%s\nthen\n%s", before, after)
 	}
 	if res, err := attempt("vm/1/c-2.a", "again", 1, queued[2]); err != nil || res[0] != 0 {
@@ -255,5 +300,103 @@ func TestAcquireScriptQueueLimit(t *testing.T) {
 	}
 	if res, err := attempt("vm/1/c-5.d", "queue", 3, 0); err != nil || res[0] != -4 {
 		t.Fatalf("an attempt on a queue of 3, at most 3: %v, %v; want {-4, 3}", res, err)
+	}
+}
+
+// The queue's length is read only by an attempt that would join it: an
+// uncontended Lock, its Unlock and a TryLock of a held lock make no LLEN;
+// a waiter that queues makes one.
+func TestMaxWaitersReadsTheQueueOnlyToJoin(t *testing.T) {
+	rdb := redistest.NewClient(t, redistest.Spawn(t).Addr)
+	c := newClient(t, rdb, WithRecheck(time.Hour))
+	llens := func() int {
+		t.Helper()
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "cmdstat_llen:calls="); ok {
+				n, _, _ := strings.Cut(v, ",")
+				calls, err := strconv.Atoi(n)
+				if err != nil {
+					t.Fatalf("%q: %v", line, err)
+				}
+				return calls
+			}
+		}
+		return 0
+	}
+	m := c.NewMutex("llen")
+	for range 3 {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.NewMutex("llen").TryLock(ctx); ok || err != nil {
+			t.Fatalf("TryLock of a held lock: %v, %v", ok, err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := llens(); n != 0 {
+		t.Fatalf("%d LLEN calls without a waiter, want none", n)
+	}
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := c.NewMutex("llen")
+	done := async(func() error { return w.Lock(ctx) })
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool {
+		return rdb.Exists(ctx, schema.LockKeys("redisync", "llen").Queue).Val() == 1
+	})
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := llens(); n != 1 {
+		t.Fatalf("%d LLEN calls for a waiter that queued once, want 1", n)
+	}
+}
+
+// A MultiMutex one of whose names has a full queue fails with
+// ErrQueueFull, holding none of its names and queued for none.
+func TestMultiMutexQueueFull(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	opts := []Option{WithMaxWaiters(1), WithRecheck(time.Hour)}
+	c := newClient(t, rdb, opts...)
+	holder := c.NewMutex("b")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := c.NewMutex("b")
+	done := async(func() error { return w.Lock(ctx) })
+	kb := schema.LockKeys("redisync", "b")
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return queueSize(mr, kb.Queue) == 1 })
+	m := newClient(t, rdb, opts...).NewMultiMutex([]string{"a", "b"})
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.Lock(lctx); !errors.Is(err, ErrQueueFull) || lctx.Err() != nil {
+		t.Fatalf("Lock with a full queue on b: %v (ctx: %v), want ErrQueueFull at once", err, lctx.Err())
+	}
+	if ka := schema.LockKeys("redisync", "a"); lockHeld(t, mr, ka.Hash) || queueSize(mr, ka.Queue) != 0 {
+		t.Fatal("the refused MultiMutex left a held or queued")
+	}
+	if n := queueSize(mr, kb.Queue); n != 1 {
+		t.Fatalf("%d records in b's queue, want the waiter's alone", n)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
