@@ -53,8 +53,9 @@ type MultiMutex struct {
 // MaxMultiNames is the most names a MultiMutex takes. Where its names
 // share a slot, one script call takes them all, and one releases them all,
 // and Redis serves nobody else while a script runs: such a call costs
-// about 10 µs of the server's time per name (Redis 7.0), so that at most
-// MaxMultiNames names keep it well under a millisecond. More names are
+// about 10 to 20 µs of the server's time per name (Redis 7.0; a release
+// that hands every name on to a waiter costs the most), so that at most
+// MaxMultiNames names keep it under a millisecond. More names are
 // reported as ErrTooManyNames, before any call to Redis; the scripts
 // refuse them too (ErrInvalidOption), whoever calls them.
 const MaxMultiNames = 32
