@@ -51,6 +51,12 @@ var (
 	// than asked acknowledged an acquisition in time. The acquisition was
 	// undone.
 	ErrNotReplicated = errors.New("redisync: not acknowledged by enough replicas")
+	// ErrQueueFull is returned by a fair Mutex's Lock (a MultiMutex's
+	// Lock, an Election's Campaign) when the lock's fair queue holds as
+	// many calls as WithMaxWaiters allows already: the call did not join
+	// it, and left nothing in Redis. Try again later, or allow more
+	// waiters with WithMaxWaiters.
+	ErrQueueFull = errors.New("redisync: too many calls queued for the lock")
 	// ErrWrongType is returned when a key that redisync uses already holds
 	// a value of another type. Nothing is written in that case.
 	ErrWrongType = errors.New("redisync: key holds the wrong type of value")
@@ -264,6 +270,9 @@ var (
 	// ErrNoNames is returned by the calls of a MultiMutex made with no
 	// names.
 	ErrNoNames = errors.New("redisync: no lock names")
+	// ErrTooManyNames is returned by the calls of a MultiMutex made with
+	// more than MaxMultiNames names. Hold fewer names at once.
+	ErrTooManyNames = errors.New("redisync: too many lock names")
 	// ErrDuplicateName is returned by the calls of a MultiMutex given the
 	// same name twice: a set holds each name once.
 	ErrDuplicateName = errors.New("redisync: duplicate lock name")

@@ -25,6 +25,7 @@ func TestMultiMutexBadInputFailsBeforeRedis(t *testing.T) {
 		{"empty name", c.NewMultiMutex([]string{"a", ""}), ErrInvalidName},
 		{"name without a hash tag", c.NewMultiMutex([]string{"}a"}), ErrInvalidName},
 		{"bad option", c.NewMultiMutex([]string{"a", "b"}, WithFixedLease(0)), ErrInvalidOption},
+		{"more than MaxMultiNames", c.NewMultiMutex(manyNames("n", MaxMultiNames+1)), ErrTooManyNames},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,11 +87,12 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 // queue, no subscription (clean-up still under way then goes on in the
 // background; Close waits for it).
 //
-// Lock returns ErrClosed after Close, and the errors of Redis. An error
-// reaching Redis on the first attempt is returned at once; once Lock is
-// waiting, it outlives Redis being unreachable or failing over, looking
-// again with a growing pause until ctx ends. It is safe for concurrent
-// use.
+// A fair Lock that finds the lock's queue full (WithMaxWaiters) returns
+// ErrQueueFull at once, without joining it. Lock returns ErrClosed after
+// Close, and the errors of Redis. An error reaching Redis on the first
+// attempt is returned at once; once Lock is waiting, it outlives Redis
+// being unreachable or failing over, looking again with a growing pause
+// until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
 	return observed(m.c.obs, ctx, Call{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
 }
@@ -211,7 +213,7 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	// left the queue since (handed the lock, whose hold lapsed), rather
 	// than queue it again and later take a stale grant to it.
 	acquire := acquireArgs{ticket: l.ticket, lease: m.cfg.holdLease(), mode: l.mode, heartbeat: m.cfg.heartbeat,
-		handoff: m.cfg.grantLease(), publish: m.c.publish, metadata: l.meta}
+		handoff: m.cfg.grantLease(), publish: m.c.publish, metadata: l.meta, most: m.cfg.maxWaiters}
 	if l.mode == "queue" && l.queued {
 		acquire.mode, acquire.seq = "again", l.seq
 	}
@@ -240,6 +242,12 @@ func (l *lockCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 		l.left()
 		l.ticket = m.c.ticket(m.cfg.label)
 		return false, 0, nil
+	case res[0] == -4:
+		// The queue was full: the call did not join it. A copy of the
+		// attempt that go-redis sent again may have joined all the same:
+		// finish withdraws the ticket then.
+		l.unsure = l.unsure || m.c.rt.MayCopy()
+		return false, 0, fmt.Errorf("%w: %d calls wait for it already (WithMaxWaiters)", ErrQueueFull, res[1])
 	}
 	if len(res) == 4 {
 		l.seq = res[2]

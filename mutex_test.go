@@ -39,6 +39,7 @@ func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"zero heartbeat", c.NewMutex("a", WithWaiterTimeout(0)), ctx, ErrInvalidOption},
 		{"zero recheck", c.NewMutex("a", WithRecheck(0)), ctx, ErrInvalidOption},
 		{"negative max hold", c.NewMutex("a", WithMaxHold(-time.Second)), ctx, ErrInvalidOption},
+		{"negative max waiters", c.NewMutex("a", WithMaxWaiters(-1)), ctx, ErrInvalidOption},
 		{"empty label", c.NewMutex("a", WithLabel("")), ctx, ErrInvalidOption},
 		{"label with a space", c.NewMutex("a", WithLabel("web 3")), ctx, ErrInvalidOption},
 		{"label with a brace", c.NewMutex("a", WithLabel("web{3}")), ctx, ErrInvalidOption},

@@ -118,6 +118,7 @@ var documentedOptions = []struct {
 	{WithRecheck(time.Second), "the longest a waiter sleeps without a message", "10 s"},
 	{Barging(), "take a free lock ahead of queued waiters (Redisson's unfair lock)", "fair"},
 	{Fair(), "undo a Client's Barging for one Mutex", "fair"},
+	{WithMaxWaiters(1), "the most calls queued for a lock: a Lock that would join more fails with ErrQueueFull", "10,000"},
 	{WithMetadata(""), "a string stored with every hold, read by InspectLock and redisync status", "none"},
 	{WithLabel("x"), "how hold ids start, to name the holder to people", "host/pid"},
 	{WithKeyPrefix("x"), "the prefix of every key and channel", "redisync"},

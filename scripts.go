@@ -222,6 +222,7 @@ type acquireArgs struct {
 	metadata  string        // stored with the hold; "" for none
 	record    time.Duration // mode "barge": how long the Client is recorded as waiting; 0 for none
 	others    bool          // mode "barge": other plain waiters of the Client wait for the lock
+	most      int           // mode "queue": the most records the queue may hold for the call to join it; 0 for no limit
 }
 
 // call returns the script's call on the lock k.
@@ -241,7 +242,7 @@ func (a acquireArgs) call(k schema.Lock) scriptCall {
 	}
 	return scriptCall{acquireScript,
 		[]string{k.Hash, k.Queue, k.Bargers, k.Tombstone(a.ticket)},
-		[]any{a.ticket, a.lease.Milliseconds(), mode, arg, a.handoff.Milliseconds(), a.metadata}}
+		[]any{a.ticket, a.lease.Milliseconds(), mode, arg, a.handoff.Milliseconds(), a.metadata, a.most}}
 }
 
 // sharded returns the flag of a script that publishes with publish: "

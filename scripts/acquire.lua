@@ -24,10 +24,12 @@
 -- ARGV[5] mode "queue": the lease in ms of a hold handed to the call
 -- ARGV[6] the caller's metadata (WithMetadata), stored with its hold; ''
 --         for none
+-- ARGV[7] mode "queue": the most records the queue may hold for the call
+--         to join it (WithMaxWaiters); '0' for no limit
 --
--- A lease, heartbeat or hand-off lease beyond lib.lua's MAX_MS, or metadata
--- longer than MAX_TEXT, fails the script with a LIMIT error, before it
--- reads or writes anything.
+-- A lease, heartbeat or hand-off lease beyond lib.lua's MAX_MS, metadata
+-- longer than MAX_TEXT, or an ARGV[7] that is not a whole number from 0,
+-- fails the script with a LIMIT error, before it reads or writes anything.
 --
 -- Reply: {1, token}           held by the ticket; token of the hold
 --        {0, ms}              held by another; ms its remaining lease (0:
@@ -38,11 +40,17 @@
 --        {-3, 0}              mode "again": the ticket left the queue (it
 --                             was handed the lock, whose hold has ended
 --                             since; or dropped as dead)
+--        {-4, most}           mode "queue": not queued, the queue holding
+--                             most records (ARGV[7]) already; nothing of
+--                             the call is stored
 local ticket, lease, mode, arg = ARGV[1], ms_arg(ARGV[2], 1, 'the lease'), ARGV[3], tonumber(ARGV[4])
 text_arg(ARGV[6], 'the metadata')
+local most = 0
 if string.sub(mode, 1, 5) == 'queue' then
   ms_arg(ARGV[4], 1, 'the heartbeat')
   ms_arg(ARGV[5], 1, 'the hand-off lease')
+  most = tonumber(ARGV[7])
+  limit(most and most == math.floor(most) and most >= 0, 'the most waiters must be a whole number from 0 (0: no limit)')
 end
 local publish = publish_cmd(mode)
 mode = string.match(mode, '^%a+')
@@ -108,6 +116,11 @@ if not taken and s.queue <= 0 then
   return {1, t}
 end
 if mode == 'queue' then
+  if most > 0 and redis.call('LLEN', KEYS[2]) >= most then
+    -- Full: the call does not join (what hand_off changed is written).
+    flush(s)
+    return {-4, most}
+  end
   local seq, deadline = join(s, ticket, arg, tonumber(ARGV[5]), ARGV[6])
   flush(s)
   return {0, remaining(s), seq, deadline}

@@ -48,6 +48,21 @@ local F_EXPIRES, F_REV, F_PROCLAIM, F_FREED = '{expires}', '{rev}', '{proclaim}'
 -- goes on (see hand_off).
 local drop_max = 64
 
+-- MAX_MULTI is the most locks that one multi_acquire.lua or
+-- multi_release.lua call takes or releases (redisync.MaxMultiNames): the
+-- call's time grows with them, and Redis serves nobody else meanwhile.
+local MAX_MULTI = 32
+
+-- multi_count returns the number of locks of a multi_acquire.lua or
+-- multi_release.lua call given keys keys, three per lock, failing the
+-- script, before it reads or writes anything, when there are more than
+-- MAX_MULTI.
+local function multi_count(keys)
+  local n = math.floor(keys / 3)
+  limit(n <= MAX_MULTI, 'a call takes or releases at most ' .. MAX_MULTI .. ' locks, not ' .. n)
+  return n
+end
+
 -- number returns v as an integer, 0 for none, failing the script when v
 -- is not one.
 local function number(lock, v)

@@ -12,6 +12,9 @@
 -- ARGV[3] the caller's metadata (WithMetadata), stored with each hold; ''
 --         for none
 --
+-- More than MAX_MULTI locks (lock_lib.lua) fail the script with a LIMIT
+-- error, before it reads or writes anything.
+--
 -- Reply: {1, token1, token2, ...} every lock is held by the ticket (now, or
 --                                 by an earlier try of this call)
 --        {0}                      a lock is held by another owner or
@@ -20,7 +23,7 @@
 --                                 holds only some: nothing done (the caller
 --                                 withdraws it)
 local ticket, lease = ARGV[1], tonumber(ARGV[2])
-local n = #KEYS / 3
+local n = multi_count(#KEYS)
 
 -- Reads every lock before the first write: a key of the wrong type fails
 -- the script having changed nothing.

@@ -8,13 +8,16 @@
 -- For each lock i, two arguments from ARGV[2*i+2]: the hold id, and the
 -- hold's token ('0' when unknown)
 --
--- Every lock is read before the first write: a key of the wrong type or a
--- lock of another layout fails the call having changed nothing.
+-- More than MAX_MULTI locks (lock_lib.lua) fail the script with a LIMIT
+-- error, before it reads or writes anything. Every lock is read before the
+-- first write: a key of the wrong type or a lock of another layout fails
+-- the call having changed nothing.
 --
 -- Reply: {r1, r2, ...}, for each lock as release.lua's reply
+local n = multi_count(#KEYS)
 local publish = publish_cmd(ARGV[1])
 local locks = {}
-for i = 0, #KEYS / 3 - 1 do
+for i = 0, n - 1 do
   local s = load_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], nil)
   if s.queue > 0 then
     redis.call('LLEN', s.queue_key) -- a queue of the wrong type fails here, before any write
