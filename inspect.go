@@ -16,6 +16,16 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
+// InspectPage bounds what one call of InspectLock, InspectElection,
+// InspectSemaphore or InspectRWMutex reads of each list that others
+// make grow: it returns at most the first InspectPage records of a queue,
+// and of a semaphore's holders, with the total count beside them
+// (LockState.QueueLen, SemaphoreState.QueueLen and HoldersLen). Redis
+// serves one command at a time, for every client of the server: an
+// Inspect call's work there is bounded by a constant, however many
+// waiters wait.
+const InspectPage = 100
+
 // LockState is the state of a lock as InspectLock read it, at one instant.
 type LockState struct {
 	Name       string
@@ -25,10 +35,17 @@ type LockState struct {
 	// lock is held; after it is released, remembered for an hour (0 once
 	// forgotten).
 	LastToken int64
-	// Queue is the fair waiters, the next to be served first. Plain
-	// (barging) waiters are not queued; their Clients are recorded, not
-	// each waiter: see Subscribers.
+	// Queue is the fair waiters, the next to be served first: those of
+	// the queue's first InspectPage records. Plain (barging) waiters are
+	// not queued; their Clients are recorded, not each waiter: see
+	// Subscribers.
 	Queue []LockWaiter
+	// QueueLen counts the records in the queue, all of them: more than
+	// len(Queue) when the queue is longer than InspectPage. It counts
+	// the records that the next hand-offs will drop too: those of dead
+	// waiters (in Queue, not Alive) and those that are not redisync's
+	// (left out of Queue).
+	QueueLen int
 	// Subscribers counts the processes subscribed to their grant channels
 	// of the lock, where their waiters, fair or plain, are woken: those
 	// with waiters, and those whose last waiter left less than 2 s ago
@@ -90,9 +107,22 @@ type SemaphoreState struct {
 	// after its last Acquire; 0 when none is stored.
 	Size int64
 	// InUse counts the permits held under a lease that has not ended.
-	InUse   int64
-	Holders []SemaphoreHolder // ordered by ID
-	Queue   []SemaphoreWaiter // the next to be served first
+	// When the semaphore has more holders than InspectPage, it is the
+	// count of permits in use that the semaphore stores, less those of
+	// the listed holders whose lease ended (the holders whose lease ends
+	// first are listed); a semaphore written by an older version, which
+	// stores no such count, counts the listed holders' permits only.
+	InUse int64
+	// Holders is the holders, ordered by ID: all of them, or, when there
+	// are more than InspectPage, the InspectPage whose leases end first.
+	Holders []SemaphoreHolder
+	// HoldersLen counts the holders, all of them.
+	HoldersLen int
+	// Queue is the waiters, the next to be served first: the first
+	// InspectPage of them.
+	Queue []SemaphoreWaiter
+	// QueueLen counts the waiters, all of them.
+	QueueLen int
 	// Subscribers counts the processes subscribed to their grant channels
 	// of the semaphore, as for a lock (LockState.Subscribers).
 	Subscribers int64
@@ -105,7 +135,7 @@ func (s *SemaphoreState) Available() int64 { return max(s.Size-s.InUse, 0) }
 // Empty reports whether nothing of the semaphore is stored: no size, no
 // holder, no waiter.
 func (s *SemaphoreState) Empty() bool {
-	return s.Size == 0 && len(s.Holders) == 0 && len(s.Queue) == 0
+	return s.Size == 0 && s.HoldersLen == 0 && s.QueueLen == 0 && len(s.Holders) == 0 && len(s.Queue) == 0
 }
 
 // SemaphoreHolder is one holder of permits: a Semaphore value that holds
@@ -135,11 +165,15 @@ type SemaphoreWaiter struct {
 }
 
 // InspectLock reads the state of the lock called name: its holder, hold
-// count, fencing token and remaining lease, and its fair queue in order.
-// It only reads, in one round trip and one MULTI transaction, so that
-// what it returns was true at one instant. opts name the lock's keys
-// (WithKeyPrefix) as for NewMutex; other options do not matter. A key of
-// another type than redisync writes is ErrWrongType.
+// count, fencing token and remaining lease, and the first InspectPage
+// records of its fair queue in order, with the queue's length. It only
+// reads, in one MULTI transaction, so that what it returns was true at
+// one instant; with waiters queued, in two (rarely more): the first finds
+// which Clients' records the page needs, the second reads them with the
+// rest. Each reads a bounded part of the lock's keys (see InspectPage).
+// opts name the lock's keys (WithKeyPrefix) as for NewMutex; other
+// options do not matter. A key of another type than redisync writes is
+// ErrWrongType.
 func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
@@ -148,72 +182,174 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 	return c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
 }
 
+// inspectTries bounds the transactions of one Inspect call: each reads the
+// records that the page of the one before named, and the call ends when
+// its page names no other. A page that changed every time (the queue's
+// head moving on by a page between transactions) is shown with the
+// records read for it: a waiter whose Client's record was not read shows
+// its own deadline only.
+const inspectTries = 4
+
+// lockFields are the fields of a lock's hash that InspectLock reads, before
+// the Clients' fields of the waiters in its page.
+var lockFields = []string{schema.LayoutField, schema.OwnerField, schema.EndField, schema.TokenField,
+	schema.MetaField, schema.QueueField, schema.RevField}
+
+// lockRead is what one transaction of InspectLock read.
+type lockRead struct {
+	fields  []string        // the hash's fields asked for: lockFields, then the page's Clients'
+	values  *redis.SliceCmd // their values
+	hlen    *redis.IntCmd   // the hash's size
+	queue   *redis.StringSliceCmd
+	qlen    *redis.IntCmd
+	bargers *redis.ZSliceCmd // the first records of the Clients with plain waiters
+	nbarg   *redis.IntCmd
+	now     *redis.TimeCmd
+	subs    func(context.Context) (int64, error)
+}
+
+// readLock reads, in one transaction, the lock whose keys are k: its hash's
+// fixed fields and the Client fields clients, the first page of its queue
+// and of its plain waiters' Clients, and their lengths.
+func (c *Client) readLock(ctx context.Context, k schema.Lock, clients []string) (*lockRead, error) {
+	r := &lockRead{fields: append(slices.Clip(lockFields), clients...)}
+	err := c.readAll(ctx, func(p redis.Pipeliner) {
+		r.values = p.HMGet(ctx, k.Hash, r.fields...)
+		r.hlen = p.HLen(ctx, k.Hash)
+		r.queue = p.LRange(ctx, k.Queue, 0, InspectPage-1)
+		r.qlen = p.LLen(ctx, k.Queue)
+		r.bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, InspectPage-1)
+		r.nbarg = p.ZCard(ctx, k.Bargers)
+		r.now = p.Time(ctx)
+		r.subs = c.numSub(ctx, p, k.Channel)
+	})
+	return r, err
+}
+
+// hash returns the fields of the lock's hash that r read, by name (a field
+// absent from the hash is absent from the map).
+func (r *lockRead) hash() map[string]string {
+	return fieldMap(r.fields, r.values.Val())
+}
+
+// clients returns the Client fields that r's page of the queue needs, and
+// whether r read them all.
+func (r *lockRead) clients() ([]string, bool) {
+	var need []string
+	for _, rec := range r.queue.Val() {
+		if q, ok := schema.ParseQueueRecord(rec); ok {
+			need = append(need, schema.ClientField(q.Ticket))
+		}
+	}
+	return covered(need, r.fields[len(lockFields):])
+}
+
 // inspectLock reads the state of the lock called name whose keys are k:
 // a Mutex's, or an Election's (see InspectElection).
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
-	var (
-		hash    *redis.MapStringStringCmd
-		pttl    *redis.DurationCmd
-		queue   *redis.StringSliceCmd
-		bargers *redis.ZSliceCmd
-		now     *redis.TimeCmd
-		subs    func(context.Context) (int64, error)
-	)
-	err := c.readAll(ctx, func(p redis.Pipeliner) {
-		hash = p.HGetAll(ctx, k.Hash)
-		pttl = p.PTTL(ctx, k.Hash)
-		queue = p.LRange(ctx, k.Queue, 0, -1)
-		bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, -1)
-		now = p.Time(ctx)
-		subs = c.numSub(ctx, p, k.Channel)
-	})
+	var r *lockRead
+	var clients []string
+	for range inspectTries {
+		var err error
+		if r, err = c.readLock(ctx, k, clients); err != nil {
+			return nil, wrapOp("inspect lock", name, err)
+		}
+		var done bool
+		if clients, done = r.clients(); done {
+			break
+		}
+	}
+	nsubs, err := r.subs(ctx)
 	if err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	nsubs, err := subs(ctx)
-	if err != nil {
-		return nil, wrapOp("inspect lock", name, err)
+	h := r.hash()
+	lock, ok := schema.ParseLockState(h)
+	if h[schema.LayoutField] != strconv.Itoa(schema.Layout) && r.hlen.Val() > 0 {
+		ok = false // layout 1 or 2 keeps its holder in a field of its own
 	}
-	lock, ok := schema.ParseLockState(hash.Val())
 	if !ok {
-		if st, ok := olderLock(name, hash.Val(), pttl.Val(), now.Val(), nsubs); ok {
+		st, err := c.inspectOlderLock(ctx, k, r.hlen.Val(), nsubs)
+		if err != nil {
+			return nil, wrapOp("inspect lock", name, err)
+		}
+		if st != nil {
+			st.Name = name
 			return st, nil
 		}
 		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)})
 	}
-	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: nsubs, Queue: []LockWaiter{}, LastToken: lock.Token}
+	st := &LockState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs, Queue: []LockWaiter{},
+		QueueLen: int(r.qlen.Val()), LastToken: lock.Token}
 	nowMS := st.ServerTime.UnixMilli()
 	if lock.Held(nowMS) {
 		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner), Count: 1,
 			Lease: time.Duration(lock.End-nowMS) * time.Millisecond, Token: lock.Token, Metadata: lock.Meta}
 	}
-	for _, z := range bargers.Val() {
+	// The records that ran out come first (the zset is ordered by when
+	// they run out); those past the page are counted as standing. Each
+	// barging attempt drops the records that ran out, so a page of them
+	// is rare.
+	st.Barging = r.nbarg.Val() - int64(len(r.bargers.Val()))
+	for _, z := range r.bargers.Val() {
 		if int64(z.Score) >= nowMS {
 			st.Barging++
 		}
 	}
-	for _, r := range queue.Val() {
-		rec, ok := schema.ParseQueueRecord(r)
+	for _, rec := range r.queue.Val() {
+		q, ok := schema.ParseQueueRecord(rec)
 		if !ok {
 			continue // not redisync's: the next hand-off drops it
 		}
-		w := LockWaiter{ID: rec.Ticket, Label: schema.Label(rec.Ticket), Waited: time.Duration(nowMS-rec.Joined) * time.Millisecond,
-			HandoffLease: time.Duration(rec.Handoff) * time.Millisecond, Metadata: rec.Metadata}
-		w.Heartbeat = msUntil(alive(rec.Deadline, hash.Val(), rec.Ticket), st.ServerTime)
+		w := LockWaiter{ID: q.Ticket, Label: schema.Label(q.Ticket), Waited: time.Duration(nowMS-q.Joined) * time.Millisecond,
+			HandoffLease: time.Duration(q.Handoff) * time.Millisecond, Metadata: q.Metadata}
+		w.Heartbeat = msUntil(alive(q.Deadline, h, q.Ticket), st.ServerTime)
 		w.Alive = w.Heartbeat >= 0
 		st.Queue = append(st.Queue, w)
 	}
 	return st, nil
 }
 
+// olderLockFields bounds the fields of a lock's hash written by layout 1
+// or 2: the hold id, and the layout, metadata and Proclaim fields.
+const olderLockFields = 4
+
+// inspectOlderLock reads the lock whose keys are k and whose hash, of
+// hlen fields, is not of this layout: the state of a hash written by
+// layout 1 or 2, or nil when it is no such hash. Such a hash is read
+// whole, which its size bounds.
+func (c *Client) inspectOlderLock(ctx context.Context, k schema.Lock, hlen, nsubs int64) (*LockState, error) {
+	if hlen > olderLockFields {
+		return nil, nil
+	}
+	var (
+		hash *redis.MapStringStringCmd
+		pttl *redis.DurationCmd
+		now  *redis.TimeCmd
+	)
+	err := c.readAll(ctx, func(p redis.Pipeliner) {
+		hash = p.HGetAll(ctx, k.Hash) // at most olderLockFields a moment ago
+		pttl = p.PTTL(ctx, k.Hash)
+		now = p.Time(ctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(hash.Val()) > olderLockFields {
+		return nil, nil
+	}
+	st, _ := olderLock(hash.Val(), pttl.Val(), now.Val(), nsubs)
+	return st, nil
+}
+
 // olderLock reads a lock's hash written by layout 1 or 2 (the hold id ->
 // its count, with the lease as the key's TTL), so that an operator sees
 // who holds during a rolling deploy; false when h is no such hash.
-func olderLock(name string, h map[string]string, pttl time.Duration, now time.Time, nsubs int64) (*LockState, bool) {
+func olderLock(h map[string]string, pttl time.Duration, now time.Time, nsubs int64) (*LockState, bool) {
 	if l := h[schema.LayoutField]; l != "" && l != "2" {
 		return nil, false
 	}
-	st := &LockState{Name: name, ServerTime: now, Subscribers: nsubs, Queue: []LockWaiter{}}
+	st := &LockState{ServerTime: now, Subscribers: nsubs, Queue: []LockWaiter{}}
 	for f, v := range h {
 		if f == schema.LayoutField || f == schema.MetaField || f == schema.ProclaimField {
 			continue
@@ -229,8 +365,9 @@ func olderLock(name string, h map[string]string, pttl time.Duration, now time.Ti
 
 // InspectSemaphore reads the state of the semaphore called name: its
 // size, the permits in use, its holders with their leases and its queue
-// in order. It reads as InspectLock does; opts name the keys as for
-// NewSemaphore. A semaphore never used, or idle for an hour, is Empty.
+// in order, the first InspectPage of each with their counts. It reads as
+// InspectLock does; opts name the keys as for NewSemaphore. A semaphore
+// never used, or idle for an hour, is Empty.
 func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
@@ -239,75 +376,182 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 	return c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
 }
 
+// semUsedField is the field of a semaphore's holders hash that holds the
+// permits in use, a decimal integer; no holder id starts with '{'.
+const semUsedField = "{used}"
+
+// semRead is what one transaction of InspectSemaphore read.
+type semRead struct {
+	size    *redis.StringCmd
+	used    *redis.SliceCmd  // semUsedField of the holders hash
+	hlen    *redis.IntCmd    // the holders hash's size
+	expiry  *redis.ZSliceCmd // the first holders by the end of their lease
+	nexp    *redis.IntCmd
+	queue   *redis.ZSliceCmd
+	qlen    *redis.IntCmd
+	hids    []string        // the holders asked for
+	holders *redis.SliceCmd // their records; nil when none was asked
+	wids    []string        // the waiters and Client fields asked for
+	waiters *redis.SliceCmd // their records; nil when none was asked
+	now     *redis.TimeCmd
+	subs    func(context.Context) (int64, error)
+}
+
+// readSemaphore reads, in one transaction, the semaphore whose keys are k:
+// its size, the first page of its holders and of its queue with their
+// counts, and the records of the holders hids and of the waiters (and
+// Client fields) wids.
+func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wids []string) (*semRead, error) {
+	r := &semRead{hids: hids, wids: wids}
+	err := c.readAll(ctx, func(p redis.Pipeliner) {
+		r.size = p.Get(ctx, k.Size)
+		r.used = p.HMGet(ctx, k.Holders, semUsedField)
+		r.hlen = p.HLen(ctx, k.Holders)
+		r.expiry = p.ZRangeWithScores(ctx, k.Expiry, 0, InspectPage-1)
+		r.nexp = p.ZCard(ctx, k.Expiry)
+		r.queue = p.ZRangeWithScores(ctx, k.Queue, 0, InspectPage-1)
+		r.qlen = p.ZCard(ctx, k.Queue)
+		if len(hids) > 0 {
+			r.holders = p.HMGet(ctx, k.Holders, hids...)
+		}
+		if len(wids) > 0 {
+			r.waiters = p.HMGet(ctx, k.Waiters, wids...)
+		}
+		r.now = p.Time(ctx)
+		r.subs = c.numSub(ctx, p, k.Channel)
+	})
+	return r, err
+}
+
+// records returns the holders and waiters (with their Clients' fields)
+// that r's pages need, and whether r read them all.
+func (r *semRead) records() (hids, wids []string, done bool) {
+	for _, z := range r.expiry.Val() {
+		if id := fmt.Sprint(z.Member); id != semUsedField {
+			hids = append(hids, id)
+		}
+	}
+	for _, z := range r.queue.Val() {
+		id := fmt.Sprint(z.Member)
+		wids = append(wids, id, schema.ClientField(id))
+	}
+	hids, hdone := covered(hids, r.hids)
+	wids, wdone := covered(wids, r.wids)
+	return hids, wids, hdone && wdone
+}
+
 // inspectSemaphore reads the semaphore called name whose keys are k.
 func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Semaphore) (*SemaphoreState, error) {
-	var (
-		holders, waiters *redis.MapStringStringCmd
-		expiry, queue    *redis.ZSliceCmd
-		size             *redis.StringCmd
-		now              *redis.TimeCmd
-		subs             func(context.Context) (int64, error)
-	)
-	err := c.readAll(ctx, func(p redis.Pipeliner) {
-		holders = p.HGetAll(ctx, k.Holders)
-		expiry = p.ZRangeWithScores(ctx, k.Expiry, 0, -1)
-		size = p.Get(ctx, k.Size)
-		queue = p.ZRangeWithScores(ctx, k.Queue, 0, -1)
-		waiters = p.HGetAll(ctx, k.Waiters)
-		now = p.Time(ctx)
-		subs = c.numSub(ctx, p, k.Channel)
-	})
+	var r *semRead
+	var hids, wids []string
+	for range inspectTries {
+		var err error
+		if r, err = c.readSemaphore(ctx, k, hids, wids); err != nil {
+			return nil, wrapOp("inspect semaphore", name, err)
+		}
+		var done bool
+		if hids, wids, done = r.records(); done {
+			break
+		}
+	}
+	nsubs, err := r.subs(ctx)
 	if err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	nsubs, err := subs(ctx)
-	if err != nil {
-		return nil, wrapOp("inspect semaphore", name, err)
-	}
-	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: nsubs,
-		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}}
-	if v := size.Val(); v != "" {
+	st := &SemaphoreState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs,
+		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}, QueueLen: int(r.qlen.Val())}
+	if v := r.size.Val(); v != "" {
 		var ok bool
 		if st.Size, _, ok = schema.ParseSemSize(v); !ok {
 			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Size + " does not hold a size"})
 		}
 	}
-	end := make(map[string]float64, len(expiry.Val()))
-	for _, z := range expiry.Val() {
-		end[fmt.Sprint(z.Member)] = z.Score
+	st.HoldersLen = int(r.hlen.Val())
+	used, hasUsed := int64(0), false
+	if v, ok := r.used.Val()[0].(string); ok {
+		st.HoldersLen-- // the count is no holder
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a count of permits in use"})
+		}
+		used, hasUsed = n, true
 	}
-	for id, v := range holders.Val() {
+	holders := fieldMap(r.hids, sliceVal(r.holders))
+	var live, ended int64 // the listed holders' permits, by whether their lease ended
+	for _, z := range r.expiry.Val() {
+		id := fmt.Sprint(z.Member)
+		v, ok := holders[id]
+		if !ok || id == semUsedField {
+			continue // released since it was listed, or not redisync's
+		}
 		rec, ok := schema.ParseSemHolder(v)
 		if !ok {
 			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a holder record for " + id})
 		}
-		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits}
-		if e, ok := end[id]; ok {
-			h.Lease = msUntil(int64(e), st.ServerTime)
-		}
+		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits, Lease: msUntil(int64(z.Score), st.ServerTime)}
 		if h.Lease > 0 {
-			st.InUse += h.Permits
+			live += h.Permits
+		} else {
+			ended += h.Permits
 		}
 		st.Holders = append(st.Holders, h)
 	}
+	st.InUse = live
+	if hasUsed && r.nexp.Val() > int64(len(r.expiry.Val())) {
+		st.InUse = max(used-ended, live) // holders past the page: the stored count
+	}
 	slices.SortFunc(st.Holders, func(a, b SemaphoreHolder) int { return strings.Compare(a.ID, b.ID) })
+	waiters := fieldMap(r.wids, sliceVal(r.waiters))
 	nowUS := st.ServerTime.UnixMicro()
-	for _, z := range queue.Val() {
+	for _, z := range r.queue.Val() {
 		id := fmt.Sprint(z.Member)
 		holder := id // a waiter id is "holder id#call.random"; a label may hold '#'
 		if i := strings.LastIndexByte(id, '#'); i >= 0 {
 			holder = id[:i]
 		}
 		w := SemaphoreWaiter{ID: id, Holder: holder, Label: schema.Label(holder), Waited: since(nowUS, z.Score)}
-		if rec, ok := schema.ParseSemWaiter(waiters.Val()[id]); ok {
+		if rec, ok := schema.ParseSemWaiter(waiters[id]); ok {
 			w.Permits = rec.Permits
-			w.Heartbeat = msUntil(alive(rec.Deadline, waiters.Val(), id), st.ServerTime)
+			w.Heartbeat = msUntil(alive(rec.Deadline, waiters, id), st.ServerTime)
 			w.GrantLease = time.Duration(rec.Grant) * time.Millisecond
 			w.Alive = w.Heartbeat >= 0
 		}
 		st.Queue = append(st.Queue, w)
 	}
 	return st, nil
+}
+
+// covered returns need sorted without repeats, and whether every one of
+// them is in asked.
+func covered(need, asked []string) ([]string, bool) {
+	slices.Sort(need)
+	need = slices.Compact(need)
+	for _, f := range need {
+		if !slices.Contains(asked, f) {
+			return need, false
+		}
+	}
+	return need, true
+}
+
+// fieldMap pairs the fields that an HMGET asked for with the values it
+// returned, leaving out those absent.
+func fieldMap(fields []string, values []any) map[string]string {
+	m := make(map[string]string, len(fields))
+	for i, v := range values {
+		if s, ok := v.(string); ok && i < len(fields) {
+			m[fields[i]] = s
+		}
+	}
+	return m
+}
+
+// sliceVal returns the values of an HMGET, none when it was not sent.
+func sliceVal(cmd *redis.SliceCmd) []any {
+	if cmd == nil {
+		return nil
+	}
+	return cmd.Val()
 }
 
 // readAll runs the reads that queue queues in one MULTI transaction. A
