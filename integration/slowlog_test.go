@@ -137,6 +137,32 @@ type slowScripts struct {
 // and fails t if entries were dropped.
 func readSlowlog(t *testing.T, rdb *redis.Client) slowScripts {
 	t.Helper()
+	return readSlowlogOf(t, rdb, isScript)
+}
+
+// isScript reports whether e is a script call.
+func isScript(e redis.SlowLog) bool {
+	switch strings.ToLower(e.Args[0]) {
+	case "fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro":
+		return len(e.Args) > 1
+	}
+	return false
+}
+
+// notAdmin reports whether e is not one of the tests' own looks at the
+// server (CONFIG, SLOWLOG, INFO).
+func notAdmin(e redis.SlowLog) bool {
+	switch strings.ToLower(e.Args[0]) {
+	case "config", "slowlog", "info":
+		return false
+	}
+	return true
+}
+
+// readSlowlogOf reads the commands in the SLOWLOG since resetSlowlog for
+// which match is true, as readSlowlog reads the script calls.
+func readSlowlogOf(t *testing.T, rdb *redis.Client, match func(redis.SlowLog) bool) slowScripts {
+	t.Helper()
 	n, err := rdb.Do(ctx, "SLOWLOG", "LEN").Int64()
 	if err != nil {
 		t.Fatal(err)
@@ -154,12 +180,7 @@ func readSlowlog(t *testing.T, rdb *redis.Client) slowScripts {
 	}
 	sc := slowScripts{by: map[string][]time.Duration{}}
 	for _, e := range log {
-		if len(e.Args) < 2 {
-			continue
-		}
-		switch strings.ToLower(e.Args[0]) {
-		case "fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro":
-		default:
+		if len(e.Args) == 0 || !match(e) {
 			continue
 		}
 		sc.n++
@@ -202,9 +223,9 @@ func budgeted(t *testing.T, what string, scenario func(t *testing.T) (slowScript
 }
 
 // scriptName returns the function's name or the script's SHA of a script
-// call e, or "EVAL" for the source of one.
+// call e, "EVAL" for the source of one, or the command's name.
 func scriptName(e redis.SlowLog) string {
-	if len(e.Args[1]) > 40 {
+	if !isScript(e) || len(e.Args[1]) > 40 {
 		return strings.ToUpper(e.Args[0])
 	}
 	return e.Args[1]
@@ -215,7 +236,7 @@ func scriptName(e redis.SlowLog) string {
 func (sc slowScripts) log(t *testing.T, what, sched string) {
 	t.Helper()
 	if sc.n == 0 {
-		t.Fatalf("%s: no script call in the SLOWLOG", what)
+		t.Fatalf("%s: no call in the SLOWLOG", what)
 	}
 	names := make([]string, 0, len(sc.by))
 	for name, ds := range sc.by {
@@ -224,7 +245,7 @@ func (sc slowScripts) log(t *testing.T, what, sched string) {
 			name, len(ds), ds[len(ds)/2], ds[len(ds)*99/100], ds[len(ds)-1]))
 	}
 	slices.Sort(names)
-	t.Logf("%s: %d script calls, the longest %v (%s); by script: %s; %s",
+	t.Logf("%s: %d calls, the longest %v (%s); by script or command: %s; %s",
 		what, sc.n, sc.worst.Duration, scriptName(sc.worst), strings.Join(names, "; "), sched)
 }
 
@@ -522,4 +543,97 @@ func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, string) {
 		t.Fatal(err)
 	}
 	return sc, desc
+}
+
+// TestSlowlogInspectOfLongQueues reads a lock and a semaphore, each with
+// 10,000 live waiters of as many Clients, with InspectLock and
+// InspectSemaphore: each reads a page (redisync.InspectPage) of each
+// list, the records that page names, and the lists' lengths. It fails if
+// a command or transaction of theirs ran over 1 ms by the server's
+// SLOWLOG, or if what they return is not the first page in order with
+// the totals. It logs, for comparison, what reading the same keys whole
+// costs (HGETALL, LRANGE and ZRANGE of everything, as Inspect did before
+// it read a page).
+func TestSlowlogInspectOfLongQueues(t *testing.T) {
+	budgeted(t, "Inspect of 10,000 waiters", inspectLongQueues)
+}
+
+// inspectLongQueues is TestSlowlogInspectOfLongQueues's scenario.
+func inspectLongQueues(t *testing.T) (slowScripts, string) {
+	addr, rdb := slowlogServer(t)
+	c := newClientOf(t, addr)
+	name := redistest.Name(t)
+	m := c.NewMutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+	k := schema.LockKeys(schema.DefaultPrefix, name)
+	sk := schema.SemaphoreKeys(schema.DefaultPrefix, name)
+	now := time.Now()
+	alive := strconv.FormatInt(now.Add(time.Minute).UnixMilli(), 10)
+	recs := make([]string, deadRecords)
+	var clients, waiters []any
+	var queue []redis.Z
+	for i := range recs {
+		id := fmt.Sprintf("%s-%08d", deadClient[:27], i) // a Client id of a UUID's size
+		ticket := fmt.Sprintf("worker-host-17/4242/%s-%d.%024x", id, i+1, uint64(i)*0x9e3779b97f4a7c15)
+		r := schema.QueueRecord{Ticket: ticket, Joined: now.UnixMilli(), Deadline: now.Add(time.Minute).UnixMilli(), Handoff: 1000}.String()
+		recs[i] = "%d" + strings.TrimPrefix(r, "0")
+		clients = append(clients, schema.ClientField(ticket), alive)
+		wid := ticket + "#" + strconv.Itoa(i+1)
+		queue = append(queue, redis.Z{Score: float64(now.UnixMicro() + int64(i)), Member: wid})
+		waiters = append(waiters, wid, alive+":1000:1:"+strconv.Itoa(i+1), schema.ClientField(wid), alive)
+	}
+	plantQueue(t, rdb, k, recs, clients...)
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, sk.Size, "1:2", 0)
+		p.HSet(ctx, sk.Holders, "holder/"+deadClient+"-1.0", "1:1")
+		p.ZAdd(ctx, sk.Expiry, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "holder/" + deadClient + "-1.0"})
+		p.ZAdd(ctx, sk.Queue, queue...)
+		p.HSet(ctx, sk.Waiters, waiters...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// What reading everything costs.
+	resetSlowlog(t, rdb)
+	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HGetAll(ctx, k.Hash)
+		p.LRange(ctx, k.Queue, 0, -1)
+		p.HGetAll(ctx, sk.Waiters)
+		p.ZRangeWithScores(ctx, sk.Queue, 0, -1)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := readSlowlogOf(t, rdb, notAdmin)
+	whole.log(t, "reading the keys whole (not held to the budget)", "")
+
+	sched := resetSlowlog(t, rdb)
+	st, err := c.InspectLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := c.InspectSemaphore(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := readSlowlogOf(t, rdb, notAdmin)
+	if st.QueueLen != deadRecords || len(st.Queue) != redisync.InspectPage || ss.QueueLen != deadRecords || len(ss.Queue) != redisync.InspectPage {
+		t.Fatalf("lock: %d of %d listed; semaphore: %d of %d; want %d of %d",
+			len(st.Queue), st.QueueLen, len(ss.Queue), ss.QueueLen, redisync.InspectPage, deadRecords)
+	}
+	for i := range redisync.InspectPage {
+		if w := st.Queue[i]; !w.Alive || !strings.HasSuffix(w.ID, fmt.Sprintf("%08d-%d.%024x", i, i+1, uint64(i)*0x9e3779b97f4a7c15)) {
+			t.Fatalf("lock: Queue[%d] = %+v", i, w)
+		}
+		if w := ss.Queue[i]; !w.Alive || !strings.HasSuffix(w.ID, "#"+strconv.Itoa(i+1)) || w.Permits != 1 {
+			t.Fatalf("semaphore: Queue[%d] = %+v", i, w)
+		}
+	}
+	return sc, sched()
 }
