@@ -48,11 +48,13 @@ type LockState struct {
 	QueueLen int
 	// Subscribers counts the processes subscribed to their grant channels
 	// of the lock, where their waiters, fair or plain, are woken: those
-	// with waiters, and those whose last waiter left less than 2 s ago
-	// (and an older version's processes with plain waiters, subscribed
-	// to the lock's channel). On a Redis Cluster, a process that
-	// subscribes with plain pub/sub (WithPlainPubSub) may be connected to
-	// any node, so every node is asked.
+	// of the Clients of the waiters in Queue and of the first InspectPage
+	// Clients recorded as barging (and an older version's processes with
+	// plain waiters, subscribed to the lock's channel). Each channel is
+	// asked by name (PUBSUB NUMSUB), not found among the server's
+	// channels, whose number no bound limits. On a Redis Cluster, a
+	// process that subscribes with plain pub/sub (WithPlainPubSub) may be
+	// connected to any node, so every node is asked.
 	Subscribers int64
 	// Barging counts the Clients recorded as having plain (barging)
 	// waiters, whose records have not run out: a release that hands the
@@ -124,7 +126,8 @@ type SemaphoreState struct {
 	// QueueLen counts the waiters, all of them.
 	QueueLen int
 	// Subscribers counts the processes subscribed to their grant channels
-	// of the semaphore, as for a lock (LockState.Subscribers).
+	// of the semaphore, as for a lock (LockState.Subscribers): those of
+	// the Clients of the waiters in Queue.
 	Subscribers int64
 }
 
@@ -199,6 +202,7 @@ var lockFields = []string{schema.LayoutField, schema.OwnerField, schema.EndField
 type lockRead struct {
 	fields  []string        // the hash's fields asked for: lockFields, then the page's Clients'
 	values  *redis.SliceCmd // their values
+	grants  []string        // the Clients whose grant channels' subscribers were counted
 	hlen    *redis.IntCmd   // the hash's size
 	queue   *redis.StringSliceCmd
 	qlen    *redis.IntCmd
@@ -210,9 +214,10 @@ type lockRead struct {
 
 // readLock reads, in one transaction, the lock whose keys are k: its hash's
 // fixed fields and the Client fields clients, the first page of its queue
-// and of its plain waiters' Clients, and their lengths.
-func (c *Client) readLock(ctx context.Context, k schema.Lock, clients []string) (*lockRead, error) {
-	r := &lockRead{fields: append(slices.Clip(lockFields), clients...)}
+// and of its plain waiters' Clients, their lengths, and the subscribers
+// of the grant channels of the Clients grants.
+func (c *Client) readLock(ctx context.Context, k schema.Lock, clients, grants []string) (*lockRead, error) {
+	r := &lockRead{fields: append(slices.Clip(lockFields), clients...), grants: grants}
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		r.values = p.HMGet(ctx, k.Hash, r.fields...)
 		r.hlen = p.HLen(ctx, k.Hash)
@@ -221,7 +226,7 @@ func (c *Client) readLock(ctx context.Context, k schema.Lock, clients []string) 
 		r.bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, InspectPage-1)
 		r.nbarg = p.ZCard(ctx, k.Bargers)
 		r.now = p.Time(ctx)
-		r.subs = c.numSub(ctx, p, k.Channel)
+		r.subs = c.numSub(ctx, p, k.Channel, grants)
 	})
 	return r, err
 }
@@ -232,30 +237,36 @@ func (r *lockRead) hash() map[string]string {
 	return fieldMap(r.fields, r.values.Val())
 }
 
-// clients returns the Client fields that r's page of the queue needs, and
-// whether r read them all.
-func (r *lockRead) clients() ([]string, bool) {
-	var need []string
+// clients returns the Client fields that r's page of the queue needs, the
+// Clients whose grant channels its pages name (of its queue and of its
+// barging Clients), and whether r read them all.
+func (r *lockRead) clients() (fields, grants []string, done bool) {
 	for _, rec := range r.queue.Val() {
 		if q, ok := schema.ParseQueueRecord(rec); ok {
-			need = append(need, schema.ClientField(q.Ticket))
+			fields = append(fields, schema.ClientField(q.Ticket))
+			grants = append(grants, schema.Client(q.Ticket))
 		}
 	}
-	return covered(need, r.fields[len(lockFields):])
+	for _, z := range r.bargers.Val() {
+		grants = append(grants, fmt.Sprint(z.Member))
+	}
+	fields, fdone := covered(fields, r.fields[len(lockFields):])
+	grants, gdone := covered(grants, r.grants)
+	return fields, grants, fdone && gdone
 }
 
 // inspectLock reads the state of the lock called name whose keys are k:
 // a Mutex's, or an Election's (see InspectElection).
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
 	var r *lockRead
-	var clients []string
+	var clients, grants []string
 	for range inspectTries {
 		var err error
-		if r, err = c.readLock(ctx, k, clients); err != nil {
+		if r, err = c.readLock(ctx, k, clients, grants); err != nil {
 			return nil, wrapOp("inspect lock", name, err)
 		}
 		var done bool
-		if clients, done = r.clients(); done {
+		if clients, grants, done = r.clients(); done {
 			break
 		}
 	}
@@ -393,16 +404,18 @@ type semRead struct {
 	holders *redis.SliceCmd // their records; nil when none was asked
 	wids    []string        // the waiters and Client fields asked for
 	waiters *redis.SliceCmd // their records; nil when none was asked
+	grants  []string        // the Clients whose grant channels' subscribers were counted
 	now     *redis.TimeCmd
 	subs    func(context.Context) (int64, error)
 }
 
 // readSemaphore reads, in one transaction, the semaphore whose keys are k:
 // its size, the first page of its holders and of its queue with their
-// counts, and the records of the holders hids and of the waiters (and
-// Client fields) wids.
-func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wids []string) (*semRead, error) {
-	r := &semRead{hids: hids, wids: wids}
+// counts, the records of the holders hids and of the waiters (and Client
+// fields) wids, and the subscribers of the grant channels of the Clients
+// grants.
+func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wids, grants []string) (*semRead, error) {
+	r := &semRead{hids: hids, wids: wids, grants: grants}
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		r.size = p.Get(ctx, k.Size)
 		r.used = p.HMGet(ctx, k.Holders, semUsedField)
@@ -418,14 +431,15 @@ func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wi
 			r.waiters = p.HMGet(ctx, k.Waiters, wids...)
 		}
 		r.now = p.Time(ctx)
-		r.subs = c.numSub(ctx, p, k.Channel)
+		r.subs = c.numSub(ctx, p, k.Channel, grants)
 	})
 	return r, err
 }
 
 // records returns the holders and waiters (with their Clients' fields)
-// that r's pages need, and whether r read them all.
-func (r *semRead) records() (hids, wids []string, done bool) {
+// that r's pages need, the Clients of the waiters, whose grant channels
+// are counted, and whether r read them all.
+func (r *semRead) records() (hids, wids, grants []string, done bool) {
 	for _, z := range r.expiry.Val() {
 		if id := fmt.Sprint(z.Member); id != semUsedField {
 			hids = append(hids, id)
@@ -434,23 +448,25 @@ func (r *semRead) records() (hids, wids []string, done bool) {
 	for _, z := range r.queue.Val() {
 		id := fmt.Sprint(z.Member)
 		wids = append(wids, id, schema.ClientField(id))
+		grants = append(grants, schema.Client(id))
 	}
 	hids, hdone := covered(hids, r.hids)
 	wids, wdone := covered(wids, r.wids)
-	return hids, wids, hdone && wdone
+	grants, gdone := covered(grants, r.grants)
+	return hids, wids, grants, hdone && wdone && gdone
 }
 
 // inspectSemaphore reads the semaphore called name whose keys are k.
 func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Semaphore) (*SemaphoreState, error) {
 	var r *semRead
-	var hids, wids []string
+	var hids, wids, grants []string
 	for range inspectTries {
 		var err error
-		if r, err = c.readSemaphore(ctx, k, hids, wids); err != nil {
+		if r, err = c.readSemaphore(ctx, k, hids, wids, grants); err != nil {
 			return nil, wrapOp("inspect semaphore", name, err)
 		}
 		var done bool
-		if hids, wids, done = r.records(); done {
+		if hids, wids, grants, done = r.records(); done {
 			break
 		}
 	}
@@ -579,65 +595,55 @@ func (c *Client) readAll(ctx context.Context, queue func(redis.Pipeliner)) error
 	return nil
 }
 
-// numSub queues the count of the processes subscribed to channel, and
-// returns the function that sums it once the transaction ran. On a Redis
-// Cluster both ways are counted: the lock's users may subscribe sharded
-// (the default) or not (WithPlainPubSub), whatever this Client does; a
-// process subscribes one way only. Sharded subscribers are on the node
-// that serves the channel's slot, counted in the transaction; a plain
+// numSub queues the count of the processes subscribed to channel and to
+// the grant channels of the Clients clients (schema.Lock.GrantChannel), and
+// returns the function that sums it once the transaction ran. Each
+// channel is asked by name (PUBSUB NUMSUB), a bounded read, not looked for
+// among the server's channels (PUBSUB CHANNELS reads them all, a cost that
+// grows with every application's channels on the server). A grant channel
+// counts once, however many connections of its process subscribe. On a
+// Redis Cluster both ways are counted: the lock's users may subscribe
+// sharded (the default) or not (WithPlainPubSub), whatever this Client
+// does; a process subscribes one way only. Sharded subscribers are on the
+// node that serves the channel's slot, counted in the transaction; a plain
 // one may be on any node (PUBLISH reaches every node), so each is asked.
-func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func(context.Context) (int64, error) {
-	pattern := globEscape(channel) + ":*" // the grant channels (schema.Lock.GrantChannel)
+func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string, clients []string) func(context.Context) (int64, error) {
+	names := make([]string, 0, 1+len(clients))
+	names = append(names, channel)
+	for _, id := range clients {
+		names = append(names, channel+":"+id)
+	}
 	cc := c.cluster
 	if cc == nil {
-		plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
-		return func(context.Context) (int64, error) {
-			return plain.Val()[channel] + grantChannels(channel, grants.Val()), nil
-		}
+		plain := p.PubSubNumSub(ctx, names...)
+		return func(context.Context) (int64, error) { return subscribers(channel, plain.Val()), nil }
 	}
-	sharded, grants := p.PubSubShardNumSub(ctx, channel), p.PubSubShardChannels(ctx, pattern)
+	sharded := p.PubSubShardNumSub(ctx, names...)
 	return func(ctx context.Context) (int64, error) {
 		var plain atomic.Int64
 		err := cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
-			subs, err := node.PubSubNumSub(ctx, channel).Result()
-			if err != nil {
-				return err
-			}
-			names, err := node.PubSubChannels(ctx, pattern).Result()
-			plain.Add(subs[channel] + grantChannels(channel, names))
+			subs, err := node.PubSubNumSub(ctx, names...).Result()
+			plain.Add(subscribers(channel, subs))
 			return err
 		})
 		if err != nil {
 			return 0, redisError(err)
 		}
-		return plain.Load() + sharded.Val()[channel] + grantChannels(channel, grants.Val()), nil
+		return plain.Load() + subscribers(channel, sharded.Val()), nil
 	}
 }
 
-// grantChannels counts the grant channels of channel among names, which
-// match channel + ":*": those that end with a client id, not the channels
-// of another primitive whose name starts with this one's and "}:ch:".
-func grantChannels(channel string, names []string) int64 {
-	var n int64
-	for _, name := range names {
-		if !strings.ContainsAny(name[len(channel)+1:], ":{}") {
+// subscribers sums the processes in subs, the subscribers of channel and
+// of grant channels: each subscriber of channel, and each grant channel
+// with any.
+func subscribers(channel string, subs map[string]int64) int64 {
+	n := subs[channel]
+	for name, k := range subs {
+		if name != channel && k > 0 {
 			n++
 		}
 	}
 	return n
-}
-
-// globEscape escapes the characters of s that a Redis glob pattern gives
-// a meaning to.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // since returns the time from a queue score (the server time in µs when a

@@ -299,6 +299,12 @@ func (r *readRecorder) checkBounded(t *testing.T) {
 			}
 		case name == "hmget" && len(args)-2 > len(lockFields)+2*InspectPage:
 			t.Errorf("%s of %d fields", name, len(args)-2)
+		case name == "pubsub" && len(args) > 1:
+			if sub := strings.ToLower(fmt.Sprint(args[1])); sub == "channels" || sub == "shardchannels" {
+				t.Errorf("%v reads every channel of the server", args)
+			} else if len(args)-2 > 1+2*InspectPage {
+				t.Errorf("PUBSUB %s of %d channels", sub, len(args)-2)
+			}
 		}
 	}
 	r.cmds = nil
@@ -338,6 +344,15 @@ func TestInspectLockReadsTheFirstPageOfALongQueue(t *testing.T) {
 	if err := rdb.HSet(ctx, m.keys.Hash, clients...).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// The processes of a Client in the page, and of one past it,
+	// subscribe to their grant channels: the first is counted.
+	for _, client := range []string{"c0", "c250"} {
+		ps := rdb.Subscribe(ctx, m.keys.GrantChannel(client))
+		defer ps.Close()
+		if _, err := ps.Receive(ctx); err != nil { // the confirmation
+			t.Fatal(err)
+		}
+	}
 	rec.checkBounded(t)
 
 	st, err := c.InspectLock(ctx, "job")
@@ -345,6 +360,9 @@ func TestInspectLockReadsTheFirstPageOfALongQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.checkBounded(t)
+	if st.Subscribers != 1 {
+		t.Errorf("Subscribers = %d, want 1 (the Client in the page)", st.Subscribers)
+	}
 	if st.QueueLen != waiters+1 || len(st.Queue) != InspectPage-1 {
 		t.Fatalf("QueueLen %d, %d listed; want %d, %d (the first page less the record that is not redisync's)",
 			st.QueueLen, len(st.Queue), waiters+1, InspectPage-1)
