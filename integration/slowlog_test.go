@@ -546,14 +546,16 @@ func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, string) {
 }
 
 // TestSlowlogInspectOfLongQueues reads a lock and a semaphore, each with
-// 10,000 live waiters of as many Clients, with InspectLock and
+// 10,000 live waiters of as many Clients, on a server where another
+// application subscribes to 10,000 channels, with InspectLock and
 // InspectSemaphore: each reads a page (redisync.InspectPage) of each
-// list, the records that page names, and the lists' lengths. It fails if
-// a command or transaction of theirs ran over 1 ms by the server's
-// SLOWLOG, or if what they return is not the first page in order with
-// the totals. It logs, for comparison, what reading the same keys whole
-// costs (HGETALL, LRANGE and ZRANGE of everything, as Inspect did before
-// it read a page).
+// list, the records that page names, the lists' lengths, and the
+// subscribers of the page's Clients' grant channels. It fails if a
+// command of theirs ran over 1 ms by the server's SLOWLOG, or if what
+// they return is not the first page in order with the totals. It logs,
+// for comparison, what reading the same keys whole costs (HGETALL, LRANGE
+// and ZRANGE of everything, and PUBSUB CHANNELS, as Inspect did before it
+// read a page).
 func TestSlowlogInspectOfLongQueues(t *testing.T) {
 	budgeted(t, "Inspect of 10,000 waiters", inspectLongQueues)
 }
@@ -597,6 +599,21 @@ func inspectLongQueues(t *testing.T) (slowScripts, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Another application's 10,000 channels on the same server.
+	ps := redistest.NewClient(t, addr).Subscribe(ctx)
+	defer ps.Close()
+	for i := 0; i < deadRecords; i += 1000 {
+		var chans []string
+		for j := i; j < i+1000; j++ {
+			chans = append(chans, fmt.Sprintf("another-app:events:%d", j))
+		}
+		if err := ps.Subscribe(ctx, chans...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "the other application's channels", func() bool {
+		return len(rdb.PubSubChannels(ctx, "another-app:*").Val()) == deadRecords
+	})
 
 	// What reading everything costs.
 	resetSlowlog(t, rdb)
@@ -605,6 +622,7 @@ func inspectLongQueues(t *testing.T) (slowScripts, string) {
 		p.LRange(ctx, k.Queue, 0, -1)
 		p.HGetAll(ctx, sk.Waiters)
 		p.ZRangeWithScores(ctx, sk.Queue, 0, -1)
+		p.PubSubChannels(ctx, k.Channel+":*")
 		return nil
 	})
 	if err != nil {
