@@ -165,7 +165,7 @@ type LockStatus struct {
 	QueueLen int `json:"queue_len"`
 	// SubscribedProcesses counts the processes subscribed to the lock's
 	// channels (LockState.Subscribers): a process with waiters, fair or
-	// barging, or whose last waiter left less than 2 s ago, counts once.
+	// barging, among those Inspect lists, counts once.
 	SubscribedProcesses int64 `json:"subscribed_processes"`
 	// BargingProcesses counts the processes recorded as having barging
 	// waiters (LockState.Barging).
@@ -461,7 +461,7 @@ func (st *Status) print(out io.Writer) {
 			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
 		}
 	}
-	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, fair or barging, or within 2 s of their last)", l.SubscribedProcesses))
+	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, fair or barging)", l.SubscribedProcesses))
 	if l.BargingProcesses > 0 {
 		field(out, "barging", fmt.Sprintf("%d process(es) recorded with barging waiters", l.BargingProcesses))
 	}
