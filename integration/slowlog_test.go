@@ -27,20 +27,22 @@ import (
 // order.
 //
 // The SLOWLOG gives a command's time by the wall clock: a call during
-// which the server's main thread was preempted by another process (a
-// busy machine, other tests) runs that much longer by it, whatever its
-// work (on this project's 2-core test machine, with other suites running,
-// about one call in a few hundred, by 1 to 3 ms). A call's work is the
-// same in every run of a test, its preemption is not: a test whose run
-// has calls over the budget logs them, with the time the main thread
-// waited for a CPU in that run, and runs again; it fails if each of
-// budgetRuns runs has calls over the budget.
+// which the server's main thread was preempted by another process (the
+// test's own client under -race, other tests: the project's test machine
+// has 2 cores) runs that much longer by it, whatever its work; on that
+// machine about one call in a few hundred, by 1 to 6 ms. A run of a test
+// fails when a script's median call is over the budget (the calls of a
+// script do the same bounded work), or when a call ran over the budget by
+// more than the main thread waited for a CPU in the whole run (Linux's
+// schedstat; no wait is known elsewhere), which no preemption explains.
+// Calls over the budget by less are logged, and the test runs again, up
+// to budgetRuns times, for a run without any.
 
 // scriptBudget is the longest a script call of redisync may run.
 const scriptBudget = time.Millisecond
 
-// budgetRuns is how many runs of a test may have calls over the budget
-// before it fails (see above).
+// budgetRuns is how many times a test runs while its runs have calls over
+// the budget that preemption explains (see above).
 const budgetRuns = 3
 
 // deadRecords is how many records the tests leave ahead of live waiters.
@@ -76,7 +78,7 @@ func slowlogServer(t *testing.T) (addr string, rdb *redis.Client) {
 // resetSlowlog starts the SLOWLOG anew, logging every command. It
 // returns a function that describes the server's main thread's time since
 // (see schedSince).
-func resetSlowlog(t *testing.T, rdb *redis.Client) func() string {
+func resetSlowlog(t *testing.T, rdb *redis.Client) func() sched {
 	t.Helper()
 	since := schedSince(t, rdb)
 	if err := rdb.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err(); err != nil {
@@ -88,12 +90,25 @@ func resetSlowlog(t *testing.T, rdb *redis.Client) func() string {
 	return since
 }
 
-// schedSince returns a function that describes the time the main thread
-// of rdb's server spent on a CPU, and waiting for one (preempted by other
-// processes: a script call it interrupts runs that much longer by the
-// SLOWLOG), since schedSince was called; from Linux's
-// /proc/PID/schedstat, or "" where it is not found.
-func schedSince(t *testing.T, rdb *redis.Client) func() string {
+// sched is the time the main thread of a server spent on a CPU, and
+// waiting for one (preempted by other processes: a script call it
+// interrupts runs that much longer by the SLOWLOG).
+type sched struct {
+	cpu, wait time.Duration
+	known     bool // false where Linux's /proc/PID/schedstat is not found
+}
+
+// String describes s.
+func (s sched) String() string {
+	if !s.known {
+		return "the server's main thread's time is not known"
+	}
+	return fmt.Sprintf("the server's main thread ran %v and waited %v for a CPU", s.cpu.Round(time.Microsecond), s.wait.Round(time.Microsecond))
+}
+
+// schedSince returns a function that returns the sched of the main thread
+// of rdb's server since schedSince was called.
+func schedSince(t *testing.T, rdb *redis.Client) func() sched {
 	t.Helper()
 	info, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
@@ -116,12 +131,9 @@ func schedSince(t *testing.T, rdb *redis.Client) func() string {
 		return time.Duration(c), time.Duration(w), err1 == nil && err2 == nil
 	}
 	cpu0, wait0, ok0 := read()
-	return func() string {
+	return func() sched {
 		cpu, wait, ok := read()
-		if !ok0 || !ok {
-			return ""
-		}
-		return fmt.Sprintf("the server's main thread ran %v and waited %v for a CPU", (cpu - cpu0).Round(time.Microsecond), (wait - wait0).Round(time.Microsecond))
+		return sched{cpu: cpu - cpu0, wait: wait - wait0, known: ok0 && ok}
 	}
 }
 
@@ -197,29 +209,55 @@ func readSlowlogOf(t *testing.T, rdb *redis.Client, match func(redis.SlowLog) bo
 }
 
 // budgeted runs scenario, which returns what the SLOWLOG says of its
-// script calls and the main thread's time (see schedSince), and logs
-// them. It fails t for every call over scriptBudget in the last of
-// budgetRuns runs that all had some (see above).
-func budgeted(t *testing.T, what string, scenario func(t *testing.T) (slowScripts, string)) {
+// script calls and the main thread's time, and logs them; it judges each
+// run as the comment above says.
+func budgeted(t *testing.T, what string, scenario func(t *testing.T) (slowScripts, sched)) {
 	t.Helper()
-	for run := 1; ; run++ {
-		sc, sched := scenario(t)
-		sc.log(t, fmt.Sprintf("%s, run %d", what, run), sched)
-		if len(sc.over) == 0 || t.Failed() {
+	for run := 1; run <= budgetRuns; run++ {
+		sc, s := scenario(t)
+		name := fmt.Sprintf("%s, run %d", what, run)
+		sc.log(t, name, s)
+		if t.Failed() || !sc.typical(t, name) || len(sc.over) == 0 {
 			return
 		}
+		explained := true
 		for _, e := range sc.over {
-			msg := fmt.Sprintf("%s, run %d: a script call ran %v, over %v: %s", what, run, e.Duration, scriptBudget, scriptName(e))
-			if run < budgetRuns {
-				t.Log(msg + "; running again")
-			} else {
-				t.Error(msg)
+			if s.known && e.Duration-scriptBudget <= s.wait {
+				t.Logf("%s: a script call ran %v, over %v by less than the main thread waited for a CPU: %s",
+					name, e.Duration, scriptBudget, scriptName(e))
+				continue
 			}
+			explained = false
+			t.Errorf("%s: a script call ran %v, over %v by more than the main thread waited for a CPU (%v): %s",
+				name, e.Duration, scriptBudget, s.wait, scriptName(e))
 		}
-		if run == budgetRuns {
+		if !explained {
 			return
 		}
 	}
+	t.Logf("%s: every one of %d runs had calls over %v, each by less than the main thread waited for a CPU in its run",
+		what, budgetRuns, scriptBudget)
+}
+
+// typical fails t, and reports false, when the median call of a script
+// ran over scriptBudget.
+func (sc slowScripts) typical(t *testing.T, what string) bool {
+	t.Helper()
+	ok := true
+	for name, ds := range sc.by {
+		if m := median(ds); m > scriptBudget {
+			t.Errorf("%s: %s's median call ran %v, over %v", what, name, m, scriptBudget)
+			ok = false
+		}
+	}
+	return ok
+}
+
+// median returns the median of ds.
+func median(ds []time.Duration) time.Duration {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
 
 // scriptName returns the function's name or the script's SHA of a script
@@ -231,9 +269,9 @@ func scriptName(e redis.SlowLog) string {
 	return e.Args[1]
 }
 
-// log logs the script calls' times, and sched (see schedSince); it fails
-// t when there were none.
-func (sc slowScripts) log(t *testing.T, what, sched string) {
+// log logs the calls' times, and the main thread's time s; it fails t
+// when there were none.
+func (sc slowScripts) log(t *testing.T, what string, s sched) {
 	t.Helper()
 	if sc.n == 0 {
 		t.Fatalf("%s: no call in the SLOWLOG", what)
@@ -246,7 +284,7 @@ func (sc slowScripts) log(t *testing.T, what, sched string) {
 	}
 	slices.Sort(names)
 	t.Logf("%s: %d calls, the longest %v (%s); by script or command: %s; %s",
-		what, sc.n, sc.worst.Duration, scriptName(sc.worst), strings.Join(names, "; "), sched)
+		what, sc.n, sc.worst.Duration, scriptName(sc.worst), strings.Join(names, "; "), s)
 }
 
 // plantQueue appends recs to the fair queue of the lock k as if they had
@@ -365,7 +403,7 @@ func TestSlowlogLockQueueOfJunkAndDeadRecords(t *testing.T) {
 
 // junkAndDeadRecords is TestSlowlogLockQueueOfJunkAndDeadRecords's
 // scenario.
-func junkAndDeadRecords(t *testing.T) (slowScripts, string) {
+func junkAndDeadRecords(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	name := redistest.Name(t)
 	holderC := newClientOf(t, addr)
@@ -385,7 +423,7 @@ func junkAndDeadRecords(t *testing.T) (slowScripts, string) {
 	}
 	plantQueue(t, rdb, k, recs, schema.ClientField(deadClient+"-1"), strconv.FormatInt(now.Add(-time.Minute).UnixMilli(), 10))
 
-	sched := resetSlowlog(t, rdb)
+	since := resetSlowlog(t, rdb)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var ws []*redisync.Mutex
@@ -403,7 +441,7 @@ func junkAndDeadRecords(t *testing.T) (slowScripts, string) {
 	if n := rdb.LLen(ctx, k.Queue).Val(); n != 0 {
 		t.Errorf("%d records left in the queue", n)
 	}
-	return readSlowlog(t, rdb), sched()
+	return readSlowlog(t, rdb), since()
 }
 
 // TestSlowlogLockQueueOfADeadClient leaves 10,000 waiters' records of one
@@ -421,7 +459,7 @@ func TestSlowlogLockQueueOfADeadClient(t *testing.T) {
 }
 
 // deadClientRecords is TestSlowlogLockQueueOfADeadClient's scenario.
-func deadClientRecords(t *testing.T) (slowScripts, string) {
+func deadClientRecords(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	name := redistest.Name(t)
 	other := newClientOf(t, addr).NewMutex(name, redisync.Barging())
@@ -436,7 +474,7 @@ func deadClientRecords(t *testing.T) (slowScripts, string) {
 	}
 	plantQueue(t, rdb, k, recs, schema.ClientField(deadClient+"-1"), strconv.FormatInt(now.Add(-time.Minute).UnixMilli(), 10))
 
-	sched := resetSlowlog(t, rdb)
+	since := resetSlowlog(t, rdb)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	got := queueBehind(t, wctx, rdb, k, []*redisync.Mutex{newClientOf(t, addr).NewMutex(name)})
@@ -469,7 +507,7 @@ func deadClientRecords(t *testing.T) (slowScripts, string) {
 	}
 	t.Logf("the live waiter, behind %d records of a dead Client, got the lock %v after the first Unlock; %d Unlocks",
 		deadRecords, first.Round(time.Millisecond), unlocks)
-	return readSlowlog(t, rdb), sched()
+	return readSlowlog(t, rdb), since()
 }
 
 // newClientOf returns a redisync Client on a go-redis client of its own
@@ -499,7 +537,7 @@ func TestSlowlogLockWithdrawalBehindDeadRecords(t *testing.T) {
 
 // withdrawalBehindDeadRecords is
 // TestSlowlogLockWithdrawalBehindDeadRecords's scenario.
-func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, string) {
+func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	name := redistest.Name(t)
 	holder := newClientOf(t, addr).NewMutex(name)
@@ -531,18 +569,18 @@ func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, string) {
 			return rdb.LLen(ctx, k.Queue).Val() == deadRecords
 		})
 	}
-	sched := resetSlowlog(t, rdb)
+	since := resetSlowlog(t, rdb)
 	withdraw()
 	first := readSlowlog(t, rdb)
-	first.log(t, "the first withdrawal (not held to the budget)", sched())
+	first.log(t, "the first withdrawal (not held to the budget)", since())
 
-	sched = resetSlowlog(t, rdb)
+	since = resetSlowlog(t, rdb)
 	withdraw()
-	sc, desc := readSlowlog(t, rdb), sched()
+	sc, s := readSlowlog(t, rdb), since()
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return sc, desc
+	return sc, s
 }
 
 // TestSlowlogInspectOfLongQueues reads a lock and a semaphore, each with
@@ -561,7 +599,7 @@ func TestSlowlogInspectOfLongQueues(t *testing.T) {
 }
 
 // inspectLongQueues is TestSlowlogInspectOfLongQueues's scenario.
-func inspectLongQueues(t *testing.T) (slowScripts, string) {
+func inspectLongQueues(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	c := newClientOf(t, addr)
 	name := redistest.Name(t)
@@ -616,7 +654,7 @@ func inspectLongQueues(t *testing.T) (slowScripts, string) {
 	})
 
 	// What reading everything costs.
-	resetSlowlog(t, rdb)
+	since := resetSlowlog(t, rdb)
 	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.HGetAll(ctx, k.Hash)
 		p.LRange(ctx, k.Queue, 0, -1)
@@ -629,9 +667,9 @@ func inspectLongQueues(t *testing.T) (slowScripts, string) {
 		t.Fatal(err)
 	}
 	whole := readSlowlogOf(t, rdb, notAdmin)
-	whole.log(t, "reading the keys whole (not held to the budget)", "")
+	whole.log(t, "reading the keys whole (not held to the budget)", since())
 
-	sched := resetSlowlog(t, rdb)
+	since = resetSlowlog(t, rdb)
 	st, err := c.InspectLock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -653,5 +691,5 @@ func inspectLongQueues(t *testing.T) (slowScripts, string) {
 			t.Fatalf("semaphore: Queue[%d] = %+v", i, w)
 		}
 	}
-	return sc, sched()
+	return sc, since()
 }
