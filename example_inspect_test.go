@@ -32,7 +32,7 @@ func ExampleClient_InspectLock() {
 	}
 	if st.Held() {
 		fmt.Printf("held by %s, our token: %v, %d queued\n",
-			st.Holder.Label, st.Holder.Token == m.Token(), len(st.Queue))
+			st.Holder.Label, st.Holder.Token == m.Token(), st.QueueLen)
 	}
 	// Output: held by reindexer-7, our token: true, 0 queued
 }

@@ -16,6 +16,16 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
+// InspectPage bounds what one call of InspectLock, InspectElection,
+// InspectSemaphore or InspectRWMutex reads of each list that others
+// make grow: it returns at most the first InspectPage records of a queue,
+// and of a semaphore's holders, with the total count beside them
+// (LockState.QueueLen, SemaphoreState.QueueLen and HoldersLen). Redis
+// serves one command at a time, for every client of the server: an
+// Inspect call's work there is bounded by a constant, however many
+// waiters wait.
+const InspectPage = 100
+
 // LockState is the state of a lock as InspectLock read it, at one instant.
 type LockState struct {
 	Name       string
@@ -25,17 +35,26 @@ type LockState struct {
 	// lock is held; after it is released, remembered for an hour (0 once
 	// forgotten).
 	LastToken int64
-	// Queue is the fair waiters, the next to be served first. Plain
-	// (barging) waiters are not queued; their Clients are recorded, not
-	// each waiter: see Subscribers.
+	// Queue is the fair waiters, the next to be served first: those of
+	// the queue's first InspectPage records. Plain (barging) waiters are
+	// not queued; their Clients are recorded, not each waiter: see
+	// Subscribers.
 	Queue []LockWaiter
+	// QueueLen counts the records in the queue, all of them: more than
+	// len(Queue) when the queue is longer than InspectPage. It counts
+	// the records that the next hand-offs will drop too: those of dead
+	// waiters (in Queue, not Alive) and those that are not redisync's
+	// (left out of Queue).
+	QueueLen int
 	// Subscribers counts the processes subscribed to their grant channels
 	// of the lock, where their waiters, fair or plain, are woken: those
-	// with waiters, and those whose last waiter left less than 2 s ago
-	// (and an older version's processes with plain waiters, subscribed
-	// to the lock's channel). On a Redis Cluster, a process that
-	// subscribes with plain pub/sub (WithPlainPubSub) may be connected to
-	// any node, so every node is asked.
+	// of the Clients of the waiters in Queue and of the first InspectPage
+	// Clients recorded as barging (and an older version's processes with
+	// plain waiters, subscribed to the lock's channel). Each channel is
+	// asked by name (PUBSUB NUMSUB), not found among the server's
+	// channels, whose number no bound limits. On a Redis Cluster, a
+	// process that subscribes with plain pub/sub (WithPlainPubSub) may be
+	// connected to any node, so every node is asked.
 	Subscribers int64
 	// Barging counts the Clients recorded as having plain (barging)
 	// waiters, whose records have not run out: a release that hands the
@@ -90,11 +109,25 @@ type SemaphoreState struct {
 	// after its last Acquire; 0 when none is stored.
 	Size int64
 	// InUse counts the permits held under a lease that has not ended.
-	InUse   int64
-	Holders []SemaphoreHolder // ordered by ID
-	Queue   []SemaphoreWaiter // the next to be served first
+	// When the semaphore has more holders than InspectPage, it is the
+	// count of permits in use that the semaphore stores, less those of
+	// the listed holders whose lease ended (the holders whose lease ends
+	// first are listed); a semaphore written by an older version, which
+	// stores no such count, counts the listed holders' permits only.
+	InUse int64
+	// Holders is the holders, ordered by ID: all of them, or, when there
+	// are more than InspectPage, the InspectPage whose leases end first.
+	Holders []SemaphoreHolder
+	// HoldersLen counts the holders, all of them.
+	HoldersLen int
+	// Queue is the waiters, the next to be served first: the first
+	// InspectPage of them.
+	Queue []SemaphoreWaiter
+	// QueueLen counts the waiters, all of them.
+	QueueLen int
 	// Subscribers counts the processes subscribed to their grant channels
-	// of the semaphore, as for a lock (LockState.Subscribers).
+	// of the semaphore, as for a lock (LockState.Subscribers): those of
+	// the Clients of the waiters in Queue.
 	Subscribers int64
 }
 
@@ -105,7 +138,7 @@ func (s *SemaphoreState) Available() int64 { return max(s.Size-s.InUse, 0) }
 // Empty reports whether nothing of the semaphore is stored: no size, no
 // holder, no waiter.
 func (s *SemaphoreState) Empty() bool {
-	return s.Size == 0 && len(s.Holders) == 0 && len(s.Queue) == 0
+	return s.Size == 0 && s.HoldersLen == 0 && s.QueueLen == 0 && len(s.Holders) == 0 && len(s.Queue) == 0
 }
 
 // SemaphoreHolder is one holder of permits: a Semaphore value that holds
@@ -135,11 +168,15 @@ type SemaphoreWaiter struct {
 }
 
 // InspectLock reads the state of the lock called name: its holder, hold
-// count, fencing token and remaining lease, and its fair queue in order.
-// It only reads, in one round trip and one MULTI transaction, so that
-// what it returns was true at one instant. opts name the lock's keys
-// (WithKeyPrefix) as for NewMutex; other options do not matter. A key of
-// another type than redisync writes is ErrWrongType.
+// count, fencing token and remaining lease, and the first InspectPage
+// records of its fair queue in order, with the queue's length. It only
+// reads, in one MULTI transaction, so that what it returns was true at
+// one instant; with waiters queued, in two (rarely more): the first finds
+// which Clients' records the page needs, the second reads them with the
+// rest. Each reads a bounded part of the lock's keys (see InspectPage).
+// opts name the lock's keys (WithKeyPrefix) as for NewMutex; other
+// options do not matter. A key of another type than redisync writes is
+// ErrWrongType.
 func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
@@ -148,72 +185,182 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 	return c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
 }
 
+// inspectTries bounds the transactions of one Inspect call: each reads the
+// records that the page of the one before named, and the call ends when
+// its page names no other. A page that changed every time (the queue's
+// head moving on by a page between transactions) is shown with the
+// records read for it: a waiter whose Client's record was not read shows
+// its own deadline only.
+const inspectTries = 4
+
+// lockFields are the fields of a lock's hash that InspectLock reads, before
+// the Clients' fields of the waiters in its page.
+var lockFields = []string{schema.LayoutField, schema.OwnerField, schema.EndField, schema.TokenField,
+	schema.MetaField, schema.QueueField, schema.RevField}
+
+// lockRead is what one transaction of InspectLock read.
+type lockRead struct {
+	fields  []string        // the hash's fields asked for: lockFields, then the page's Clients'
+	values  *redis.SliceCmd // their values
+	grants  []string        // the Clients whose grant channels' subscribers were counted
+	hlen    *redis.IntCmd   // the hash's size
+	queue   *redis.StringSliceCmd
+	qlen    *redis.IntCmd
+	bargers *redis.ZSliceCmd // the first records of the Clients with plain waiters
+	nbarg   *redis.IntCmd
+	now     *redis.TimeCmd
+	subs    func(context.Context) (int64, error)
+}
+
+// readLock reads, in one transaction, the lock whose keys are k: its hash's
+// fixed fields and the Client fields clients, the first page of its queue
+// and of its plain waiters' Clients, their lengths, and the subscribers
+// of the grant channels of the Clients grants.
+func (c *Client) readLock(ctx context.Context, k schema.Lock, clients, grants []string) (*lockRead, error) {
+	r := &lockRead{fields: append(slices.Clip(lockFields), clients...), grants: grants}
+	err := c.readAll(ctx, func(p redis.Pipeliner) {
+		r.values = p.HMGet(ctx, k.Hash, r.fields...)
+		r.hlen = p.HLen(ctx, k.Hash)
+		r.queue = p.LRange(ctx, k.Queue, 0, InspectPage-1)
+		r.qlen = p.LLen(ctx, k.Queue)
+		r.bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, InspectPage-1)
+		r.nbarg = p.ZCard(ctx, k.Bargers)
+		r.now = p.Time(ctx)
+		r.subs = c.numSub(ctx, p, k.Channel, grants)
+	})
+	return r, err
+}
+
+// hash returns the fields of the lock's hash that r read, by name (a field
+// absent from the hash is absent from the map).
+func (r *lockRead) hash() map[string]string {
+	return fieldMap(r.fields, r.values.Val())
+}
+
+// clients returns the Client fields that r's page of the queue needs, the
+// Clients whose grant channels its pages name (of its queue and of its
+// barging Clients), and whether r read them all.
+func (r *lockRead) clients() (fields, grants []string, done bool) {
+	for _, rec := range r.queue.Val() {
+		if q, ok := schema.ParseQueueRecord(rec); ok {
+			fields = append(fields, schema.ClientField(q.Ticket))
+			grants = append(grants, schema.Client(q.Ticket))
+		}
+	}
+	for _, z := range r.bargers.Val() {
+		grants = append(grants, fmt.Sprint(z.Member))
+	}
+	fields, fdone := covered(fields, r.fields[len(lockFields):])
+	grants, gdone := covered(grants, r.grants)
+	return fields, grants, fdone && gdone
+}
+
 // inspectLock reads the state of the lock called name whose keys are k:
 // a Mutex's, or an Election's (see InspectElection).
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
-	var (
-		hash    *redis.MapStringStringCmd
-		pttl    *redis.DurationCmd
-		queue   *redis.StringSliceCmd
-		bargers *redis.ZSliceCmd
-		now     *redis.TimeCmd
-		subs    func(context.Context) (int64, error)
-	)
-	err := c.readAll(ctx, func(p redis.Pipeliner) {
-		hash = p.HGetAll(ctx, k.Hash)
-		pttl = p.PTTL(ctx, k.Hash)
-		queue = p.LRange(ctx, k.Queue, 0, -1)
-		bargers = p.ZRangeWithScores(ctx, k.Bargers, 0, -1)
-		now = p.Time(ctx)
-		subs = c.numSub(ctx, p, k.Channel)
-	})
+	var r *lockRead
+	var clients, grants []string
+	for range inspectTries {
+		var err error
+		if r, err = c.readLock(ctx, k, clients, grants); err != nil {
+			return nil, wrapOp("inspect lock", name, err)
+		}
+		var done bool
+		if clients, grants, done = r.clients(); done {
+			break
+		}
+	}
+	nsubs, err := r.subs(ctx)
 	if err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	nsubs, err := subs(ctx)
-	if err != nil {
-		return nil, wrapOp("inspect lock", name, err)
+	h := r.hash()
+	lock, ok := schema.ParseLockState(h)
+	if h[schema.LayoutField] != strconv.Itoa(schema.Layout) && r.hlen.Val() > 0 {
+		ok = false // layout 1 or 2 keeps its holder in a field of its own
 	}
-	lock, ok := schema.ParseLockState(hash.Val())
 	if !ok {
-		if st, ok := olderLock(name, hash.Val(), pttl.Val(), now.Val(), nsubs); ok {
+		st, err := c.inspectOlderLock(ctx, k, r.hlen.Val(), nsubs)
+		if err != nil {
+			return nil, wrapOp("inspect lock", name, err)
+		}
+		if st != nil {
+			st.Name = name
 			return st, nil
 		}
 		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)})
 	}
-	st := &LockState{Name: name, ServerTime: now.Val(), Subscribers: nsubs, Queue: []LockWaiter{}, LastToken: lock.Token}
+	st := &LockState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs, Queue: []LockWaiter{},
+		QueueLen: int(r.qlen.Val()), LastToken: lock.Token}
 	nowMS := st.ServerTime.UnixMilli()
 	if lock.Held(nowMS) {
 		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner), Count: 1,
 			Lease: time.Duration(lock.End-nowMS) * time.Millisecond, Token: lock.Token, Metadata: lock.Meta}
 	}
-	for _, z := range bargers.Val() {
+	// The records that ran out come first (the zset is ordered by when
+	// they run out); those past the page are counted as standing. Each
+	// barging attempt drops the records that ran out, so a page of them
+	// is rare.
+	st.Barging = r.nbarg.Val() - int64(len(r.bargers.Val()))
+	for _, z := range r.bargers.Val() {
 		if int64(z.Score) >= nowMS {
 			st.Barging++
 		}
 	}
-	for _, r := range queue.Val() {
-		rec, ok := schema.ParseQueueRecord(r)
+	for _, rec := range r.queue.Val() {
+		q, ok := schema.ParseQueueRecord(rec)
 		if !ok {
 			continue // not redisync's: the next hand-off drops it
 		}
-		w := LockWaiter{ID: rec.Ticket, Label: schema.Label(rec.Ticket), Waited: time.Duration(nowMS-rec.Joined) * time.Millisecond,
-			HandoffLease: time.Duration(rec.Handoff) * time.Millisecond, Metadata: rec.Metadata}
-		w.Heartbeat = msUntil(alive(rec.Deadline, hash.Val(), rec.Ticket), st.ServerTime)
+		w := LockWaiter{ID: q.Ticket, Label: schema.Label(q.Ticket), Waited: time.Duration(nowMS-q.Joined) * time.Millisecond,
+			HandoffLease: time.Duration(q.Handoff) * time.Millisecond, Metadata: q.Metadata}
+		w.Heartbeat = msUntil(alive(q.Deadline, h, q.Ticket), st.ServerTime)
 		w.Alive = w.Heartbeat >= 0
 		st.Queue = append(st.Queue, w)
 	}
 	return st, nil
 }
 
+// olderLockFields bounds the fields of a lock's hash written by layout 1
+// or 2: the hold id, and the layout, metadata and Proclaim fields.
+const olderLockFields = 4
+
+// inspectOlderLock reads the lock whose keys are k and whose hash, of
+// hlen fields, is not of this layout: the state of a hash written by
+// layout 1 or 2, or nil when it is no such hash. Such a hash is read
+// whole, which its size bounds.
+func (c *Client) inspectOlderLock(ctx context.Context, k schema.Lock, hlen, nsubs int64) (*LockState, error) {
+	if hlen > olderLockFields {
+		return nil, nil
+	}
+	var (
+		hash *redis.MapStringStringCmd
+		pttl *redis.DurationCmd
+		now  *redis.TimeCmd
+	)
+	err := c.readAll(ctx, func(p redis.Pipeliner) {
+		hash = p.HGetAll(ctx, k.Hash) // at most olderLockFields a moment ago
+		pttl = p.PTTL(ctx, k.Hash)
+		now = p.Time(ctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(hash.Val()) > olderLockFields {
+		return nil, nil
+	}
+	st, _ := olderLock(hash.Val(), pttl.Val(), now.Val(), nsubs)
+	return st, nil
+}
+
 // olderLock reads a lock's hash written by layout 1 or 2 (the hold id ->
 // its count, with the lease as the key's TTL), so that an operator sees
 // who holds during a rolling deploy; false when h is no such hash.
-func olderLock(name string, h map[string]string, pttl time.Duration, now time.Time, nsubs int64) (*LockState, bool) {
+func olderLock(h map[string]string, pttl time.Duration, now time.Time, nsubs int64) (*LockState, bool) {
 	if l := h[schema.LayoutField]; l != "" && l != "2" {
 		return nil, false
 	}
-	st := &LockState{Name: name, ServerTime: now, Subscribers: nsubs, Queue: []LockWaiter{}}
+	st := &LockState{ServerTime: now, Subscribers: nsubs, Queue: []LockWaiter{}}
 	for f, v := range h {
 		if f == schema.LayoutField || f == schema.MetaField || f == schema.ProclaimField {
 			continue
@@ -229,8 +376,9 @@ func olderLock(name string, h map[string]string, pttl time.Duration, now time.Ti
 
 // InspectSemaphore reads the state of the semaphore called name: its
 // size, the permits in use, its holders with their leases and its queue
-// in order. It reads as InspectLock does; opts name the keys as for
-// NewSemaphore. A semaphore never used, or idle for an hour, is Empty.
+// in order, the first InspectPage of each with their counts. It reads as
+// InspectLock does; opts name the keys as for NewSemaphore. A semaphore
+// never used, or idle for an hour, is Empty.
 func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
@@ -239,78 +387,183 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 	return c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
 }
 
+// semRead is what one transaction of InspectSemaphore read.
+type semRead struct {
+	size    *redis.StringCmd
+	used    *redis.SliceCmd  // schema.SemUsedField of the holders hash
+	hlen    *redis.IntCmd    // the holders hash's size
+	expiry  *redis.ZSliceCmd // the first holders by the end of their lease
+	nexp    *redis.IntCmd
+	queue   *redis.ZSliceCmd
+	qlen    *redis.IntCmd
+	hids    []string        // the holders asked for
+	holders *redis.SliceCmd // their records; nil when none was asked
+	wids    []string        // the waiters and Client fields asked for
+	waiters *redis.SliceCmd // their records; nil when none was asked
+	grants  []string        // the Clients whose grant channels' subscribers were counted
+	now     *redis.TimeCmd
+	subs    func(context.Context) (int64, error)
+}
+
+// readSemaphore reads, in one transaction, the semaphore whose keys are k:
+// its size, the first page of its holders and of its queue with their
+// counts, the records of the holders hids and of the waiters (and Client
+// fields) wids, and the subscribers of the grant channels of the Clients
+// grants.
+func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wids, grants []string) (*semRead, error) {
+	r := &semRead{hids: hids, wids: wids, grants: grants}
+	err := c.readAll(ctx, func(p redis.Pipeliner) {
+		r.size = p.Get(ctx, k.Size)
+		r.used = p.HMGet(ctx, k.Holders, schema.SemUsedField)
+		r.hlen = p.HLen(ctx, k.Holders)
+		r.expiry = p.ZRangeWithScores(ctx, k.Expiry, 0, InspectPage-1)
+		r.nexp = p.ZCard(ctx, k.Expiry)
+		r.queue = p.ZRangeWithScores(ctx, k.Queue, 0, InspectPage-1)
+		r.qlen = p.ZCard(ctx, k.Queue)
+		if len(hids) > 0 {
+			r.holders = p.HMGet(ctx, k.Holders, hids...)
+		}
+		if len(wids) > 0 {
+			r.waiters = p.HMGet(ctx, k.Waiters, wids...)
+		}
+		r.now = p.Time(ctx)
+		r.subs = c.numSub(ctx, p, k.Channel, grants)
+	})
+	return r, err
+}
+
+// records returns the holders and waiters (with their Clients' fields)
+// that r's pages need, the Clients of the waiters, whose grant channels
+// are counted, and whether r read them all.
+func (r *semRead) records() (hids, wids, grants []string, done bool) {
+	for _, z := range r.expiry.Val() {
+		if id := fmt.Sprint(z.Member); id != schema.SemUsedField {
+			hids = append(hids, id)
+		}
+	}
+	for _, z := range r.queue.Val() {
+		id := fmt.Sprint(z.Member)
+		wids = append(wids, id, schema.ClientField(id))
+		grants = append(grants, schema.Client(id))
+	}
+	hids, hdone := covered(hids, r.hids)
+	wids, wdone := covered(wids, r.wids)
+	grants, gdone := covered(grants, r.grants)
+	return hids, wids, grants, hdone && wdone && gdone
+}
+
 // inspectSemaphore reads the semaphore called name whose keys are k.
 func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Semaphore) (*SemaphoreState, error) {
-	var (
-		holders, waiters *redis.MapStringStringCmd
-		expiry, queue    *redis.ZSliceCmd
-		size             *redis.StringCmd
-		now              *redis.TimeCmd
-		subs             func(context.Context) (int64, error)
-	)
-	err := c.readAll(ctx, func(p redis.Pipeliner) {
-		holders = p.HGetAll(ctx, k.Holders)
-		expiry = p.ZRangeWithScores(ctx, k.Expiry, 0, -1)
-		size = p.Get(ctx, k.Size)
-		queue = p.ZRangeWithScores(ctx, k.Queue, 0, -1)
-		waiters = p.HGetAll(ctx, k.Waiters)
-		now = p.Time(ctx)
-		subs = c.numSub(ctx, p, k.Channel)
-	})
+	var r *semRead
+	var hids, wids, grants []string
+	for range inspectTries {
+		var err error
+		if r, err = c.readSemaphore(ctx, k, hids, wids, grants); err != nil {
+			return nil, wrapOp("inspect semaphore", name, err)
+		}
+		var done bool
+		if hids, wids, grants, done = r.records(); done {
+			break
+		}
+	}
+	nsubs, err := r.subs(ctx)
 	if err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	nsubs, err := subs(ctx)
-	if err != nil {
-		return nil, wrapOp("inspect semaphore", name, err)
-	}
-	st := &SemaphoreState{Name: name, ServerTime: now.Val(), Subscribers: nsubs,
-		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}}
-	if v := size.Val(); v != "" {
+	st := &SemaphoreState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs,
+		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}, QueueLen: int(r.qlen.Val())}
+	if v := r.size.Val(); v != "" {
 		var ok bool
 		if st.Size, _, ok = schema.ParseSemSize(v); !ok {
 			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Size + " does not hold a size"})
 		}
 	}
-	end := make(map[string]float64, len(expiry.Val()))
-	for _, z := range expiry.Val() {
-		end[fmt.Sprint(z.Member)] = z.Score
+	st.HoldersLen = int(r.hlen.Val())
+	used, hasUsed := int64(0), false
+	if v, ok := r.used.Val()[0].(string); ok {
+		st.HoldersLen-- // the count is no holder
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a count of permits in use"})
+		}
+		used, hasUsed = n, true
 	}
-	for id, v := range holders.Val() {
-		if id == schema.SemUsedField {
-			continue
+	holders := fieldMap(r.hids, sliceVal(r.holders))
+	var live, ended int64 // the listed holders' permits, by whether their lease ended
+	for _, z := range r.expiry.Val() {
+		id := fmt.Sprint(z.Member)
+		v, ok := holders[id]
+		if !ok || id == schema.SemUsedField {
+			continue // released since it was listed, or not redisync's
 		}
 		rec, ok := schema.ParseSemHolder(v)
 		if !ok {
 			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a holder record for " + id})
 		}
-		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits}
-		if e, ok := end[id]; ok {
-			h.Lease = msUntil(int64(e), st.ServerTime)
-		}
+		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits, Lease: msUntil(int64(z.Score), st.ServerTime)}
 		if h.Lease > 0 {
-			st.InUse += h.Permits
+			live += h.Permits
+		} else {
+			ended += h.Permits
 		}
 		st.Holders = append(st.Holders, h)
 	}
+	st.InUse = live
+	if hasUsed && r.nexp.Val() > int64(len(r.expiry.Val())) {
+		st.InUse = max(used-ended, live) // holders past the page: the stored count
+	}
 	slices.SortFunc(st.Holders, func(a, b SemaphoreHolder) int { return strings.Compare(a.ID, b.ID) })
+	waiters := fieldMap(r.wids, sliceVal(r.waiters))
 	nowUS := st.ServerTime.UnixMicro()
-	for _, z := range queue.Val() {
+	for _, z := range r.queue.Val() {
 		id := fmt.Sprint(z.Member)
 		holder := id // a waiter id is "holder id#call.random"; a label may hold '#'
 		if i := strings.LastIndexByte(id, '#'); i >= 0 {
 			holder = id[:i]
 		}
 		w := SemaphoreWaiter{ID: id, Holder: holder, Label: schema.Label(holder), Waited: since(nowUS, z.Score)}
-		if rec, ok := schema.ParseSemWaiter(waiters.Val()[id]); ok {
+		if rec, ok := schema.ParseSemWaiter(waiters[id]); ok {
 			w.Permits = rec.Permits
-			w.Heartbeat = msUntil(alive(rec.Deadline, waiters.Val(), id), st.ServerTime)
+			w.Heartbeat = msUntil(alive(rec.Deadline, waiters, id), st.ServerTime)
 			w.GrantLease = time.Duration(rec.Grant) * time.Millisecond
 			w.Alive = w.Heartbeat >= 0
 		}
 		st.Queue = append(st.Queue, w)
 	}
 	return st, nil
+}
+
+// covered returns need sorted without repeats, and whether every one of
+// them is in asked.
+func covered(need, asked []string) ([]string, bool) {
+	slices.Sort(need)
+	need = slices.Compact(need)
+	for _, f := range need {
+		if !slices.Contains(asked, f) {
+			return need, false
+		}
+	}
+	return need, true
+}
+
+// fieldMap pairs the fields that an HMGET asked for with the values it
+// returned, leaving out those absent.
+func fieldMap(fields []string, values []any) map[string]string {
+	m := make(map[string]string, len(fields))
+	for i, v := range values {
+		if s, ok := v.(string); ok && i < len(fields) {
+			m[fields[i]] = s
+		}
+	}
+	return m
+}
+
+// sliceVal returns the values of an HMGET, none when it was not sent.
+func sliceVal(cmd *redis.SliceCmd) []any {
+	if cmd == nil {
+		return nil
+	}
+	return cmd.Val()
 }
 
 // readAll runs the reads that queue queues in one MULTI transaction. A
@@ -338,65 +591,55 @@ func (c *Client) readAll(ctx context.Context, queue func(redis.Pipeliner)) error
 	return nil
 }
 
-// numSub queues the count of the processes subscribed to channel, and
-// returns the function that sums it once the transaction ran. On a Redis
-// Cluster both ways are counted: the lock's users may subscribe sharded
-// (the default) or not (WithPlainPubSub), whatever this Client does; a
-// process subscribes one way only. Sharded subscribers are on the node
-// that serves the channel's slot, counted in the transaction; a plain
+// numSub queues the count of the processes subscribed to channel and to
+// the grant channels of the Clients clients (schema.Lock.GrantChannel), and
+// returns the function that sums it once the transaction ran. Each
+// channel is asked by name (PUBSUB NUMSUB), a bounded read, not looked for
+// among the server's channels (PUBSUB CHANNELS reads them all, a cost that
+// grows with every application's channels on the server). A grant channel
+// counts once, however many connections of its process subscribe. On a
+// Redis Cluster both ways are counted: the lock's users may subscribe
+// sharded (the default) or not (WithPlainPubSub), whatever this Client
+// does; a process subscribes one way only. Sharded subscribers are on the
+// node that serves the channel's slot, counted in the transaction; a plain
 // one may be on any node (PUBLISH reaches every node), so each is asked.
-func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string) func(context.Context) (int64, error) {
-	pattern := globEscape(channel) + ":*" // the grant channels (schema.Lock.GrantChannel)
+func (c *Client) numSub(ctx context.Context, p redis.Pipeliner, channel string, clients []string) func(context.Context) (int64, error) {
+	names := make([]string, 0, 1+len(clients))
+	names = append(names, channel)
+	for _, id := range clients {
+		names = append(names, channel+":"+id)
+	}
 	cc := c.cluster
 	if cc == nil {
-		plain, grants := p.PubSubNumSub(ctx, channel), p.PubSubChannels(ctx, pattern)
-		return func(context.Context) (int64, error) {
-			return plain.Val()[channel] + grantChannels(channel, grants.Val()), nil
-		}
+		plain := p.PubSubNumSub(ctx, names...)
+		return func(context.Context) (int64, error) { return subscribers(channel, plain.Val()), nil }
 	}
-	sharded, grants := p.PubSubShardNumSub(ctx, channel), p.PubSubShardChannels(ctx, pattern)
+	sharded := p.PubSubShardNumSub(ctx, names...)
 	return func(ctx context.Context) (int64, error) {
 		var plain atomic.Int64
 		err := cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
-			subs, err := node.PubSubNumSub(ctx, channel).Result()
-			if err != nil {
-				return err
-			}
-			names, err := node.PubSubChannels(ctx, pattern).Result()
-			plain.Add(subs[channel] + grantChannels(channel, names))
+			subs, err := node.PubSubNumSub(ctx, names...).Result()
+			plain.Add(subscribers(channel, subs))
 			return err
 		})
 		if err != nil {
 			return 0, redisError(err)
 		}
-		return plain.Load() + sharded.Val()[channel] + grantChannels(channel, grants.Val()), nil
+		return plain.Load() + subscribers(channel, sharded.Val()), nil
 	}
 }
 
-// grantChannels counts the grant channels of channel among names, which
-// match channel + ":*": those that end with a client id, not the channels
-// of another primitive whose name starts with this one's and "}:ch:".
-func grantChannels(channel string, names []string) int64 {
-	var n int64
-	for _, name := range names {
-		if !strings.ContainsAny(name[len(channel)+1:], ":{}") {
+// subscribers sums the processes in subs, the subscribers of channel and
+// of grant channels: each subscriber of channel, and each grant channel
+// with any.
+func subscribers(channel string, subs map[string]int64) int64 {
+	n := subs[channel]
+	for name, k := range subs {
+		if name != channel && k > 0 {
 			n++
 		}
 	}
 	return n
-}
-
-// globEscape escapes the characters of s that a Redis glob pattern gives
-// a meaning to.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // since returns the time from a queue score (the server time in µs when a

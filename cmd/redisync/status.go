@@ -160,9 +160,12 @@ type LockStatus struct {
 	Holder    *Holder  `json:"holder"`
 	LastToken int64    `json:"last_token"`
 	Queue     []Waiter `json:"queue"`
+	// QueueLen counts the fair queue's records, of which Queue lists the
+	// first redisync.InspectPage (LockState.QueueLen).
+	QueueLen int `json:"queue_len"`
 	// SubscribedProcesses counts the processes subscribed to the lock's
 	// channels (LockState.Subscribers): a process with waiters, fair or
-	// barging, or whose last waiter left less than 2 s ago, counts once.
+	// barging, among those Inspect lists, counts once.
 	SubscribedProcesses int64 `json:"subscribed_processes"`
 	// BargingProcesses counts the processes recorded as having barging
 	// waiters (LockState.Barging).
@@ -403,7 +406,8 @@ func readServers(ctx context.Context, c *redisync.Client) ([]ServerStatus, error
 
 // lockStatus converts what InspectLock (or InspectElection) read.
 func lockStatus(l *redisync.LockState) LockStatus {
-	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, SubscribedProcesses: l.Subscribers, BargingProcesses: l.Barging}
+	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, QueueLen: l.QueueLen,
+		SubscribedProcesses: l.Subscribers, BargingProcesses: l.Barging}
 	if h := l.Holder; h != nil {
 		st.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
 	}
@@ -413,6 +417,15 @@ func lockStatus(l *redisync.LockState) LockStatus {
 			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive, Metadata: w.Metadata})
 	}
 	return st
+}
+
+// queueText describes a queue of n records of which shown are listed.
+func queueText(n, shown int) string {
+	s := fmt.Sprintf("%d waiting, first come first served", max(n, shown))
+	if n > shown {
+		s += fmt.Sprintf(" (the first %d listed)", shown)
+	}
+	return s
 }
 
 // leaseMS converts a remaining lease to ms: -1 for no expiry.
@@ -428,7 +441,7 @@ func leaseMS(d time.Duration) int64 {
 func (st *Status) print(out io.Writer) {
 	st.printServers(out)
 	l := st.Lock
-	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.SubscribedProcesses == 0 && l.BargingProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
+	if !l.Held && l.LastToken == 0 && len(l.Queue) == 0 && l.QueueLen == 0 && l.SubscribedProcesses == 0 && l.BargingProcesses == 0 && (st.Semaphore != nil || st.RWMutex != nil || st.Election != nil) {
 		st.printOthers(out)
 		return
 	}
@@ -448,14 +461,14 @@ func (st *Status) print(out io.Writer) {
 			field(out, "last token", strconv.FormatInt(l.LastToken, 10))
 		}
 	}
-	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, fair or barging, or within 2 s of their last)", l.SubscribedProcesses))
+	field(out, "subscribed", fmt.Sprintf("%d process(es) (with waiters, fair or barging)", l.SubscribedProcesses))
 	if l.BargingProcesses > 0 {
 		field(out, "barging", fmt.Sprintf("%d process(es) recorded with barging waiters", l.BargingProcesses))
 	}
-	if len(l.Queue) == 0 {
+	if len(l.Queue) == 0 && l.QueueLen == 0 {
 		field(out, "queue", "empty")
 	} else {
-		field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(l.Queue)))
+		field(out, "queue", queueText(l.QueueLen, len(l.Queue)))
 		rows := [][]string{{"#", "owner", "waiting for", "heartbeat due", "hand-off lease", "metadata"}}
 		for _, w := range l.Queue {
 			meta := ""

@@ -205,7 +205,7 @@ func inspectEntry(ctx context.Context, c *redisync.Client, cand candidate) (*Ent
 			}
 			e.Holders = append(e.Holders, eh)
 		}
-		e.Waiting = len(l.Queue) // barging waiters are not queued: "status NAME" counts their processes
+		e.Waiting = max(l.QueueLen, len(l.Queue)) // all queued, past the page listed; barging waiters are not queued: "status NAME" counts their processes
 	case "sem", "rw":
 		inspect := c.InspectSemaphore
 		if kinds[cand.kind].key == "rw" {
@@ -225,7 +225,7 @@ func inspectEntry(ctx context.Context, c *redisync.Client, cand candidate) (*Ent
 			}
 			e.Holders = append(e.Holders, eh)
 		}
-		e.Waiting = len(s.Queue)
+		e.Waiting = max(s.QueueLen, len(s.Queue)) // all queued, past the page listed
 		if kinds[cand.kind].key == "sem" {
 			size, available := s.Size, s.Available()
 			e.Size, e.Available = &size, &available

@@ -17,17 +17,20 @@ type ElectStatus struct {
 	Leader     *Holder  `json:"leader"` // Metadata is the leader's value
 	LastToken  int64    `json:"last_token"`
 	Candidates []Waiter `json:"candidates"`
+	// CandidatesLen counts the candidates' records, of which Candidates
+	// lists the first redisync.InspectPage (LockState.QueueLen).
+	CandidatesLen int `json:"candidates_len"`
 }
 
 // readElection reads the election name through Client.InspectElection,
 // in one transaction; nil when nothing of it is stored.
 func readElection(ctx context.Context, c *redisync.Client, name string) (*ElectStatus, error) {
 	l, err := c.InspectElection(ctx, name)
-	if err != nil || (!l.Held() && l.LastToken == 0 && len(l.Queue) == 0) {
+	if err != nil || (!l.Held() && l.LastToken == 0 && len(l.Queue) == 0 && l.QueueLen == 0) {
 		return nil, err
 	}
 	lock := lockStatus(l)
-	return &ElectStatus{Leader: lock.Holder, LastToken: lock.LastToken, Candidates: lock.Queue}, nil
+	return &ElectStatus{Leader: lock.Holder, LastToken: lock.LastToken, Candidates: lock.Queue, CandidatesLen: lock.QueueLen}, nil
 }
 
 // printElection writes the election part of st for people.
@@ -45,11 +48,11 @@ func printElection(out io.Writer, st *Status) {
 			field(out, "last token", strconv.FormatInt(e.LastToken, 10))
 		}
 	}
-	if len(e.Candidates) == 0 {
+	if len(e.Candidates) == 0 && e.CandidatesLen == 0 {
 		field(out, "candidates", "none waiting")
 		return
 	}
-	field(out, "candidates", fmt.Sprintf("%d waiting, first come first served", len(e.Candidates)))
+	field(out, "candidates", queueText(e.CandidatesLen, len(e.Candidates)))
 	rows := [][]string{{"#", "candidate", "waiting for", "heartbeat due", "value"}}
 	for _, w := range e.Candidates {
 		rows = append(rows, []string{strconv.Itoa(w.Position), w.Owner, ms(w.WaitedMS), heartbeatText(w), strconv.Quote(w.Metadata)})

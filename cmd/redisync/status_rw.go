@@ -16,6 +16,9 @@ type RWStatus struct {
 	Writer  *SemHolder  `json:"writer"` // null when nobody writes
 	Readers []SemHolder `json:"readers"`
 	Queue   []RWWaiter  `json:"queue"`
+	// QueueLen counts the waiters, of which Queue lists the first
+	// redisync.InspectPage (SemaphoreState.QueueLen).
+	QueueLen int `json:"queue_len"`
 }
 
 // RWWaiter is a queued reader or writer: one blocked RLock or Lock of the
@@ -33,7 +36,7 @@ type RWWaiter struct {
 
 // rwStatus converts what InspectRWMutex read.
 func rwStatus(s *redisync.SemaphoreState) *RWStatus {
-	st := &RWStatus{Readers: []SemHolder{}, Queue: []RWWaiter{}}
+	st := &RWStatus{Readers: []SemHolder{}, Queue: []RWWaiter{}, QueueLen: s.QueueLen}
 	for _, h := range s.Holders {
 		sh := SemHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits, LeaseMS: h.Lease.Milliseconds()}
 		if h.Permits >= redisync.RWMutexWrite {
@@ -87,11 +90,11 @@ func printRW(out io.Writer, st *Status) {
 		}
 		table(out, rows)
 	}
-	if len(s.Queue) == 0 {
+	if len(s.Queue) == 0 && s.QueueLen == 0 {
 		field(out, "queue", "empty")
 		return
 	}
-	field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(s.Queue)))
+	field(out, "queue", queueText(s.QueueLen, len(s.Queue)))
 	rows := [][]string{{"#", "waiter", "wants", "heartbeat due"}}
 	for _, q := range s.Queue {
 		wants := "read"

@@ -16,6 +16,11 @@ type SemStatus struct {
 	Available int64       `json:"available"`
 	Holders   []SemHolder `json:"holders"`
 	Queue     []SemWaiter `json:"queue"`
+	// HoldersLen and QueueLen count the holders and the waiters, of which
+	// Holders and Queue list the first redisync.InspectPage
+	// (SemaphoreState.HoldersLen and QueueLen).
+	HoldersLen int `json:"holders_len"`
+	QueueLen   int `json:"queue_len"`
 }
 
 // SemHolder is a holder of permits.
@@ -42,7 +47,8 @@ type SemWaiter struct {
 
 // semaphoreStatus converts what InspectSemaphore read.
 func semaphoreStatus(s *redisync.SemaphoreState) *SemStatus {
-	st := &SemStatus{Size: s.Size, Available: s.Available(), Holders: []SemHolder{}, Queue: []SemWaiter{}}
+	st := &SemStatus{Size: s.Size, Available: s.Available(), Holders: []SemHolder{}, Queue: []SemWaiter{},
+		HoldersLen: s.HoldersLen, QueueLen: s.QueueLen}
 	for _, h := range s.Holders {
 		st.Holders = append(st.Holders, SemHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits, LeaseMS: h.Lease.Milliseconds()})
 	}
@@ -59,10 +65,14 @@ func printSemaphore(out io.Writer, st *Status) {
 	s := st.Semaphore
 	fmt.Fprintf(out, "semaphore %q\n", st.Name)
 	field(out, "permits", fmt.Sprintf("%d available of %d", s.Available, s.Size))
-	if len(s.Holders) == 0 {
+	if len(s.Holders) == 0 && s.HoldersLen == 0 {
 		field(out, "holders", "none")
 	} else {
-		field(out, "holders", strconv.Itoa(len(s.Holders)))
+		n := strconv.Itoa(max(s.HoldersLen, len(s.Holders)))
+		if s.HoldersLen > len(s.Holders) {
+			n += fmt.Sprintf(" (the %d whose leases end first listed)", len(s.Holders))
+		}
+		field(out, "holders", n)
 		rows := [][]string{{"owner", "permits", "lease"}}
 		for _, h := range s.Holders {
 			lease := ms(h.LeaseMS) + " left"
@@ -73,11 +83,11 @@ func printSemaphore(out io.Writer, st *Status) {
 		}
 		table(out, rows)
 	}
-	if len(s.Queue) == 0 {
+	if len(s.Queue) == 0 && s.QueueLen == 0 {
 		field(out, "queue", "empty")
 		return
 	}
-	field(out, "queue", fmt.Sprintf("%d waiting, first come first served", len(s.Queue)))
+	field(out, "queue", queueText(s.QueueLen, len(s.Queue)))
 	rows := [][]string{{"#", "waiter", "permits", "heartbeat due", "grant lease"}}
 	for _, q := range s.Queue {
 		due := heartbeatText(Waiter{HeartbeatMS: q.HeartbeatMS, HandoffLeaseMS: q.GrantLeaseMS, Alive: q.Alive})
