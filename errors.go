@@ -123,16 +123,19 @@ func (e *NodeErrors) Error() string {
 	return strings.Join(s, "; ")
 }
 
-// Unwrap returns each failed node's NodeError, for errors.Is and errors.As.
+// Unwrap returns each failed node's *NodeError, for errors.Is and
+// errors.As.
 func (e *NodeErrors) Unwrap() []error {
 	errs := make([]error, len(e.Nodes))
-	for i, n := range e.Nodes {
-		errs[i] = n
+	for i := range e.Nodes {
+		errs[i] = &e.Nodes[i]
 	}
 	return errs
 }
 
-// NodeError is why one node of a Redlock failed in a call.
+// NodeError is why one node of a Redlock failed in a call. Its methods
+// have pointer receivers, as NodeErrors' do: errors.As finds a
+// *NodeError.
 type NodeError struct {
 	// Node is the node's index in the slice given to NewRedlock.
 	Node int
@@ -144,10 +147,10 @@ type NodeError struct {
 }
 
 // Error says which node failed, and why: "node 2: ...".
-func (e NodeError) Error() string { return fmt.Sprintf("node %d: %v", e.Node, e.Err) }
+func (e *NodeError) Error() string { return fmt.Sprintf("node %d: %v", e.Node, e.Err) }
 
 // Unwrap returns the node's error.
-func (e NodeError) Unwrap() error { return e.Err }
+func (e *NodeError) Unwrap() error { return e.Err }
 
 // errNoReply and errNodeBusy are the causes of a NodeError that are not
 // errors of a call: a node that did not answer within the node timeout,
@@ -234,25 +237,42 @@ type layoutError struct {
 func (e *layoutError) Error() string   { return ErrLayout.Error() + ": " + e.detail }
 func (e *layoutError) Unwrap() []error { return []error{ErrLayout, e.err} }
 
-// opError says which operation on which primitive failed.
-type opError struct {
-	op, name string
-	err      error
+// OpError is the error of every call of a primitive, and of the Client's
+// calls on a name (Inspect*, ResizeSemaphore): which operation, on which
+// name, and why. errors.As finds it; errors.Is sees through it to the
+// cause, a sentinel of this package or an error of Redis or of the
+// context:
+//
+//	var oe *redisync.OpError
+//	if errors.As(err, &oe) {
+//		log.Printf("%s of %q failed: %v", oe.Op, oe.Name, oe.Err)
+//	}
+type OpError struct {
+	// Op is the operation, as a word or two: "lock", "unlock", "acquire",
+	// "rlock", "campaign", "redlock lock", "inspect semaphore", ...
+	Op string
+	// Name is the name of the primitive.
+	Name string
+	// Err is the cause.
+	Err error
 }
 
-func (e *opError) Error() string {
-	return "redisync: " + e.op + " " + quote(e.name) + ": " + strings.TrimPrefix(e.err.Error(), "redisync: ")
+// Error reads "redisync: OP "NAME": CAUSE", the name shortened to 64 bytes.
+func (e *OpError) Error() string {
+	return "redisync: " + e.Op + " " + quote(e.Name) + ": " + strings.TrimPrefix(e.Err.Error(), "redisync: ")
 }
-func (e *opError) Unwrap() error { return e.err }
+
+// Unwrap returns the cause.
+func (e *OpError) Unwrap() error { return e.Err }
 
 // wrapOp says that op on the primitive called name failed with err, unless
 // err says so already.
 func wrapOp(op, name string, err error) error {
-	var oe *opError
+	var oe *OpError
 	if errors.As(err, &oe) {
 		return err
 	}
-	return &opError{op: op, name: name, err: err}
+	return &OpError{Op: op, Name: name, Err: err}
 }
 
 // quote shortens and quotes a name for an error message.

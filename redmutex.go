@@ -394,11 +394,11 @@ func (m *RedMutex) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	var oe *opError
-	if errors.As(err, &oe) && oe.name == m.name && oe.op == "redlock "+op {
+	var oe *OpError
+	if errors.As(err, &oe) && oe.Name == m.name && oe.Op == "redlock "+op {
 		return err
 	}
-	return &opError{op: "redlock " + op, name: m.name, err: err}
+	return &OpError{Op: "redlock " + op, Name: m.name, Err: err}
 }
 
 // redCall is one Lock or TryLock call of a RedMutex: it makes rounds

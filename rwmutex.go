@@ -485,10 +485,10 @@ func isClosed(c <-chan struct{}) bool {
 	}
 }
 
-// unwrapOp returns what an opError wraps, or err.
+// unwrapOp returns what an OpError wraps, or err.
 func unwrapOp(err error) error {
-	if oe, ok := err.(*opError); ok {
-		return oe.err
+	if oe, ok := err.(*OpError); ok {
+		return oe.Err
 	}
 	return err
 }

@@ -1,0 +1,42 @@
+package redisync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// Every call's error is an *OpError naming the operation and the name,
+// through which errors.Is sees the cause.
+func TestOpErrorNamesTheOperationAndTheName(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	if err := mr.Set("redisync:lock:{x}", "not a lock"); err != nil {
+		t.Fatal(err)
+	}
+	err := newClient(t, rdb).NewMutex("x").Lock(ctx)
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Op != "lock" || oe.Name != "x" || !errors.Is(err, ErrWrongType) {
+		t.Fatalf("Lock: %v (%#v); want an *OpError of lock on x wrapping ErrWrongType", err, oe)
+	}
+	if oe.Error() != err.Error() || !errors.Is(oe.Err, ErrWrongType) {
+		t.Fatalf("OpError %q, cause %v", oe.Error(), oe.Err)
+	}
+}
+
+// errors.As finds a node's *NodeError inside a Redlock's error, as it
+// finds the *NodeErrors, and errors.Is sees the node's cause.
+func TestNodeErrorIsFoundByErrorsAs(t *testing.T) {
+	err := fmt.Errorf("%w: %w", ErrQuorum, &NodeErrors{Nodes: []NodeError{{Node: 0, Err: ErrClosed}, {Node: 2, Err: context.DeadlineExceeded}}})
+	var ne *NodeError
+	if !errors.As(err, &ne) || ne.Node != 0 {
+		t.Fatalf("errors.As(*NodeError): %v, %+v", err, ne)
+	}
+	var all *NodeErrors
+	if !errors.As(err, &all) || len(all.Nodes) != 2 || all.Nodes[1].Error() != "node 2: context deadline exceeded" {
+		t.Fatalf("errors.As(*NodeErrors): %+v", all)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrClosed) || !errors.Is(err, ErrQuorum) {
+		t.Fatalf("errors.Is misses a cause of %v", err)
+	}
+}
