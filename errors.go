@@ -96,6 +96,14 @@ var (
 	// readers upgrading would wait for each other for good). Release the
 	// reads first.
 	ErrUpgrade = errors.New("redisync: read lock held, not upgraded to a write")
+
+	// ErrUnconfirmed is wrapped, with its cause, by the error of a
+	// release (Unlock, RUnlock, Release, Resign, Handoff, a Do's release)
+	// that failed or whose reply did not come in time: what it released
+	// is no longer renewed, so Redis frees it within its lease at the
+	// latest. errors.Is tells it from a call that failed before it
+	// released anything.
+	ErrUnconfirmed = errors.New("redisync: release not confirmed")
 )
 
 // NodeErrors lists the nodes of a Redlock that failed in one call, each

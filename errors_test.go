@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // Every call's error is an *OpError naming the operation and the name,
@@ -38,5 +39,36 @@ func TestNodeErrorIsFoundByErrorsAs(t *testing.T) {
 	}
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrClosed) || !errors.Is(err, ErrQuorum) {
 		t.Fatalf("errors.Is misses a cause of %v", err)
+	}
+}
+
+// A release that fails (here Redis fails every command) says ErrUnconfirmed: what it
+// released runs out within its lease; a call that fails before it
+// releases anything does not say so.
+func TestUnconfirmedReleaseIsErrUnconfirmed(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	m := c.NewMutex("m")
+	s := c.NewSemaphore("s", 2)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	mr.SetError("ERR injected")
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	if err := m.Unlock(short()); !errors.Is(err, ErrUnconfirmed) {
+		t.Errorf("Unlock with Redis failing: %v, want ErrUnconfirmed", err)
+	}
+	if err := s.Release(short(), 1); !errors.Is(err, ErrUnconfirmed) {
+		t.Errorf("Release with Redis failing: %v, want ErrUnconfirmed", err)
+	}
+	if err := c.NewMutex("n").Lock(short()); err == nil || errors.Is(err, ErrUnconfirmed) {
+		t.Errorf("Lock with Redis failing: %v, want an error that is not ErrUnconfirmed", err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -463,5 +462,21 @@ func (c *Client) settle(ctx context.Context, release func(context.Context, redis
 // notConfirmed says that a release failed or was not confirmed in time:
 // what it released is no longer renewed, and runs out within its lease.
 func notConfirmed(err error) error {
-	return fmt.Errorf("%w (the release is not confirmed: it is no longer renewed, and runs out in Redis within its lease)", err)
+	return unconfirmed(err, "it is no longer renewed, and runs out in Redis within its lease")
 }
+
+// unconfirmed is ErrUnconfirmed with its cause and what becomes of what
+// the call gave up.
+func unconfirmed(cause error, then string) error {
+	return &unconfirmedError{cause: cause, then: then}
+}
+
+type unconfirmedError struct {
+	cause error
+	then  string
+}
+
+func (e *unconfirmedError) Error() string {
+	return e.cause.Error() + " (" + ErrUnconfirmed.Error() + ": " + e.then + ")"
+}
+func (e *unconfirmedError) Unwrap() []error { return []error{ErrUnconfirmed, e.cause} }

@@ -71,7 +71,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 	m.told(h, err == nil && res == 0) // found gone: lost, not handed off
 	switch {
 	case err != nil:
-		return "", m.wrap("handoff", fmt.Errorf("%w (the hand-off is not confirmed: the hold is given up, and runs out within its lease)", err))
+		return "", m.wrap("handoff", unconfirmed(err, "the hand-off too; the hold is given up, and runs out within its lease"))
 	case res == 0:
 		return "", m.wrap("handoff", ErrLockLost)
 	}

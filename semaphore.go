@@ -279,7 +279,7 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 		s.end()
 	})
 	if abandoned {
-		return s.wrap("release", fmt.Errorf("%w (the release is not confirmed yet and goes on in the background)", err))
+		return s.wrap("release", unconfirmed(err, "it goes on in the background"))
 	}
 	// The value's count changes before its turn to talk to Redis passes
 	// on: the next call must send what Redis now counts.
@@ -320,7 +320,7 @@ func (s *Semaphore) settled(h *hold, n, held int64, sent time.Time, res int64, e
 		// them for good.
 		s.lose(h)
 		s.drop(h, n)
-		return fmt.Errorf("%w (the release is not confirmed: the holding is given up, Lost is closed, and its permits run out in Redis within their lease)", err)
+		return unconfirmed(err, "the holding is given up, Lost is closed, and its permits run out in Redis within their lease")
 	}
 	return nil
 }
