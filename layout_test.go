@@ -137,6 +137,22 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
 		}
 	})
+	t.Run("busy, layout 2, its size record gone", func(t *testing.T) { // evicted, or deleted
+		mr, rdb, _ := newMini(t)
+		c := newClient(t, rdb)
+		mr.HSet(k.Holders, "other-version/abc-1", "3:1")
+		if _, err := mr.ZAdd(k.Expiry, float64(time.Now().Add(time.Hour).UnixMilli()), "other-version/abc-1"); err != nil {
+			t.Fatal(err)
+		}
+		before := mr.Dump()
+		if ok, err := c.NewSemaphore("pool", 3).TryAcquire(ctx, 3); ok || !errors.Is(err, ErrLayout) {
+			t.Errorf("TryAcquire: %v, %v; want ErrLayout (the holder's permits are not counted)", ok, err)
+		}
+		mr.Del(k.Withdrawn)
+		if after := mr.Dump(); after != before {
+			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
+		}
+	})
 	t.Run("busy, a newer layout", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)

@@ -38,10 +38,11 @@ local SEM_LAYOUT = '3'
 local USED = '{used}'
 
 -- reclaim_max bounds the holders whose lease ended that one call removes;
--- serve_max the waiters one call grants or drops as dead (the rest are
--- served by the next call: see sem_serve); prune_max the entries one call
--- forgets from the zsets of withdrawn calls and of releases.
-local reclaim_max, serve_max, prune_max = 64, 8, 64
+-- serve_max the waiters one call grants or drops as dead, and nudge_max
+-- the waiters after them that it asks to go on (see sem_serve); prune_max
+-- the entries one call forgets from the zsets of withdrawn calls and of
+-- releases.
+local reclaim_max, serve_max, nudge_max, prune_max = 64, 8, 2, 64
 
 -- withdrawn_ms is how long a withdrawn call (one that gave up) stays
 -- refused: a copy of one of its calls still in flight when it was withdrawn
@@ -78,9 +79,9 @@ end
 -- adds at most one member, so a zset pruned this way stays as short as
 -- its members' time to live allows.
 local function prune(key, upto)
-  local n = redis.call('ZCOUNT', key, '-inf', string.format('%d', upto))
-  if n > 0 then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(n, prune_max) - 1)
+  local old = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', upto), 'LIMIT', 0, prune_max)
+  if #old > 0 then
+    redis.call('ZREM', key, unpack(old))
   end
 end
 
@@ -121,6 +122,11 @@ end
 local function sem_size(k)
   local v = redis.call('GET', k.size)
   if not v then
+    -- Holders without a size record (it was evicted or deleted): their
+    -- permits are counted (USED) only if this layout wrote them.
+    if redis.call('HLEN', k.holders) > 0 and not redis.call('HGET', k.holders, USED) then
+      other_layout(k.size, '2 or earlier', SEM_LAYOUT)
+    end
     return nil
   end
   local n, layout = string.match(v, '^(%d+):?(%d*)$')
@@ -328,8 +334,9 @@ end
 -- does not fit, or one left for a later call; the queue is empty
 -- otherwise), and whether self was dropped as dead.
 -- It grants or drops at most serve_max waiters; then k.more is true, and
--- the next waiter, when alive, is sent "waiter:0:ms", which asks it to
--- attempt again at once (an attempt serves the queue from its head).
+-- the live waiters among the next nudge_max are sent "waiter:0:ms", which
+-- asks each to attempt again at once (an attempt serves the queue from
+-- its head).
 local function sem_serve(k, size, used, now, self, selflease, seq, channel, publish)
   local msgs, order = {}, {} -- grant channel -> its grants; channels in order
   local served, selftoken, waiting, dropped = false, 0, false, false
@@ -360,9 +367,15 @@ local function sem_serve(k, size, used, now, self, selflease, seq, channel, publ
       break
     end
     if steps == serve_max then
+      -- The next live waiters among the first nudge_max are asked to go
+      -- on: the first of them to call serves the queue on from its head,
+      -- whether or not the others answer.
       waiting, k.more = true, true
-      if live and head ~= self then
-        send(head, '0')
+      for _, w in ipairs(redis.call('ZRANGE', k.queue, 0, nudge_max - 1)) do
+        local r = w == head and v or redis.call('HMGET', k.waiters, w, client_field(w))
+        if w ~= self and alive(tonumber(string.match(r[1] or '', '^(%d+):')), r[2], now) then
+          send(w, '0')
+        end
       end
       break
     end
