@@ -128,8 +128,32 @@ func TestRedlockMinorityKilled(t *testing.T) {
 			rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
 			name := redistest.Name(t)
 			a, b := rs[0].NewMutex(name), rs[1].NewMutex(name)
-			if err := a.Lock(ctx); err != nil {
-				t.Fatal(err)
+			// a must hold the lock on every node: a Lock that won a bare
+			// quorum (a node slower than the node timeout on a loaded
+			// machine) loses it when the minority killed below is among
+			// its nodes.
+			admins := nodeAdmins(t, ss)
+			onEvery := func() bool {
+				for _, rdb := range admins {
+					if rdb.HGet(ctx, lockKey(name), schema.OwnerField).Val() == "" {
+						return false
+					}
+				}
+				return true
+			}
+			for try := 1; ; try++ {
+				if err := a.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if onEvery() {
+					break
+				}
+				if try == 5 {
+					t.Fatal("5 Locks in a row did not take every node")
+				}
+				if err := a.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
 			}
 			// Kill a minority while a holds the lock: a keeps it.
 			minority := (n - 1) / 2

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,8 +224,8 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	if err := b.Acquire(ctx, 1); !errors.Is(err, redisync.ErrSizeMismatch) {
 		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
 	}
-	if got := admin(t).Get(ctx, schema.SemaphoreKeys(schema.DefaultPrefix, name).Size).Val(); got != "3:2" {
-		t.Fatalf("stored size %q, want 3:2 (size:layout)", got)
+	if got := admin(t).Get(ctx, schema.SemaphoreKeys(schema.DefaultPrefix, name).Size).Val(); got != "3:"+strconv.Itoa(schema.SemLayout) {
+		t.Fatalf("stored size %q, want 3:%d (size:layout)", got, schema.SemLayout)
 	}
 	if err := a.Release(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -428,7 +428,7 @@ func junkAndDeadRecords(t *testing.T) (slowScripts, sched) {
 	defer cancel()
 	var ws []*redisync.Mutex
 	for range 3 {
-		ws = append(ws, newClientOf(t, addr).NewMutex(name))
+		ws = append(ws, newClientOf(t, addr).NewMutex(name, unlimited))
 	}
 	got := queueBehind(t, wctx, rdb, k, ws)
 	start := time.Now()
@@ -477,7 +477,7 @@ func deadClientRecords(t *testing.T) (slowScripts, sched) {
 	since := resetSlowlog(t, rdb)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	got := queueBehind(t, wctx, rdb, k, []*redisync.Mutex{newClientOf(t, addr).NewMutex(name)})
+	got := queueBehind(t, wctx, rdb, k, []*redisync.Mutex{newClientOf(t, addr).NewMutex(name, unlimited)})
 	start := time.Now()
 	if err := other.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -512,6 +512,10 @@ func deadClientRecords(t *testing.T) (slowScripts, sched) {
 
 // newClientOf returns a redisync Client on a go-redis client of its own
 // to addr, closed at the end of the test.
+// unlimited lets a waiter queue behind the 10,000 records the tests plant,
+// which count towards a lock's queue limit (WithMaxWaiters).
+var unlimited = redisync.WithMaxWaiters(0)
+
 func newClientOf(t *testing.T, addr string) *redisync.Client {
 	t.Helper()
 	c, err := redisync.New(redistest.NewClient(t, addr))
@@ -555,7 +559,7 @@ func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, sched) {
 	withdraw := func() {
 		t.Helper()
 		wctx, cancel := context.WithCancel(ctx)
-		w := newClientOf(t, addr).NewMutex(name)
+		w := newClientOf(t, addr).NewMutex(name, unlimited)
 		done := make(chan error, 1)
 		go func() { done <- w.Lock(wctx) }()
 		eventually(t, 10*time.Second, "the waiter to queue", func() bool {
