@@ -11,6 +11,7 @@ import (
 	"github.com/redisync/redisync"
 	"github.com/redisync/redisync/integration/fault/internal/fence"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // TestHolderSIGKILL kills a holder process (watchdog lease 1 s) while a
@@ -275,7 +276,12 @@ func TestSemaphoreHolderSIGKILL(t *testing.T) {
 		t.Fatal("the waiter never got the dead holder's permits")
 	}
 	var used int64
-	for _, v := range rdb.HVals(ctx, "redisync:sem:{"+name+"}").Val() {
+	holders := rdb.HGetAll(ctx, "redisync:sem:{"+name+"}").Val()
+	if c := holders[schema.SemUsedField]; c != strconv.Itoa(size) {
+		t.Fatalf("the count of permits in use is %q, want %d", c, size)
+	}
+	delete(holders, schema.SemUsedField)
+	for _, v := range holders {
 		n, _, _ := strings.Cut(v, ":")
 		p, err := strconv.ParseInt(n, 10, 64)
 		if err != nil {
