@@ -73,7 +73,7 @@ type Semaphore struct {
 // MaxSemaphoreSize is the largest size a Semaphore can have: its scripts
 // count permits in Lua, which writes a number of 10^14 or more in
 // exponent notation.
-const MaxSemaphoreSize = schema.RWMutexSize
+const MaxSemaphoreSize = 1 << 40 // 1,099,511,627,776
 
 // NewSemaphore returns a Semaphore with size permits called name. It does
 // no I/O. An invalid name (ErrInvalidName), a size outside [1,

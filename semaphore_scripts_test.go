@@ -1055,6 +1055,9 @@ func TestSemaphoreScriptsSizeAbove1e14(t *testing.T) {
 	if n := rdb.Exists(ctx, schema.SemaphoreKeys("r21big", "big").Size).Val(); n != 0 {
 		t.Fatalf("a refused size reached Redis")
 	}
+	if MaxSemaphoreSize != schema.RWMutexSize { // a RWMutex's write takes MaxSemaphoreSize permits
+		t.Fatalf("MaxSemaphoreSize %d, a RWMutex's size %d", MaxSemaphoreSize, schema.RWMutexSize)
+	}
 	s := c.NewSemaphore("big", MaxSemaphoreSize)
 	for i := 0; i < 2; i++ {
 		if err := s.Acquire(ctx, MaxSemaphoreSize); err != nil {
