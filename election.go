@@ -204,6 +204,11 @@ func (e *Election) tryCampaign(ctx context.Context, value string) (bool, error) 
 // closed then, if it was not already). A value that is e's already
 // changes nothing. It is safe for concurrent use.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
+	return observed(e.c.obs, ctx, Call{Op: OpProclaim, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error { return e.proclaimValue(ctx, value) }, nil)
+}
+
+// proclaimValue is Proclaim, unobserved.
+func (e *Election) proclaimValue(ctx context.Context, value string) error {
 	if err := e.usable(ctx, value); err != nil {
 		return wrapOp("proclaim", e.name, err)
 	}
@@ -258,6 +263,16 @@ func (e *Election) Resign(ctx context.Context) error {
 // value, fencing token and the election's revision. It returns ErrNoLeader
 // when nobody leads. It is safe for concurrent use.
 func (e *Election) Leader(ctx context.Context) (Leadership, error) {
+	var l Leadership
+	err := observed(e.c.obs, ctx, Call{Op: OpLeader, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (err error) {
+		l, err = e.leader(ctx)
+		return err
+	}, nil)
+	return l, err
+}
+
+// leader is Leader, unobserved.
+func (e *Election) leader(ctx context.Context) (Leadership, error) {
 	if err := cmp.Or(e.err, e.c.usable(), ctx.Err()); err != nil {
 		return Leadership{}, wrapOp("leader", e.name, err)
 	}

@@ -38,6 +38,11 @@ import (
 // Redis lets it go. It returns ErrClosed after Close. It is safe for
 // concurrent use.
 func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
+	return observed(m.c.obs, ctx, Call{Op: OpExtend, Primitive: m.prim, Name: m.name}, func(ctx context.Context) error { return m.extend(ctx, lease) }, nil)
+}
+
+// extend is Extend, unobserved.
+func (m *Mutex) extend(ctx context.Context, lease time.Duration) error {
 	if err := m.usable(ctx); err != nil {
 		return m.wrap("extend", err)
 	}
@@ -79,6 +84,16 @@ func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
 // (within 25 ms); ErrClosed after Close; and the errors of Redis. It is
 // safe for concurrent use.
 func (m *Mutex) TTL(ctx context.Context) (time.Duration, error) {
+	var ttl time.Duration
+	err := observed(m.c.obs, ctx, Call{Op: OpTTL, Primitive: m.prim, Name: m.name}, func(ctx context.Context) (err error) {
+		ttl, err = m.ttl(ctx)
+		return err
+	}, nil)
+	return ttl, err
+}
+
+// ttl is TTL, unobserved.
+func (m *Mutex) ttl(ctx context.Context) (time.Duration, error) {
 	if err := m.usable(ctx); err != nil {
 		return 0, m.wrap("ttl", err)
 	}

@@ -59,6 +59,11 @@ const (
 	OpRLock      Op = "rlock"      // RWMutex.RLock
 	OpTryRLock   Op = "tryrlock"   // RWMutex.TryRLock
 	OpRUnlock    Op = "runlock"    // RWMutex.RUnlock
+	OpExtend     Op = "extend"     // Mutex.Extend
+	OpTTL        Op = "ttl"        // Mutex.TTL
+	OpProclaim   Op = "proclaim"   // Election.Proclaim
+	OpLeader     Op = "leader"     // Election.Leader
+	OpResize     Op = "resize"     // Client.ResizeSemaphore (Permits: the new size)
 )
 
 // Primitive names the kind of lock an event is about.
@@ -86,7 +91,8 @@ type Outcome string
 const (
 	OutcomeAcquired  Outcome = "acquired"  // a lock or permits were taken (or a lock re-entered)
 	OutcomeBusy      Outcome = "busy"      // TryLock or TryAcquire found them taken
-	OutcomeReleased  Outcome = "released"  // Unlock, Release or Handoff gave them back
+	OutcomeReleased  Outcome = "released"  // Unlock, RUnlock, Release or Handoff gave them back
+	OutcomeOK        Outcome = "ok"        // a call that takes and gives back nothing (Extend, TTL, Proclaim, Leader, ResizeSemaphore) succeeded
 	OutcomeTimeout   Outcome = "timeout"   // the context's deadline passed (context.DeadlineExceeded)
 	OutcomeCancelled Outcome = "cancelled" // the context was cancelled (context.Canceled)
 	OutcomeLost      Outcome = "lost"      // the hold had been lost (ErrLockLost)
@@ -174,8 +180,10 @@ func outcome(op Op, ok bool, err error) Outcome {
 	switch {
 	case err == nil && !ok:
 		return OutcomeBusy
-	case err == nil && (op == OpUnlock || op == OpRelease || op == OpHandoff):
+	case err == nil && (op == OpUnlock || op == OpRUnlock || op == OpRelease || op == OpHandoff):
 		return OutcomeReleased
+	case err == nil && (op == OpExtend || op == OpTTL || op == OpProclaim || op == OpLeader || op == OpResize):
+		return OutcomeOK
 	case err == nil:
 		return OutcomeAcquired
 	case errors.Is(err, context.DeadlineExceeded):

@@ -3,6 +3,7 @@ package redisync
 import (
 	"bytes"
 	"context"
+	"maps"
 	"errors"
 	"log/slog"
 	"strings"
@@ -589,5 +590,60 @@ func TestHandoffFindingHoldGoneToldLost(t *testing.T) {
 	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
 	if len(lostEv) != 1 || len(released) != 0 {
 		t.Errorf("a hold Redis no longer had told as handed off %d times and lost %d times; want lost once", len(released), len(lostEv))
+	}
+}
+
+// Every call on a held lock, an election or a semaphore's size is told to
+// the Observer, reads included: Extend, TTL, Proclaim, Leader and
+// ResizeSemaphore, with their outcome.
+func TestObserverSeesEveryCall(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	rec := &recorder{}
+	c := newClient(t, rdb, WithObserver(rec))
+	m := c.NewMutex("m")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.TTL(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Extend(ctx, time.Minute); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Extend with nothing held: %v", err)
+	}
+	e := c.NewElection("e")
+	if err := e.Campaign(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Proclaim(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := e.Leader(ctx); err != nil || l.Value != "b" {
+		t.Fatalf("Leader: %+v, %v", l, err)
+	}
+	if err := e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ResizeSemaphore(ctx, "s", 2, 3); err != nil {
+		t.Fatal(err)
+	}
+	for op, want := range map[Op]map[Outcome]int{
+		OpExtend:   {OutcomeOK: 1, OutcomeError: 1},
+		OpTTL:      {OutcomeOK: 1},
+		OpProclaim: {OutcomeOK: 1},
+		OpLeader:   {OutcomeOK: 1},
+		OpResize:   {OutcomeOK: 1},
+	} {
+		if got := rec.outcomes(op); !maps.Equal(got, want) {
+			t.Errorf("%s: outcomes %v, want %v", op, got, want)
+		}
+	}
+	if len(rec.bad) > 0 {
+		t.Errorf("CallEnd without its CallStart's context: %v", rec.bad)
 	}
 }

@@ -21,6 +21,13 @@ import (
 // on, Semaphore values of the old size fail with ErrSizeMismatch: open
 // them again with the new one.
 func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...Option) error {
+	return observed(c.obs, ctx, Call{Op: OpResize, Primitive: PrimitiveSemaphore, Name: name, Permits: to}, func(ctx context.Context) error {
+		return c.resizeSemaphore(ctx, name, from, to, opts)
+	}, nil)
+}
+
+// resizeSemaphore is ResizeSemaphore, unobserved.
+func (c *Client) resizeSemaphore(ctx context.Context, name string, from, to int64, opts []Option) error {
 	cfg := with(c.cfg, atInspect, opts)
 	s := c.newSemaphore(name, to, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
 	if err := cmp.Or(s.err, checkSize(from), c.usable(), ctx.Err()); err != nil {
