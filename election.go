@@ -17,7 +17,9 @@ import (
 // Errors of an Election.
 var (
 	// ErrNotLeader is returned by Proclaim and Resign when the Election
-	// does not lead: it has not won a campaign, or resigned since.
+	// does not lead: it has not won a campaign, or resigned since. The
+	// error is ErrNotHeld too (errors.Is), as every primitive's call that
+	// needs a hold when there is none.
 	ErrNotLeader = errors.New("redisync: not the leader")
 	// ErrNoLeader is returned by Leader when the election has no leader.
 	ErrNoLeader = errors.New("redisync: no leader")
@@ -215,7 +217,7 @@ func (e *Election) proclaimValue(ctx context.Context, value string) error {
 	h := e.m.current()
 	switch {
 	case h == nil:
-		return wrapOp("proclaim", e.name, ErrNotLeader)
+		return wrapOp("proclaim", e.name, notHeldToo(ErrNotLeader))
 	case e.isLost(h):
 		return wrapOp("proclaim", e.name, ErrLockLost)
 	}
@@ -235,7 +237,7 @@ func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
 	case err != nil:
 		return wrapOp("proclaim", e.name, redisError(err))
 	case res[0] == 0 && m.current() != h:
-		return wrapOp("proclaim", e.name, ErrNotLeader) // resigned meanwhile
+		return wrapOp("proclaim", e.name, notHeldToo(ErrNotLeader)) // resigned meanwhile
 	case res[0] == 0:
 		m.lose(h)
 		return wrapOp("proclaim", e.name, ErrLockLost)
@@ -254,7 +256,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	}
 	err := e.m.Unlock(ctx)
 	if errors.Is(err, ErrNotHeld) {
-		return wrapOp("resign", e.name, ErrNotLeader)
+		return wrapOp("resign", e.name, notHeldToo(ErrNotLeader))
 	}
 	return err
 }

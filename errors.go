@@ -76,6 +76,7 @@ var (
 	ErrInvalidPermits = errors.New("redisync: invalid number of permits")
 	// ErrTooManyReleased is returned by Semaphore.Release when asked to
 	// release more permits than the Semaphore holds. Nothing is released.
+	// When it holds none, the error is ErrNotHeld too (errors.Is).
 	ErrTooManyReleased = errors.New("redisync: released more permits than held")
 	// ErrQuorum is returned by a Redlock's Lock and TryLock when fewer
 	// than a quorum (a majority) of its nodes answered within the node
@@ -282,6 +283,16 @@ func wrapOp(op, name string, err error) error {
 	}
 	return &OpError{Op: op, Name: name, Err: err}
 }
+
+// notHeldToo is err, a failure of a call that needs a hold when there is
+// none, that errors.Is also finds to be ErrNotHeld: every primitive's
+// "nothing held" is ErrNotHeld, whatever its own words for it.
+func notHeldToo(err error) error { return &notHeldError{err} }
+
+type notHeldError struct{ err error }
+
+func (e *notHeldError) Error() string   { return e.err.Error() }
+func (e *notHeldError) Unwrap() []error { return []error{e.err, ErrNotHeld} }
 
 // quote shortens and quotes a name for an error message.
 func quote(name string) string {

@@ -72,3 +72,43 @@ func TestUnconfirmedReleaseIsErrUnconfirmed(t *testing.T) {
 		t.Errorf("Lock with Redis failing: %v, want an error that is not ErrUnconfirmed", err)
 	}
 }
+
+// A call that needs a hold, made when there is none, is ErrNotHeld for
+// every primitive, whatever its own words for it (ErrTooManyReleased,
+// ErrNotLeader).
+func TestNothingHeldIsErrNotHeldEverywhere(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	rw := c.NewRWMutex("rw")
+	e := c.NewElection("e")
+	s := c.NewSemaphore("s", 2)
+	for what, err := range map[string]error{
+		"Mutex.Unlock":      c.NewMutex("m").Unlock(ctx),
+		"Mutex.Extend":      c.NewMutex("m").Extend(ctx, time.Minute),
+		"RWMutex.Unlock":    rw.Unlock(ctx),
+		"RWMutex.RUnlock":   rw.RUnlock(ctx),
+		"MultiMutex.Unlock": c.NewMultiMutex([]string{"a", "b"}).Unlock(ctx),
+		"Semaphore.Release": s.Release(ctx, 1),
+		"Election.Resign":   e.Resign(ctx),
+		"Election.Proclaim": e.Proclaim(ctx, "v"),
+	} {
+		if !errors.Is(err, ErrNotHeld) {
+			t.Errorf("%s with nothing held: %v, want ErrNotHeld", what, err)
+		}
+	}
+	if err := e.Resign(ctx); !errors.Is(err, ErrNotLeader) {
+		t.Errorf("Resign: %v, want ErrNotLeader too", err)
+	}
+	if err := s.Release(ctx, 1); !errors.Is(err, ErrTooManyReleased) {
+		t.Errorf("Release: %v, want ErrTooManyReleased too", err)
+	}
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, 2); !errors.Is(err, ErrTooManyReleased) || errors.Is(err, ErrNotHeld) {
+		t.Errorf("Release(2) holding 1: %v, want ErrTooManyReleased, not ErrNotHeld", err)
+	}
+	if err := s.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -243,7 +243,11 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 	case n > held:
 		s.mu.Unlock()
 		s.end()
-		return s.wrap("release", fmt.Errorf("%w: releasing %d, holding %d", ErrTooManyReleased, n, held))
+		err := fmt.Errorf("%w: releasing %d, holding %d", ErrTooManyReleased, n, held)
+		if held == 0 {
+			err = notHeldToo(err)
+		}
+		return s.wrap("release", err)
 	case h.isLost:
 		s.dropLocked(h, n)
 		s.mu.Unlock()
