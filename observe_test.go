@@ -3,9 +3,9 @@ package redisync
 import (
 	"bytes"
 	"context"
-	"maps"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
