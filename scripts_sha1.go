@@ -14,9 +14,9 @@ var scriptSHA1 = map[string]string{
 	"redlockRaise": "583f672c7e6b94240319aa1a6fd0642c132e928d",
 	"release":      "328b394acea8efe830e412bab2931f8da6cc6eb0",
 	"renew":        "540bbad0c794a73cae31e2501d3c836a52188d42",
-	"semAcquire":   "06d77dd450d0f6164abe4db1be0f352c2d3dd0e9",
-	"semRelease":   "80d49f9a8db81e59829649d28ba6534b83912376",
-	"semResize":    "aa4716e5eeefe9b4d0d2a53bf7d50b7dc2000314",
+	"semAcquire":   "71630d2178f21e99bdbcfbeeef0a48013db25b20",
+	"semRelease":   "a794b2606ef83fe0da7a23bb3b853f1669f018b3",
+	"semResize":    "02e19b33c6f43243176687b7b6281686a02a70d9",
 	"ttl":          "777b6b96dcaa34b5fb3c116e4a4250df35fc97fc",
 	"wake":         "e60337b1faf6bd6521448f832a4836b8b2a4f058",
 }

@@ -192,8 +192,9 @@ end
 
 -- sem_mine returns a holder's permits and call number (0, 0 for none),
 -- reading its record once per script; with soft, nil for a record that
--- redisync did not write (which fails the script otherwise). After a reclaim that stopped at
--- reclaim_max (k.ended), a holder whose lease has ended is reclaimed here.
+-- redisync did not write (which fails the script otherwise). After a
+-- reclaim that stopped at reclaim_max (k.ended), a holder whose lease has
+-- ended is reclaimed here.
 local function sem_mine(k, holder, soft)
   local r = k.held[holder]
   if not r then
