@@ -121,6 +121,37 @@ func TestRedlockExclusionUnderContention(t *testing.T) {
 	}
 }
 
+// lockEveryNode locks m so that it holds the lock on every node of ss: a
+// Lock that won a bare quorum (a node slower than the node timeout, on a
+// loaded machine) loses the lock when the nodes a test kills are among
+// its own, which is a real loss but not what the test is about.
+func lockEveryNode(t *testing.T, m *redisync.RedMutex, ss []*redistest.Server) {
+	t.Helper()
+	admins := nodeAdmins(t, ss)
+	onEvery := func() bool {
+		for _, rdb := range admins {
+			if rdb.HGet(ctx, lockKey(m.Name()), schema.OwnerField).Val() == "" {
+				return false
+			}
+		}
+		return true
+	}
+	for try := 1; ; try++ {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if onEvery() {
+			return
+		}
+		if try == 5 {
+			t.Fatal("5 Locks in a row did not take every node")
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestRedlockMinorityKilled(t *testing.T) {
 	for _, n := range []int{3, 5} {
 		t.Run(fmt.Sprint(n, "nodes"), func(t *testing.T) {
@@ -128,33 +159,7 @@ func TestRedlockMinorityKilled(t *testing.T) {
 			rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
 			name := redistest.Name(t)
 			a, b := rs[0].NewMutex(name), rs[1].NewMutex(name)
-			// a must hold the lock on every node: a Lock that won a bare
-			// quorum (a node slower than the node timeout on a loaded
-			// machine) loses it when the minority killed below is among
-			// its nodes.
-			admins := nodeAdmins(t, ss)
-			onEvery := func() bool {
-				for _, rdb := range admins {
-					if rdb.HGet(ctx, lockKey(name), schema.OwnerField).Val() == "" {
-						return false
-					}
-				}
-				return true
-			}
-			for try := 1; ; try++ {
-				if err := a.Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if onEvery() {
-					break
-				}
-				if try == 5 {
-					t.Fatal("5 Locks in a row did not take every node")
-				}
-				if err := a.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
+			lockEveryNode(t, a, ss)
 			// Kill a minority while a holds the lock: a keeps it.
 			minority := (n - 1) / 2
 			for _, s := range ss[:minority] {
@@ -422,9 +427,7 @@ func TestRedlockLostWhenMajorityLost(t *testing.T) {
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 1, redisync.WithCrashTimeout(lease), redisync.WithNodeTimeout(200*time.Millisecond))
 	m := rs[0].NewMutex(redistest.Name(t))
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lockEveryNode(t, m, ss)
 	ss[0].Kill(t)
 	// Node 0's hold is lost by its deadline (< lease); the quorum stays.
 	select {
