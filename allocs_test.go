@@ -21,7 +21,7 @@ func TestNoObserverAllocatesNothingMore(t *testing.T) {
 	c := newClient(t, rdb)
 	bg := context.Background()
 	name := uniqueName(t)
-	m, fair, s := c.NewMutex(name, Barging()), c.NewMutex(name+":fair"), c.NewSemaphore(name, 2)
+	m, fair, s := must(c.NewMutex(name, Barging())), must(c.NewMutex(name+":fair")), must(c.NewSemaphore(name, 2))
 	must := func(err error) {
 		if err != nil {
 			t.Fatal(err)

@@ -78,7 +78,7 @@ func bargingWaiter(t *testing.T, ctx context.Context, mr *miniredis.Miniredis, r
 	if subscribed(c, k.GrantChannel(c.id)) {
 		want-- // no subscription to wait for: one attempt, then the sleep
 	}
-	m := c.NewMutex("g", Barging(), WithRecheck(time.Minute))
+	m := must(c.NewMutex("g", Barging(), WithRecheck(time.Minute)))
 	done := make(chan error, 1)
 	go func() { done <- m.Lock(ctx) }()
 	eventually(t, 5*time.Second, "the waiter's Client to be recorded and subscribed, and the waiter to sleep", func() bool {
@@ -98,7 +98,7 @@ func subscribed(c *Client, channel string) bool {
 // "g".
 func lockG(t *testing.T, rdb *redis.Client) *Mutex {
 	t.Helper()
-	m := newClient(t, rdb).NewMutex("g", Barging())
+	m := must(newClient(t, rdb).NewMutex("g", Barging()))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestBargingRecordsOnlyWaitersWithATTL(t *testing.T) {
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
 	holder := lockG(t, rdb)
 	c := newClient(t, rdb)
-	if ok, err := c.NewMutex("g", Barging()).TryLock(ctx); ok || err != nil {
+	if ok, err := must(c.NewMutex("g", Barging())).TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock of a held lock: %v, %v", ok, err)
 	}
 	if mr.Exists(k.Bargers) {
@@ -287,7 +287,7 @@ func TestBargingWrongTypeRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := mr.Keys()
-	m := newClient(t, rdb).NewMutex("g", Barging())
+	m := must(newClient(t, rdb).NewMutex("g", Barging()))
 	if err := m.Lock(ctx); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("barging Lock with a Bargers key of the wrong type: %v, want ErrWrongType", err)
 	}
@@ -336,7 +336,7 @@ func TestBargingMixedRecheckRecordRunsOut(t *testing.T) {
 	holder := lockG(t, rdb)
 	a := newClient(t, rdb)
 	long, dlong := bargingWaiter(t, ctx, mr, rdb, at, a) // WithRecheck(time.Minute)
-	short := a.NewMutex("g", Barging(), WithRecheck(50*time.Millisecond))
+	short := must(a.NewMutex("g", Barging(), WithRecheck(50*time.Millisecond)))
 	sctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
 	defer cancel()
 	if err := short.Lock(sctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -381,7 +381,7 @@ func TestBargingFairChannelWithoutPassSwallowsWakeup(t *testing.T) {
 	})
 	wb, db := bargingWaiter(t, ctx, mr, rdb, at, b)
 
-	fair := a.NewMutex("g")
+	fair := must(a.NewMutex("g"))
 	df := make(chan error, 1)
 	go func() { df <- fair.Lock(ctx) }()
 	eventually(t, 5*time.Second, "a's fair waiter to subscribe", func() bool { return confirmedWaiters(a, name) == 1 })
@@ -417,7 +417,7 @@ func TestBargingRedMutexRecordsItself(t *testing.T) {
 	// ended is given back (which a loaded machine does), where the
 	// waiter would then take the lock rather than be recorded.
 	for _, rdb := range rdbs {
-		if err := newClient(t, rdb).NewMutex("g", Barging(), WithRecheck(time.Minute)).Lock(ctx); err != nil {
+		if err := must(newClient(t, rdb).NewMutex("g", Barging(), WithRecheck(time.Minute))).Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -426,7 +426,7 @@ func TestBargingRedMutexRecordsItself(t *testing.T) {
 	// abandoned, its node left to the next recheck.
 	r := newRedlock(t, rdbs, WithNodeTimeout(5*time.Second))
 	cs := r.clients
-	w := r.NewMutex("g", WithRecheck(time.Minute))
+	w := must(r.NewMutex("g", WithRecheck(time.Minute)))
 	done := make(chan error, 1)
 	go func() { done <- w.Lock(ctx) }()
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
@@ -473,7 +473,7 @@ func TestBargingBargersGrowWhileHeld(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		c := newClient(t, rdb)
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
-		_ = c.NewMutex("g", Barging(), WithRecheck(10*time.Millisecond)).Lock(cctx)
+		_ = must(c.NewMutex("g", Barging(), WithRecheck(10*time.Millisecond))).Lock(cctx)
 		cancel()
 		_ = c.Close()
 	}
@@ -521,7 +521,7 @@ func TestBargingFairOnlyClientRunsWake(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	wc := &wakeCounter{}
 	addHook(rdb, wc)
-	holder := newClient(t, rdb).NewMutex("g")
+	holder := must(newClient(t, rdb).NewMutex("g"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +530,7 @@ func TestBargingFairOnlyClientRunsWake(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- a.NewMutex("g").Lock(wctx) }()
+	go func() { done <- must(a.NewMutex("g")).Lock(wctx) }()
 	eventually(t, 5*time.Second, "the fair waiter to subscribe", func() bool { return confirmedWaiters(a, name) == 1 })
 	a.sub.reg.Confirm(name) // a confirmation of a confirmed channel: a reconnect's, which wakes every waiter
 	cancel()

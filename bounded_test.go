@@ -108,7 +108,7 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 	ctx := context.Background()
 	name := uniqueName(t)
 	k := schema.RWMutexKeys("redisync", name)
-	writer := newClient(t, rdb).NewRWMutex(name)
+	writer := must(newClient(t, rdb).NewRWMutex(name))
 	if err := writer.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 		}
 	}()
 
-	last := newClient(t, rdb).NewRWMutex(name)
+	last := must(newClient(t, rdb).NewRWMutex(name))
 	rlocked := async(func() error { return last.RLock(ctx) })
 	waitFor(t, "the last reader queued", func() bool { return rdb.ZCard(ctx, k.Queue).Val() == readers+1 })
 
@@ -259,7 +259,7 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 	waitFor(t, "the short leases end", ended)
 
 	slowlogAll(t, rdb)
-	s := newClient(t, rdb).NewSemaphore(name, size)
+	s := must(newClient(t, rdb).NewSemaphore(name, size))
 	rounds := 0
 	for rdb.ZCard(ctx, k.Expiry).Val() > holders/2 {
 		if rounds++; rounds > holders/2/64+5 {
@@ -297,7 +297,7 @@ func TestSemaphoreSilentWaitersDoNotHoldBackTheQueue(t *testing.T) {
 	name := uniqueName(t)
 	k := schema.SemaphoreKeys("redisync", name)
 	c := newClient(t, rdb, WithRecheck(time.Hour), WithWaiterTimeout(time.Hour))
-	holder := c.NewSemaphore(name, 20)
+	holder := must(c.NewSemaphore(name, 20))
 	if err := holder.Acquire(ctx, 20); err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestSemaphoreSilentWaitersDoNotHoldBackTheQueue(t *testing.T) {
 	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w := newClient(t, rdb, WithRecheck(time.Hour), WithWaiterTimeout(time.Hour)).NewSemaphore(name, 20)
+	w := must(newClient(t, rdb, WithRecheck(time.Hour), WithWaiterTimeout(time.Hour)).NewSemaphore(name, 20))
 	acquired := async(func() error { return w.Acquire(ctx, 1) })
 	waitFor(t, "the live waiter queued", func() bool { return rdb.ZCard(ctx, k.Queue).Val() == 10 })
 	start := time.Now()

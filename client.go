@@ -240,10 +240,30 @@ func (c *Client) Close() error {
 
 // usable reports why the Client cannot be used, if it cannot.
 func (c *Client) usable() error {
+	if err := c.made(); err != nil {
+		return err
+	}
 	if c.ctx.Err() != nil {
 		return ErrClosed
 	}
 	return nil
+}
+
+// made reports the use of a primitive's zero value, which has no Client.
+func (c *Client) made() error {
+	if c == nil {
+		return errZeroValue
+	}
+	return nil
+}
+
+// observer returns the Client's Observer, or nil: none is told the
+// calls of a primitive's zero value, which has no Client.
+func (c *Client) observer() Observer {
+	if c == nil {
+		return nil
+	}
+	return c.obs
 }
 
 // enter counts in a call that takes something (a Lock, an Acquire, a

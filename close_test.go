@@ -124,17 +124,17 @@ func TestCloseWaitsForWaitersToWithdraw(t *testing.T) {
 			c, hook := closingClient(t, mr.Addr(), WithRecheck(time.Hour))
 			switch kind {
 			case "mutex":
-				if err := holder.NewMutex("close").Lock(ctx); err != nil {
+				if err := must(holder.NewMutex("close")).Lock(ctx); err != nil {
 					t.Fatal(err)
 				}
 				closeWithLateWaiters(t, mr, c, hook, schema.LockKeys("redisync", "close").Queue, 64,
-					func(ctx context.Context) error { return c.NewMutex("close").Lock(ctx) })
+					func(ctx context.Context) error { return must(c.NewMutex("close")).Lock(ctx) })
 			case "semaphore":
-				if err := holder.NewSemaphore("close", 1).Acquire(ctx, 1); err != nil {
+				if err := must(holder.NewSemaphore("close", 1)).Acquire(ctx, 1); err != nil {
 					t.Fatal(err)
 				}
 				closeWithLateWaiters(t, mr, c, hook, schema.SemaphoreKeys("redisync", "close").Queue, 64,
-					func(ctx context.Context) error { return c.NewSemaphore("close", 1).Acquire(ctx, 1) })
+					func(ctx context.Context) error { return must(c.NewSemaphore("close", 1)).Acquire(ctx, 1) })
 			}
 		})
 	}
@@ -165,9 +165,9 @@ func TestCloseMultiMutexGivesBackBeforeCloseReturns(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	holder := newClient(t, rdb)
 	c, hook := closingClient(t, mr.Addr(), WithRecheck(time.Hour))
-	m := c.NewMultiMutex([]string{"x", "y"})
+	m := must(c.NewMultiMutex([]string{"x", "y"}))
 	first, second := m.names[0], m.names[1]
-	if err := holder.NewMutex(second).Lock(ctx); err != nil {
+	if err := must(holder.NewMutex(second)).Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wctx := &slowCtx{Context: ctx, late: 300 * time.Millisecond, release: make(chan struct{})}
@@ -199,7 +199,7 @@ func TestCloseMultiMutexGivesBackBeforeCloseReturns(t *testing.T) {
 func TestCloseTryLockRacingCloseSendsNothingAfterIt(t *testing.T) {
 	mr, _, _ := newMini(t)
 	c, hook := closingClient(t, mr.Addr())
-	m := c.NewMutex("t")
+	m := must(c.NewMutex("t"))
 	wctx := &slowCtx{Context: ctx, late: 300 * time.Millisecond, release: make(chan struct{})}
 	wctx.armed.Store(true)
 	done := make(chan error, 1)
@@ -229,7 +229,7 @@ func TestCloseLockAttemptNotSentOnceCloseBegan(t *testing.T) {
 	c, _ := closingClient(t, mr.Addr())
 	wctx := &nthSlowCtx{Context: ctx, from: 2}
 	done := make(chan error, 1)
-	go func() { done <- c.NewMutex("f").Lock(wctx) }()
+	go func() { done <- must(c.NewMutex("f")).Lock(wctx) }()
 	eventually(t, 5*time.Second, "Lock to be held up before its attempt", func() bool { return wctx.calls.Load() >= 2 })
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -255,19 +255,19 @@ func TestCloseWaitsForOtherPrimitives(t *testing.T) {
 			switch kind {
 			case "rwmutex-w", "rwmutex-r":
 				queue = schema.RWMutexKeys("redisync", "close").Queue
-				if err := holder.NewRWMutex("close").Lock(ctx); err != nil {
+				if err := must(holder.NewRWMutex("close")).Lock(ctx); err != nil {
 					t.Fatal(err)
 				}
-				wait = func(ctx context.Context) error { return c.NewRWMutex("close").Lock(ctx) }
+				wait = func(ctx context.Context) error { return must(c.NewRWMutex("close")).Lock(ctx) }
 				if kind == "rwmutex-r" {
-					wait = func(ctx context.Context) error { return c.NewRWMutex("close").RLock(ctx) }
+					wait = func(ctx context.Context) error { return must(c.NewRWMutex("close")).RLock(ctx) }
 				}
 			case "election":
 				queue = schema.ElectionKeys("redisync", "close").Queue
-				if err := holder.NewElection("close").Campaign(ctx, "h"); err != nil {
+				if err := must(holder.NewElection("close")).Campaign(ctx, "h"); err != nil {
 					t.Fatal(err)
 				}
-				wait = func(ctx context.Context) error { return c.NewElection("close").Campaign(ctx, "w") }
+				wait = func(ctx context.Context) error { return must(c.NewElection("close")).Campaign(ctx, "w") }
 			}
 			closeWithLateWaiters(t, mr, c, hook, queue, 32, wait)
 		})
@@ -283,7 +283,7 @@ func TestCloseUnlockDuringCloseEndsAsReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestCloseUnlockDuringCloseLeavesTheLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestCloseDoesNotWaitForABlockedObserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := c.NewMutex("blocked-close")
+	m := must(c.NewMutex("blocked-close"))
 	if err := m.Lock(ctx); err != nil { // an event the observer blocks on
 		t.Fatal(err)
 	}

@@ -33,11 +33,11 @@ func TestCallAfterTheDeadlineFailsWithTheDeadline(t *testing.T) {
 	mr.SetError("ERR injected")
 	ctx := passedCtx{context.Background()}
 	calls := map[string]func() error{
-		"Mutex.Lock":       func() error { return c.NewMutex("m").Lock(ctx) },
-		"Mutex.Lock barge": func() error { return c.NewMutex("m", Barging()).Lock(ctx) },
-		"Semaphore":        func() error { return c.NewSemaphore("s", 2).Acquire(ctx, 1) },
-		"RWMutex.RLock":    func() error { return c.NewRWMutex("rw").RLock(ctx) },
-		"MultiMutex.Lock":  func() error { return c.NewMultiMutex([]string{"a", "b"}).Lock(ctx) },
+		"Mutex.Lock":       func() error { return must(c.NewMutex("m")).Lock(ctx) },
+		"Mutex.Lock barge": func() error { return must(c.NewMutex("m", Barging())).Lock(ctx) },
+		"Semaphore":        func() error { return must(c.NewSemaphore("s", 2)).Acquire(ctx, 1) },
+		"RWMutex.RLock":    func() error { return must(c.NewRWMutex("rw")).RLock(ctx) },
+		"MultiMutex.Lock":  func() error { return must(c.NewMultiMutex([]string{"a", "b"})).Lock(ctx) },
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {
@@ -79,7 +79,7 @@ func TestReleaseAfterTheDeadlineStillReleases(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
 	passed := passedCtx{context.Background()}
-	m := c.NewMutex("m")
+	m := must(c.NewMutex("m"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -89,17 +89,17 @@ func TestReleaseAfterTheDeadlineStillReleases(t *testing.T) {
 	if lockHeld(t, mr, "redisync:lock:{m}") {
 		t.Fatal("the lock is still held in Redis")
 	}
-	s := c.NewSemaphore("s", 2)
+	s := must(c.NewSemaphore("s", 2))
 	if err := s.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Release(passed, 2); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 2); !ok || err != nil {
+	if ok, err := must(c.NewSemaphore("s", 2)).TryAcquire(ctx, 2); !ok || err != nil {
 		t.Fatalf("TryAcquire after the release: %v, %v; want the 2 permits", ok, err)
 	}
-	mm := c.NewMultiMutex([]string{"a", "b"})
+	mm := must(c.NewMultiMutex([]string{"a", "b"}))
 	if err := mm.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestCallAfterTheDeadlineReturnsOnceTheContextSaysSo(t *testing.T) {
 	c := newClient(t, rdb)
 	mr.SetError("ERR injected")
 	ctx := newLateCtx(5 * time.Millisecond)
-	err := c.NewMutex("m").Lock(ctx)
+	err := must(c.NewMutex("m")).Lock(ctx)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock: %v, want context.DeadlineExceeded", err)
 	}
@@ -243,13 +243,13 @@ func TestUnlockWhoseRequestIsLostStillReleases(t *testing.T) {
 			var unlock func(context.Context) error
 			var try func() bool
 			if multi {
-				m, om := c.NewMultiMutex(names), other.NewMultiMutex(names)
+				m, om := must(c.NewMultiMutex(names)), must(other.NewMultiMutex(names))
 				if err := m.Lock(ctx); err != nil {
 					t.Fatal(err)
 				}
 				unlock, try = m.Unlock, func() bool { ok, _ := om.TryLock(ctx); return ok }
 			} else {
-				m, om := c.NewMutex(names[0]), other.NewMutex(names[0])
+				m, om := must(c.NewMutex(names[0])), must(other.NewMutex(names[0]))
 				if err := m.Lock(ctx); err != nil {
 					t.Fatal(err)
 				}

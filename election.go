@@ -25,7 +25,7 @@ var (
 	ErrNoLeader = errors.New("redisync: no leader")
 	// ErrInvalidValue is returned, before any call to Redis, for a
 	// leader's value longer than MaxMetadataLen bytes.
-	ErrInvalidValue = errors.New("redisync: invalid value")
+	ErrInvalidValue = invalid("redisync: invalid value")
 )
 
 // Election is leader election among every process that uses the same
@@ -52,11 +52,13 @@ var (
 // of the value, while it leads, waits its turn as a candidate, until the
 // leadership ends (Resign, or lost) and it is served. It is safe for
 // concurrent use.
+//
+// Make an Election with Client.NewElection: every call of a zero Election fails with
+// ErrInvalid.
 type Election struct {
 	c    *Client
 	name string
-	err  error  // invalid name or option
-	m    *Mutex // the election's lock: its hold is the leadership
+	m    Mutex // the election's lock: its hold is the leadership
 	// proclaims numbers the Proclaims, so that Redis applies none after a
 	// later one (see scripts/proclaim.lua).
 	proclaims atomic.Int64
@@ -84,19 +86,23 @@ type Leadership struct {
 func (l Leadership) Leads() bool { return l.Token != 0 }
 
 // NewElection returns the candidate of this process in the election
-// called name. It does no I/O. An invalid name (ErrInvalidName) or option
-// (ErrInvalidOption) is reported by every call of the Election, before any
-// call to Redis. A Client's Barging does not apply: candidates are always
+// called name. It does no I/O. It fails with an *OpError wrapping
+// ErrInvalidName or ErrInvalidOption (and ErrInvalid) for an invalid name
+// or option. A Client's Barging does not apply: candidates are always
 // served in order.
 //
 // The election's keys and channels share the hash tag {name}, so that they
 // live in one Redis Cluster slot; they are not a Mutex's of the same name.
-func (c *Client) NewElection(name string, opts ...Option) *Election {
+func (c *Client) NewElection(name string, opts ...Option) (*Election, error) {
 	cfg := with(c.cfg, atElection, opts)
+	if err := cmp.Or(checkName(name), cfg.err); err != nil {
+		return nil, wrapOp("new election", name, err)
+	}
 	cfg.barging, cfg.metadata = false, ""
-	m := c.newMutex(name, cfg)
-	m.keys, m.prim, m.holds.prim = schema.ElectionKeys(cfg.prefix, name), PrimitiveElection, PrimitiveElection
-	return &Election{c: c, name: name, err: m.err, m: m}
+	e := &Election{c: c, name: name}
+	c.initMutex(&e.m, name, cfg)
+	e.m.keys, e.m.prim, e.m.holds.prim = schema.ElectionKeys(cfg.prefix, name), PrimitiveElection, PrimitiveElection
+	return e, nil
 }
 
 // Campaign blocks until this call leads the election with value, ctx
@@ -125,7 +131,7 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 		}
 		return e.proclaim(ctx, h, value)
 	}
-	return observed(e.c.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error {
+	return observed(e.c.observer(), ctx, Call{Op: OpLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error {
 		return e.campaign(ctx, value)
 	}, e.m.Token)
 }
@@ -135,7 +141,7 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 	if err := e.usable(ctx, value); err != nil {
 		return wrapOp("campaign", e.name, err)
 	}
-	m := e.m
+	m := &e.m
 	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
 	if err != nil {
 		return wrapOp("campaign", e.name, err)
@@ -159,7 +165,7 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 // reports true. It reports false while a lost leadership of e still owes
 // its Resign. Errors are Campaign's. It is safe for concurrent use.
 func (e *Election) TryCampaign(ctx context.Context, value string) (bool, error) {
-	return observedTry(e.c.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (bool, error) {
+	return observedTry(e.c.observer(), ctx, Call{Op: OpTryLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (bool, error) {
 		return e.tryCampaign(ctx, value)
 	}, e.m.Token)
 }
@@ -180,7 +186,7 @@ func (e *Election) tryCampaign(ctx context.Context, value string) (bool, error) 
 	if err := e.usable(ctx, value); err != nil {
 		return false, wrapOp("trycampaign", e.name, err)
 	}
-	m := e.m
+	m := &e.m
 	leave, err := m.c.enter(ctx, m.keys.GrantChannel(m.c.id))
 	if err != nil {
 		return false, wrapOp("trycampaign", e.name, err)
@@ -206,7 +212,7 @@ func (e *Election) tryCampaign(ctx context.Context, value string) (bool, error) 
 // closed then, if it was not already). A value that is e's already
 // changes nothing. It is safe for concurrent use.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
-	return observed(e.c.obs, ctx, Call{Op: OpProclaim, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error { return e.proclaimValue(ctx, value) }, nil)
+	return observed(e.c.observer(), ctx, Call{Op: OpProclaim, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error { return e.proclaimValue(ctx, value) }, nil)
 }
 
 // proclaimValue is Proclaim, unobserved.
@@ -227,7 +233,7 @@ func (e *Election) proclaimValue(ctx context.Context, value string) error {
 // proclaim sets the value of h, e's leadership. A hold found gone is
 // lost, unless e resigned it meanwhile.
 func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
-	m := e.m
+	m := &e.m
 	proclaim := proclaimArgs{id: h.id, value: value, publish: e.c.publish, seq: e.proclaims.Add(1)}.call(m.keys)
 	res, _, err := e.c.rt.Run(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		n, err := proclaim.run(ctx, rdb).Int64()
@@ -251,8 +257,8 @@ func (e *Election) proclaim(ctx context.Context, h *hold, value string) error {
 // had been lost already; otherwise as Mutex.Unlock, whose release is sent
 // even when ctx has ended.
 func (e *Election) Resign(ctx context.Context) error {
-	if e.err != nil {
-		return wrapOp("resign", e.name, e.err)
+	if err := e.c.made(); err != nil {
+		return wrapOp("resign", e.name, err)
 	}
 	err := e.m.Unlock(ctx)
 	if errors.Is(err, ErrNotHeld) {
@@ -266,7 +272,7 @@ func (e *Election) Resign(ctx context.Context) error {
 // when nobody leads. It is safe for concurrent use.
 func (e *Election) Leader(ctx context.Context) (Leadership, error) {
 	var l Leadership
-	err := observed(e.c.obs, ctx, Call{Op: OpLeader, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (err error) {
+	err := observed(e.c.observer(), ctx, Call{Op: OpLeader, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (err error) {
 		l, err = e.leader(ctx)
 		return err
 	}, nil)
@@ -275,7 +281,7 @@ func (e *Election) Leader(ctx context.Context) (Leadership, error) {
 
 // leader is Leader, unobserved.
 func (e *Election) leader(ctx context.Context) (Leadership, error) {
-	if err := cmp.Or(e.err, e.c.usable(), ctx.Err()); err != nil {
+	if err := cmp.Or(e.c.usable(), ctx.Err()); err != nil {
 		return Leadership{}, wrapOp("leader", e.name, err)
 	}
 	l, _, err := e.read(ctx)
@@ -363,7 +369,7 @@ func (e *Election) usable(ctx context.Context, value string) error {
 	if len(value) > MaxMetadataLen {
 		return fmt.Errorf("%w: %d bytes is longer than %d", ErrInvalidValue, len(value), MaxMetadataLen)
 	}
-	return cmp.Or(e.err, e.c.usable(), ctx.Err())
+	return cmp.Or(e.c.usable(), ctx.Err())
 }
 
 // InspectElection reads the state of the election called name as

@@ -15,7 +15,7 @@ import (
 func BenchmarkElectionCampaignResign(b *testing.B) {
 	rdb, cnt := benchRedis(b)
 	c := benchClient(b, rdb)
-	e := c.NewElection(benchKey(b))
+	e := must(c.NewElection(benchKey(b)))
 	ctx := context.Background()
 	run := func() {
 		if err := e.Campaign(ctx, "value"); err != nil {
@@ -35,10 +35,10 @@ func BenchmarkElectionCampaignResign(b *testing.B) {
 func BenchmarkElectionObserve(b *testing.B) {
 	rdb, _ := benchRedis(b)
 	name := benchKey(b)
-	leader := benchClient(b, rdb).NewElection(name)
+	leader := must(benchClient(b, rdb).NewElection(name))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	obs := benchClient(b, rdb).NewElection(name).Observe(ctx)
+	obs := must(benchClient(b, rdb).NewElection(name)).Observe(ctx)
 	<-obs
 	if err := leader.Campaign(ctx, "0"); err != nil {
 		b.Fatal(err)

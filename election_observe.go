@@ -43,7 +43,7 @@ const watchInbox = 256
 // concurrent use.
 func (e *Election) Observe(ctx context.Context) <-chan Leadership {
 	out := make(chan Leadership)
-	if e.err != nil || ctx.Err() != nil {
+	if e.c == nil || ctx.Err() != nil {
 		close(out)
 		return out
 	}

@@ -24,13 +24,13 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	proxy := redistest.NewProxy(t, redistest.Addr(t))
 	watcher := newClient(t, redistest.NewClient(t, proxy.Addr))
 	opts := []Option{WithCrashTimeout(300 * time.Millisecond)}
-	x := newClient(t, rdb, opts...).NewElection(name)
-	y := newClient(t, rdb, opts...).NewElection(name)
-	z := newClient(t, rdb, opts...).NewElection(name)
+	x := must(newClient(t, rdb, opts...).NewElection(name))
+	y := must(newClient(t, rdb, opts...).NewElection(name))
+	z := must(newClient(t, rdb, opts...).NewElection(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	obs := watcher.NewElection(name).Observe(ctx)
+	obs := must(watcher.NewElection(name)).Observe(ctx)
 	nextChange(t, obs)
 	if err := x.Campaign(ctx, "x"); err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func TestElectionLateProclaimChangesNothing(t *testing.T) {
 	name := redistest.Name(t)
 	proxy := redistest.NewProxy(t, redistest.Addr(t))
 	c := newClient(t, redistest.NewClient(t, proxy.Addr))
-	e := c.NewElection(name)
+	e := must(c.NewElection(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := e.Campaign(ctx, "v1"); err != nil {
@@ -97,7 +97,7 @@ func TestElectionLateProclaimChangesNothing(t *testing.T) {
 	if err := e.Proclaim(ctx, "v1b"); err != nil { // loads the script
 		t.Fatal(err)
 	}
-	obs := newClient(t, rdb).NewElection(name).Observe(ctx)
+	obs := must(newClient(t, rdb).NewElection(name)).Observe(ctx)
 	nextChange(t, obs)
 
 	held, release := proxy.HoldNext("late-v2")
@@ -132,13 +132,13 @@ func TestElectionObserveResyncDropsWhatWasHeardBefore(t *testing.T) {
 	name := redistest.Name(t)
 	k := schema.ElectionKeys("redisync", name)
 	c := newClient(t, rdb)
-	e := c.NewElection(name)
+	e := must(c.NewElection(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	wc := newClient(t, redistest.Client(t))
-	slow := wc.NewElection(name).Observe(ctx)
+	slow := must(wc.NewElection(name)).Observe(ctx)
 	nextChange(t, slow)
-	fast := wc.NewElection(name).Observe(ctx)
+	fast := must(wc.NewElection(name)).Observe(ctx)
 	nextChange(t, fast)
 	if err := e.Campaign(ctx, "v1"); err != nil {
 		t.Fatal(err)

@@ -118,7 +118,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 		c    *Client
 		into *[]Leadership
 	}{{watcher, &seen}, {direct, &ref}} {
-		obs := o.c.NewElection(name).Observe(ctx)
+		obs := must(o.c.NewElection(name)).Observe(ctx)
 		obsDone.Add(1)
 		go func() {
 			defer obsDone.Done()
@@ -166,7 +166,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 					cw.Add(1)
 					go func() {
 						defer cw.Done()
-						e := c.NewElection(name)
+						e := must(c.NewElection(name))
 						for time.Now().Before(life) && time.Now().Before(stop) {
 							d := time.Duration(krng.Int64N(int64(5 * time.Millisecond)))
 							if krng.IntN(10) == 0 {
@@ -250,7 +250,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 		var final Leadership
 		redistest.Eventually(t, 5*time.Second, "nobody leading", func() bool {
 			var err error
-			final, err = direct.NewElection(name).Leader(ctx)
+			final, err = must(direct.NewElection(name)).Leader(ctx)
 			return errors.Is(err, ErrNoLeader)
 		})
 		redistest.Eventually(t, 10*time.Second, what+" seeing nobody leading", func() bool {
@@ -270,7 +270,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 	// watcher last saw nobody leading), tells the watcher: only the state
 	// it reads when it subscribes again.
 	wproxy.SetBlackhole(true)
-	e := direct.NewElection(name)
+	e := must(direct.NewElection(name))
 	if err := e.Campaign(ctx, "epilogue"); err != nil {
 		t.Fatal(err)
 	}

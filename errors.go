@@ -26,9 +26,17 @@ var (
 	// ErrClosed is returned by every call on a closed Client and by calls
 	// that were waiting when it was closed.
 	ErrClosed = errors.New("redisync: client closed")
+	// ErrInvalid is wrapped by every error that reports an argument the
+	// call cannot take, before any call to Redis: a bad name, option,
+	// number of permits, value, set of names or nodes (each has its own
+	// sentinel below, which errors.Is also sees), and the use of a zero
+	// value of a primitive, which only its constructor makes usable. Such
+	// an error is a mistake in the calling code: trying again does not
+	// help.
+	ErrInvalid = errors.New("redisync: invalid argument")
 	// ErrNilClient is returned by New given a nil Redis client, and by
 	// NewRedlock given a nil node.
-	ErrNilClient = errors.New("redisync: nil redis client")
+	ErrNilClient = invalid("redisync: nil redis client")
 	// ErrUnsupportedClient is returned by New, and NewRedlock, given a
 	// Redis client that redisync cannot use (see New).
 	ErrUnsupportedClient = errors.New("redisync: unsupported redis client")
@@ -40,13 +48,13 @@ var (
 	ErrUnsupportedServer = errors.New("redisync: unsupported redis server")
 	// ErrInvalidName is returned for an empty name, one longer than
 	// MaxNameLen bytes, or one that starts with '}'.
-	ErrInvalidName = errors.New("redisync: invalid name")
+	ErrInvalidName = invalid("redisync: invalid name")
 	// ErrInvalidOption is returned when an option is out of its range (a
 	// lease that is not positive or longer than MaxLease, a key prefix
 	// with braces, ...): by New and NewRedlock for their own options, by
 	// every call of a value given one, and for such a lease given to
 	// Mutex.Extend.
-	ErrInvalidOption = errors.New("redisync: invalid option")
+	ErrInvalidOption = invalid("redisync: invalid option")
 	// ErrNotReplicated is returned, with WithReplicas, when fewer replicas
 	// than asked acknowledged an acquisition in time. The acquisition was
 	// undone.
@@ -73,7 +81,7 @@ var (
 	// ErrInvalidPermits is returned, before any call to Redis, for a
 	// Semaphore size that is not positive or exceeds MaxSemaphoreSize, or a
 	// number of permits that is not positive or exceeds the size.
-	ErrInvalidPermits = errors.New("redisync: invalid number of permits")
+	ErrInvalidPermits = invalid("redisync: invalid number of permits")
 	// ErrTooManyReleased is returned by Semaphore.Release when asked to
 	// release more permits than the Semaphore holds. Nothing is released.
 	// When it holds none, the error is ErrNotHeld too (errors.Is).
@@ -87,11 +95,11 @@ var (
 	// *NodeErrors.
 	ErrQuorum = errors.New("redisync: no quorum of redlock nodes")
 	// ErrNoNodes is returned by NewRedlock given no nodes.
-	ErrNoNodes = errors.New("redisync: no redlock nodes")
+	ErrNoNodes = invalid("redisync: no redlock nodes")
 	// ErrDuplicateNode is returned by NewRedlock given the same Redis
 	// client (or two *redis.Client with the same address and database)
 	// twice: one server counted twice would break the majority.
-	ErrDuplicateNode = errors.New("redisync: duplicate redlock node")
+	ErrDuplicateNode = invalid("redisync: duplicate redlock node")
 	// ErrUpgrade is returned at once by RWMutex.Lock and TryLock when the
 	// RWMutex holds only reads: a read is never upgraded to a write (two
 	// readers upgrading would wait for each other for good). Release the
@@ -106,6 +114,18 @@ var (
 	// released anything.
 	ErrUnconfirmed = errors.New("redisync: release not confirmed")
 )
+
+// invalid returns a sentinel for one kind of invalid argument: errors.Is
+// finds ErrInvalid in it too.
+func invalid(msg string) error { return &invalidError{msg} }
+
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string        { return e.msg }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
+
+// errZeroValue is the error of every call of a primitive's zero value.
+var errZeroValue = invalid("redisync: a zero value: make it with its constructor (Client.NewMutex, ...)")
 
 // NodeErrors lists the nodes of a Redlock that failed in one call, each
 // with its cause. Lock, TryLock and Unlock wrap it with ErrQuorum when too
@@ -308,11 +328,11 @@ func quote(name string) string {
 var (
 	// ErrNoNames is returned by the calls of a MultiMutex made with no
 	// names.
-	ErrNoNames = errors.New("redisync: no lock names")
+	ErrNoNames = invalid("redisync: no lock names")
 	// ErrTooManyNames is returned by the calls of a MultiMutex made with
 	// more than MaxMultiNames names. Hold fewer names at once.
-	ErrTooManyNames = errors.New("redisync: too many lock names")
+	ErrTooManyNames = invalid("redisync: too many lock names")
 	// ErrDuplicateName is returned by the calls of a MultiMutex given the
 	// same name twice: a set holds each name once.
-	ErrDuplicateName = errors.New("redisync: duplicate lock name")
+	ErrDuplicateName = invalid("redisync: duplicate lock name")
 )

@@ -15,7 +15,7 @@ func TestOpErrorNamesTheOperationAndTheName(t *testing.T) {
 	if err := mr.Set("redisync:lock:{x}", "not a lock"); err != nil {
 		t.Fatal(err)
 	}
-	err := newClient(t, rdb).NewMutex("x").Lock(ctx)
+	err := must(newClient(t, rdb).NewMutex("x")).Lock(ctx)
 	var oe *OpError
 	if !errors.As(err, &oe) || oe.Op != "lock" || oe.Name != "x" || !errors.Is(err, ErrWrongType) {
 		t.Fatalf("Lock: %v (%#v); want an *OpError of lock on x wrapping ErrWrongType", err, oe)
@@ -48,8 +48,8 @@ func TestNodeErrorIsFoundByErrorsAs(t *testing.T) {
 func TestUnconfirmedReleaseIsErrUnconfirmed(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("m")
-	s := c.NewSemaphore("s", 2)
+	m := must(c.NewMutex("m"))
+	s := must(c.NewSemaphore("s", 2))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestUnconfirmedReleaseIsErrUnconfirmed(t *testing.T) {
 	if err := s.Release(short(), 1); !errors.Is(err, ErrUnconfirmed) {
 		t.Errorf("Release with Redis failing: %v, want ErrUnconfirmed", err)
 	}
-	if err := c.NewMutex("n").Lock(short()); err == nil || errors.Is(err, ErrUnconfirmed) {
+	if err := must(c.NewMutex("n")).Lock(short()); err == nil || errors.Is(err, ErrUnconfirmed) {
 		t.Errorf("Lock with Redis failing: %v, want an error that is not ErrUnconfirmed", err)
 	}
 }
@@ -79,15 +79,15 @@ func TestUnconfirmedReleaseIsErrUnconfirmed(t *testing.T) {
 func TestNothingHeldIsErrNotHeldEverywhere(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	rw := c.NewRWMutex("rw")
-	e := c.NewElection("e")
-	s := c.NewSemaphore("s", 2)
+	rw := must(c.NewRWMutex("rw"))
+	e := must(c.NewElection("e"))
+	s := must(c.NewSemaphore("s", 2))
 	for what, err := range map[string]error{
-		"Mutex.Unlock":      c.NewMutex("m").Unlock(ctx),
-		"Mutex.Extend":      c.NewMutex("m").Extend(ctx, time.Minute),
+		"Mutex.Unlock":      must(c.NewMutex("m")).Unlock(ctx),
+		"Mutex.Extend":      must(c.NewMutex("m")).Extend(ctx, time.Minute),
 		"RWMutex.Unlock":    rw.Unlock(ctx),
 		"RWMutex.RUnlock":   rw.RUnlock(ctx),
-		"MultiMutex.Unlock": c.NewMultiMutex([]string{"a", "b"}).Unlock(ctx),
+		"MultiMutex.Unlock": must(c.NewMultiMutex([]string{"a", "b"})).Unlock(ctx),
 		"Semaphore.Release": s.Release(ctx, 1),
 		"Election.Resign":   e.Resign(ctx),
 		"Election.Proclaim": e.Proclaim(ctx, "v"),

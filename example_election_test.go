@@ -24,10 +24,17 @@ func ExampleElection() {
 
 	watch, cancel := context.WithCancel(ctx)
 	defer cancel()
-	changes := client.NewElection("scheduler").Observe(watch)
+	observer, err := client.NewElection("scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
+	changes := observer.Observe(watch)
 	fmt.Println("leads:", (<-changes).Leads()) // the state at first: nobody
 
-	a := client.NewElection("scheduler") // one candidate per value
+	a, err := client.NewElection("scheduler") // one candidate per value
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := a.Campaign(ctx, "10.0.0.1:8080"); err != nil {
 		log.Fatal(err)
 	}
@@ -36,7 +43,10 @@ func ExampleElection() {
 	// resources it writes.
 	fmt.Println("observed:", (<-changes).Value)
 
-	b := client.NewElection("scheduler")
+	b, err := client.NewElection("scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
 	won := make(chan error)
 	go func() { won <- b.Campaign(ctx, "10.0.0.2:8080") }()
 
@@ -66,7 +76,7 @@ func ExampleElection() {
 	}
 	l := <-changes
 	fmt.Println("observed:", l.Value, "with b's token:", l.Token == b.Token())
-	leader, err := client.NewElection("scheduler").Leader(ctx)
+	leader, err := observer.Leader(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}

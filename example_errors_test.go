@@ -23,12 +23,7 @@ func whatToDo(err error) string {
 		return "the hold was lost: stop, another owner may have it"
 	case errors.Is(err, redisync.ErrClosed):
 		return "the Client is closed: shutting down"
-	case errors.Is(err, redisync.ErrNotHeld),
-		errors.Is(err, redisync.ErrTooManyReleased),
-		errors.Is(err, redisync.ErrInvalidName),
-		errors.Is(err, redisync.ErrInvalidOption),
-		errors.Is(err, redisync.ErrInvalidPermits),
-		errors.Is(err, redisync.ErrNoNodes):
+	case errors.Is(err, redisync.ErrInvalid), errors.Is(err, redisync.ErrNotHeld):
 		return "a bug in the caller: nothing was sent to Redis"
 	case errors.Is(err, redisync.ErrWrongType), errors.Is(err, redisync.ErrSizeMismatch):
 		return "Redis holds other data under this name: nothing was written"
@@ -54,23 +49,36 @@ func Example_errors() {
 	}
 	defer other.Close()
 
-	held := other.NewMutex("report")
+	held, err := other.NewMutex("report")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := held.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	m, err := client.NewMutex("report")
+	if err != nil {
 		log.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	fmt.Println("Lock, held elsewhere:", whatToDo(client.NewMutex("report").Lock(short)))
+	fmt.Println("Lock, held elsewhere:", whatToDo(m.Lock(short)))
+	fmt.Println("Unlock, not held:", whatToDo(m.Unlock(ctx)))
 
-	fmt.Println("Unlock, not held:", whatToDo(client.NewMutex("report").Unlock(ctx)))
-	fmt.Println("empty name:", whatToDo(client.NewMutex("").Lock(ctx)))
-	fmt.Println("lease of 0:", whatToDo(client.NewMutex("report", redisync.WithFixedLease(0)).Lock(ctx)))
+	_, err = client.NewMutex("")
+	fmt.Println("empty name:", whatToDo(err))
+	_, err = client.NewMutex("report", redisync.WithFixedLease(0))
+	fmt.Println("lease of 0:", whatToDo(err))
 
 	rdb.Set(ctx, "redisync:lock:{config}", "not a lock", 0)
-	fmt.Println("key of another type:", whatToDo(client.NewMutex("config").Lock(ctx)))
+	config, err := client.NewMutex("config")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("key of another type:", whatToDo(config.Lock(ctx)))
 
 	client.Close()
-	fmt.Println("after Close:", whatToDo(client.NewMutex("report").Lock(ctx)))
+	fmt.Println("after Close:", whatToDo(m.Lock(ctx)))
 	// Output:
 	// Lock, held elsewhere: gave up waiting: nothing is held, try again later
 	// Unlock, not held: a bug in the caller: nothing was sent to Redis

@@ -20,7 +20,10 @@ func ExampleClient_InspectLock() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	m := client.NewMutex("reindex")
+	m, err := client.NewMutex("reindex")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}

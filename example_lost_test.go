@@ -59,7 +59,10 @@ func ExampleMutex_Lost() {
 	// watchdog could not renew (Redis unreachable for longer than the
 	// lease, say). Lost closes when it runs out, before Redis can give the
 	// lock to anyone else.
-	m := client.NewMutex("search-index", redisync.WithFixedLease(100*time.Millisecond))
+	m, err := client.NewMutex("search-index", redisync.WithFixedLease(100*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -35,7 +35,10 @@ func ExampleMultiMutex() {
 	defer cancel()
 	balance := map[string]int{"acct:alice": 100, "acct:bob": 100}
 	transfer := func(from, to string, amount int) error {
-		both := client.NewMultiMutex([]string{from, to}) // one owner per transfer
+		both, err := client.NewMultiMutex([]string{from, to}) // one owner per transfer
+		if err != nil {
+			log.Fatal(err)
+		}
 		return both.Do(ctx, func(ctx context.Context) error {
 			// Both accounts are held; a write to a store that checks
 			// fencing tokens would carry both.Tokens().
@@ -59,9 +62,8 @@ func ExampleMultiMutex() {
 	wg.Wait()
 	fmt.Println(balance["acct:alice"], balance["acct:bob"])
 
-	// A set that names an account twice is refused, before any call to
-	// Redis.
-	err = client.NewMultiMutex([]string{"acct:alice", "acct:alice"}).Lock(ctx)
+	// A set that names an account twice is refused where it is made.
+	_, err = client.NewMultiMutex([]string{"acct:alice", "acct:alice"})
 	fmt.Println(errors.Is(err, redisync.ErrDuplicateName))
 	// Output:
 	// 100 100

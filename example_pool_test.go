@@ -24,7 +24,10 @@ func runPool(ctx context.Context, client *redisync.Client, jobs []int, wait time
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
-			quota := client.NewSemaphore("export", 2) // one value per worker: each is a holder
+			quota, err := client.NewSemaphore("export", 2) // one value per worker: each is a holder
+			if err != nil {
+				log.Fatal(err)
+			}
 			for job := range queue {
 				err := runJob(ctx, quota, wait, func() { export(job) })
 				switch {
@@ -80,7 +83,10 @@ func ExampleSemaphore_workerPool() {
 		log.Fatal(err)
 	}
 	defer otherHost.Close()
-	theirs := otherHost.NewSemaphore("export", 2)
+	theirs, err := otherHost.NewSemaphore("export", 2)
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := theirs.Acquire(ctx, 2); err != nil {
 		log.Fatal(err)
 	}

@@ -26,7 +26,10 @@ func ExampleRedlock() {
 	}
 	defer rl.Close()
 
-	m := rl.NewMutex("ledger") // one value per owner, as with Mutex
+	m, err := rl.NewMutex("ledger") // one value per owner, as with Mutex
+	if err != nil {
+		log.Fatal(err)
+	}
 	switch err := m.Lock(ctx); {
 	case errors.Is(err, redisync.ErrQuorum):
 		// Fewer than a majority of the nodes answered: which, and why.

@@ -31,7 +31,14 @@ func ExampleRWMutex() {
 	defer cancel()
 
 	// Readers share the lock.
-	r1, r2 := client.NewRWMutex("config"), client.NewRWMutex("config")
+	r1, err := client.NewRWMutex("config")
+	if err != nil {
+		log.Fatal(err)
+	}
+	r2, err := client.NewRWMutex("config")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := r1.RLock(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -39,7 +46,10 @@ func ExampleRWMutex() {
 	fmt.Println("two readers at once:", ok)
 
 	// A writer waits for them; readers that come after it queue behind it.
-	w := client.NewRWMutex("config")
+	w, err := client.NewRWMutex("config")
+	if err != nil {
+		log.Fatal(err)
+	}
 	ok, _ = w.TryLock(ctx)
 	fmt.Println("writer beside readers:", ok)
 	_ = r1.RUnlock(ctx)

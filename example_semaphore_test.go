@@ -36,7 +36,10 @@ func ExampleSemaphore() {
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
-			gpus := client.NewSemaphore("gpu", 2) // one holder per job
+			gpus, err := client.NewSemaphore("gpu", 2) // one holder per job
+			if err != nil {
+				log.Fatal(err)
+			}
 			if err := gpus.Acquire(ctx, 1); err != nil {
 				fmt.Println(err)
 				return
@@ -53,7 +56,11 @@ func ExampleSemaphore() {
 	fmt.Println("never more than 2 jobs at once:", most.Load() <= 2)
 
 	// A Semaphore with another size for the same name is refused.
-	err = client.NewSemaphore("gpu", 3).Acquire(ctx, 1)
+	bigger, err := client.NewSemaphore("gpu", 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = bigger.Acquire(ctx, 1)
 	fmt.Println(errors.Is(err, redisync.ErrSizeMismatch))
 	// Output:
 	// never more than 2 jobs at once: true
@@ -72,8 +79,14 @@ func ExampleSemaphore_TryAcquire() {
 	}
 	defer client.Close()
 
-	a := client.NewSemaphore("build-slots", 3)
-	b := client.NewSemaphore("build-slots", 3) // another holder
+	a, err := client.NewSemaphore("build-slots", 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := client.NewSemaphore("build-slots", 3) // another holder
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := a.Acquire(ctx, 2); err != nil {
 		panic(err)
 	}

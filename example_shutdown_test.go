@@ -41,7 +41,10 @@ func Example_gracefulShutdown() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	m := client.NewMutex("singleton-cron")
+	m, err := client.NewMutex("singleton-cron")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err) // a signal while Lock waits ends it with ctx's error
 	}
@@ -65,7 +68,11 @@ func Example_gracefulShutdown() {
 		log.Fatal(err)
 	}
 	defer next.Close()
-	ok, err := next.NewMutex("singleton-cron").TryLock(context.Background())
+	again, err := next.NewMutex("singleton-cron")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ok, err := again.TryLock(context.Background())
 	fmt.Println("next replica takes over at once:", ok, err)
 	// Output:
 	// leader: running the job

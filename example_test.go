@@ -35,7 +35,10 @@ func ExampleMutex() {
 	}
 	defer client.Close()
 
-	report := client.NewMutex("nightly-report") // one value, shared
+	report, err := client.NewMutex("nightly-report") // one value, shared
+	if err != nil {
+		log.Fatal(err)
+	}
 	counter := 0
 	var wg sync.WaitGroup
 	for range 3 {
@@ -67,7 +70,10 @@ func ExampleMutex_Token() {
 	}
 	defer client.Close()
 
-	m := client.NewMutex("nightly-report")
+	m, err := client.NewMutex("nightly-report")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -96,7 +102,14 @@ func ExampleMutex_TryLock() {
 	}
 	defer client.Close()
 
-	a, b := client.NewMutex("job"), client.NewMutex("job")
+	a, err := client.NewMutex("job")
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := client.NewMutex("job")
+	if err != nil {
+		log.Fatal(err)
+	}
 	_ = a.Lock(ctx)
 	ok, err := b.TryLock(ctx) // never waits
 	fmt.Println("b got it while a holds it:", ok, err)
@@ -121,7 +134,10 @@ func Example_fair() {
 
 	// Waiters of a Mutex are served in arrival order across every
 	// process, and a release hands the lock straight to the next one.
-	m := client.NewMutex("deploy")
+	m, err := client.NewMutex("deploy")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -142,7 +158,10 @@ func ExampleBarging() {
 
 	// A barging Mutex takes a free lock at once, whoever waited longer:
 	// Redisson's behaviour, for a lock that is rarely contended.
-	m := client.NewMutex("cache-refresh", redisync.Barging())
+	m, err := client.NewMutex("cache-refresh", redisync.Barging())
+	if err != nil {
+		log.Fatal(err)
+	}
 	ok, err := m.TryLock(ctx)
 	fmt.Println("took it:", ok, err)
 	_ = m.Unlock(ctx)
@@ -161,7 +180,10 @@ func ExampleMutex_Do() {
 	}
 	defer client.Close()
 
-	m := client.NewMutex("nightly-report")
+	m, err := client.NewMutex("nightly-report")
+	if err != nil {
+		log.Fatal(err)
+	}
 	err = m.Do(ctx, func(ctx context.Context) error {
 		// Pass ctx to the work: it is cancelled, with context.Cause
 		// ErrLockLost, if the lock is lost. A Do (or Lock) of m with it

@@ -85,8 +85,8 @@ func TestForgedGrantIsNotBelieved(t *testing.T) {
 	rdb := redistest.Client(t)
 	name := redistest.Name(t)
 	k := schema.LockKeys(schema.DefaultPrefix, name)
-	holder := newClient(t, rdb).NewMutex(name)
-	waiter := newClient(t, rdb, WithLabel("app")).NewMutex(name)
+	holder := must(newClient(t, rdb).NewMutex(name))
+	waiter := must(newClient(t, rdb, WithLabel("app")).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -130,8 +130,8 @@ func TestForgedSemaphoreGrantIsNotBelieved(t *testing.T) {
 	rdb := redistest.Client(t)
 	name := redistest.Name(t)
 	k := schema.SemaphoreKeys(schema.DefaultPrefix, name)
-	holder := newClient(t, rdb).NewSemaphore(name, 1)
-	waiter := newClient(t, rdb, WithLabel("app")).NewSemaphore(name, 1)
+	holder := must(newClient(t, rdb).NewSemaphore(name, 1))
+	waiter := must(newClient(t, rdb, WithLabel("app")).NewSemaphore(name, 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestTicketsHaveARandomPart(t *testing.T) {
 			t.Fatalf("ticket %d is %q: want %q, the number, '.' and a new random part in hex", i, ticket, "a/b-3#4:x/"+c.id+"-")
 		}
 		seen[random] = true
-		s := c.NewSemaphore("s", 2)
+		s := must(c.NewSemaphore("s", 2))
 		w1, w2 := s.nextWaiter(ticket), s.nextWaiter(ticket)
 		d1, _ := strings.CutPrefix(w1, ticket+"#")
 		d2, _ := strings.CutPrefix(w2, ticket+"#")

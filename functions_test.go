@@ -59,7 +59,7 @@ func clientSending(t *testing.T, rdb *redis.Client) (*Client, *sentCommands) {
 // lockUnlock takes the lock name with a Mutex of c, and gives it back.
 func lockUnlock(t *testing.T, c *Client, name string) {
 	t.Helper()
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestFunctionNameTakenFallsBackToScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
-	m := c.NewMutex("a")
+	m := must(c.NewMutex("a"))
 	if err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestReadOnlyFunctionsRunOutOfMemory(t *testing.T) {
 	s := redistest.Spawn(t)
 	admin := redistest.NewClient(t, s.Addr)
 	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
-	m := c.NewMutex("a", WithLease(time.Minute))
+	m := must(c.NewMutex("a", WithLease(time.Minute)))
 	if err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func TestReadOnlyFunctionsRunOutOfMemory(t *testing.T) {
 func TestFunctionsReadTheClockPerCall(t *testing.T) {
 	s := redistest.Spawn(t)
 	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
-	m := c.NewMutex("a", WithLease(5*time.Second))
+	m := must(c.NewMutex("a", WithLease(5*time.Second)))
 	if err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}

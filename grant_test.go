@@ -71,7 +71,7 @@ func TestFairGrantReachesOnlyTheGranteesClient(t *testing.T) {
 	k := schema.LockKeys(schema.DefaultPrefix, "g")
 	msgs := listen(t, rdb, k.Channel+"*")
 
-	holder, wa, wb := a.NewMutex("g"), a.NewMutex("g"), b.NewMutex("g")
+	holder, wa, wb := must(a.NewMutex("g")), must(a.NewMutex("g")), must(b.NewMutex("g"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -117,11 +117,11 @@ func TestSemaphoreGrantsReachOnlyTheGranteesClients(t *testing.T) {
 	k := schema.SemaphoreKeys(schema.DefaultPrefix, "s")
 	msgs := listen(t, rdb, k.Channel+"*")
 
-	holder := a.NewSemaphore("s", 3)
+	holder := must(a.NewSemaphore("s", 3))
 	if err := holder.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	wa1, wa2, wb := a.NewSemaphore("s", 3), a.NewSemaphore("s", 3), b.NewSemaphore("s", 3)
+	wa1, wa2, wb := must(a.NewSemaphore("s", 3)), must(a.NewSemaphore("s", 3)), must(b.NewSemaphore("s", 3))
 	var done []<-chan error
 	for i, w := range []*Semaphore{wa1, wb, wa2} {
 		done = append(done, acquireAsync(ctx, w, 1))
@@ -181,7 +181,7 @@ func TestInspectCountsOnlyItsOwnGrantChannels(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	const other = "n}:ch:evil"
-	holder, waiter := c.NewMutex(other, Barging()), c.NewMutex(other, Barging())
+	holder, waiter := must(c.NewMutex(other, Barging())), must(c.NewMutex(other, Barging()))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

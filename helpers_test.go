@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"net"
 	"slices"
 	"strings"
@@ -397,4 +398,27 @@ func serverLockState(t *testing.T, rdb redis.Cmdable, k schema.Lock) (schema.Loc
 		t.Fatalf("%s is no lock hash of layout %d: %q", k.Hash, schema.Layout, h)
 	}
 	return s, now.UnixMilli()
+}
+
+// must returns v, a value that a constructor made, and panics with err,
+// the constructor's error: a test whose arguments are valid by design
+// fails at once (and loudly) if they are not.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// errOf returns the error of a constructor's call.
+func errOf[T any](_ T, err error) error { return err }
+
+// checkInvalid fails t unless err, a constructor's error, is an *OpError
+// whose cause is want, and ErrInvalid.
+func checkInvalid(t *testing.T, err, want error) {
+	t.Helper()
+	var oe *OpError
+	if !errors.As(err, &oe) || !errors.Is(err, want) || !errors.Is(err, ErrInvalid) {
+		t.Errorf("got %v, want an *OpError of %v and ErrInvalid", err, want)
+	}
 }

@@ -16,7 +16,7 @@ import (
 func TestMutexHoldContext(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 
 	hctx, cancel := m.HoldContext(ctx)
 	if !errors.Is(context.Cause(hctx), ErrNotHeld) {
@@ -87,7 +87,7 @@ func TestMutexHoldContext(t *testing.T) {
 func TestMutexDo(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	boom := errors.New("boom")
 	err := m.Do(ctx, func(ctx context.Context) error {
 		if !lockHeld(t, mr, "redisync:lock:{job}") || ctx.Err() != nil {
@@ -119,7 +119,7 @@ func TestMutexDo(t *testing.T) {
 func TestSemaphoreDo(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	s := c.NewSemaphore("s", 3)
+	s := must(c.NewSemaphore("s", 3))
 	err := s.Do(ctx, 2, func(ctx context.Context) error {
 		if s.Held() != 2 || permitsOf(mr, s) != "2" || ctx.Err() != nil {
 			t.Errorf("fn runs holding %d, Redis counts %s", s.Held(), permitsOf(mr, s))
@@ -141,7 +141,7 @@ func TestSemaphoreDo(t *testing.T) {
 func TestRedMutexHoldContextAndDo(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	r := newRedlock(t, rdbs, WithCrashTimeout(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
-	m := r.NewMutex("l")
+	m := must(r.NewMutex("l"))
 	if hctx, cancel := m.HoldContext(ctx); !errors.Is(context.Cause(hctx), ErrNotHeld) {
 		t.Errorf("without a hold: cause %v, want ErrNotHeld", context.Cause(hctx))
 	} else {
@@ -212,7 +212,7 @@ func TestRedMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	obs := &hookObserver{}
 	r := newRedlock(t, rdbs, WithObserver(obs), WithCrashTimeout(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond))
-	m := r.NewMutex("l")
+	m := must(r.NewMutex("l"))
 	key := "redisync:lock:{l}"
 
 	var fired atomic.Bool
@@ -279,7 +279,7 @@ func TestMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	obs := &hookObserver{}
 	c := newClient(t, rdb, WithObserver(obs))
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 
 	var fired atomic.Bool
 	other := make(chan error, 1)
@@ -327,7 +327,7 @@ func TestMutexHoldContextLiveAfterLostCloses(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestMutexHoldContextLiveAfterLostCloses(t *testing.T) {
 func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	done := make(chan error, 1)
 	err := m.Do(ctx, func(hctx context.Context) error {
 		mr.Del("redisync:lock:{job}")
@@ -397,30 +397,30 @@ func TestLostWithoutAHoldIsClosed(t *testing.T) {
 	}
 	prims := map[string]func(name string) primitive{
 		"Mutex": func(name string) primitive {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			return primitive{m.Lock, m.Unlock, m.Lost}
 		},
 		"RWMutex": func(name string) primitive {
-			m := c.NewRWMutex(name)
+			m := must(c.NewRWMutex(name))
 			return primitive{m.Lock, m.Unlock, m.Lost}
 		},
 		"Semaphore": func(name string) primitive {
-			s := c.NewSemaphore(name, 1)
+			s := must(c.NewSemaphore(name, 1))
 			return primitive{
 				func(ctx context.Context) error { return s.Acquire(ctx, 1) },
 				func(ctx context.Context) error { return s.Release(ctx, 1) },
 				s.Lost}
 		},
 		"MultiMutex": func(name string) primitive {
-			m := c.NewMultiMutex([]string{name, name + "-b"})
+			m := must(c.NewMultiMutex([]string{name, name + "-b"}))
 			return primitive{m.Lock, m.Unlock, m.Lost}
 		},
 		"RedMutex": func(name string) primitive {
-			m := r.NewMutex(name)
+			m := must(r.NewMutex(name))
 			return primitive{m.Lock, m.Unlock, m.Lost}
 		},
 		"Election": func(name string) primitive {
-			e := c.NewElection(name)
+			e := must(c.NewElection(name))
 			return primitive{
 				func(ctx context.Context) error { return e.Campaign(ctx, "v") },
 				e.Resign, e.Lost}
@@ -435,7 +435,7 @@ func TestLostWithoutAHoldIsClosed(t *testing.T) {
 		}
 	}
 	t.Run("RWMutex reads", func(t *testing.T) {
-		rw := c.NewRWMutex("lost-reads")
+		rw := must(c.NewRWMutex("lost-reads"))
 		if err := rw.RLock(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -30,7 +30,7 @@ func TestInspectLockFreeHeldAndQueued(t *testing.T) {
 		t.Fatalf("a lock never taken: %+v", st)
 	}
 
-	m := holder.NewMutex("job")
+	m := must(holder.NewMutex("job"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestInspectLockFreeHeldAndQueued(t *testing.T) {
 	defer wg.Wait()
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ma, mb := waitA.NewMutex("job"), waitB.NewMutex("job")
+	ma, mb := must(waitA.NewMutex("job")), must(waitB.NewMutex("job"))
 	errs := make(chan error, 2)
 	queued := func(n int) func() bool {
 		return func() bool {
@@ -132,7 +132,7 @@ func TestInspectSemaphoreWeightedAndExpired(t *testing.T) {
 		t.Fatalf("a semaphore never used: %+v", st)
 	}
 
-	sa, sb := a.NewSemaphore("gpus", 5), b.NewSemaphore("gpus", 5)
+	sa, sb := must(a.NewSemaphore("gpus", 5)), must(b.NewSemaphore("gpus", 5))
 	if err := sa.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestInspectSemaphoreWeightedAndExpired(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- w.NewSemaphore("gpus", 5).Acquire(wctx, 2) }()
+	go func() { done <- must(w.NewSemaphore("gpus", 5)).Acquire(wctx, 2) }()
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool {
 		st, err := a.InspectSemaphore(ctx, "gpus")
 		return err == nil && len(st.Queue) == 1
@@ -233,13 +233,13 @@ func TestInspectSemaphoreWaiterWithHashInLabel(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	a := newClient(t, rdb, WithLabel("a"))
 	w := newClient(t, rdb, WithLabel("pool#2"))
-	sa := a.NewSemaphore("gpus", 1)
+	sa := must(a.NewSemaphore("gpus", 1))
 	if err := sa.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	sw := w.NewSemaphore("gpus", 1)
+	sw := must(w.NewSemaphore("gpus", 1))
 	go func() { done <- sw.Acquire(wctx, 1) }()
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool {
 		st, err := a.InspectSemaphore(ctx, "gpus")
@@ -318,7 +318,7 @@ func TestInspectLockReadsTheFirstPageOfALongQueue(t *testing.T) {
 	rec := &readRecorder{}
 	addHook(rdb, rec)
 	c := newClient(t, rdb, WithLabel("holder"))
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ func TestLabelsIdentifyHolders(t *testing.T) {
 	host, _ := os.Hostname()
 	def := host + "/" + strconv.Itoa(os.Getpid()) + "/"
 	fields := func(key string) []string { return holdIDs(t, mr, key) }
-	m := newClient(t, rdb).NewMutex("a")
+	m := must(newClient(t, rdb).NewMutex("a"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -24,9 +24,9 @@ func TestLabelsIdentifyHolders(t *testing.T) {
 	}
 
 	c := newClient(t, rdb, WithLabel("billing-cron"))
-	b := c.NewMutex("b")
-	own := c.NewMutex("c", WithLabel("web-3/worker-7"))
-	s := c.NewSemaphore("s", 2)
+	b := must(c.NewMutex("b"))
+	own := must(c.NewMutex("c", WithLabel("web-3/worker-7")))
+	s := must(c.NewSemaphore("s", 2))
 	for _, x := range []*Mutex{b, own} {
 		if err := x.Lock(ctx); err != nil {
 			t.Fatal(err)

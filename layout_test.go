@@ -35,7 +35,7 @@ func TestLayoutOfAHeldLockIsChecked(t *testing.T) {
 			}
 			mr.SetTTL(key, time.Minute)
 			before := mr.Dump()
-			for _, m := range []*Mutex{c.NewMutex("job", Barging()), c.NewMutex("job")} {
+			for _, m := range []*Mutex{must(c.NewMutex("job", Barging())), must(c.NewMutex("job"))} {
 				if ok, err := m.TryLock(ctx); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), tt.says) {
 					t.Errorf("TryLock: %v, %v; want ErrLayout naming %s", ok, err, tt.says)
 				}
@@ -79,7 +79,7 @@ func TestLayoutOfAFreeLockIsTakenOver(t *testing.T) {
 	if err := mr.Set(k.Hash+":token", strconv.FormatInt(last, 10)); err != nil {
 		t.Fatal(err)
 	}
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		}
 		mr.HSet(k.Holders, "other-version/abc-1", "2:1")
 		before := mr.Dump()
-		s := c.NewSemaphore("pool", 5)
+		s := must(c.NewSemaphore("pool", 5))
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := s.Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 1") {
@@ -129,7 +129,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		}
 		mr.HSet(k.Holders, "other-version/abc-1", "2:1")
 		before := mr.Dump()
-		if ok, err := c.NewSemaphore("pool", 5).TryAcquire(ctx, 1); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 2") {
+		if ok, err := must(c.NewSemaphore("pool", 5)).TryAcquire(ctx, 1); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 2") {
 			t.Errorf("TryAcquire: %v, %v; want ErrLayout", ok, err)
 		}
 		mr.Del(k.Withdrawn)
@@ -145,7 +145,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := mr.Dump()
-		if ok, err := c.NewSemaphore("pool", 3).TryAcquire(ctx, 3); ok || !errors.Is(err, ErrLayout) {
+		if ok, err := must(c.NewSemaphore("pool", 3)).TryAcquire(ctx, 3); ok || !errors.Is(err, ErrLayout) {
 			t.Errorf("TryAcquire: %v, %v; want ErrLayout (the holder's permits are not counted)", ok, err)
 		}
 		mr.Del(k.Withdrawn)
@@ -162,7 +162,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		mr.ZAdd(k.Queue, 1, "other-version/abc-1#1")
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := c.NewSemaphore("pool", 5).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 4") {
+		if err := must(c.NewSemaphore("pool", 5)).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 4") {
 			t.Errorf("Acquire: %v; want ErrLayout", err)
 		}
 	})
@@ -172,7 +172,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		if err := mr.Set(k.Size, "5"); err != nil {
 			t.Fatal(err)
 		}
-		s := c.NewSemaphore("pool", 3) // an idle semaphore's old size does not bind
+		s := must(c.NewSemaphore("pool", 3)) // an idle semaphore's old size does not bind
 		if err := s.Acquire(ctx, 3); err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +209,7 @@ func TestLayout2ScriptsRefuseALayout3Lock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	k := schema.LockKeys("redisync", "job")
 	c := newClient(t, rdb)
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	acquire := layout2Script(t, "acquire.lua")
 	old := "old-version/abc-1"
 	for _, held := range []bool{true, false} {
@@ -247,7 +247,7 @@ func TestLayoutRefusalHoldsNothing(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
 	k := schema.LockKeys("redisync", "job")
-	warm := c.NewMutex("warm-up") // loads the scripts: one EVALSHA each from here on
+	warm := must(c.NewMutex("warm-up")) // loads the scripts: one EVALSHA each from here on
 	if err := warm.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestLayoutRefusalHoldsNothing(t *testing.T) {
 	mr.SetTTL(k.Hash, time.Minute)
 	before := mr.Dump()
 	n0 := cnt.n.Load()
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, ErrLayout) {
 		t.Fatalf("TryLock: %v, %v; want ErrLayout", ok, err)
 	}

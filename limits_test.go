@@ -113,7 +113,7 @@ func manyNames(prefix string, n int) []string {
 func TestMultiMutexAtMaxMultiNames(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMultiMutex(manyNames("at-max-", MaxMultiNames))
+	m := must(c.NewMultiMutex(manyNames("at-max-", MaxMultiNames)))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -163,20 +163,20 @@ func TestMutexQueueFullRefusesTheNextLock(t *testing.T) {
 	// No renewals, and heartbeats every 20 s: none runs while the test
 	// compares the state.
 	opts := []Option{WithMaxWaiters(3), WithRecheck(time.Hour), WithWaiterTimeout(time.Minute), WithFixedLease(time.Minute)}
-	holder := newClient(t, rdb, opts...).NewMutex("full")
+	holder := must(newClient(t, rdb, opts...).NewMutex("full"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ws := make([]*Mutex, 3)
 	done := make([]<-chan error, len(ws))
 	for i := range ws {
-		ws[i] = newClient(t, rdb, opts...).NewMutex("full")
+		ws[i] = must(newClient(t, rdb, opts...).NewMutex("full"))
 		done[i] = async(func() error { return ws[i].Lock(ctx) })
 		eventually(t, 5*time.Second, "the waiter to queue", func() bool { return queueSize(mr, k.Queue) == i+1 })
 	}
 	before := mr.Dump()
 	refused := newClient(t, rdb, opts...)
-	late := refused.NewMutex("full")
+	late := must(refused.NewMutex("full"))
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	err := late.Lock(lctx)
@@ -327,12 +327,12 @@ func TestMaxWaitersReadsTheQueueOnlyToJoin(t *testing.T) {
 		}
 		return 0
 	}
-	m := c.NewMutex("llen")
+	m := must(c.NewMutex("llen"))
 	for range 3 {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := c.NewMutex("llen").TryLock(ctx); ok || err != nil {
+		if ok, err := must(c.NewMutex("llen")).TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock of a held lock: %v, %v", ok, err)
 		}
 		if err := m.Unlock(ctx); err != nil {
@@ -345,7 +345,7 @@ func TestMaxWaitersReadsTheQueueOnlyToJoin(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w := c.NewMutex("llen")
+	w := must(c.NewMutex("llen"))
 	done := async(func() error { return w.Lock(ctx) })
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool {
 		return rdb.Exists(ctx, schema.LockKeys("redisync", "llen").Queue).Val() == 1
@@ -370,15 +370,15 @@ func TestMultiMutexQueueFull(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	opts := []Option{WithMaxWaiters(1), WithRecheck(time.Hour)}
 	c := newClient(t, rdb, opts...)
-	holder := c.NewMutex("b")
+	holder := must(c.NewMutex("b"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w := c.NewMutex("b")
+	w := must(c.NewMutex("b"))
 	done := async(func() error { return w.Lock(ctx) })
 	kb := schema.LockKeys("redisync", "b")
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return queueSize(mr, kb.Queue) == 1 })
-	m := newClient(t, rdb, opts...).NewMultiMutex([]string{"a", "b"})
+	m := must(newClient(t, rdb, opts...).NewMultiMutex([]string{"a", "b"}))
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := m.Lock(lctx); !errors.Is(err, ErrQueueFull) || lctx.Err() != nil {

@@ -31,7 +31,7 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithWaiterTimeout(150*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "shared")
-	holder := c.NewMutex("shared")
+	holder := must(c.NewMutex("shared"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestWaitersOfOneClientShareOneHeartbeat(t *testing.T) {
 	var ms []*Mutex
 	var dones []<-chan error
 	for range n {
-		m := c.NewMutex("shared")
+		m := must(c.NewMutex("shared"))
 		ms = append(ms, m)
 		dones = append(dones, lockAsync(m))
 	}
@@ -104,11 +104,11 @@ func TestClosedClientRemovesItsDeadline(t *testing.T) {
 	a := newClient(t, rdb)
 	b := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "closed")
-	holder := a.NewMutex("closed")
+	holder := must(a.NewMutex("closed"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	done := lockAsync(b.NewMutex("closed"))
+	done := lockAsync(must(b.NewMutex("closed")))
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return len(queuedTickets(t, mr, k)) == 1 })
 	field := schema.ClientField(queuedTickets(t, mr, k)[0])
 	eventually(t, 5*time.Second, "a heartbeat", func() bool { return mr.HGet(k.Hash, field) != "" })
@@ -144,7 +144,7 @@ func TestMutexWaiterDroppedAsDeadQueuesAgain(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithWaiterTimeout(300*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "dropped")
-	holder, w := c.NewMutex("dropped"), c.NewMutex("dropped")
+	holder, w := must(c.NewMutex("dropped")), must(c.NewMutex("dropped"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestHandoffAfterLongWaitIsAdoptedFromItsMessage(t *testing.T) {
 
 func adoptsAfterLongWaitMutex(t *testing.T, mr *miniredis.Miniredis, c *Client, hb time.Duration) {
 	k := schema.LockKeys("redisync", "long")
-	holder, w := c.NewMutex("long"), c.NewMutex("long")
+	holder, w := must(c.NewMutex("long")), must(c.NewMutex("long"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func adoptsAfterLongWaitMutex(t *testing.T, mr *miniredis.Miniredis, c *Client, 
 }
 
 func adoptsAfterLongWaitSemaphore(t *testing.T, mr *miniredis.Miniredis, c *Client, hb time.Duration) {
-	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	holder, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestReleaseDropsDeadClientsDeadline(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
 	k := schema.LockKeys("redisync", "dead")
-	m := c.NewMutex("dead")
+	m := must(c.NewMutex("dead"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestClientDeadlineAloneKeepsWaiterAlive(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithWaiterTimeout(150*time.Millisecond), WithRecheck(time.Hour))
 	k := schema.LockKeys("redisync", "alone")
-	holder, m := c.NewMutex("alone"), c.NewMutex("alone")
+	holder, m := must(c.NewMutex("alone")), must(c.NewMutex("alone"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -448,13 +448,13 @@ func TestFirstHeartbeatsWakeNoWaiter(t *testing.T) {
 			var release func() error
 			attempt := acquireScript
 			if prim == "mutex" {
-				holder := c.NewMutex("m")
+				holder := must(c.NewMutex("m"))
 				if err := holder.Lock(ctx); err != nil {
 					t.Fatal(err)
 				}
 				release = func() error { return holder.Unlock(ctx) }
 				for range waiters {
-					m := c.NewMutex("m")
+					m := must(c.NewMutex("m"))
 					ch := make(chan error, 1)
 					go func() {
 						err := m.Lock(ctx)
@@ -467,13 +467,13 @@ func TestFirstHeartbeatsWakeNoWaiter(t *testing.T) {
 				}
 			} else {
 				attempt = semAcquireScript
-				holder := c.NewSemaphore("s", 1)
+				holder := must(c.NewSemaphore("s", 1))
 				if err := holder.Acquire(ctx, 1); err != nil {
 					t.Fatal(err)
 				}
 				release = func() error { return holder.Release(ctx, 1) }
 				for range waiters {
-					s := c.NewSemaphore("s", 1)
+					s := must(c.NewSemaphore("s", 1))
 					ch := make(chan error, 1)
 					go func() {
 						err := s.Acquire(ctx, 1)

@@ -2,7 +2,6 @@ package redisync
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +22,7 @@ func TestMetadataIsStoredWithTheHold(t *testing.T) {
 		return st.Holder
 	}
 
-	a := c.NewMutex("job", WithMetadata("deploy 42: v1.3"))
+	a := must(c.NewMutex("job", WithMetadata("deploy 42: v1.3")))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +32,7 @@ func TestMetadataIsStoredWithTheHold(t *testing.T) {
 
 	// A fair waiter's metadata (with ':' in it) waits in its record and
 	// goes with the hold handed to it.
-	b := c.NewMutex("job", WithMetadata("build:7:x"))
+	b := must(c.NewMutex("job", WithMetadata("build:7:x")))
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -60,7 +59,7 @@ func TestMetadataIsStoredWithTheHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain := c.NewMutex("job")
+	plain := must(c.NewMutex("job"))
 	if err := plain.Accept(ctx, handle); err != nil {
 		t.Fatal(err)
 	}
@@ -84,17 +83,14 @@ func TestMetadataIsStoredWithTheHold(t *testing.T) {
 	}
 }
 
-func TestMetadataTooLongIsRefusedBeforeAnyCall(t *testing.T) {
+func TestMetadataTooLongIsRefusedByTheConstructor(t *testing.T) {
 	_, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("job", WithMetadata(strings.Repeat("x", MaxMetadataLen+1)))
-	if err := m.Lock(ctx); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("Lock: %v; want ErrInvalidOption", err)
-	}
+	checkInvalid(t, errOf(c.NewMutex("job", WithMetadata(strings.Repeat("x", MaxMetadataLen+1)))), ErrInvalidOption)
 	if n := cnt.n.Load(); n != 0 {
 		t.Errorf("%d commands sent", n)
 	}
-	if err := c.NewMutex("job", WithMetadata(strings.Repeat("x", MaxMetadataLen))).Lock(ctx); err != nil {
+	if err := must(c.NewMutex("job", WithMetadata(strings.Repeat("x", MaxMetadataLen)))).Lock(ctx); err != nil {
 		t.Errorf("metadata of MaxMetadataLen bytes: %v", err)
 	}
 }

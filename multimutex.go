@@ -37,13 +37,15 @@ import (
 // and lease, renewed by the Client's watchdog; the set has one Lost
 // channel, closed when any name's hold is lost. A lost set stays the
 // value's until its last Unlock, as a Mutex's lost hold does.
+//
+// Make a MultiMutex with Client.NewMultiMutex: every call of a zero MultiMutex fails with
+// ErrInvalid.
 type MultiMutex struct {
 	c     *Client
 	cfg   config
 	names []string // in the global order
 	keys  []schema.Lock
 	fast  bool // every name is served by one script call
-	err   error
 
 	mu   sync.Mutex    // guards cur; taken after a name's Mutex's mu, never before
 	cur  *hold         // the set's hold (n: the levels re-entered; parts: a Mutex per name), lost or not, until its last Unlock; nil: none
@@ -64,25 +66,22 @@ const MaxMultiNames = 32
 // options of a Mutex, which apply to each name: each name's hold has the
 // lease, label and metadata they set. Barging makes each name barge, as a
 // Mutex would: then a stream of single-name holders can starve the set.
-// It does no I/O. Bad input
-// is reported by every call of the MultiMutex, before any call to Redis:
-// ErrNoNames for no names, ErrTooManyNames for more than MaxMultiNames
-// names, ErrDuplicateName for a name given twice,
-// ErrInvalidName and ErrInvalidOption as NewMutex reports them.
-func (c *Client) NewMultiMutex(names []string, opts ...Option) *MultiMutex {
+// It does no I/O. It fails with an *OpError (each cause wraps ErrInvalid
+// too) wrapping ErrNoNames for no names, ErrTooManyNames for more than
+// MaxMultiNames names, ErrDuplicateName for a name given twice, and
+// ErrInvalidName and ErrInvalidOption as NewMutex does.
+func (c *Client) NewMultiMutex(names []string, opts ...Option) (*MultiMutex, error) {
 	cfg := with(c.cfg, atMutex, opts)
-	m := &MultiMutex{c: c, cfg: cfg}
-	m.names, m.err = lockOrder(cfg.prefix, names)
-	m.err = cmp.Or(m.err, cfg.err)
-	if m.err != nil {
-		m.names = slices.Clone(names)
-		return m
+	sorted, err := lockOrder(cfg.prefix, names)
+	if err = cmp.Or(err, cfg.err); err != nil {
+		return nil, wrapOp("new multimutex", strings.Join(names, "+"), err)
 	}
+	m := &MultiMutex{c: c, cfg: cfg, names: sorted}
 	for _, name := range m.names {
 		m.keys = append(m.keys, schema.LockKeys(cfg.prefix, name))
 	}
 	m.fast = oneCall(c, m.keys)
-	return m
+	return m, nil
 }
 
 // lockOrder checks names and returns them in the order every MultiMutex
@@ -144,7 +143,7 @@ func oneCall(c *Client, ks []schema.Lock) bool {
 // is full (WithMaxWaiters), ErrClosed after Close, and the errors of
 // Redis, as Mutex.Lock does. It is safe for concurrent use.
 func (m *MultiMutex) Lock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, m.call(OpLock), m.lock, nil)
+	return observed(m.c.observer(), ctx, m.call(OpLock), m.lock, nil)
 }
 
 // lock is Lock, unobserved.
@@ -212,7 +211,7 @@ func (m *MultiMutex) lockEach(ctx context.Context, locks []*Mutex) error {
 // otherwise it tries the names one at a time in the global order, and
 // gives back those it took when one is not free.
 func (m *MultiMutex) TryLock(ctx context.Context) (bool, error) {
-	return observedTry(m.c.obs, ctx, m.call(OpTryLock), m.tryLock, nil)
+	return observedTry(m.c.observer(), ctx, m.call(OpTryLock), m.tryLock, nil)
 }
 
 // tryLock is TryLock, unobserved.
@@ -267,13 +266,13 @@ func (m *MultiMutex) tryLock(ctx context.Context) (bool, error) {
 // freed by Redis within its lease, no longer renewed. Like Mutex.Unlock,
 // it releases even when ctx has ended already.
 func (m *MultiMutex) Unlock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, m.call(OpUnlock), m.unlock, nil)
+	return observed(m.c.observer(), ctx, m.call(OpUnlock), m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved.
 func (m *MultiMutex) unlock(ctx context.Context) error {
-	if m.err != nil {
-		return m.wrap("unlock", m.err)
+	if err := m.c.made(); err != nil {
+		return m.wrap("unlock", err)
 	}
 	m.mu.Lock()
 	h := holdIn(ctx, m)
@@ -394,7 +393,7 @@ func (m *MultiMutex) newHold() *hold {
 // reenter adds a level to h, m's hold that ctx carries, unless it has
 // ended: it returns why then.
 func (m *MultiMutex) reenter(ctx context.Context, h *hold) error {
-	if err := cmp.Or(m.err, m.c.usable()); err != nil {
+	if err := m.c.usable(); err != nil {
 		return err
 	}
 	return reenter(ctx, &m.mu, m, h)
@@ -495,7 +494,7 @@ func (m *MultiMutex) giveBack(ctx context.Context, locks []*Mutex) error {
 
 // usable checks, before any call to Redis, that m can be used now.
 func (m *MultiMutex) usable(ctx context.Context) error {
-	return cmp.Or(m.err, m.c.usable(), ctx.Err())
+	return cmp.Or(m.c.usable(), ctx.Err())
 }
 
 // label names m in errors and to an Observer: its names joined with "+".

@@ -31,7 +31,7 @@ func BenchmarkMultiMutex(b *testing.B) {
 			for i := range 3 {
 				names = append(names, base+":"+name+strconv.Itoa(i))
 			}
-			m := c.NewMultiMutex(names)
+			m := must(c.NewMultiMutex(names))
 			m.fast = fast
 			before := cnt.n.Load()
 			b.ResetTimer()

@@ -102,7 +102,7 @@ func TestMultiMutexStorm(t *testing.T) {
 		var lock func(context.Context) (map[string]int64, <-chan struct{}, error)
 		var unlock func(context.Context) error
 		if w%3 == 0 {
-			m := c.NewMutex(names[rng.IntN(len(names))])
+			m := must(c.NewMutex(names[rng.IntN(len(names))]))
 			lock = func(ctx context.Context) (map[string]int64, <-chan struct{}, error) {
 				err := m.Lock(ctx)
 				return map[string]int64{m.Name(): m.Token()}, m.Lost(), err
@@ -114,7 +114,7 @@ func TestMultiMutexStorm(t *testing.T) {
 			for _, i := range set {
 				ns = append(ns, names[i])
 			}
-			m := c.NewMultiMutex(ns)
+			m := must(c.NewMultiMutex(ns))
 			lock = func(ctx context.Context) (map[string]int64, <-chan struct{}, error) {
 				err := m.Lock(ctx)
 				return m.Tokens(), m.Lost(), err
@@ -203,7 +203,7 @@ func TestMultiMutexNotStarved(t *testing.T) {
 	var held atomic.Int64
 	for w := range 8 {
 		c := newClient(t, redistest.NewClient(t, addr))
-		m := c.NewMutex(names[w%2])
+		m := must(c.NewMutex(names[w%2]))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -228,7 +228,7 @@ func TestMultiMutexNotStarved(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 	eventually(t, 5*time.Second, "the stream to run", func() bool { return held.Load() > 50 })
-	m := newClient(t, redistest.NewClient(t, addr)).NewMultiMutex(names)
+	m := must(newClient(t, redistest.NewClient(t, addr)).NewMultiMutex(names))
 	for range 3 {
 		start, before := time.Now(), held.Load()
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -264,12 +264,12 @@ func TestMultiMutexCrashFreesAll(t *testing.T) {
 			px := redistest.NewProxy(t, addr)
 			base := redistest.Name(t)
 			names := []string{base + ":a", base + ":b", base + ":c"}
-			holder := newClient(t, redistest.NewClient(t, px.Addr)).NewMultiMutex(names, tc.opt)
+			holder := must(newClient(t, redistest.NewClient(t, px.Addr)).NewMultiMutex(names, tc.opt))
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
 			lost := holder.Lost()
-			other := newClient(t, redistest.NewClient(t, addr)).NewMultiMutex([]string{names[2], names[0], names[1]})
+			other := must(newClient(t, redistest.NewClient(t, addr)).NewMultiMutex([]string{names[2], names[0], names[1]}))
 			start := time.Now()
 			if tc.crash {
 				px.SetBlackhole(true)
@@ -311,8 +311,8 @@ func TestMultiMutexCrashFreesAll(t *testing.T) {
 func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
 	c := newClient(t, redistest.Client(t))
 	base := redistest.Name(t)
-	m := c.NewMultiMutex([]string{base + ":a", base + ":b"}, WithFixedLease(500*time.Millisecond))
-	other := c.NewMutex(m.Names()[1])
+	m := must(c.NewMultiMutex([]string{base + ":a", base + ":b"}, WithFixedLease(500*time.Millisecond)))
+	other := must(c.NewMutex(m.Names()[1]))
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestMultiMutexLateReplyUndone(t *testing.T) {
 	rdb := redistest.Client(t)
 	c := newClient(t, redistest.NewClient(t, px.Addr))
 	base := redistest.Name(t)
-	m := c.NewMultiMutex([]string{base + ":a", base + ":b"})
+	m := must(c.NewMultiMutex([]string{base + ":a", base + ":b"}))
 	if err := m.Lock(ctx); err != nil { // loads the scripts
 		t.Fatal(err)
 	}

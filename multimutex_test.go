@@ -12,33 +12,23 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-func TestMultiMutexBadInputFailsBeforeRedis(t *testing.T) {
+func TestMultiMutexBadInputIsRefusedByItsConstructor(t *testing.T) {
 	_, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
 	cases := []struct {
 		name string
-		m    *MultiMutex
+		err  error // NewMultiMutex's
 		want error
 	}{
-		{"no names", c.NewMultiMutex(nil), ErrNoNames},
-		{"duplicate", c.NewMultiMutex([]string{"a", "b", "a"}), ErrDuplicateName},
-		{"empty name", c.NewMultiMutex([]string{"a", ""}), ErrInvalidName},
-		{"name without a hash tag", c.NewMultiMutex([]string{"}a"}), ErrInvalidName},
-		{"bad option", c.NewMultiMutex([]string{"a", "b"}, WithFixedLease(0)), ErrInvalidOption},
-		{"more than MaxMultiNames", c.NewMultiMutex(manyNames("n", MaxMultiNames+1)), ErrTooManyNames},
+		{"no names", errOf(c.NewMultiMutex(nil)), ErrNoNames},
+		{"duplicate", errOf(c.NewMultiMutex([]string{"a", "b", "a"})), ErrDuplicateName},
+		{"empty name", errOf(c.NewMultiMutex([]string{"a", ""})), ErrInvalidName},
+		{"name without a hash tag", errOf(c.NewMultiMutex([]string{"}a"})), ErrInvalidName},
+		{"bad option", errOf(c.NewMultiMutex([]string{"a", "b"}, WithFixedLease(0))), ErrInvalidOption},
+		{"more than MaxMultiNames", errOf(c.NewMultiMutex(manyNames("n", MaxMultiNames+1))), ErrTooManyNames},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.m.Lock(ctx); !errors.Is(err, tc.want) {
-				t.Errorf("Lock: got %v, want %v", err, tc.want)
-			}
-			if ok, err := tc.m.TryLock(ctx); ok || !errors.Is(err, tc.want) {
-				t.Errorf("TryLock: got %v, %v, want false, %v", ok, err, tc.want)
-			}
-			if err := tc.m.Unlock(ctx); !errors.Is(err, tc.want) {
-				t.Errorf("Unlock: got %v, want %v", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkInvalid(t, tc.err, tc.want) })
 	}
 	if n := cnt.n.Load(); n != 0 {
 		t.Errorf("%d commands reached Redis, want 0", n)
@@ -48,8 +38,8 @@ func TestMultiMutexBadInputFailsBeforeRedis(t *testing.T) {
 func TestMultiMutexOrderIsGlobal(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	a := c.NewMultiMutex([]string{"x", "acct:1", "acct:2"}).Names()
-	b := c.NewMultiMutex([]string{"acct:2", "x", "acct:1"}).Names()
+	a := must(c.NewMultiMutex([]string{"x", "acct:1", "acct:2"})).Names()
+	b := must(c.NewMultiMutex([]string{"acct:2", "x", "acct:1"})).Names()
 	if !slices.Equal(a, b) {
 		t.Fatalf("orders differ: %q and %q", a, b)
 	}
@@ -99,7 +89,7 @@ func TestMultiMutexOneCall(t *testing.T) {
 func TestMultiMutexFastPath(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMultiMutex([]string{"b", "a", "c"})
+	m := must(c.NewMultiMutex([]string{"b", "a", "c"}))
 	// Load the script first: the first run of a script is EVALSHA, then
 	// EVAL.
 	if err := m.Lock(ctx); err != nil {
@@ -126,7 +116,7 @@ func TestMultiMutexFastPath(t *testing.T) {
 		}
 	}
 	// A Mutex of one of the names is excluded, and excludes in turn.
-	other := c.NewMutex("b")
+	other := must(c.NewMutex("b"))
 	if ok, err := other.TryLock(ctx); ok || err != nil {
 		t.Fatalf("a Mutex took a name of the held set: %v, %v", ok, err)
 	}
@@ -163,7 +153,7 @@ func TestMultiMutexFastPath(t *testing.T) {
 func TestMultiMutexReentrantAndDo(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMultiMutex([]string{"a", "b"})
+	m := must(c.NewMultiMutex([]string{"a", "b"}))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -202,13 +192,13 @@ func TestMultiMutexReentrantAndDo(t *testing.T) {
 func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMultiMutex([]string{"a", "b", "c"})
+	m := must(c.NewMultiMutex([]string{"a", "b", "c"}))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The hand-off reads the queue only when someone waits: queue a
 	// waiter on b, then make b's queue a hash.
-	w := c.NewMutex("b")
+	w := must(c.NewMutex("b"))
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Lock(wctx) }()
@@ -239,11 +229,11 @@ func TestMultiMutexReleaseOfOneNameFails(t *testing.T) {
 func TestMultiMutexTryLockDuringLock(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMultiMutex([]string{"a", "b"})
+	m := must(c.NewMultiMutex([]string{"a", "b"}))
 	// The second name in the order is held: a Lock takes the first, then
 	// waits for it.
 	second := m.Names()[1]
-	other := c.NewMutex(second)
+	other := must(c.NewMutex(second))
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +292,7 @@ func TestMultiMutexObserved(t *testing.T) {
 	rec := &recorder{}
 	c := newClient(t, rdb, WithObserver(rec))
 	for _, fast := range []bool{true, false} {
-		m := c.NewMultiMutex([]string{"a", "b"})
+		m := must(c.NewMultiMutex([]string{"a", "b"}))
 		m.fast = fast
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -337,7 +327,7 @@ func TestMultiMutexObserved(t *testing.T) {
 func TestMultiMutexRetriedTake(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMultiMutex([]string{"a", "b"})
+	m := must(c.NewMultiMutex([]string{"a", "b"}))
 	if err := m.Lock(ctx); err != nil { // loads the script
 		t.Fatal(err)
 	}

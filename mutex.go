@@ -40,37 +40,45 @@ import (
 // once: a Lock waits for that Unlock holding nothing in Redis (one queued
 // before the loss, and granted the lock, gives it back to wait), and
 // TryLock reports false.
+//
+// Make a Mutex with Client.NewMutex: every call of a zero Mutex fails with
+// ErrInvalid.
 type Mutex struct {
 	c    *Client
 	name string
 	cfg  config
 	keys schema.Lock
-	err  error // invalid name or option
 
 	holds
 }
 
-// NewMutex returns a Mutex for the lock called name. It does no I/O. An
-// invalid name (ErrInvalidName) or option (ErrInvalidOption) is reported
-// by every call of the Mutex, before any call to Redis.
+// NewMutex returns a Mutex for the lock called name. It does no I/O. It
+// fails with an *OpError wrapping ErrInvalidName or ErrInvalidOption (and
+// ErrInvalid) for an invalid name or option.
 //
 // The lock's keys and channel share the hash tag {name}, so that they live
 // in one Redis Cluster slot.
-func (c *Client) NewMutex(name string, opts ...Option) *Mutex {
-	return c.newMutex(name, with(c.cfg, atMutex, opts))
+func (c *Client) NewMutex(name string, opts ...Option) (*Mutex, error) {
+	cfg := with(c.cfg, atMutex, opts)
+	if err := cmp.Or(checkName(name), cfg.err); err != nil {
+		return nil, wrapOp("new mutex", name, err)
+	}
+	return c.newMutex(name, cfg), nil
 }
 
-// newMutex returns a Mutex for the lock called name with the options cfg.
+// newMutex returns a Mutex for the lock called name with the options cfg,
+// both valid.
 func (c *Client) newMutex(name string, cfg config) *Mutex {
-	m := &Mutex{
-		c:     c,
-		name:  name,
-		cfg:   cfg,
-		keys:  schema.LockKeys(cfg.prefix, name),
-		err:   cmp.Or(checkName(name), cfg.err),
-		holds: newHolds(c, PrimitiveMutex, name),
-	}
+	m := new(Mutex)
+	c.initMutex(m, name, cfg)
 	return m
+}
+
+// initMutex makes m, a zero Mutex, the Mutex that newMutex returns.
+func (c *Client) initMutex(m *Mutex, name string, cfg config) {
+	m.c, m.name, m.cfg = c, name, cfg
+	m.keys = schema.LockKeys(cfg.prefix, name)
+	m.holds = newHolds(c, PrimitiveMutex, name)
 }
 
 // Lock blocks until the lock is held for this call, ctx ends or the
@@ -94,7 +102,7 @@ func (c *Client) newMutex(name string, cfg config) *Mutex {
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, Call{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
+	return observed(m.c.observer(), ctx, Call{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
@@ -130,7 +138,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 // lock, another goroutine of m included. Unless m barges, it does not take
 // the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
-	return observedTry(m.c.obs, ctx, Call{Op: OpTryLock, Primitive: m.prim, Name: m.name}, m.tryLock, m.Token)
+	return observedTry(m.c.observer(), ctx, Call{Op: OpTryLock, Primitive: m.prim, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
@@ -445,7 +453,7 @@ func granted(res []int64) bool { return len(res) > 0 && res[0] == 1 }
 
 // usable checks, before any call to Redis, that m can be used now.
 func (m *Mutex) usable(ctx context.Context) error {
-	return cmp.Or(m.err, m.c.usable(), ctx.Err())
+	return cmp.Or(m.c.usable(), ctx.Err())
 }
 
 // sleepFor is how long a waiter sleeps, at most, after an attempt found

@@ -50,7 +50,7 @@ func BenchmarkMutexLockUnlock(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			rdb, cnt := benchRedis(b)
 			c := benchClient(b, rdb, tc.opts...)
-			m := c.NewMutex(benchKey(b))
+			m := must(c.NewMutex(benchKey(b)))
 			ctx := context.Background()
 			run := func() {
 				if err := m.Lock(ctx); err != nil {
@@ -121,12 +121,12 @@ func BenchmarkMutexTryLockHeld(b *testing.B) {
 			c := benchClient(b, rdb)
 			name := benchKey(b)
 			ctx := context.Background()
-			holder := c.NewMutex(name, tc.opts...)
+			holder := must(c.NewMutex(name, tc.opts...))
 			if err := holder.Lock(ctx); err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = holder.Unlock(ctx) })
-			m := c.NewMutex(name, tc.opts...)
+			m := must(c.NewMutex(name, tc.opts...))
 			run := func() {
 				ok, err := m.TryLock(ctx)
 				if err != nil || ok {
@@ -176,7 +176,7 @@ func benchWake(b *testing.B, opts ...Option) {
 	rdb2 := benchSecondClient(b, rdb1, cnt)
 	name := benchKey(b)
 	c1, c2 := benchClient(b, rdb1), benchClient(b, rdb2)
-	holder, waiter := c1.NewMutex(name, opts...), c2.NewMutex(name, opts...)
+	holder, waiter := must(c1.NewMutex(name, opts...)), must(c2.NewMutex(name, opts...))
 	k := waiter.keys
 	noop := testScript("return 1")
 	ctx := context.Background()
@@ -266,8 +266,8 @@ func benchTurns(b *testing.B, opts ...Option) {
 	rdb1, cnt := benchRedis(b)
 	rdb2 := benchSecondClient(b, rdb1, cnt)
 	name := benchKey(b)
-	m1 := benchClient(b, rdb1).NewMutex(name, opts...)
-	m2 := benchClient(b, rdb2).NewMutex(name, opts...)
+	m1 := must(benchClient(b, rdb1).NewMutex(name, opts...))
+	m2 := must(benchClient(b, rdb2).NewMutex(name, opts...))
 	var gaps benchGaps
 	turn := func(ctx context.Context, m *Mutex) error {
 		if err := m.Lock(ctx); err != nil {

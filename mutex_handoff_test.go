@@ -19,7 +19,7 @@ import (
 func TestMutexHandoff(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	ca, cb := newClient(t, rdb), newClient(t, rdb)
-	a, b := ca.NewMutex("job"), cb.NewMutex("job")
+	a, b := must(ca.NewMutex("job")), must(cb.NewMutex("job"))
 	key := "redisync:lock:{job}"
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestMutexHandoff(t *testing.T) {
 	if f := holdIDs(t, mr, key); len(f) != 1 || f[0] != handle {
 		t.Fatalf("lock fields %q, want the handle %q alone", f, handle)
 	}
-	if ok, err := cb.NewMutex("job").TryLock(ctx); ok || err != nil {
+	if ok, err := must(cb.NewMutex("job")).TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock while the hold waits for its taker: %v, %v", ok, err)
 	}
 	if err := b.Accept(ctx, handle); err != nil {
@@ -61,7 +61,7 @@ func TestMutexHandoff(t *testing.T) {
 		t.Fatalf("the giver's Unlock: %v, want ErrNotHeld", err)
 	}
 	// A handle is taken once.
-	if err := ca.NewMutex("job").Accept(ctx, handle); !errors.Is(err, ErrNotHeld) {
+	if err := must(ca.NewMutex("job")).Accept(ctx, handle); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("a second Accept: %v, want ErrNotHeld", err)
 	}
 	if err := b.Unlock(ctx); err != nil {
@@ -75,7 +75,7 @@ func TestMutexHandoff(t *testing.T) {
 func TestMutexHandoffErrors(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb, WithCrashTimeout(200*time.Millisecond))
-	m := c.NewMutex("job")
+	m := must(c.NewMutex("job"))
 	if _, err := m.Handoff(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Handoff holding nothing: %v, want ErrNotHeld", err)
 	}
@@ -90,7 +90,7 @@ func TestMutexHandoffErrors(t *testing.T) {
 	}
 
 	// Accept on a value that holds: refused before Redis, the hold waits.
-	giver := c.NewMutex("other")
+	giver := must(c.NewMutex("other"))
 	if err := giver.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestMutexHandoffErrors(t *testing.T) {
 func TestMutexHandoffRetried(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	a, b := c.NewMutex("job"), c.NewMutex("job")
+	a, b := must(c.NewMutex("job")), must(c.NewMutex("job"))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func (h *dropAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestMutexAcceptTakesALiveHold(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	ca, cb := newClient(t, rdb), newClient(t, rdb)
-	a, b := ca.NewMutex("job"), cb.NewMutex("job")
+	a, b := must(ca.NewMutex("job")), must(cb.NewMutex("job"))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestMutexLateAcceptCopyIsRefused(t *testing.T) {
 	hook := &dropAt{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
-	a, b := c.NewMutex("job"), c.NewMutex("job")
+	a, b := must(c.NewMutex("job")), must(c.NewMutex("job"))
 	if err := handoffScript.Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestMutexLateAcquireCopyAfterHandoffIsRefused(t *testing.T) {
 	hook := &lostReplyThenRecord{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
-	a, b, other := c.NewMutex("l"), c.NewMutex("l"), c.NewMutex("l")
+	a, b, other := must(c.NewMutex("l")), must(c.NewMutex("l")), must(c.NewMutex("l"))
 	if err := other.Lock(ctx); err != nil { // loads the script: EVALSHA finds it
 		t.Fatal(err)
 	}

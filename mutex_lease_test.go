@@ -69,7 +69,7 @@ func TestWatchdogRenewalNeverShortensALease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(60*time.Millisecond))
-	m := c.NewMutex("long")
+	m := must(c.NewMutex("long"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestMutexExtendFixedLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	at := freeze(mr)
 	c := newClient(t, rdb)
-	m := c.NewMutex("ext", WithFixedLease(time.Second))
+	m := must(c.NewMutex("ext", WithFixedLease(time.Second)))
 	key := "redisync:lock:{ext}"
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestMutexExtendUnderWatchdog(t *testing.T) {
 	// did, once, in CI beside another test run).
 	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-	m := c.NewMutex("extwd")
+	m := must(c.NewMutex("extwd"))
 	key := "redisync:lock:{extwd}"
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestMutexExtendErrors(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(time.Minute))
-	m := c.NewMutex("exterr")
+	m := must(c.NewMutex("exterr"))
 	key := "redisync:lock:{exterr}"
 
 	// Nothing reaches Redis for a bad lease or when nothing is held.
@@ -223,7 +223,7 @@ func TestMutexExtendErrors(t *testing.T) {
 	// reports the loss, closes Lost, and leaves the new owner's lease be.
 	lost := m.Lost()
 	mr.Del(key)
-	other := c.NewMutex("exterr", WithFixedLease(time.Second))
+	other := must(c.NewMutex("exterr", WithFixedLease(time.Second)))
 	if ok, err := other.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("another owner's TryLock: %v, %v", ok, err)
 	}
@@ -271,7 +271,7 @@ func TestMutexTTL(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	at := freeze(mr)
 	c := newClient(t, rdb)
-	m := c.NewMutex("ttl", WithFixedLease(2*time.Second))
+	m := must(c.NewMutex("ttl", WithFixedLease(2*time.Second)))
 	key := "redisync:lock:{ttl}"
 	if d, err := m.TTL(ctx); d != 0 || !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("TTL with nothing held: %v, %v, want 0, ErrNotHeld", d, err)
@@ -300,7 +300,7 @@ func TestMutexTTL(t *testing.T) {
 	// Lost; later calls say so without asking Redis.
 	lost := m.Lost()
 	mr.Del(key)
-	other := c.NewMutex("ttl", WithFixedLease(time.Second))
+	other := must(c.NewMutex("ttl", WithFixedLease(time.Second)))
 	if ok, err := other.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("another owner's TryLock: %v, %v", ok, err)
 	}
@@ -332,7 +332,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
 	c := newClient(t, rdb, WithCrashTimeout(lease), WithMaxHold(limit))
-	m := c.NewMutex("hung")
+	m := must(c.NewMutex("hung"))
 	start := time.Now()
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 	}
 
 	// The cap is per hold: the next one is renewed again, until its own.
-	other := c.NewMutex("hung", WithMaxHold(0))
+	other := must(c.NewMutex("hung", WithMaxHold(0)))
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func TestMutexMaxHoldStopsRenewingAHungHolder(t *testing.T) {
 
 	// Redis lets the lock go a lease after the last renewal: here, with
 	// no one renewing, when miniredis's clock moves on by the lease.
-	hung := c.NewMutex("hung2")
+	hung := must(c.NewMutex("hung2"))
 	if err := hung.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +394,7 @@ func TestMutexMaxHoldDoesNotCapExtend(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	at := freeze(mr)
 	c := newClient(t, rdb, WithCrashTimeout(600*time.Millisecond), WithMaxHold(300*time.Millisecond))
-	m := c.NewMutex("capext")
+	m := must(c.NewMutex("capext"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +426,7 @@ func TestRedlockMaxHold(t *testing.T) {
 	// first script load on the embedded Redis under -race; a round must
 	// take less than the lease on a busy machine.
 	r := newRedlock(t, rdbs, WithCrashTimeout(lease), WithMaxHold(limit), WithNodeTimeout(200*time.Millisecond))
-	m := r.NewMutex("hung")
+	m := must(r.NewMutex("hung"))
 	start := time.Now()
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -451,7 +451,7 @@ func TestMutexLateAcquireCopyKeepsExtendedLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	at := freeze(mr)
 	c := newClient(t, rdb)
-	m := c.NewMutex("late", WithFixedLease(time.Second))
+	m := must(c.NewMutex("late", WithFixedLease(time.Second)))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -480,7 +480,7 @@ func TestSemaphoreMaxHold(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	const lease, limit = 150 * time.Millisecond, 450 * time.Millisecond
 	c := newClient(t, rdb, WithCrashTimeout(lease), WithMaxHold(limit))
-	s := c.NewSemaphore("hung", 2)
+	s := must(c.NewSemaphore("hung", 2))
 	start := time.Now()
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -496,7 +496,7 @@ func TestSemaphoreMaxHold(t *testing.T) {
 	if took := time.Since(start); took < limit || took > limit+lease+time.Second {
 		t.Fatalf("Lost closed %v after the first Acquire, want within [%v, %v + %v]", took, limit, limit, lease)
 	}
-	other := c.NewSemaphore("hung", 2, WithMaxHold(0))
+	other := must(c.NewSemaphore("hung", 2, WithMaxHold(0)))
 	eventually(t, 5*time.Second, "the capped permits to come free", func() bool {
 		ok, err := other.TryAcquire(ctx, 2)
 		return err == nil && ok

@@ -21,54 +21,48 @@ var ctx = context.Background()
 func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 	_, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
 	cases := []struct {
 		name string
-		m    *Mutex
-		ctx  context.Context
+		err  error // NewMutex's
 		want error
 	}{
-		{"empty name", c.NewMutex(""), ctx, ErrInvalidName},
-		{"long name", c.NewMutex(strings.Repeat("x", MaxNameLen+1)), ctx, ErrInvalidName},
-		{"name without a hash tag", c.NewMutex("}a"), ctx, ErrInvalidName},
-		{"zero lease", c.NewMutex("a", WithFixedLease(0)), ctx, ErrInvalidOption},
-		{"negative lease", c.NewMutex("a", WithFixedLease(-time.Second)), ctx, ErrInvalidOption},
-		{"huge lease", c.NewMutex("a", WithFixedLease(MaxLease+1)), ctx, ErrInvalidOption},
-		{"tiny watchdog lease", c.NewMutex("a", WithCrashTimeout(2*time.Millisecond)), ctx, ErrInvalidOption},
-		{"zero heartbeat", c.NewMutex("a", WithWaiterTimeout(0)), ctx, ErrInvalidOption},
-		{"zero recheck", c.NewMutex("a", WithRecheck(0)), ctx, ErrInvalidOption},
-		{"negative max hold", c.NewMutex("a", WithMaxHold(-time.Second)), ctx, ErrInvalidOption},
-		{"negative max waiters", c.NewMutex("a", WithMaxWaiters(-1)), ctx, ErrInvalidOption},
-		{"empty label", c.NewMutex("a", WithLabel("")), ctx, ErrInvalidOption},
-		{"label with a space", c.NewMutex("a", WithLabel("web 3")), ctx, ErrInvalidOption},
-		{"label with a brace", c.NewMutex("a", WithLabel("web{3}")), ctx, ErrInvalidOption},
-		{"label not ASCII", c.NewMutex("a", WithLabel("wéb")), ctx, ErrInvalidOption},
-		{"long label", c.NewMutex("a", WithLabel(strings.Repeat("x", MaxLabelLen+1))), ctx, ErrInvalidOption},
-		{"prefix with brace", c.NewMutex("a", WithKeyPrefix("p{")), ctx, ErrInvalidOption},
-		{"empty prefix", c.NewMutex("a", WithKeyPrefix("")), ctx, ErrInvalidOption},
-		{"zero replicas", c.NewMutex("a", WithReplicas(0, time.Second)), ctx, ErrInvalidOption},
-		{"zero replica timeout", c.NewMutex("a", WithReplicas(1, 0)), ctx, ErrInvalidOption},
-		{"cancelled context", c.NewMutex("a"), cancelled, context.Canceled},
+		{"empty name", errOf(c.NewMutex("")), ErrInvalidName},
+		{"long name", errOf(c.NewMutex(strings.Repeat("x", MaxNameLen+1))), ErrInvalidName},
+		{"name without a hash tag", errOf(c.NewMutex("}a")), ErrInvalidName},
+		{"zero lease", errOf(c.NewMutex("a", WithFixedLease(0))), ErrInvalidOption},
+		{"negative lease", errOf(c.NewMutex("a", WithFixedLease(-time.Second))), ErrInvalidOption},
+		{"huge lease", errOf(c.NewMutex("a", WithFixedLease(MaxLease+1))), ErrInvalidOption},
+		{"tiny watchdog lease", errOf(c.NewMutex("a", WithCrashTimeout(2*time.Millisecond))), ErrInvalidOption},
+		{"zero heartbeat", errOf(c.NewMutex("a", WithWaiterTimeout(0))), ErrInvalidOption},
+		{"zero recheck", errOf(c.NewMutex("a", WithRecheck(0))), ErrInvalidOption},
+		{"negative max hold", errOf(c.NewMutex("a", WithMaxHold(-time.Second))), ErrInvalidOption},
+		{"negative max waiters", errOf(c.NewMutex("a", WithMaxWaiters(-1))), ErrInvalidOption},
+		{"empty label", errOf(c.NewMutex("a", WithLabel(""))), ErrInvalidOption},
+		{"label with a space", errOf(c.NewMutex("a", WithLabel("web 3"))), ErrInvalidOption},
+		{"label with a brace", errOf(c.NewMutex("a", WithLabel("web{3}"))), ErrInvalidOption},
+		{"label not ASCII", errOf(c.NewMutex("a", WithLabel("wéb"))), ErrInvalidOption},
+		{"long label", errOf(c.NewMutex("a", WithLabel(strings.Repeat("x", MaxLabelLen+1)))), ErrInvalidOption},
+		{"prefix with brace", errOf(c.NewMutex("a", WithKeyPrefix("p{"))), ErrInvalidOption},
+		{"empty prefix", errOf(c.NewMutex("a", WithKeyPrefix(""))), ErrInvalidOption},
+		{"zero replicas", errOf(c.NewMutex("a", WithReplicas(0, time.Second))), ErrInvalidOption},
+		{"zero replica timeout", errOf(c.NewMutex("a", WithReplicas(1, 0))), ErrInvalidOption},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.m.Lock(tc.ctx); !errors.Is(err, tc.want) {
-				t.Errorf("Lock: got %v, want %v", err, tc.want)
-			}
-			if ok, err := tc.m.TryLock(tc.ctx); ok || !errors.Is(err, tc.want) {
-				t.Errorf("TryLock: got %v, %v, want false, %v", ok, err, tc.want)
-			}
-			// Unlock is not refused for an ended ctx: it releases
-			// what is held, here nothing.
-			want := tc.want
-			if want == context.Canceled {
-				want = ErrNotHeld
-			}
-			if err := tc.m.Unlock(tc.ctx); !errors.Is(err, want) {
-				t.Errorf("Unlock: got %v, want %v", err, want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkInvalid(t, tc.err, tc.want) })
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	m := must(c.NewMutex("a"))
+	if err := m.Lock(cancelled); !errors.Is(err, context.Canceled) {
+		t.Errorf("Lock with an ended ctx: %v", err)
+	}
+	if ok, err := m.TryLock(cancelled); ok || !errors.Is(err, context.Canceled) {
+		t.Errorf("TryLock with an ended ctx: %v, %v", ok, err)
+	}
+	// Unlock is not refused for an ended ctx: it releases what is held,
+	// here nothing.
+	if err := m.Unlock(cancelled); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("Unlock with an ended ctx: %v", err)
 	}
 	if n := cnt.n.Load(); n != 0 {
 		t.Errorf("%d commands reached Redis, want 0", n)
@@ -78,7 +72,7 @@ func TestMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 func TestMutexReentrantCountsAndToken(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("re")
+	m := must(c.NewMutex("re"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +95,7 @@ func TestMutexReentrantCountsAndToken(t *testing.T) {
 	if token <= 0 {
 		t.Fatalf("first hold's token is %d", token)
 	}
-	if ok, err := c.NewMutex("re").TryLock(ctx); ok || err != nil {
+	if ok, err := must(c.NewMutex("re")).TryLock(ctx); ok || err != nil {
 		t.Fatalf("another owner's TryLock on a held lock: %v, %v", ok, err)
 	}
 	for i := 3; i >= 1; i-- {
@@ -155,7 +149,7 @@ func TestMutexWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 				}
 			}
 			before := mr.Dump()
-			m := c.NewMutex("wt")
+			m := must(c.NewMutex("wt"))
 			if err := m.Lock(ctx); !errors.Is(err, ErrWrongType) {
 				t.Fatalf("Lock: %v, want ErrWrongType", err)
 			}
@@ -186,7 +180,7 @@ func TestMutexWrongTypeQueueFailsAWaiterAtOnce(t *testing.T) {
 				o = append(o, Barging())
 				bad = "redisync:lock:{wtt}:bargers"
 			}
-			holder := c.NewMutex("wtt", o...)
+			holder := must(c.NewMutex("wtt", o...))
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +188,7 @@ func TestMutexWrongTypeQueueFailsAWaiterAtOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := lockState(t, mr, "redisync:lock:{wtt}")
-			w := c.NewMutex("wtt", o...)
+			w := must(c.NewMutex("wtt", o...))
 			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			if err := w.Lock(lctx); !errors.Is(err, ErrWrongType) || lctx.Err() != nil {
@@ -212,7 +206,7 @@ func TestMutexWrongTypeQueueFailsAWaiterAtOnce(t *testing.T) {
 func TestMutexReleaseMeetingWrongTypeChangesNothing(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("wtq")
+	m := must(c.NewMutex("wtq"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +227,7 @@ func TestMutexReleaseMeetingWrongTypeChangesNothing(t *testing.T) {
 func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("retry")
+	m := must(c.NewMutex("retry"))
 	key := "redisync:lock:{retry}"
 
 	cnt.armReplay(acquireScript)
@@ -256,7 +250,7 @@ func TestMutexRetriedScriptsDoNotDoubleApply(t *testing.T) {
 func TestMutexLostWhenKeyRemoved(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithCrashTimeout(30*time.Millisecond))
-	m := c.NewMutex("lost")
+	m := must(c.NewMutex("lost"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +277,7 @@ func TestMutexLostHoldOwesItsUnlocks(t *testing.T) {
 	// The loss is seen within a third of the lease; the new hold must
 	// outlive the watchdog's pauses on a loaded machine.
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-	m := c.NewMutex("again")
+	m := must(c.NewMutex("again"))
 	for _, try := range []func() error{
 		func() error { return m.Lock(ctx) },
 		func() error {
@@ -338,7 +332,7 @@ func TestMutexUnlockAfterLossLeavesOtherOwnerAlone(t *testing.T) {
 	// a loaded machine (a 30 ms lease was, once in CI), which this test is
 	// not about.
 	c := newClient(t, rdb)
-	a, b := c.NewMutex("steal"), c.NewMutex("steal")
+	a, b := must(c.NewMutex("steal")), must(c.NewMutex("steal"))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +354,7 @@ func TestMutexUnlockAfterLossLeavesOtherOwnerAlone(t *testing.T) {
 func TestFixedLeaseLostAtDeadline(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("fixed", WithFixedLease(50*time.Millisecond))
+	m := must(c.NewMutex("fixed", WithFixedLease(50*time.Millisecond)))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +374,7 @@ func TestCloseEndsWaitersAndHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder, waiter := c.NewMutex("close"), c.NewMutex("close")
+	holder, waiter := must(c.NewMutex("close")), must(c.NewMutex("close"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +417,7 @@ func TestWaiterWokenByUnlockWithoutPolling(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, rdb, cnt := newMini(t)
 			c := newClient(t, rdb, WithRecheck(time.Hour))
-			a, b := c.NewMutex("wake", tc.opts...), c.NewMutex("wake", tc.opts...)
+			a, b := must(c.NewMutex("wake", tc.opts...)), must(c.NewMutex("wake", tc.opts...))
 			// A first cycle loads the scripts, so that the count below
 			// has no EVALSHA answered NOSCRIPT in it.
 			if err := a.Lock(ctx); err != nil {
@@ -479,10 +473,10 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 		}
 	}
 	mr.Lpush("redisync:lock:{wt}", "x")
-	check("lock hash of the wrong type", c.NewMutex("wt").Lock(ctx))
+	check("lock hash of the wrong type", must(c.NewMutex("wt")).Lock(ctx))
 	mr.Del("redisync:lock:{wt}")
 	mr.HSet("redisync:lock:{wt}", schema.LayoutField, "3", schema.TokenField, "1.5")
-	err := c.NewMutex("wt").Lock(ctx)
+	err := must(c.NewMutex("wt")).Lock(ctx)
 	check("token of 1.5", err)
 	if !strings.Contains(err.Error(), "redisync:lock:{wt} does not hold a lock of this layout") {
 		t.Fatalf("%q does not say which key holds what", err)
@@ -496,7 +490,7 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 	hook := &failOnce{msg: "NOPERM this user has no permissions to run the 'time' command script: 6c81b5e1a0f0, on @user_script:75."}
 	addHook(rdb2, hook)
 	hook.sha.Store(acquireScript.Hash())
-	err = newClient(t, rdb2).NewMutex("wt").Lock(ctx)
+	err = must(newClient(t, rdb2).NewMutex("wt")).Lock(ctx)
 	var re redis.Error
 	if msg := fmt.Sprint(err); !errors.As(err, &re) || strings.Contains(msg, "script") || strings.Contains(msg, "user_script") ||
 		!strings.HasSuffix(msg, `"wt": NOPERM this user has no permissions to run the 'time' command`) {
@@ -510,11 +504,11 @@ func TestCloseReleasesHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := c.NewMutex("held")
+	m := must(c.NewMutex("held"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s := c.NewSemaphore("sem", 3)
+	s := must(c.NewSemaphore("sem", 3))
 	if err := s.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -593,11 +587,11 @@ func TestLockAttemptAfterALostReplyGoesOnUnderANewTicket(t *testing.T) {
 	hook := &lostReplyThenRecord{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
-	holder := c.NewMutex("m")
+	holder := must(c.NewMutex("m"))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w := c.NewMutex("m")
+	w := must(c.NewMutex("m"))
 	l := w.newCall("queue")
 	hook.mu.Lock()
 	hook.armed = true

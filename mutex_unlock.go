@@ -1,7 +1,6 @@
 package redisync
 
 import (
-	"cmp"
 	"context"
 	"errors"
 
@@ -29,7 +28,7 @@ import (
 // renewed, so when the release fails, or ctx ends before it is confirmed,
 // the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	return observed(m.c.obs, ctx, Call{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
+	return observed(m.c.observer(), ctx, Call{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved: a RedMutex releases its node holds with it.
@@ -42,7 +41,7 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	case h != m.cur:
 		h = nil // unlocked already: released, or lost and forgotten
 	}
-	if err := cmp.Or(m.err, m.c.usable()); err != nil {
+	if err := m.c.usable(); err != nil {
 		if h != nil && errors.Is(err, ErrClosed) {
 			// Lost with the Client, which may have collected the
 			// holds to release already, or not: release it here too

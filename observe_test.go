@@ -80,7 +80,7 @@ func TestObserverCallOutcomes(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}
 	c := newClient(t, rdb, WithObserver(rec))
-	a, b := c.NewMutex("obs"), c.NewMutex("obs")
+	a, b := must(c.NewMutex("obs")), must(c.NewMutex("obs"))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -111,11 +111,11 @@ func TestObserverCallOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := c.NewSemaphore("obs", 1)
+	s := must(c.NewSemaphore("obs", 1))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := c.NewSemaphore("obs", 1).TryAcquire(ctx, 1); ok || err != nil {
+	if ok, err := must(c.NewSemaphore("obs", 1)).TryAcquire(ctx, 1); ok || err != nil {
 		t.Fatalf("TryAcquire = %v, %v", ok, err)
 	}
 	if err := s.Release(ctx, 1); err != nil {
@@ -170,7 +170,7 @@ func TestObserverHoldEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	m := c.NewMutex("hold")
+	m := must(c.NewMutex("hold"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestObserverHoldEvents(t *testing.T) {
 	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) { // and again
 		t.Fatalf("Unlock = %v", err)
 	}
-	closing := c.NewMutex("closing")
+	closing := must(c.NewMutex("closing"))
 	if err := closing.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	rec := &recorder{}
 	rec.gate.Lock()
 	c := newClient(t, rdb, WithObserver(rec), WithCrashTimeout(300*time.Millisecond))
-	m := c.NewMutex("blocked")
+	m := must(c.NewMutex("blocked"))
 	for range 5 {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -239,7 +239,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waiter := c.NewMutex("blocked")
+	waiter := must(c.NewMutex("blocked"))
 	done := make(chan error, 1)
 	go func() { done <- waiter.Lock(ctx) }()
 	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return mr.Exists("redisync:lock:{blocked}:waiting") })
@@ -285,7 +285,7 @@ func TestLoggerWarnings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	m := a.NewMutex("logged")
+	m := must(a.NewMutex("logged"))
 	for range 3 {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -304,7 +304,7 @@ func TestLoggerWarnings(t *testing.T) {
 	// when a hand-off goes to a waiter that died): the waiter's heartbeat
 	// finds it free with nobody to announce it.
 	done := make(chan error, 1)
-	w := a.NewMutex("logged")
+	w := must(a.NewMutex("logged"))
 	go func() { done <- w.Lock(ctx) }()
 	// Its heartbeat is registered once it sleeps, after its last attempt.
 	eventually(t, 5*time.Second, "the waiter to sleep", func() bool {
@@ -338,7 +338,7 @@ func TestObserverReconnect(t *testing.T) {
 	rec := &recorder{}
 	c := newClient(t, rdb, WithObserver(rec))
 	name := uniqueName(t)
-	a, b := c.NewMutex(name), c.NewMutex(name)
+	a, b := must(c.NewMutex(name)), must(c.NewMutex(name))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func TestObserverRedMutex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := r.NewMutex("red")
+	m := must(r.NewMutex("red"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +422,7 @@ func TestObserverHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	giver, taker := c.NewMutex("handed"), c.NewMutex("handed")
+	giver, taker := must(c.NewMutex("handed")), must(c.NewMutex("handed"))
 	if err := giver.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -466,7 +466,7 @@ func TestRedlockCloseTellsHoldReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := r.NewMutex("red-close")
+	m := must(r.NewMutex("red-close"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	m := c.NewMutex("gone")
+	m := must(c.NewMutex("gone"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestReleaseFindingPermitsGoneToldLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	s := c.NewSemaphore("gone", 2)
+	s := must(c.NewSemaphore("gone", 2))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -553,7 +553,7 @@ func TestRedUnlockFindingHoldGoneToldLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	m := r.NewMutex("red-gone")
+	m := must(r.NewMutex("red-gone"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -578,7 +578,7 @@ func TestHandoffFindingHoldGoneToldLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	m := c.NewMutex("gone")
+	m := must(c.NewMutex("gone"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +600,7 @@ func TestObserverSeesEveryCall(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	rec := &recorder{}
 	c := newClient(t, rdb, WithObserver(rec))
-	m := c.NewMutex("m")
+	m := must(c.NewMutex("m"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -616,7 +616,7 @@ func TestObserverSeesEveryCall(t *testing.T) {
 	if err := m.Extend(ctx, time.Minute); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Extend with nothing held: %v", err)
 	}
-	e := c.NewElection("e")
+	e := must(c.NewElection("e"))
 	if err := e.Campaign(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}

@@ -16,9 +16,8 @@ import (
 )
 
 // TestOptionWhereItMeansNothing: one Option type serves every
-// constructor; an option given where it means nothing is ErrInvalidOption,
-// from New and NewRedlock, and from every call of a value built with it,
-// before any call to Redis.
+// constructor; an option given where it means nothing is ErrInvalidOption
+// from the constructor given it, before any call to Redis.
 func TestOptionWhereItMeansNothing(t *testing.T) {
 	_, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
@@ -27,15 +26,15 @@ func TestOptionWhereItMeansNothing(t *testing.T) {
 		what string
 		call func() error
 	}{
-		{"Barging to a Semaphore", func() error { return c.NewSemaphore("s", 1, Barging()).Acquire(ctx, 1) }},
-		{"Barging to a RWMutex", func() error { return c.NewRWMutex("rw", Barging()).Lock(ctx) }},
-		{"Barging to an Election", func() error { return c.NewElection("e", Barging()).Campaign(ctx, "v") }},
-		{"WithPlainPubSub to a Mutex", func() error { return c.NewMutex("m", WithPlainPubSub()).Lock(ctx) }},
-		{"WithNodeTimeout to a Mutex", func() error { return c.NewMutex("m", WithNodeTimeout(time.Second)).Lock(ctx) }},
-		{"WithMetadata to a Semaphore", func() error { return c.NewSemaphore("s", 1, WithMetadata("x")).Acquire(ctx, 1) }},
-		{"WithObserver to a RedMutex", func() error { return r.NewMutex("m", WithObserver(nil)).Lock(ctx) }},
-		{"WithReplicas to a RedMutex", func() error { return r.NewMutex("m", WithReplicas(1, time.Second)).Lock(ctx) }},
-		{"WithWaiterTimeout to a RedMutex", func() error { return r.NewMutex("m", WithWaiterTimeout(time.Second)).Lock(ctx) }},
+		{"Barging to a Semaphore", func() error { return errOf(c.NewSemaphore("s", 1, Barging())) }},
+		{"Barging to a RWMutex", func() error { return errOf(c.NewRWMutex("rw", Barging())) }},
+		{"Barging to an Election", func() error { return errOf(c.NewElection("e", Barging())) }},
+		{"WithPlainPubSub to a Mutex", func() error { return errOf(c.NewMutex("m", WithPlainPubSub())) }},
+		{"WithNodeTimeout to a Mutex", func() error { return errOf(c.NewMutex("m", WithNodeTimeout(time.Second))) }},
+		{"WithMetadata to a Semaphore", func() error { return errOf(c.NewSemaphore("s", 1, WithMetadata("x"))) }},
+		{"WithObserver to a RedMutex", func() error { return errOf(r.NewMutex("m", WithObserver(nil))) }},
+		{"WithReplicas to a RedMutex", func() error { return errOf(r.NewMutex("m", WithReplicas(1, time.Second))) }},
+		{"WithWaiterTimeout to a RedMutex", func() error { return errOf(r.NewMutex("m", WithWaiterTimeout(time.Second))) }},
 		{"WithLabel to InspectLock", func() error { _, err := c.InspectLock(ctx, "m", WithLabel("x")); return err }},
 		{"Barging to NewRedlock", func() error { _, err := NewRedlock([]redis.UniversalClient{rdb}, Barging()); return err }},
 		{"WithNodeTimeout to New", func() error { _, err := New(rdb, WithNodeTimeout(time.Second)); return err }},
@@ -52,7 +51,7 @@ func TestOptionWhereItMeansNothing(t *testing.T) {
 	// Given to New, an option of the primitives is their default: a
 	// Semaphore of a barging Client is as any other.
 	barging := newClient(t, rdb, Barging(), WithMetadata("x"))
-	s := barging.NewSemaphore("s", 1)
+	s := must(barging.NewSemaphore("s", 1))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatalf("a Semaphore of a Client given Barging: %v", err)
 	}
@@ -61,8 +60,7 @@ func TestOptionWhereItMeansNothing(t *testing.T) {
 	}
 }
 
-// Issue 15, point 5: constructors that can meet bad input return an
-// error, instead of deferring it to the first call.
+// TestConstructorsRefuseBadInput: New refuses a bad client or option.
 func TestConstructorsRefuseBadInput(t *testing.T) {
 	_, rdb, cnt := newMini(t)
 	var typedNil *redis.Client

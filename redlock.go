@@ -89,8 +89,20 @@ func (r *Redlock) Close() error {
 // Quorum returns how many nodes must grant a lock: a majority.
 func (r *Redlock) Quorum() int { return r.quorum }
 
+// observer returns the Redlock's Observer, or nil: none is told the
+// calls of a RedMutex's zero value, which has no Redlock.
+func (r *Redlock) observer() Observer {
+	if r == nil {
+		return nil
+	}
+	return r.cfg.obs
+}
+
 // usable reports why the Redlock cannot be used, if it cannot.
 func (r *Redlock) usable() error {
+	if r == nil {
+		return errZeroValue // a RedMutex's zero value
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {

@@ -65,8 +65,8 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.what, func(t *testing.T) {
-			// NewRedlock refuses bad nodes and options; a lock's own bad
-			// name or option is reported by each of its calls.
+			// NewRedlock refuses bad nodes and options; NewMutex a
+			// lock's own bad name or option.
 			r, err := NewRedlock(tc.rdbs, tc.opts...)
 			if r == nil {
 				if !errors.Is(err, tc.want) {
@@ -79,16 +79,7 @@ func TestRedlockBadInputFailsBeforeRedis(t *testing.T) {
 			if tc.what == "bad lock option" {
 				opts = append(opts, WithFixedLease(-1))
 			}
-			m := r.NewMutex(tc.name, opts...)
-			if err := m.Lock(context.Background()); !errors.Is(err, tc.want) {
-				t.Errorf("Lock: %v, want %v", err, tc.want)
-			}
-			if _, err := m.TryLock(context.Background()); !errors.Is(err, tc.want) {
-				t.Errorf("TryLock: %v, want %v", err, tc.want)
-			}
-			if err := m.Unlock(context.Background()); !errors.Is(err, tc.want) {
-				t.Errorf("Unlock: %v, want %v", err, tc.want)
-			}
+			checkInvalid(t, errOf(r.NewMutex(tc.name, opts...)), tc.want)
 		})
 	}
 	for i, c := range cnts {
@@ -107,7 +98,7 @@ func TestRedlockQuorumSizes(t *testing.T) {
 		if got := r.Quorum(); got != want {
 			t.Errorf("%d nodes: quorum %d, want %d", n, got, want)
 		}
-		m := r.NewMutex("even-is-fine")
+		m := must(r.NewMutex("even-is-fine"))
 		if err := m.Lock(context.Background()); err != nil {
 			t.Fatalf("%d nodes: %v", n, err)
 		}
@@ -154,7 +145,7 @@ func TestRedlockLockUnlockReentrant(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	r := newRedlock(t, rdbs)
-	a, b := r.NewMutex("x"), r.NewMutex("x")
+	a, b := must(r.NewMutex("x")), must(r.NewMutex("x"))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +217,7 @@ func TestRedlockTokenIsRaisedOnEveryNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRedlock(t, rdbs)
-	m := r.NewMutex("t")
+	m := must(r.NewMutex("t"))
 	lockOnAll(t, m)
 	// high+1 unless a round that left a node out came first (lockOnAll).
 	want := m.Token()
@@ -256,7 +247,7 @@ func TestRedlockNoQuorum(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	r := newRedlock(t, rdbs, WithNodeTimeout(200*time.Millisecond))
-	m := r.NewMutex("q")
+	m := must(r.NewMutex("q"))
 	mrs[0].Close()
 	mrs[2].Close()
 	start := time.Now()
@@ -300,7 +291,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	ctx := context.Background()
 	mrs, rdbs, _ := newMiniNodes(t, 3)
 	r := newRedlock(t, rdbs, WithCrashTimeout(600*time.Millisecond), WithNodeTimeout(200*time.Millisecond)) // a node timeout that a busy machine meets
-	m := r.NewMutex("l")
+	m := must(r.NewMutex("l"))
 	lockOnAll(t, m)
 	key := "redisync:lock:{l}"
 	mrs[0].Del(key)
@@ -393,7 +384,7 @@ func TestRedMutexDoKeepsItsHoldWhenANodeGrantsLate(t *testing.T) {
 		}
 	}}
 	r := newRedlock(t, rdbs, WithObserver(obs), WithNodeTimeout(400*time.Millisecond))
-	m := r.NewMutex("l")
+	m := must(r.NewMutex("l"))
 	slow.armed.Store(true)
 	pause.Store(true)
 	var cause error

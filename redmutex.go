@@ -24,6 +24,9 @@ import (
 // it. The lock is held while a quorum of these node holds is. A RedMutex
 // is not fair: its waiters are not queued, and a free lock goes to the
 // first to take a quorum (see NewMutex).
+//
+// Make a RedMutex with Redlock.NewMutex: every call of a zero RedMutex fails with
+// ErrInvalid.
 type RedMutex struct {
 	r           *Redlock
 	name        string
@@ -32,7 +35,6 @@ type RedMutex struct {
 	lease       time.Duration
 	nodeTimeout time.Duration
 	recheck     time.Duration
-	err         error
 
 	mu   sync.Mutex    // guards cur and the holds' fields; taken after a node's mu, never before
 	cur  *hold         // the value's hold (n: the levels; parts: its node holds, nil where none), lost or not, until its last Unlock; nil: none
@@ -40,10 +42,13 @@ type RedMutex struct {
 }
 
 // NewMutex returns a RedMutex for the lock called name on every node of r.
-// It does no I/O; bad input (ErrInvalidName, ErrInvalidOption, or the
-// Redlock's own) is reported by every call, before any call to Redis.
-func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
+// It does no I/O. It fails with an *OpError wrapping ErrInvalidName or
+// ErrInvalidOption (and ErrInvalid) for an invalid name or option.
+func (r *Redlock) NewMutex(name string, opts ...Option) (*RedMutex, error) {
 	cfg := with(r.cfg, atRedMutex, opts)
+	if err := cmp.Or(checkName(name), cfg.err); err != nil {
+		return nil, wrapOp("new redmutex", name, err)
+	}
 	// A RedMutex barges: independent nodes keep independent queues, which
 	// may order the same waiters differently, so that each node would hand
 	// its lock to another waiter and none reach a quorum. Ordering waiters
@@ -58,12 +63,11 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 		lease:       lease,
 		nodeTimeout: cmp.Or(cfg.node, min(lease/10, defaultNodeTimeout)),
 		recheck:     cfg.recheck,
-		err:         cmp.Or(checkName(name), cfg.err),
 	}
 	for _, c := range r.clients {
 		m.posts = append(m.posts, c.newMutex(name, cfg).post())
 	}
-	return m
+	return m, nil
 }
 
 // Lock blocks until the lock is held for this call on a quorum of nodes,
@@ -85,13 +89,16 @@ func (r *Redlock) NewMutex(name string, opts ...Option) *RedMutex {
 // waited for. It returns ErrClosed after Close, and ctx.Err() wrapped when
 // ctx ends first; it leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) error {
-	return observed(m.r.cfg.obs, ctx, Call{Op: OpLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.lock, m.Token)
+	return observed(m.r.observer(), ctx, Call{Op: OpLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
 func (m *RedMutex) lock(ctx context.Context) error {
 	if h := holdIn(ctx, m); h != nil {
 		return m.wrapIf("lock", m.reenter(ctx, h))
+	}
+	if err := m.r.usable(); err != nil {
+		return m.wrap("lock", err)
 	}
 	if err := owedUnlock(ctx, &m.mu, m.owed, m.r.clients[0].ctx.Done(), true); err != nil {
 		return m.wrap("lock", err)
@@ -119,7 +126,7 @@ func (m *RedMutex) owed() <-chan struct{} {
 // fewer than a quorum of nodes answered, it returns false and an error
 // wrapping ErrQuorum.
 func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
-	return observedTry(m.r.cfg.obs, ctx, Call{Op: OpTryLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.tryLock, m.Token)
+	return observedTry(m.r.observer(), ctx, Call{Op: OpTryLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
@@ -127,6 +134,9 @@ func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
 	if h := holdIn(ctx, m); h != nil {
 		err := m.reenter(ctx, h)
 		return err == nil, m.wrapIf("trylock", err)
+	}
+	if err := m.r.usable(); err != nil {
+		return false, m.wrap("trylock", err)
 	}
 	if owedUnlock(ctx, &m.mu, m.owed, m.r.clients[0].ctx.Done(), false) != nil {
 		return false, nil // a lost hold of m still owes its Unlock
@@ -148,12 +158,12 @@ func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
 // not be told: their holds then stay until their leases run out. m
 // forgets the hold in every case.
 func (m *RedMutex) Unlock(ctx context.Context) error {
-	return observed(m.r.cfg.obs, ctx, Call{Op: OpUnlock, Primitive: PrimitiveRedMutex, Name: m.name}, m.unlock, nil)
+	return observed(m.r.observer(), ctx, Call{Op: OpUnlock, Primitive: PrimitiveRedMutex, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved.
 func (m *RedMutex) unlock(ctx context.Context) error {
-	if err := cmp.Or(m.err, m.r.usable()); err != nil {
+	if err := m.r.usable(); err != nil {
 		return m.wrap("unlock", err)
 	}
 	m.mu.Lock()
@@ -283,7 +293,7 @@ func (m *RedMutex) Name() string { return m.name }
 // reenter adds a level to h, m's hold that ctx carries, unless it has
 // ended: it returns why then.
 func (m *RedMutex) reenter(ctx context.Context, h *hold) error {
-	if err := cmp.Or(m.err, m.r.usable()); err != nil {
+	if err := m.r.usable(); err != nil {
 		return err
 	}
 	return reenter(ctx, &m.mu, m, h)

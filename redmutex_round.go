@@ -30,7 +30,7 @@ var (
 // returns an error wrapping ErrQuorum when fewer than a quorum answered.
 func (x *redCall) round(ctx context.Context) (acquired bool, sleep time.Duration, split bool, err error) {
 	m := x.m
-	if err := cmp.Or(m.err, m.r.usable(), ctx.Err()); err != nil {
+	if err := cmp.Or(m.r.usable(), ctx.Err()); err != nil {
 		return false, 0, false, err
 	}
 	start := time.Now()

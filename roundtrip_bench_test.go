@@ -31,7 +31,7 @@ import (
 func BenchmarkCallHop(b *testing.B) {
 	rdb, _ := benchRedis(b)
 	c := benchClient(b, rdb)
-	m := c.NewMutex(benchKey(b))
+	m := must(c.NewMutex(benchKey(b)))
 	requests := benchRecordLockUnlock(b, rdb, m)
 	noop := testScript("return 1")
 	workers := roundtrip.New(context.Background(), ErrClosed, nil, rdb, nil)

@@ -48,12 +48,14 @@ import (
 //
 // The options are those of a Semaphore (WithFixedLease, WithCrashTimeout,
 // WithWaiterTimeout, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
+//
+// Make a RWMutex with Client.NewRWMutex: every call of a zero RWMutex fails with
+// ErrInvalid.
 type RWMutex struct {
 	c    *Client
 	name string
 	cfg  config
 	keys schema.Semaphore
-	err  error // invalid name or option
 
 	mu      sync.Mutex
 	write   *rwHold       // the value's write, lost or not, until its last Unlock
@@ -70,13 +72,16 @@ type rwHold struct {
 	levels int64 // guarded by the RWMutex's mu
 }
 
-// NewRWMutex returns a RWMutex called name. It does no I/O. An invalid
-// name (ErrInvalidName) or option (ErrInvalidOption) is reported by every
-// call of the RWMutex, before any call to Redis.
-func (c *Client) NewRWMutex(name string, opts ...Option) *RWMutex {
+// NewRWMutex returns a RWMutex called name. It does no I/O. It fails with
+// an *OpError wrapping ErrInvalidName or ErrInvalidOption (and ErrInvalid)
+// for an invalid name or option.
+func (c *Client) NewRWMutex(name string, opts ...Option) (*RWMutex, error) {
 	cfg := with(c.cfg, atRWMutex, opts)
+	if err := cmp.Or(checkName(name), cfg.err); err != nil {
+		return nil, wrapOp("new rwmutex", name, err)
+	}
 	return &RWMutex{c: c, name: name, cfg: cfg, keys: schema.RWMutexKeys(cfg.prefix, name),
-		err: cmp.Or(checkName(name), cfg.err), changed: make(chan struct{})}
+		changed: make(chan struct{})}, nil
 }
 
 // RLock blocks until a read is held for this call, ctx ends or the Client
@@ -220,7 +225,7 @@ func (rw *RWMutex) current() *rwHold {
 
 // observed runs take, told to the Client's Observer if it has one.
 func (rw *RWMutex) observed(ctx context.Context, op Op, write, wait bool) (bool, error) {
-	return observedTry(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
+	return observedTry(rw.c.observer(), ctx, rw.call(op), func(ctx context.Context) (bool, error) {
 		h, err := rw.take(ctx, op, write, wait, false)
 		return h != nil, err
 	}, rw.Token)
@@ -229,7 +234,7 @@ func (rw *RWMutex) observed(ctx context.Context, op Op, write, wait bool) (bool,
 // observedRelease runs release, told to the Client's Observer if it has
 // one.
 func (rw *RWMutex) observedRelease(ctx context.Context, op Op, write bool) error {
-	return observed(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) error { return rw.release(ctx, op, write) }, nil)
+	return observed(rw.c.observer(), ctx, rw.call(op), func(ctx context.Context) error { return rw.release(ctx, op, write) }, nil)
 }
 
 // call describes a call op of rw to an Observer.
@@ -245,7 +250,7 @@ func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Conte
 		op, release = OpLock, OpUnlock
 	}
 	var h *rwHold
-	_, err = observedTry(rw.c.obs, ctx, rw.call(op), func(ctx context.Context) (bool, error) {
+	_, err = observedTry(rw.c.observer(), ctx, rw.call(op), func(ctx context.Context) (bool, error) {
 		var err error
 		h, err = rw.take(ctx, op, write, true, true)
 		return h != nil, err
@@ -268,7 +273,7 @@ func (rw *RWMutex) take(ctx context.Context, op Op, write, wait, scoped bool) (*
 	if h := rw.heldIn(ctx); h != nil {
 		return rw.reenter(ctx, op, h, write)
 	}
-	if err := cmp.Or(rw.err, rw.c.usable(), ctx.Err()); err != nil {
+	if err := cmp.Or(rw.c.usable(), ctx.Err()); err != nil {
 		return nil, rw.wrap(op, err)
 	}
 	n := int64(1)
@@ -389,7 +394,7 @@ func (rw *RWMutex) reenter(ctx context.Context, op Op, h *rwHold, write bool) (*
 	if write && !h.write {
 		return nil, rw.wrap(op, ErrUpgrade)
 	}
-	if err := cmp.Or(rw.err, rw.c.usable()); err != nil {
+	if err := rw.c.usable(); err != nil {
 		return nil, rw.wrap(op, err)
 	}
 	rw.mu.Lock()
@@ -418,8 +423,8 @@ func (rw *RWMutex) holds(h *rwHold) bool {
 // write (write), or one of its reads, lost ones first. At its last level
 // the hold's permits are released in Redis.
 func (rw *RWMutex) release(ctx context.Context, op Op, write bool) error {
-	if rw.err != nil {
-		return rw.wrap(op, rw.err)
+	if err := rw.c.made(); err != nil {
+		return rw.wrap(op, err)
 	}
 	rw.mu.Lock()
 	h := rw.heldIn(ctx)

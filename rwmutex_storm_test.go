@@ -116,7 +116,7 @@ func rwStorm(t *testing.T, seed uint64, values int) {
 	var wg sync.WaitGroup
 	vs := make([]*RWMutex, values)
 	for v := range vs {
-		vs[v] = clients[v%len(clients)].NewRWMutex(name, WithWaiterTimeout(300*time.Millisecond))
+		vs[v] = must(clients[v%len(clients)].NewRWMutex(name, WithWaiterTimeout(300*time.Millisecond)))
 	}
 	for g := range 12 {
 		rng := rand.New(rand.NewPCG(seed, uint64(g)))
@@ -255,7 +255,7 @@ func TestRWMutexWriterNotStarvedByReaders(t *testing.T) {
 	var wg sync.WaitGroup
 	var reads atomic.Int64
 	for g := range 4 {
-		cur, next := clients[g%2].NewRWMutex(name), clients[(g+1)%2].NewRWMutex(name)
+		cur, next := must(clients[g%2].NewRWMutex(name)), must(clients[(g+1)%2].NewRWMutex(name))
 		wg.Go(func() { relayReads(rctx, cur, next, &reads) })
 	}
 	defer func() {
@@ -263,7 +263,7 @@ func TestRWMutexWriterNotStarvedByReaders(t *testing.T) {
 		wg.Wait()
 	}()
 	eventually(t, 5*time.Second, "readers to stream", func() bool { return reads.Load() > 50 })
-	w := newClient(t, rdb).NewRWMutex(name)
+	w := must(newClient(t, rdb).NewRWMutex(name))
 	for range 5 {
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := w.Lock(wctx)

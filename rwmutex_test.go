@@ -50,16 +50,16 @@ func TestRWMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 	c := newClient(t, rdb)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
+	checkInvalid(t, errOf(c.NewRWMutex("")), ErrInvalidName)
+	checkInvalid(t, errOf(c.NewRWMutex("}rw")), ErrInvalidName)
+	checkInvalid(t, errOf(c.NewRWMutex("rw", WithFixedLease(0))), ErrInvalidOption)
 	cases := []struct {
 		name string
 		rw   *RWMutex
 		ctx  context.Context
 		want error
 	}{
-		{"empty name", c.NewRWMutex(""), ctx, ErrInvalidName},
-		{"name without a hash tag", c.NewRWMutex("}rw"), ctx, ErrInvalidName},
-		{"invalid option", c.NewRWMutex("rw", WithFixedLease(0)), ctx, ErrInvalidOption},
-		{"cancelled context", c.NewRWMutex("rw"), cancelled, context.Canceled},
+		{"cancelled context", must(c.NewRWMutex("rw")), cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,7 +95,7 @@ func TestRWMutexInvalidInputFailsBeforeRedis(t *testing.T) {
 func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	r1, r2, w := c.NewRWMutex("rw"), c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	r1, r2, w := must(c.NewRWMutex("rw")), must(c.NewRWMutex("rw")), must(c.NewRWMutex("rw"))
 	if err := r1.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 	locked := async(func() error { return w.Lock(ctx) })
 	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 1 })
 	// A reader that comes after a waiting writer queues behind it.
-	if ok, err := c.NewRWMutex("rw").TryRLock(ctx); ok || err != nil {
+	if ok, err := must(c.NewRWMutex("rw")).TryRLock(ctx); ok || err != nil {
 		t.Fatalf("TryRLock ahead of a queued writer: %v, %v, want false", ok, err)
 	}
 	st, err := c.InspectRWMutex(ctx, "rw")
@@ -160,7 +160,7 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 func TestRWMutexReentryAndUpgrade(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	rw, other, writer := c.NewRWMutex("rw"), c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	rw, other, writer := must(c.NewRWMutex("rw")), must(c.NewRWMutex("rw")), must(c.NewRWMutex("rw"))
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestRWMutexReentryAndUpgrade(t *testing.T) {
 // of consecutive readers together, each writer alone.
 func TestRWMutexFIFOAcrossClients(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	first := newClient(t, rdb).NewRWMutex("rw")
+	first := must(newClient(t, rdb).NewRWMutex("rw"))
 	if err := first.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestRWMutexFIFOAcrossClients(t *testing.T) {
 	}
 	ws := make([]waiter, len(order))
 	for i, kind := range order {
-		w := waiter{rw: newClient(t, rdb, WithRecheck(time.Hour)).NewRWMutex("rw"), write: kind == 'W'}
+		w := waiter{rw: must(newClient(t, rdb, WithRecheck(time.Hour)).NewRWMutex("rw")), write: kind == 'W'}
 		if w.write {
 			w.done = async(func() error { return w.rw.Lock(ctx) })
 		} else {
@@ -304,7 +304,7 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	rdb := newReal(t)
 	name := uniqueName(t)
 	const lease = 300 * time.Millisecond
-	reader := newClient(t, rdb).NewRWMutex(name, WithFixedLease(lease))
+	reader := must(newClient(t, rdb).NewRWMutex(name, WithFixedLease(lease)))
 	reading := make(chan struct{})
 	readDone := async(func() error {
 		return reader.RDo(ctx, func(rctx context.Context) error {
@@ -319,14 +319,14 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 	})
 	<-reading
 	start := time.Now()
-	other := newClient(t, rdb).NewRWMutex(name, WithFixedLease(time.Hour))
+	other := must(newClient(t, rdb).NewRWMutex(name, WithFixedLease(time.Hour)))
 	if err := other.RLock(ctx); err != nil { // a live reader, released at once
 		t.Fatal(err)
 	}
 	if err := other.RUnlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	writer := newClient(t, rdb, WithRecheck(time.Hour)).NewRWMutex(name)
+	writer := must(newClient(t, rdb, WithRecheck(time.Hour)).NewRWMutex(name))
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := writer.Lock(wctx); err != nil {
@@ -348,10 +348,10 @@ func TestRWMutexWrongTypeTokenIsAnErrorAndWritesNothing(t *testing.T) {
 	c := newClient(t, rdb)
 	mr.HSet(rwKey+":token", "x", "1")
 	before := mr.Keys()
-	if err := c.NewRWMutex("rw").RLock(ctx); !errors.Is(err, ErrWrongType) {
+	if err := must(c.NewRWMutex("rw")).RLock(ctx); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("RLock with a token counter of the wrong type: %v, want ErrWrongType", err)
 	}
-	if err := c.NewRWMutex("rw").Lock(ctx); !errors.Is(err, ErrWrongType) {
+	if err := must(c.NewRWMutex("rw")).Lock(ctx); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("Lock with a token counter of the wrong type: %v, want ErrWrongType", err)
 	}
 	if after := mr.Keys(); !slices.Equal(before, after) {
@@ -365,7 +365,7 @@ func TestRWMutexWrongTypeTokenIsAnErrorAndWritesNothing(t *testing.T) {
 func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	w := c.NewRWMutex("rw")
+	w := must(c.NewRWMutex("rw"))
 	if err := w.Lock(ctx); err != nil { // loads the script
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
 func TestRWMutexHoldContext(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	rw := c.NewRWMutex("rw")
+	rw := must(c.NewRWMutex("rw"))
 	hctx, cancel := rw.HoldContext(ctx)
 	if !errors.Is(context.Cause(hctx), ErrNotHeld) {
 		t.Fatalf("hold context of nothing: cause %v, want ErrNotHeld", context.Cause(hctx))
@@ -431,7 +431,7 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	r := holder.NewRWMutex("rw")
+	r := must(holder.NewRWMutex("rw"))
 	reading := make(chan struct{})
 	readDone := async(func() error {
 		return r.RDo(ctx, func(rctx context.Context) error {
@@ -441,10 +441,10 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 		})
 	})
 	<-reading
-	w := c.NewRWMutex("rw")
+	w := must(c.NewRWMutex("rw"))
 	locked := async(func() error { return w.Lock(ctx) })
 	eventually(t, 5*time.Second, "the writer to queue", func() bool { return rwQueueLen(t, mr) == 1 })
-	waiter := holder.NewRWMutex("rw")
+	waiter := must(holder.NewRWMutex("rw"))
 	read := async(func() error { return waiter.RLock(ctx) })
 	eventually(t, 5*time.Second, "the reader to queue", func() bool { return rwQueueLen(t, mr) == 2 })
 	if err := holder.Close(); err != nil {
@@ -467,7 +467,7 @@ func TestRWMutexCloseReleasesAndEndsWaiters(t *testing.T) {
 func TestRWMutexLostHoldIsReportedUntilReleased(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-	rw := c.NewRWMutex("rw")
+	rw := must(c.NewRWMutex("rw"))
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

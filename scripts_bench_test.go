@@ -43,7 +43,7 @@ import (
 //	for i in 1 2 3 4 5; do go test -run '^$' -bench ScriptCost -benchtime 20000x .; done
 func BenchmarkScriptCost(b *testing.B) {
 	rdb, cnt := benchRedis(b)
-	m := benchClient(b, rdb).NewMutex(benchKey(b))
+	m := must(benchClient(b, rdb).NewMutex(benchKey(b)))
 	requests := benchRecordLockUnlock(b, rdb, m)
 	for _, tc := range []struct {
 		name string

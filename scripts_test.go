@@ -218,7 +218,7 @@ func TestQueueOrderSurvivesAClockStepBack(t *testing.T) {
 	now := time.Now()
 	mr.SetTime(now)
 	h := newClient(t, rdb)
-	mh := h.NewMutex("job")
+	mh := must(h.NewMutex("job"))
 	if err := mh.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestQueueOrderSurvivesAClockStepBack(t *testing.T) {
 	var ms []*Mutex
 	errs := make(chan error, 2)
 	for i := range 2 {
-		m := newClient(t, rdb, WithLabel("w"+strconv.Itoa(i))).NewMutex("job")
+		m := must(newClient(t, rdb, WithLabel("w"+strconv.Itoa(i))).NewMutex("job"))
 		ms = append(ms, m)
 		go func() { errs <- m.Lock(lctx) }()
 		eventually(t, 5*time.Second, "a waiter to queue", func() bool {

@@ -44,13 +44,15 @@ import (
 // The guarantees and their limits are those of a Mutex: a holder that
 // pauses longer than its lease, a failover that loses writes or a clock
 // jump on the server can let more holders in than the size.
+//
+// Make a Semaphore with Client.NewSemaphore: every call of a zero Semaphore fails with
+// ErrInvalid.
 type Semaphore struct {
 	c    *Client
 	name string
 	size int64
 	cfg  config
 	keys schema.Semaphore
-	err  error // invalid name, size or option
 	// fence is set on a RWMutex's semaphore: a grant of all its permits
 	// (a write) carries a fencing token, kept in the hold.
 	fence bool
@@ -76,18 +78,20 @@ type Semaphore struct {
 const MaxSemaphoreSize = 1 << 40 // 1,099,511,627,776
 
 // NewSemaphore returns a Semaphore with size permits called name. It does
-// no I/O. An invalid name (ErrInvalidName), a size outside [1,
-// MaxSemaphoreSize] (ErrInvalidPermits) or an invalid option
-// (ErrInvalidOption) is reported by every call of the Semaphore, before
-// any call to Redis.
+// no I/O. It fails with an *OpError wrapping ErrInvalidName for an invalid
+// name, ErrInvalidPermits for a size outside [1, MaxSemaphoreSize] and
+// ErrInvalidOption for an invalid option (each wraps ErrInvalid too).
 //
 // The first call to Redis stores the size; a Semaphore of the same name
 // with another size fails with ErrSizeMismatch. The size is kept while the
 // semaphore is in use and for an hour after its last Acquire; change it
 // with Client.ResizeSemaphore.
-func (c *Client) NewSemaphore(name string, size int64, opts ...Option) *Semaphore {
+func (c *Client) NewSemaphore(name string, size int64, opts ...Option) (*Semaphore, error) {
 	cfg := with(c.cfg, atSemaphore, opts)
-	return c.newSemaphore(name, size, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
+	if err := cmp.Or(checkName(name), checkSize(size), cfg.err); err != nil {
+		return nil, wrapOp("new semaphore", name, err)
+	}
+	return c.newSemaphore(name, size, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name)), nil
 }
 
 // checkSize reports a semaphore size outside [1, MaxSemaphoreSize].
@@ -108,7 +112,6 @@ func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitiv
 		cfg:   cfg,
 		turn:  newTurn(),
 		op:    newTurn(),
-		err:   cmp.Or(checkName(name), checkSize(size), cfg.err),
 		holds: newHolds(c, prim, name),
 		keys:  keys,
 	}
@@ -138,7 +141,7 @@ func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitiv
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
-	return observed(s.c.obs, ctx, Call{Op: OpAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.acquire(ctx, n) }, nil)
+	return observed(s.c.observer(), ctx, Call{Op: OpAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.acquire(ctx, n) }, nil)
 }
 
 // acquire is Acquire, unobserved.
@@ -169,7 +172,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 // anyone is queued, even if the free permits would cover n, and when
 // another Acquire of s is under way.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
-	return observedTry(s.c.obs, ctx, Call{Op: OpTryAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) (bool, error) { return s.tryAcquire(ctx, n) }, nil)
+	return observedTry(s.c.observer(), ctx, Call{Op: OpTryAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) (bool, error) { return s.tryAcquire(ctx, n) }, nil)
 }
 
 // tryAcquire is TryAcquire, unobserved.
@@ -214,12 +217,12 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 // renew permits it cannot count. When ctx ends before such a release is
 // confirmed, Release returns and its outcome is applied when it comes.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
-	return observed(s.c.obs, ctx, Call{Op: OpRelease, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.releaseN(ctx, n) }, nil)
+	return observed(s.c.observer(), ctx, Call{Op: OpRelease, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.releaseN(ctx, n) }, nil)
 }
 
 // releaseN is Release, unobserved.
 func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
-	if err := cmp.Or(s.err, s.check(n)); err != nil {
+	if err := cmp.Or(s.c.made(), s.check(n)); err != nil {
 		return s.wrap("release", err)
 	}
 	// s's turn to talk to Redis is waited for whatever ctx says: a
@@ -454,7 +457,7 @@ func (s *Semaphore) check(n int64) error {
 // usable checks, before any call to Redis, that s can be used now for n
 // permits.
 func (s *Semaphore) usable(ctx context.Context, n int64) error {
-	return cmp.Or(s.err, s.check(n), s.c.usable(), ctx.Err())
+	return cmp.Or(s.c.made(), s.check(n), s.c.usable(), ctx.Err())
 }
 
 // lockOp waits for s's turn to talk to Redis, for a clean-up or a release:

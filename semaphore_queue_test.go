@@ -79,14 +79,14 @@ func ownDeadlinePassed(t *testing.T, mr *miniredis.Miniredis, key, waiter string
 func TestSemaphoreFIFONoOvertaking(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	holders := []*Semaphore{c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)}
+	holders := []*Semaphore{must(c.NewSemaphore("s", 3)), must(c.NewSemaphore("s", 3))}
 	if err := holders[0].Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := holders[1].Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	big := c.NewSemaphore("s", 3)
+	big := must(c.NewSemaphore("s", 3))
 	bigDone := acquireAsync(ctx, big, 3)
 	eventually(t, 5*time.Second, "the 3-permit waiter to queue", func() bool { return queueLen(t, mr) == 1 })
 
@@ -95,7 +95,7 @@ func TestSemaphoreFIFONoOvertaking(t *testing.T) {
 	if err := holders[1].Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	small := c.NewSemaphore("s", 3)
+	small := must(c.NewSemaphore("s", 3))
 	if ok, err := small.TryAcquire(ctx, 1); ok || err != nil {
 		t.Fatalf("TryAcquire(1) ahead of a queued waiter: %v, %v, want false", ok, err)
 	}
@@ -132,7 +132,7 @@ func TestSemaphoreFIFONoOvertaking(t *testing.T) {
 func TestSemaphoreReleaseGrantsSeveralWaitersInOneMessage(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	holder := c.NewSemaphore("s", 4)
+	holder := must(c.NewSemaphore("s", 4))
 	// A first cycle loads the scripts, so that the count below has no
 	// EVALSHA answered NOSCRIPT in it.
 	if err := holder.Acquire(ctx, 1); err != nil {
@@ -147,7 +147,7 @@ func TestSemaphoreReleaseGrantsSeveralWaitersInOneMessage(t *testing.T) {
 	var ws []*Semaphore
 	var dones []<-chan error
 	for i := range 3 {
-		w := c.NewSemaphore("s", 4)
+		w := must(c.NewSemaphore("s", 4))
 		ws = append(ws, w)
 		dones = append(dones, acquireAsync(ctx, w, int64(i+1))) // 1, 2, 3
 		eventually(t, 5*time.Second, "a waiter to queue and sleep", func() bool { return queueLen(t, mr) == i+1 && asleep(c) == i+1 })
@@ -181,7 +181,7 @@ func TestSemaphoreReleaseGrantsSeveralWaitersInOneMessage(t *testing.T) {
 func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	s := c.NewSemaphore("s", 2)
+	s := must(c.NewSemaphore("s", 2))
 	if ok, err := s.TryAcquire(ctx, 1); !ok || err != nil { // creates the keys
 		t.Fatal(ok, err)
 	}
@@ -192,7 +192,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	mr.HSet(semKey+":waiters", "ghost#1", strconv.FormatInt(past, 10)+":3000:2:1")
-	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+	if ok, err := must(c.NewSemaphore("s", 2)).TryAcquire(ctx, 1); !ok || err != nil {
 		t.Fatalf("TryAcquire behind a dead waiter: %v, %v, want true", ok, err)
 	}
 	if queueLen(t, mr) != 0 {
@@ -207,7 +207,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 	if err := s.Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); ok || err != nil {
+	if ok, err := must(c.NewSemaphore("s", 2)).TryAcquire(ctx, 1); ok || err != nil {
 		t.Fatalf("TryAcquire ahead of a live waiter: %v, %v, want false", ok, err)
 	}
 }
@@ -216,7 +216,7 @@ func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	const hb = 300 * time.Millisecond
 	c := newClient(t, rdb, WithWaiterTimeout(hb), WithRecheck(time.Hour))
-	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	holder, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour)) // grant lease 3 s, lease DefaultCrashTimeout
-	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	holder, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestSemaphoreGrantFoundByAttemptGetsFullLease(t *testing.T) {
 func TestSemaphoreWaiterDroppedAsDeadQueuesAgainWithHeartbeat(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithWaiterTimeout(300*time.Millisecond), WithRecheck(time.Hour))
-	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	holder, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

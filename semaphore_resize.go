@@ -29,10 +29,10 @@ func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int6
 // resizeSemaphore is ResizeSemaphore, unobserved.
 func (c *Client) resizeSemaphore(ctx context.Context, name string, from, to int64, opts []Option) error {
 	cfg := with(c.cfg, atInspect, opts)
-	s := c.newSemaphore(name, to, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
-	if err := cmp.Or(s.err, checkSize(from), c.usable(), ctx.Err()); err != nil {
-		return s.wrap("resize", err)
+	if err := cmp.Or(checkName(name), checkSize(to), cfg.err, checkSize(from), c.usable(), ctx.Err()); err != nil {
+		return wrapOp("resize", name, err)
 	}
+	s := c.newSemaphore(name, to, cfg, PrimitiveSemaphore, schema.SemaphoreKeys(cfg.prefix, name))
 	if err := c.ready(ctx, s.keys.GrantChannel(c.id)); err != nil {
 		return s.wrap("resize", err)
 	}

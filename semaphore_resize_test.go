@@ -13,7 +13,7 @@ func TestResizeSemaphore(t *testing.T) {
 	t.Run("grow", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb, WithRecheck(time.Hour))
-		x, w := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+		x, w := must(c.NewSemaphore("s", 2)), must(c.NewSemaphore("s", 2))
 		if err := x.Acquire(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
@@ -28,24 +28,24 @@ func TestResizeSemaphore(t *testing.T) {
 		if _, err := x.TryAcquire(ctx, 1); !errors.Is(err, ErrSizeMismatch) {
 			t.Fatalf("a value of the old size: %v, want ErrSizeMismatch", err)
 		}
-		if ok, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1); ok || err != nil {
+		if ok, err := must(c.NewSemaphore("s", 3)).TryAcquire(ctx, 1); ok || err != nil {
 			t.Fatalf("a fourth permit of 3: %v, %v", ok, err)
 		}
 	})
 	t.Run("shrink", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb, WithRecheck(time.Hour))
-		a := c.NewSemaphore("s", 3)
+		a := must(c.NewSemaphore("s", 3))
 		if err := a.Acquire(ctx, 3); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.ResizeSemaphore(ctx, "s", 3, 1); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := c.NewSemaphore("s", 1).TryAcquire(ctx, 1); ok || err != nil {
+		if ok, err := must(c.NewSemaphore("s", 1)).TryAcquire(ctx, 1); ok || err != nil {
 			t.Fatalf("TryAcquire(1) of size 1 while 3 are held: %v, %v", ok, err)
 		}
-		b := c.NewSemaphore("s", 1)
+		b := must(c.NewSemaphore("s", 1))
 		done := acquireAsync(ctx, b, 1)
 		eventually(t, 5*time.Second, "b to queue", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
 		// a, opened with the old size, still gives its permits back; the
@@ -66,7 +66,7 @@ func TestResizeSemaphore(t *testing.T) {
 	t.Run("mismatch", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)
-		if ok, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1); !ok || err != nil {
+		if ok, err := must(c.NewSemaphore("s", 3)).TryAcquire(ctx, 1); !ok || err != nil {
 			t.Fatal(ok, err)
 		}
 		if err := c.ResizeSemaphore(ctx, "s", 5, 6); !errors.Is(err, ErrSizeMismatch) {
@@ -105,10 +105,10 @@ func TestResizeSemaphore(t *testing.T) {
 func TestSizeMismatchNamesResizeSemaphore(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+	if ok, err := must(c.NewSemaphore("s", 2)).TryAcquire(ctx, 1); !ok || err != nil {
 		t.Fatalf("TryAcquire: %v, %v", ok, err)
 	}
-	_, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1)
+	_, err := must(c.NewSemaphore("s", 3)).TryAcquire(ctx, 1)
 	if !errors.Is(err, ErrSizeMismatch) || !strings.Contains(err.Error(), "size 3, stored size 2") ||
 		!strings.Contains(err.Error(), "Client.ResizeSemaphore") || !strings.Contains(err.Error(), "redisync sem --resize") {
 		t.Fatalf("TryAcquire with another size: %v; want ErrSizeMismatch with both sizes and the way to resize", err)

@@ -158,7 +158,7 @@ func TestSemaphoreLostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
 	// A lease short enough that the loss is seen soon, long enough that
 	// the later holding is not lost to a starved watchdog under -race.
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-	s := c.NewSemaphore("s", 2)
+	s := must(c.NewSemaphore("s", 2))
 
 	// Long enough for the Acquire (a new Client's first call loads the
 	// scripts) on a loaded machine; the test waits for it to pass.
@@ -210,7 +210,7 @@ func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
 	hook := &replayAround{}
 	addHook(rdbW, hook)
 	cw, cx := newClient(t, rdbW), newClient(t, rdbX)
-	x, w := cx.NewSemaphore("s", 3), cw.NewSemaphore("s", 3)
+	x, w := must(cx.NewSemaphore("s", 3)), must(cw.NewSemaphore("s", 3))
 	if err := x.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
 func TestSemaphoreRetriedRotationFailsAcquire(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
-	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	holder, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestSemaphoreReleaseRacingCloseLeavesPermits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := c.NewSemaphore("s", 2)
+	s := must(c.NewSemaphore("s", 2))
 	if err := s.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestSemaphoreFailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
 			addHook(rdb, fail)
 			addHook(rdb, cut)
 			c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-			s := c.NewSemaphore("s", 3)
+			s := must(c.NewSemaphore("s", 3))
 			if err := s.Acquire(ctx, 3); err != nil {
 				t.Fatal(err)
 			}
@@ -341,7 +341,7 @@ func TestSemaphoreFailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
 				t.Fatal("the holding goes on after a release of unknown outcome")
 			}
 			// Unrenewed, the holding runs out in Redis within its lease.
-			other := c.NewSemaphore("s", 3)
+			other := must(c.NewSemaphore("s", 3))
 			eventually(t, 5*time.Second, "the permits to run out", func() bool {
 				ok, err := other.TryAcquire(ctx, 3)
 				return err == nil && ok
@@ -365,7 +365,7 @@ func TestSemaphoreQueuedAcquireRevivesReleasedHoldingsPermits(t *testing.T) {
 	addHook(rdb, hook)
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond), WithRecheck(time.Hour))
 	cx := newClient(t, rdbX)
-	s, x := c.NewSemaphore("s", 2), cx.NewSemaphore("s", 2)
+	s, x := must(c.NewSemaphore("s", 2)), must(cx.NewSemaphore("s", 2))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestSemaphoreQueuedAcquireRevivesReleasedHoldingsPermits(t *testing.T) {
 	}
 	// The failed release's permit runs out unrenewed: the permit that s
 	// does not hold is free again within a lease.
-	other := cx.NewSemaphore("s", 2)
+	other := must(cx.NewSemaphore("s", 2))
 	eventually(t, 5*time.Second, "the failed release's permit to run out", func() bool {
 		ok, err := other.TryAcquire(ctx, 1)
 		return err == nil && ok
@@ -415,7 +415,7 @@ func TestSemaphoreHoldingEndsWhileAcquireQueued(t *testing.T) {
 	hook := &beforeNext{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	s, x, y := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
+	s, x, y := must(c.NewSemaphore("s", 3)), must(c.NewSemaphore("s", 3)), must(c.NewSemaphore("s", 3))
 	if err := s.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -588,7 +588,7 @@ func TestSemaphoreStaleFirstAttemptOverwritesGrantToQueuedCall(t *testing.T) {
 	hook := &capture{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	s, x := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
+	s, x := must(c.NewSemaphore("s", 3)), must(c.NewSemaphore("s", 3))
 	if err := x.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +618,7 @@ func TestSemaphoreStaleFirstAttemptOverwritesGrantToQueuedCall(t *testing.T) {
 	if err := rdb.Do(ctx, late...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1); err != nil {
+	if _, err := must(c.NewSemaphore("s", 3)).TryAcquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := result(t, done); err != nil {
@@ -643,7 +643,7 @@ func TestSemaphoreRefusedRetryOfPartialReleaseOvercounts(t *testing.T) {
 	hook := &failRetry{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
-	s, x := c.NewSemaphore("s", 3), c.NewSemaphore("s", 3)
+	s, x := must(c.NewSemaphore("s", 3)), must(c.NewSemaphore("s", 3))
 	if err := s.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -680,7 +680,7 @@ func TestSemaphoreRefusedRetryOfTryAcquireLeaksRenewedPermits(t *testing.T) {
 	hook := &failRetry{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
-	s := c.NewSemaphore("s", 3)
+	s := must(c.NewSemaphore("s", 3))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -758,7 +758,7 @@ func TestSemaphoreRetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
 	hook := &lostReplyAt{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb, WithWaiterTimeout(30*time.Millisecond), WithRecheck(time.Hour))
-	x, s := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+	x, s := must(c.NewSemaphore("s", 2)), must(c.NewSemaphore("s", 2))
 	if err := x.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -838,7 +838,7 @@ func TestSemaphoreRetriedAcquireAcrossResizeKeepsPhantomPermits(t *testing.T) {
 	hook := &betweenCopies{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	s := c.NewSemaphore("s", 3)
+	s := must(c.NewSemaphore("s", 3))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

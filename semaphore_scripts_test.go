@@ -1044,10 +1044,7 @@ func TestSemaphoreScriptsSizeAbove1e14(t *testing.T) {
 	rdb := redistest.Client(t)
 	c := newClient(t, rdb, WithKeyPrefix("r21big"))
 	for _, size := range []int64{1e14, MaxSemaphoreSize + 1} {
-		s := c.NewSemaphore("big", size)
-		if err := s.Acquire(ctx, 1); !errors.Is(err, ErrInvalidPermits) {
-			t.Errorf("size %d: Acquire: %v, want ErrInvalidPermits", size, err)
-		}
+		checkInvalid(t, errOf(c.NewSemaphore("big", size)), ErrInvalidPermits)
 		if err := c.ResizeSemaphore(ctx, "big", size, 2); !errors.Is(err, ErrInvalidPermits) {
 			t.Errorf("resize from %d: %v, want ErrInvalidPermits", size, err)
 		}
@@ -1058,7 +1055,7 @@ func TestSemaphoreScriptsSizeAbove1e14(t *testing.T) {
 	if MaxSemaphoreSize != schema.RWMutexSize { // a RWMutex's write takes MaxSemaphoreSize permits
 		t.Fatalf("MaxSemaphoreSize %d, a RWMutex's size %d", MaxSemaphoreSize, schema.RWMutexSize)
 	}
-	s := c.NewSemaphore("big", MaxSemaphoreSize)
+	s := must(c.NewSemaphore("big", MaxSemaphoreSize))
 	for i := 0; i < 2; i++ {
 		if err := s.Acquire(ctx, MaxSemaphoreSize); err != nil {
 			t.Fatalf("Acquire %d of the whole MaxSemaphoreSize: %v", i, err)

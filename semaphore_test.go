@@ -50,6 +50,11 @@ func acquireAsync(ctx context.Context, s *Semaphore, n int64) <-chan error {
 func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 	_, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
+	checkInvalid(t, errOf(c.NewSemaphore("", 3)), ErrInvalidName)
+	checkInvalid(t, errOf(c.NewSemaphore("}s", 3)), ErrInvalidName)
+	checkInvalid(t, errOf(c.NewSemaphore("s", 0)), ErrInvalidPermits)
+	checkInvalid(t, errOf(c.NewSemaphore("s", -2)), ErrInvalidPermits)
+	checkInvalid(t, errOf(c.NewSemaphore("s", 3, WithFixedLease(0))), ErrInvalidOption)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	cases := []struct {
@@ -59,15 +64,10 @@ func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 		ctx  context.Context
 		want error
 	}{
-		{"empty name", c.NewSemaphore("", 3), 1, ctx, ErrInvalidName},
-		{"name without a hash tag", c.NewSemaphore("}s", 3), 1, ctx, ErrInvalidName},
-		{"zero size", c.NewSemaphore("s", 0), 1, ctx, ErrInvalidPermits},
-		{"negative size", c.NewSemaphore("s", -2), 1, ctx, ErrInvalidPermits},
-		{"zero permits", c.NewSemaphore("s", 3), 0, ctx, ErrInvalidPermits},
-		{"negative permits", c.NewSemaphore("s", 3), -1, ctx, ErrInvalidPermits},
-		{"more permits than size", c.NewSemaphore("s", 3), 4, ctx, ErrInvalidPermits},
-		{"invalid option", c.NewSemaphore("s", 3, WithFixedLease(0)), 1, ctx, ErrInvalidOption},
-		{"cancelled context", c.NewSemaphore("s", 3), 1, cancelled, context.Canceled},
+		{"zero permits", must(c.NewSemaphore("s", 3)), 0, ctx, ErrInvalidPermits},
+		{"negative permits", must(c.NewSemaphore("s", 3)), -1, ctx, ErrInvalidPermits},
+		{"more permits than size", must(c.NewSemaphore("s", 3)), 4, ctx, ErrInvalidPermits},
+		{"cancelled context", must(c.NewSemaphore("s", 3)), 1, cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,7 +96,7 @@ func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	a, b := c.NewSemaphore("s", 5), c.NewSemaphore("s", 5)
+	a, b := must(c.NewSemaphore("s", 5)), must(c.NewSemaphore("s", 5))
 	if err := a.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -134,10 +134,10 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 func TestSemaphoreSizeMismatch(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	if ok, err := c.NewSemaphore("s", 3).TryAcquire(ctx, 1); !ok || err != nil {
+	if ok, err := must(c.NewSemaphore("s", 3)).TryAcquire(ctx, 1); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	other := c.NewSemaphore("s", 4)
+	other := must(c.NewSemaphore("s", 4))
 	if err := other.Acquire(ctx, 1); !errors.Is(err, ErrSizeMismatch) {
 		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
 	}
@@ -155,7 +155,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 func TestSemaphoreReleaseMoreThanHeld(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	s := c.NewSemaphore("s", 5)
+	s := must(c.NewSemaphore("s", 5))
 	before := cnt.n.Load()
 	if err := s.Release(ctx, 1); !errors.Is(err, ErrTooManyReleased) {
 		t.Fatalf("Release with nothing held: %v, want ErrTooManyReleased", err)
@@ -189,7 +189,7 @@ func TestSemaphoreWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 			} else {
 				mr.Lpush(key, "x")
 			}
-			s := c.NewSemaphore("s", 2)
+			s := must(c.NewSemaphore("s", 2))
 			if err := s.Acquire(ctx, 1); !errors.Is(err, ErrWrongType) {
 				t.Fatalf("Acquire: %v, want ErrWrongType", err)
 			}
@@ -218,7 +218,7 @@ func TestSemaphoreReleaseMeetingWrongTypeWritesNothing(t *testing.T) {
 		t.Run(suffix, func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			c := newClient(t, rdb)
-			s := c.NewSemaphore("s", 2)
+			s := must(c.NewSemaphore("s", 2))
 			if err := s.Acquire(ctx, 1); err != nil {
 				t.Fatal(err)
 			}
@@ -240,7 +240,7 @@ func TestSemaphoreReleaseMeetingWrongTypeWritesNothing(t *testing.T) {
 func TestSemaphoreRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	mr, rdb, cnt := newMini(t)
 	c := newClient(t, rdb)
-	s := c.NewSemaphore("s", 5)
+	s := must(c.NewSemaphore("s", 5))
 	check := func(what, want string) {
 		t.Helper()
 		if got := permitsOf(mr, s); got != want {
@@ -272,7 +272,7 @@ func TestSemaphoreRetriedScriptsDoNotDoubleApply(t *testing.T) {
 	}
 
 	// A replayed release that grants a waiter grants it once.
-	other := c.NewSemaphore("s", 5)
+	other := must(c.NewSemaphore("s", 5))
 	if err := s.Acquire(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestSemaphoreRetriedScriptsDoNotDoubleApply(t *testing.T) {
 func TestSemaphoreCancelledAcquireLeavesNothing(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	holder, w := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+	holder, w := must(c.NewSemaphore("s", 2)), must(c.NewSemaphore("s", 2))
 	if err := holder.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestSemaphoreCancelledAcquireLeavesNothing(t *testing.T) {
 	if err := holder.Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := c.NewSemaphore("s", 2).TryAcquire(ctx, 1); !ok || err != nil {
+	if ok, err := must(c.NewSemaphore("s", 2)).TryAcquire(ctx, 1); !ok || err != nil {
 		t.Fatalf("TryAcquire after the cancelled waiter left: %v, %v", ok, err)
 	}
 }
@@ -324,7 +324,7 @@ func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
 	// Grant lease (the heartbeat) and recheck long: the permits must be
 	// given back, not left to run out.
 	c := newClient(t, rdb, WithRecheck(time.Hour), WithWaiterTimeout(time.Hour))
-	holder, w, next := c.NewSemaphore("s", 2), c.NewSemaphore("s", 2), c.NewSemaphore("s", 2)
+	holder, w, next := must(c.NewSemaphore("s", 2)), must(c.NewSemaphore("s", 2)), must(c.NewSemaphore("s", 2))
 	if err := holder.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -362,11 +362,11 @@ func TestSemaphoreGrantAtCancellationIsPassedOn(t *testing.T) {
 func TestSemaphoreExpiredHolderIsReclaimed(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
-	dead := c.NewSemaphore("s", 2, WithFixedLease(time.Minute))
+	dead := must(c.NewSemaphore("s", 2, WithFixedLease(time.Minute)))
 	if err := dead.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	w := c.NewSemaphore("s", 2)
+	w := must(c.NewSemaphore("s", 2))
 	if ok, err := w.TryAcquire(ctx, 1); ok || err != nil {
 		t.Fatal(ok, err)
 	}
@@ -386,7 +386,7 @@ func TestSemaphoreExpiredHolderIsReclaimed(t *testing.T) {
 func TestSemaphoreConcurrentUseOfOneValue(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(50*time.Millisecond))
-	s := c.NewSemaphore("s", 3)
+	s := must(c.NewSemaphore("s", 3))
 	errs := make(chan error, 20)
 	for range 20 {
 		go func() {
@@ -421,7 +421,7 @@ func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
 	// The loss is seen within a third of the lease; the later holding
 	// must outlive the watchdog's pauses under -race.
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-	s := c.NewSemaphore("s", 2)
+	s := must(c.NewSemaphore("s", 2))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +452,7 @@ func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {
 func TestSemaphoreReleaseWithCancelledCallIsResolved(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	s := c.NewSemaphore("s", 3)
+	s := must(c.NewSemaphore("s", 3))
 	if err := s.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestSemaphoreCloseEndsWaitersAndHoldings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	holder, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -92,9 +92,9 @@ func TestServerWithoutLua(t *testing.T) {
 	rdb := redistest.NewClient(t, s.Addr)
 	c := newClient(t, rdb)
 	for _, call := range []func(context.Context) error{
-		c.NewMutex("a").Lock,
-		func(ctx context.Context) error { _, err := c.NewMutex("a", Barging()).TryLock(ctx); return err },
-		func(ctx context.Context) error { return c.NewSemaphore("s", 2).Acquire(ctx, 1) },
+		must(c.NewMutex("a")).Lock,
+		func(ctx context.Context) error { _, err := must(c.NewMutex("a", Barging())).TryLock(ctx); return err },
+		func(ctx context.Context) error { return must(c.NewSemaphore("s", 2)).Acquire(ctx, 1) },
 	} {
 		err := call(ctx)
 		if !errors.Is(err, ErrUnsupportedServer) || !strings.Contains(err.Error(), "Lua") {
@@ -115,7 +115,7 @@ func TestUnknownCommandOnlyFromTheServer(t *testing.T) {
 	c := newClient(t, rdb)
 	name := "ERR unknown command x"
 	mr.HSet("redisync:lock:{"+name+"}:token", "f", "v")
-	err := c.NewMutex(name).Lock(ctx)
+	err := must(c.NewMutex(name)).Lock(ctx)
 	if !errors.Is(err, ErrWrongType) || errors.Is(err, ErrUnsupportedServer) {
 		t.Fatalf("Lock with a counter of the wrong type: %v, want ErrWrongType only", err)
 	}

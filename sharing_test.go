@@ -155,23 +155,23 @@ func TestSharedValueExcludes(t *testing.T) {
 		value func(c *Client, name string) exclusive
 	}{
 		{"Mutex", func(c *Client, name string) exclusive {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			return exclusive{m.Lock, m.Unlock, m.Token}
 		}},
 		{"BargingMutex", func(c *Client, name string) exclusive {
-			m := c.NewMutex(name, Barging())
+			m := must(c.NewMutex(name, Barging()))
 			return exclusive{m.Lock, m.Unlock, m.Token}
 		}},
 		{"RWMutex", func(c *Client, name string) exclusive {
-			rw := c.NewRWMutex(name)
+			rw := must(c.NewRWMutex(name))
 			return exclusive{rw.Lock, rw.Unlock, rw.Token}
 		}},
 		{"MultiMutex", func(c *Client, name string) exclusive {
-			m := c.NewMultiMutex([]string{name + ":a", name + ":b"})
+			m := must(c.NewMultiMutex([]string{name + ":a", name + ":b"}))
 			return exclusive{m.Lock, m.Unlock, func() int64 { return m.Token(name + ":a") }}
 		}},
 		{"Election", func(c *Client, name string) exclusive {
-			e := c.NewElection(name)
+			e := must(c.NewElection(name))
 			return exclusive{func(ctx context.Context) error { return e.Campaign(ctx, "v") }, e.Resign, e.Token}
 		}},
 	} {
@@ -185,7 +185,7 @@ func TestSharedValueExcludes(t *testing.T) {
 		name := redistest.Name(t)
 		var values []exclusive
 		for range 2 {
-			m := newRedlock(t, rdbs).NewMutex(name)
+			m := must(newRedlock(t, rdbs).NewMutex(name))
 			values = append(values, exclusive{m.Lock, m.Unlock, m.Token})
 		}
 		shareValue(t, values, 4, 6)
@@ -196,7 +196,7 @@ func TestSharedValueExcludes(t *testing.T) {
 // together and write alone, with each other and with another value's.
 func TestSharedValueReadsAndWrites(t *testing.T) {
 	name := redistest.Name(t)
-	rws := []*RWMutex{newClient(t, redistest.Client(t)).NewRWMutex(name), newClient(t, redistest.Client(t)).NewRWMutex(name)}
+	rws := []*RWMutex{must(newClient(t, redistest.Client(t)).NewRWMutex(name)), must(newClient(t, redistest.Client(t)).NewRWMutex(name))}
 	var log holdLog
 	var reg register
 	var wg sync.WaitGroup
@@ -255,8 +255,8 @@ func TestSharedValueReadsAndWrites(t *testing.T) {
 func TestSharedValueKeepsEachCallsPlace(t *testing.T) {
 	rdb := redistest.Client(t)
 	name := redistest.Name(t)
-	shared := newClient(t, rdb).NewMutex(name)
-	other := newClient(t, redistest.Client(t)).NewMutex(name)
+	shared := must(newClient(t, rdb).NewMutex(name))
+	other := must(newClient(t, redistest.Client(t)).NewMutex(name))
 	if err := shared.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func TestSharedValueKeepsEachCallsPlace(t *testing.T) {
 // even in the goroutine that holds, until its ctx ends; TryLock is false.
 func TestReentryFollowsTheHoldsContext(t *testing.T) {
 	c := newClient(t, redistest.Client(t))
-	m := c.NewMutex(redistest.Name(t))
+	m := must(c.NewMutex(redistest.Name(t)))
 	var inner int64
 	err := m.Do(ctx, func(hctx context.Context) error {
 		outer := m.Token()
@@ -344,7 +344,7 @@ func TestReentryFollowsTheHoldsContext(t *testing.T) {
 func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
 	rdb := redistest.Client(t)
 	c := newClient(t, rdb, WithCrashTimeout(300*time.Millisecond))
-	m := c.NewMutex(redistest.Name(t))
+	m := must(c.NewMutex(redistest.Name(t)))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +366,7 @@ func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
 	if err := m.Lock(wctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a Lock while the lost hold's Unlock is owed: %v, want it to wait until its deadline", err)
 	}
-	other := c.NewMutex(m.name) // another value is not held up
+	other := must(c.NewMutex(m.name)) // another value is not held up
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +401,7 @@ func TestUnlockOfALostHoldSparesTheNextHold(t *testing.T) {
 // is false; inside the read's context a Lock is ErrUpgrade at once.
 func TestRWMutexSharedValueWaits(t *testing.T) {
 	rdb := redistest.Client(t)
-	rw := newClient(t, rdb).NewRWMutex(redistest.Name(t))
+	rw := must(newClient(t, rdb).NewRWMutex(redistest.Name(t)))
 	wrote, read := make(chan error, 1), make(chan error, 1)
 	err := rw.RDo(ctx, func(rctx context.Context) error {
 		if err := rw.Lock(rctx); !errors.Is(err, ErrUpgrade) {
@@ -470,8 +470,8 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 		make func(name string) setup
 	}{
 		{"Mutex", func(name string) setup {
-			m := newClient(t, rdb, opts...).NewMutex(name)
-			o := newClient(t, rdb).NewMutex(name)
+			m := must(newClient(t, rdb, opts...).NewMutex(name))
+			o := must(newClient(t, rdb).NewMutex(name))
 			return setup{
 				mine:   lockable{m.Lock, m.Unlock, m.Lost},
 				other:  lockable{o.Lock, o.Unlock, o.Lost},
@@ -481,8 +481,8 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 			}
 		}},
 		{"MultiMutex", func(name string) setup {
-			m := newClient(t, rdb, opts...).NewMultiMutex([]string{name + "a", name + "b"})
-			o := newClient(t, rdb).NewMultiMutex([]string{name + "a", name + "b"})
+			m := must(newClient(t, rdb, opts...).NewMultiMutex([]string{name + "a", name + "b"}))
+			o := must(newClient(t, rdb).NewMultiMutex([]string{name + "a", name + "b"}))
 			a, b := schema.LockKeys(schema.DefaultPrefix, name+"a"), schema.LockKeys(schema.DefaultPrefix, name+"b")
 			return setup{
 				mine:  lockable{m.Lock, m.Unlock, m.Lost},
@@ -494,8 +494,8 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 			}
 		}},
 		{"RWMutex", func(name string) setup {
-			rw := newClient(t, rdb, opts...).NewRWMutex(name)
-			o := newClient(t, rdb).NewRWMutex(name)
+			rw := must(newClient(t, rdb, opts...).NewRWMutex(name))
+			o := must(newClient(t, rdb).NewRWMutex(name))
 			return setup{
 				mine:   lockable{rw.Lock, rw.Unlock, rw.Lost},
 				other:  lockable{o.Lock, o.Unlock, o.Lost},
@@ -505,8 +505,8 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 			}
 		}},
 		{"Election", func(name string) setup {
-			e := newClient(t, rdb, opts...).NewElection(name)
-			o := newClient(t, rdb).NewElection(name)
+			e := must(newClient(t, rdb, opts...).NewElection(name))
+			o := must(newClient(t, rdb).NewElection(name))
 			k := schema.ElectionKeys(schema.DefaultPrefix, name)
 			campaign := func(e *Election, v string) func(context.Context) error {
 				return func(ctx context.Context) error { return e.Campaign(ctx, v) }

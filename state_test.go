@@ -19,7 +19,7 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))
 	for _, opts := range [][]Option{{Barging()}, nil} {
-		a, b := c.NewMutex("m", opts...), c.NewMutex("m", opts...)
+		a, b := must(c.NewMutex("m", opts...)), must(c.NewMutex("m", opts...))
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -36,7 +36,7 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, w := c.NewSemaphore("s", 1), c.NewSemaphore("s", 1)
+	s, w := must(c.NewSemaphore("s", 1)), must(c.NewSemaphore("s", 1))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A read-write lock's write handed to a queued writer: its token.
-	rw, rw2 := c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	rw, rw2 := must(c.NewRWMutex("rw")), must(c.NewRWMutex("rw"))
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestNothingLeftWithoutTTL(t *testing.T) {
 func TestTokensIncreaseAcrossStateExpiry(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	m := c.NewMutex("t")
+	m := must(c.NewMutex("t"))
 	key := "redisync:lock:{t}"
 	hold := func() int64 {
 		t.Helper()
@@ -134,7 +134,7 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	c := newClient(t, rdb, WithFixedLease(59*time.Minute))
 	t0 := time.Now()
 	mr.SetTime(t0)
-	s := c.NewSemaphore("s", 2)
+	s := must(c.NewSemaphore("s", 2))
 	if err := s.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	if !mr.Exists(semKey + ":size") {
 		t.Errorf("the size key expired while s holds a permit whose lease ends in 56 minutes")
 	}
-	other := c.NewSemaphore("s", 3)
+	other := must(c.NewSemaphore("s", 3))
 	ok, err := other.TryAcquire(ctx, 2)
 	if err == nil {
 		t.Fatalf("a Semaphore of size 3 was accepted while a holder of the size-2 semaphore holds (TryAcquire(2): %v): %d + %d permits of 2 held", ok, s.Held(), other.Held())
@@ -173,7 +173,7 @@ func TestSelfHandoffHoldKeepsItsToken(t *testing.T) {
 	a := newClient(t, rdb, WithLabel("a"), WithFixedLease(time.Minute))
 	b := newClient(t, rdb, WithLabel("b"), WithCrashTimeout(2*time.Hour),
 		WithMaxHold(10*time.Minute), WithWaiterTimeout(2*time.Minute), WithRecheck(20*time.Millisecond))
-	ma, mb := a.NewMutex("job"), b.NewMutex("job")
+	ma, mb := must(a.NewMutex("job")), must(b.NewMutex("job"))
 	if err := ma.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestTokenOutlivesTheLease(t *testing.T) {
 	k := schema.LockKeys("redisync", "job")
 
 	t.Run("mint", func(t *testing.T) {
-		m := newClient(t, rdb).NewMutex("job", WithFixedLease(2*time.Hour))
+		m := must(newClient(t, rdb).NewMutex("job", WithFixedLease(2*time.Hour)))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -221,7 +221,7 @@ func TestTokenOutlivesTheLease(t *testing.T) {
 		}
 	})
 	t.Run("extend", func(t *testing.T) {
-		m := newClient(t, rdb).NewMutex("job", WithFixedLease(time.Second))
+		m := must(newClient(t, rdb).NewMutex("job", WithFixedLease(time.Second)))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +235,7 @@ func TestTokenOutlivesTheLease(t *testing.T) {
 	})
 	t.Run("renew", func(t *testing.T) {
 		lease := 300 * time.Millisecond
-		m := newClient(t, rdb, WithCrashTimeout(lease)).NewMutex("job")
+		m := must(newClient(t, rdb, WithCrashTimeout(lease)).NewMutex("job"))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +248,7 @@ func TestTokenOutlivesTheLease(t *testing.T) {
 	})
 	t.Run("redlock raise", func(t *testing.T) {
 		c := newClient(t, rdb)
-		m := c.NewMutex("job", WithFixedLease(2*time.Hour))
+		m := must(c.NewMutex("job", WithFixedLease(2*time.Hour)))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +265,7 @@ func TestTokenOutlivesTheLease(t *testing.T) {
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		next := c.NewMutex("job")
+		next := must(c.NewMutex("job"))
 		if err := next.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}

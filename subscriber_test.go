@@ -60,7 +60,7 @@ func TestSubscribeWriteFailureResubscribes(t *testing.T) {
 	// already runs when the SUBSCRIBE write fails: go-redis v9.0.0 races
 	// (in its own code: PubSub.cmd, set by the first ReceiveTimeout and
 	// read by a reconnection inside Subscribe) when the two come at once.
-	warmHolder, warmWaiter := c.NewMutex("warm"), c.NewMutex("warm")
+	warmHolder, warmWaiter := must(c.NewMutex("warm")), must(c.NewMutex("warm"))
 	if err := warmHolder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestSubscribeWriteFailureResubscribes(t *testing.T) {
 		}
 	}
 
-	a, b := c.NewMutex("deaf"), c.NewMutex("deaf")
+	a, b := must(c.NewMutex("deaf")), must(c.NewMutex("deaf"))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -264,7 +264,7 @@ func testLateAcquireCopy(t *testing.T, late time.Duration) {
 	hook := &lostReplyThenRecord{}
 	addHook(rdb, hook)
 	c := newClient(t, rdb)
-	m, other := c.NewMutex("l"), c.NewMutex("l")
+	m, other := must(c.NewMutex("l")), must(c.NewMutex("l"))
 	if err := other.Lock(ctx); err != nil { // loads the script: EVALSHA finds it
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func TestUpgradeLayout2HoldRefusesLayout3(t *testing.T) {
 		t.Fatalf("the layout-2 hold wrote no hash at %s", layout2.LockKey(prefix, name))
 	}
 	before, _ := upgradeKeys(t, rdb, prefix)
-	for _, m3 := range []*Mutex{c3.NewMutex(name), c3.NewMutex(name, Barging())} {
+	for _, m3 := range []*Mutex{must(c3.NewMutex(name)), must(c3.NewMutex(name, Barging()))} {
 		ok, err := m3.TryLock(ctx)
 		if ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 2") {
 			t.Errorf("TryLock over a layout-2 hold: %v, %v; want ErrLayout naming layout 2", ok, err)
@@ -153,7 +153,7 @@ func TestUpgradeLayout3HoldRefusesLayout2(t *testing.T) {
 	prefix, rdb, c2, c3 := upgradeSetup(t)
 	ctx := context.Background()
 	name := "job"
-	m3 := c3.NewMutex(name)
+	m3 := must(c3.NewMutex(name))
 	if err := m3.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestUpgradeTokenGoesOnIncreasing(t *testing.T) {
 	if n := rdb.Exists(ctx, layout2.LockKey(prefix, name)).Val(); n != 0 {
 		t.Fatalf("layout 2 left its hash after its last release: %v", rdb.HGetAll(ctx, layout2.LockKey(prefix, name)).Val())
 	}
-	m3 := c3.NewMutex(name)
+	m3 := must(c3.NewMutex(name))
 	if err := m3.Lock(ctx); err != nil {
 		t.Fatalf("layout-3 Lock after the layout-2 release: %v", err)
 	}
@@ -333,7 +333,7 @@ func TestUpgradeStressNoOverlap(t *testing.T) {
 				if r%2 == 0 {
 					time.Sleep(5 * time.Millisecond) // let layout 2 take the name first, in half the rounds
 				}
-				m := c3.NewMutex(name)
+				m := must(c3.NewMutex(name))
 				for i := 0; ctx.Err() == nil; i++ {
 					var err error
 					ok := true

@@ -19,7 +19,17 @@ import (
 // Only redisync (not redisync-barging) runs it: Barging is no option of a
 // semaphore.
 var redisyncSemaphore = func(c *redisync.Client, name string, size int64) locker {
-	return semaphoreLocker{c.NewSemaphore(name, size)}
+	return semaphoreLocker{made(c.NewSemaphore(name, size))}
+}
+
+// made returns v, a value a constructor made, or panics with err: the
+// bench names its keys and sets its options itself, so that a
+// constructor's error is a bug of the bench.
+func made[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 // semaphoreLocker adapts a redisync Semaphore, one permit at a time.
@@ -81,7 +91,7 @@ type redisyncInstance struct {
 }
 
 // Mutex returns a new redisync Mutex value: one owner.
-func (r *redisyncInstance) Mutex(key string) locker { return r.c.NewMutex(key) }
+func (r *redisyncInstance) Mutex(key string) locker { return made(r.c.NewMutex(key)) }
 
 // Semaphore returns a holder of one permit through the redisyncSemaphore
 // hook; the plan calls it only when the hook is set.

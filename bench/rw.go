@@ -117,6 +117,6 @@ func (redisyncWrite) writes() {}
 
 // RWMutex returns lockers of a new redisync RWMutex value: one owner.
 func (r *redisyncInstance) RWMutex(key string) (read, write locker) {
-	m := r.c.NewRWMutex(key)
+	m := made(r.c.NewRWMutex(key))
 	return redisyncRead{m}, redisyncWrite{m}
 }

@@ -20,7 +20,7 @@ func TestACLElection(t *testing.T) {
 	name := redistest.Name(t)
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	obs := cs[2].NewElection(name).Observe(octx)
+	obs := must(cs[2].NewElection(name)).Observe(octx)
 	next := func() redisync.Leadership {
 		t.Helper()
 		select {
@@ -32,7 +32,7 @@ func TestACLElection(t *testing.T) {
 		return redisync.Leadership{}
 	}
 	next()
-	a, b := cs[0].NewElection(name), cs[1].NewElection(name)
+	a, b := must(cs[0].NewElection(name)), must(cs[1].NewElection(name))
 	if err := a.Campaign(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestACLElection(t *testing.T) {
 	if l := next(); l.Value != "b" {
 		t.Fatalf("observed %+v, want b", l)
 	}
-	if l, err := cs[2].NewElection(name).Leader(ctx); err != nil || l.Value != "b" {
+	if l, err := must(cs[2].NewElection(name)).Leader(ctx); err != nil || l.Value != "b" {
 		t.Fatalf("Leader = %+v, %v", l, err)
 	}
 	if err := b.Resign(ctx); err != nil {

@@ -24,7 +24,7 @@ func TestACLFunctionsOnly(t *testing.T) {
 	s.setUser(t, "fcall-only", aclFunctionsOnly)
 	cs := s.aclClients(t, "fcall-only", 3)
 	name := redistest.Name(t)
-	err := cs[0].NewMutex(name).Lock(ctx)
+	err := must(cs[0].NewMutex(name)).Lock(ctx)
 	if err == nil || !strings.Contains(err.Error(), "LoadFunctions") {
 		t.Fatalf("Lock before the library is loaded: %v; want an error that says to load it", err)
 	}
@@ -49,7 +49,7 @@ func TestACLFunctionsOnly(t *testing.T) {
 	increasing(t, contend(t, mutexes(cs, name+"-barging", 4, redisync.Barging()), 2*time.Millisecond, rounds(10)).tokens)
 
 	sem := redistest.Name(t) + "-sem"
-	a, b := cs[0].NewSemaphore(sem, 1), cs[1].NewSemaphore(sem, 1)
+	a, b := must(cs[0].NewSemaphore(sem, 1)), must(cs[1].NewSemaphore(sem, 1))
 	if err := a.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestACLFunctionsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rw := cs[2].NewRWMutex(name + "-rw")
+	rw := must(cs[2].NewRWMutex(name + "-rw"))
 	if err := rw.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestACLFunctionsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	mm := cs[0].NewMultiMutex([]string{name + "-x", name + "-y"})
+	mm := must(cs[0].NewMultiMutex([]string{name + "-x", name + "-y"}))
 	if err := mm.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestACLFunctionsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	e := cs[1].NewElection(name + "-e")
+	e := must(cs[1].NewElection(name + "-e"))
 	if err := e.Campaign(ctx, "me"); err != nil {
 		t.Fatal(err)
 	}

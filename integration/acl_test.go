@@ -197,7 +197,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		// UNSUBSCRIBEs a channel 2 s after its last waiter left.
 		cs := s.aclClients(t, "redisync", 2)
 		name := redistest.Name(t)
-		holder, waiter := cs[0].NewMutex(name), cs[1].NewMutex(name)
+		holder, waiter := must(cs[0].NewMutex(name)), must(cs[1].NewMutex(name))
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +243,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 2)
 		for _, opts := range [][]redisync.Option{{redisync.Barging()}, nil} {
 			name := redistest.Name(t)
-			a, b := cs[0].NewMutex(name, opts...), cs[1].NewMutex(name, opts...)
+			a, b := must(cs[0].NewMutex(name, opts...)), must(cs[1].NewMutex(name, opts...))
 			if ok, err := a.TryLock(ctx); !ok || err != nil {
 				t.Fatalf("TryLock of a free lock: %v, %v", ok, err)
 			}
@@ -270,8 +270,8 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		const lease = 300 * time.Millisecond
 		cs := s.aclClients(t, "redisync", 2, redisync.WithCrashTimeout(lease), redisync.WithWaiterTimeout(lease))
 		name := redistest.Name(t)
-		holder, waiter := cs[0].NewMutex(name), cs[1].NewMutex(name)
-		sem, semWaiter := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)
+		holder, waiter := must(cs[0].NewMutex(name)), must(cs[1].NewMutex(name))
+		sem, semWaiter := must(cs[0].NewSemaphore(name, 1)), must(cs[1].NewSemaphore(name, 1))
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -326,7 +326,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 	t.Run("Semaphore", func(t *testing.T) {
 		cs := s.aclClients(t, "redisync", 3)
 		name := redistest.Name(t)
-		a, b, c := cs[0].NewSemaphore(name, 2), cs[1].NewSemaphore(name, 2), cs[2].NewSemaphore(name, 2)
+		a, b, c := must(cs[0].NewSemaphore(name, 2)), must(cs[1].NewSemaphore(name, 2)), must(cs[2].NewSemaphore(name, 2))
 		if err := a.Acquire(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
@@ -379,7 +379,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 			t.Cleanup(func() { _ = rl.Close() })
 		}
 		name := redistest.Name(t)
-		ls := []locker{rls[0].NewMutex(name), rls[1].NewMutex(name), rls[0].NewMutex(name), rls[1].NewMutex(name)}
+		ls := []locker{must(rls[0].NewMutex(name)), must(rls[1].NewMutex(name)), must(rls[0].NewMutex(name)), must(rls[1].NewMutex(name))}
 		increasing(t, contend(t, ls, 2*time.Millisecond, rounds(5)).tokens)
 		for _, n := range nodes {
 			n.noDenials(t)
@@ -390,7 +390,7 @@ func TestACLUserCanUseEveryPrimitive(t *testing.T) {
 		// No replica: WAIT runs and answers 0, hence ErrNotReplicated.
 		s.setUser(t, "redisync-wait", aclBase, aclReplicas)
 		c := s.aclClients(t, "redisync-wait", 1, redisync.WithReplicas(1, 20*time.Millisecond))[0]
-		err := c.NewMutex(redistest.Name(t)).Lock(ctx)
+		err := must(c.NewMutex(redistest.Name(t))).Lock(ctx)
 		if !errors.Is(err, redisync.ErrNotReplicated) {
 			t.Fatalf("Lock with WithReplicas and no replica: %v; want ErrNotReplicated", err)
 		}
@@ -435,7 +435,7 @@ func TestACLWithoutARuleFails(t *testing.T) {
 			}
 			cs := s.aclClients(t, "partial", 2)
 			name := redistest.Name(t)
-			m := cs[0].NewMutex(name)
+			m := must(cs[0].NewMutex(name))
 			err := m.Lock(ctx)
 			if tc.lockFails {
 				if err == nil {
@@ -449,7 +449,7 @@ func TestACLWithoutARuleFails(t *testing.T) {
 					t.Fatal(err)
 				}
 				waited := make(chan error, 1)
-				w := cs[1].NewMutex(name)
+				w := must(cs[1].NewMutex(name))
 				go func() { waited <- w.Lock(ctx) }()
 				eventually(t, 10*time.Second, "the waiter to try to subscribe", func() bool { return len(s.denials(t)) > 0 })
 				if err := m.Unlock(ctx); err != nil {
@@ -500,7 +500,7 @@ func TestACLCLI(t *testing.T) {
 	// Held by the library, as the same user: a fair lock from the command
 	// queues behind it, status shows both, and the release hands it over.
 	c := s.aclClients(t, "redisync", 1)[0]
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -551,7 +551,7 @@ func TestACLCLI(t *testing.T) {
 
 	// Without NAME, status lists what is held, with SCAN.
 	s.setUser(t, "redisync", aclBase, aclCLI, aclCLIList)
-	m = s.aclClients(t, "redisync", 1)[0].NewMutex(name)
+	m = must(s.aclClients(t, "redisync", 1)[0].NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +606,7 @@ func TestACLCluster(t *testing.T) {
 		increasing(t, contend(t, mutexes(cs, name, 4), 2*time.Millisecond, rounds(5)).tokens)
 	}
 	name := redistest.Name(t)
-	a, b := cs[0].NewSemaphore(name, 1), cs[1].NewSemaphore(name, 1)
+	a, b := must(cs[0].NewSemaphore(name, 1)), must(cs[1].NewSemaphore(name, 1))
 	if err := a.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

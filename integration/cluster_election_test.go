@@ -21,7 +21,7 @@ func TestClusterElection(t *testing.T) {
 	octx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	for _, name := range names {
-		obs := cs[2].NewElection(name).Observe(octx)
+		obs := must(cs[2].NewElection(name)).Observe(octx)
 		next := func() redisync.Leadership {
 			t.Helper()
 			select {
@@ -36,7 +36,7 @@ func TestClusterElection(t *testing.T) {
 			return redisync.Leadership{}
 		}
 		next()
-		a, b := cs[0].NewElection(name), cs[1].NewElection(name)
+		a, b := must(cs[0].NewElection(name)), must(cs[1].NewElection(name))
 		if err := a.Campaign(ctx, "a"); err != nil {
 			t.Fatal(err)
 		}

@@ -45,7 +45,7 @@ func testClusterRWMutex(t *testing.T, c *redistest.Cluster) {
 	errs := make(chan error, 24)
 	for i := range 24 {
 		k := i % len(names)
-		rw := cs[i%3].NewRWMutex(names[k])
+		rw := must(cs[i%3].NewRWMutex(names[k]))
 		wg.Go(func() {
 			for j := range 8 {
 				write := (i+j)%4 == 0
@@ -81,7 +81,7 @@ func testClusterRWMutex(t *testing.T, c *redistest.Cluster) {
 		}
 	}
 	for _, name := range names {
-		r1, r2, w := cs[0].NewRWMutex(name), cs[1].NewRWMutex(name), cs[2].NewRWMutex(name)
+		r1, r2, w := must(cs[0].NewRWMutex(name)), must(cs[1].NewRWMutex(name)), must(cs[2].NewRWMutex(name))
 		for _, r := range []*redisync.RWMutex{r1, r2} {
 			if ok, err := r.TryRLock(ctx); !ok || err != nil {
 				t.Fatalf("rwmutex %s: TryRLock: %v, %v", name, ok, err)

@@ -70,7 +70,7 @@ func testClusterExclusion(t *testing.T, c *redistest.Cluster) {
 	ins := make([]inCS, len(names))
 	for i := range 48 {
 		k := i % len(names)
-		m := cs[i%3].NewMutex(names[k])
+		m := must(cs[i%3].NewMutex(names[k]))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -135,7 +135,7 @@ func testClusterRenewal(t *testing.T, c *redistest.Cluster) {
 	admin := c.NewClient(t)
 	var held []*redisync.Mutex
 	for _, name := range namesOnEveryPrimary(t, c, admin, 6) {
-		m := cl.NewMutex(name)
+		m := must(cl.NewMutex(name))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -188,7 +188,7 @@ func testClusterSemaphore(t *testing.T, c *redistest.Cluster) {
 	errs := make(chan error, 24)
 	for i := range 24 {
 		k := i % len(names)
-		s := cs[i%3].NewSemaphore(names[k], size)
+		s := must(cs[i%3].NewSemaphore(names[k], size))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -224,7 +224,7 @@ func testClusterSemaphore(t *testing.T, c *redistest.Cluster) {
 	for _, name := range names {
 		var held []*redisync.Semaphore
 		for i := range size + 1 {
-			s := cs[i%3].NewSemaphore(name, size)
+			s := must(cs[i%3].NewSemaphore(name, size))
 			ok, err := s.TryAcquire(ctx, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -255,14 +255,14 @@ func testClusterFairOrder(t *testing.T, c *redistest.Cluster) {
 	cs := clusterClients(t, c, 3)
 	admin := c.NewClient(t)
 	for _, name := range namesOnEveryPrimary(t, c, admin, 3) {
-		holder := cs[0].NewMutex(name)
+		holder := must(cs[0].NewMutex(name))
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		var o order
 		var dones []<-chan error
 		for i := range 6 {
-			dones = append(dones, queueWaiter(t, admin, name, cs[(i*2)%3].NewMutex(name), ctx, i, &o, int64(i+1)))
+			dones = append(dones, queueWaiter(t, admin, name, must(cs[(i*2)%3].NewMutex(name)), ctx, i, &o, int64(i+1)))
 		}
 		if err := holder.Unlock(ctx); err != nil {
 			t.Fatal(err)
@@ -299,12 +299,12 @@ func testClusterFailover(t *testing.T, c *redistest.Cluster) {
 	holders := map[string]*redisync.Mutex{}
 	dones := map[string][]chan error{}
 	for _, name := range []string{names[0], other} {
-		holders[name] = cs[0].NewMutex(name)
+		holders[name] = must(cs[0].NewMutex(name))
 		if err := holders[name].Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 4 {
-			m := cs[i%2].NewMutex(name)
+			m := must(cs[i%2].NewMutex(name))
 			done := make(chan error, 1)
 			go func() {
 				err := m.Lock(ctx)

@@ -36,12 +36,12 @@ func testClusterWrapped(t *testing.T, c *redistest.Cluster) {
 	var held []*redisync.Mutex
 	var dones []chan error
 	for _, name := range names {
-		m := cs[0].NewMutex(name)
+		m := must(cs[0].NewMutex(name))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, m)
-		w := cs[1].NewMutex(name)
+		w := must(cs[1].NewMutex(name))
 		done := make(chan error, 1)
 		go func() {
 			err := w.Lock(ctx)
@@ -98,7 +98,7 @@ func testClusterSlotMigration(t *testing.T, c *redistest.Cluster) {
 	cs := clusterClients(t, c, 3, redisync.WithCrashTimeout(lease), redisync.WithRecheck(time.Minute))
 	admin := c.NewClient(t)
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func testClusterSlotMigration(t *testing.T, c *redistest.Cluster) {
 	)
 	var dones []chan error
 	for i := range 4 {
-		m := cs[i%3].NewMutex(name)
+		m := must(cs[i%3].NewMutex(name))
 		done := make(chan error, 1)
 		go func() {
 			err := m.Lock(ctx)
@@ -171,7 +171,7 @@ func TestClusterWithoutShardedPubSub(t *testing.T) {
 	admin := c.NewClient(t)
 	name := redistest.Name(t)
 	sharded := clusterClients(t, c, 1)[0]
-	err := sharded.NewMutex(name).Lock(ctx)
+	err := must(sharded.NewMutex(name)).Lock(ctx)
 	if !errors.Is(err, redisync.ErrUnsupportedServer) || !strings.Contains(err.Error(), "WithPlainPubSub") {
 		t.Fatalf("Lock on a cluster without SPUBLISH: %v, want ErrUnsupportedServer naming WithPlainPubSub", err)
 	}

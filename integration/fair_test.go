@@ -82,7 +82,7 @@ func TestFairStrictArrivalOrder(t *testing.T) {
 	cs := newClients(t, 4)
 	rdb := admin(t)
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestFairStrictArrivalOrder(t *testing.T) {
 	for i := range n {
 		// Clients in a scrambled order, so that arrival order is not
 		// per-Client order.
-		m := cs[(i*3)%4].NewMutex(name)
+		m := must(cs[(i*3)%4].NewMutex(name))
 		dones = append(dones, queueWaiter(t, rdb, name, m, ctx, i, &o, int64(i+1)))
 	}
 	if err := holder.Unlock(ctx); err != nil {
@@ -129,14 +129,14 @@ func TestFairDeadWaiterIsSkipped(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = dying.Close() })
 
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var o order
-	first := queueWaiter(t, rdb, name, cs[1].NewMutex(name), ctx, 0, &o, 1)
-	dead := queueWaiter(t, rdb, name, dying.NewMutex(name), ctx, 1, &o, 2)
-	last := queueWaiter(t, rdb, name, cs[1].NewMutex(name), ctx, 2, &o, 3)
+	first := queueWaiter(t, rdb, name, must(cs[1].NewMutex(name)), ctx, 0, &o, 1)
+	dead := queueWaiter(t, rdb, name, must(dying.NewMutex(name)), ctx, 1, &o, 2)
+	last := queueWaiter(t, rdb, name, must(cs[1].NewMutex(name)), ctx, 2, &o, 3)
 	_ = deadRdb.Close()
 	_ = dying.Close()
 	if err := <-dead; err == nil {
@@ -174,13 +174,13 @@ func TestFairLongWaitIsNotEvicted(t *testing.T) {
 	cs := newClients(t, 2, redisync.WithWaiterTimeout(heartbeat))
 	rdb := admin(t)
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var o order
-	first := queueWaiter(t, rdb, name, cs[1].NewMutex(name), ctx, 0, &o, 1)
-	second := queueWaiter(t, rdb, name, cs[0].NewMutex(name), ctx, 1, &o, 2)
+	first := queueWaiter(t, rdb, name, must(cs[1].NewMutex(name)), ctx, 0, &o, 1)
+	second := queueWaiter(t, rdb, name, must(cs[0].NewMutex(name)), ctx, 1, &o, 2)
 	// Hold the lock for 20 heartbeat timeouts: a waiter kept alive by its
 	// heartbeats must keep its place all along.
 	deadline := time.Now().Add(20 * heartbeat)
@@ -208,7 +208,7 @@ func TestFairCancelInTheMiddle(t *testing.T) {
 	cs := newClients(t, 3)
 	rdb := admin(t)
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestFairCancelInTheMiddle(t *testing.T) {
 		if i == 2 {
 			lctx = cctx
 		}
-		dones = append(dones, queueWaiter(t, rdb, name, cs[i%3].NewMutex(name), lctx, i, &o, int64(i+1)))
+		dones = append(dones, queueWaiter(t, rdb, name, must(cs[i%3].NewMutex(name)), lctx, i, &o, int64(i+1)))
 	}
 	cancel()
 	if err := <-dones[2]; !errors.Is(err, context.Canceled) {
@@ -254,14 +254,14 @@ func TestFairCancelRacingHandOff(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var handed, cancelled int
 	for range 30 {
-		holder := cs[0].NewMutex(name)
+		holder := must(cs[0].NewMutex(name))
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		var o order
 		cctx, cancel := context.WithCancel(ctx)
-		racer := queueWaiter(t, rdb, name, cs[1].NewMutex(name), cctx, 0, &o, 1)
-		next := queueWaiter(t, rdb, name, cs[0].NewMutex(name), ctx, 1, &o, 2)
+		racer := queueWaiter(t, rdb, name, must(cs[1].NewMutex(name)), cctx, 0, &o, 1)
+		next := queueWaiter(t, rdb, name, must(cs[0].NewMutex(name)), ctx, 1, &o, 2)
 		// Cancel and release at nearly the same moment, in either order.
 		delay := time.Duration(rng.IntN(300)) * time.Microsecond
 		go func() {

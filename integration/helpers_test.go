@@ -172,7 +172,7 @@ func until(deadline time.Time) func(int) bool {
 func mutexes(cs []*redisync.Client, name string, n int, opts ...redisync.Option) []locker {
 	ls := make([]locker, n)
 	for i := range ls {
-		ls[i] = cs[i%len(cs)].NewMutex(name, opts...)
+		ls[i] = must(cs[i%len(cs)].NewMutex(name, opts...))
 	}
 	return ls
 }
@@ -313,4 +313,14 @@ func otherLockKeys(t *testing.T, rdb redis.Cmdable, key string) []string {
 		out = append(out, fmt.Sprintf("%s (%s, PTTL %v)", k, rdb.Type(ctx, k).Val(), rdb.PTTL(ctx, k).Val()))
 	}
 	return out
+}
+
+// must returns v, a value that a constructor made, and panics with err,
+// the constructor's error: a test whose arguments are valid by design
+// fails at once (and loudly) if they are not.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -46,7 +46,7 @@ func testMultiAcrossSlots(t *testing.T, c *redistest.Cluster) {
 		for _, i := range set {
 			ns = append(ns, names[i])
 		}
-		m := cs[w%3].NewMultiMutex(ns)
+		m := must(cs[w%3].NewMultiMutex(ns))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -148,7 +148,7 @@ func testMultiCalls(t *testing.T, c *redistest.Cluster) {
 		{"common hash tag", []string{tag + "a", tag + "b", tag + "c"}, 2},
 		{"across slots", namesOnEveryPrimary(t, c, rdb, 3)[:3], 6},
 	} {
-		m := client.NewMultiMutex(tc.names)
+		m := must(client.NewMultiMutex(tc.names))
 		var got int64
 		for range 2 { // the first loads the scripts
 			before := calls.n.Load()

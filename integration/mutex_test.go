@@ -49,7 +49,7 @@ func TestMutexExclusionAndTokensUnderContention(t *testing.T) {
 func TestMutexReentrantOnRealRedis(t *testing.T) {
 	cs := newClients(t, 2)
 	name := redistest.Name(t)
-	a, b := cs[0].NewMutex(name), cs[1].NewMutex(name)
+	a, b := must(cs[0].NewMutex(name)), must(cs[1].NewMutex(name))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -91,14 +91,14 @@ func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := crashed.NewMutex(name)
+	holder := must(crashed.NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	locked := time.Now()
 	_ = crashed.Close() // dies without Unlock
 
-	waiter := newClients(t, 1)[0].NewMutex(name)
+	waiter := must(newClients(t, 1)[0].NewMutex(name))
 	if err := waiter.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestMutexHolderCrashFreesLockWithinLease(t *testing.T) {
 func TestMutexLostWhenKeyDeletedBehindHolder(t *testing.T) {
 	c := newClients(t, 1, redisync.WithCrashTimeout(300*time.Millisecond))[0]
 	name := redistest.Name(t)
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -134,14 +134,14 @@ func TestMutexLostWhenKeyDeletedBehindHolder(t *testing.T) {
 func TestMutexWaitersSurviveSubscriberKill(t *testing.T) {
 	cs := newClients(t, 3, redisync.WithRecheck(30*time.Second))
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	const n = 9
 	done := make(chan error, n)
 	for i := range n {
-		m := cs[i%3].NewMutex(name)
+		m := must(cs[i%3].NewMutex(name))
 		go func() {
 			err := m.Lock(ctx)
 			if err == nil {
@@ -197,14 +197,14 @@ func blockedWaitersDoNotPoll(t *testing.T, barging bool) {
 	}
 	cs := newClients(t, clients)
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name, opts...)
+	holder := must(cs[0].NewMutex(name, opts...))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range n {
-		m := cs[i%clients].NewMutex(name, opts...)
+		m := must(cs[i%clients].NewMutex(name, opts...))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -284,7 +284,7 @@ func TestMutexRetriedScriptsAfterDroppedReplies(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	name := redistest.Name(t)
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); err != nil { // loads the scripts
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestMutexWrongTypeOnRealRedis(t *testing.T) {
 			key += ":token"
 			rdb.Set(ctx, key, "not a number", 0)
 		}
-		m := c.NewMutex(name)
+		m := must(c.NewMutex(name))
 		err := m.Lock(ctx)
 		if !errors.Is(err, redisync.ErrWrongType) {
 			t.Fatalf("%s: Lock: %v, want ErrWrongType", kind, err)
@@ -395,7 +395,7 @@ func TestMutexReleaseMeetingWrongTypeLeavesTheQueueOnRealRedis(t *testing.T) {
 	c := newClients(t, 1)[0]
 	rdb := admin(t)
 	name := redistest.Name(t)
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +426,7 @@ func TestMutexReleaseMeetingWrongTypeLeavesTheQueueOnRealRedis(t *testing.T) {
 func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 	cs := newClients(t, 2)
 	name := redistest.Name(t)
-	holder := cs[0].NewMutex(name)
+	holder := must(cs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +435,7 @@ func TestMutexCancelledLockLeavesNothing(t *testing.T) {
 		if !fair {
 			opts = append(opts, redisync.Barging())
 		}
-		m := cs[1].NewMutex(name, opts...)
+		m := must(cs[1].NewMutex(name, opts...))
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		err := m.Lock(wctx)
 		cancel()

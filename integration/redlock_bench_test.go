@@ -22,7 +22,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer c.Close()
-		m := c.NewMutex("bench")
+		m := must(c.NewMutex("bench"))
 		before := evals(b, s)
 		for b.Loop() {
 			if err := m.Lock(ctx); err != nil {
@@ -42,7 +42,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 			}
 			rl := newBenchRedlock(b, ss)
 			defer rl.Close()
-			m := rl.NewMutex("bench")
+			m := must(rl.NewMutex("bench"))
 			before := evals(b, ss[0])
 			for b.Loop() {
 				if err := m.Lock(ctx); err != nil {

@@ -106,7 +106,7 @@ func contendRedlock(t *testing.T, rs []*redisync.Redlock, name string, workers, 
 	t.Helper()
 	ls := make([]locker, workers)
 	for i := range ls {
-		ls[i] = rs[i%len(rs)].NewMutex(name)
+		ls[i] = must(rs[i%len(rs)].NewMutex(name))
 	}
 	increasing(t, contend(t, ls, 200*time.Microsecond, rounds(n)).tokens)
 }
@@ -158,7 +158,7 @@ func TestRedlockMinorityKilled(t *testing.T) {
 			ss := spawnNodes(t, n)
 			rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(300*time.Millisecond))
 			name := redistest.Name(t)
-			a, b := rs[0].NewMutex(name), rs[1].NewMutex(name)
+			a, b := must(rs[0].NewMutex(name)), must(rs[1].NewMutex(name))
 			lockEveryNode(t, a, ss)
 			// Kill a minority while a holds the lock: a keeps it.
 			minority := (n - 1) / 2
@@ -190,7 +190,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 	t.Run("killed", func(t *testing.T) {
 		ss := spawnNodes(t, 3)
 		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
-		m := rs[0].NewMutex(redistest.Name(t))
+		m := must(rs[0].NewMutex(redistest.Name(t)))
 		ss[0].Kill(t)
 		ss[2].Kill(t)
 		start := time.Now()
@@ -205,7 +205,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 		ss := spawnNodes(t, 3)
 		rs := newRedlocks(t, ss, 2, redisync.WithNodeTimeout(nodeTimeout), redisync.WithRecheck(recheck))
 		name := redistest.Name(t)
-		holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
+		holder, waiter := must(rs[0].NewMutex(name)), must(rs[1].NewMutex(name))
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func TestRedlockMajorityDownIsErrQuorum(t *testing.T) {
 		rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(nodeTimeout))
 		name := redistest.Name(t)
 		admins := nodeAdmins(t, ss)
-		m := rs[0].NewMutex(name)
+		m := must(rs[0].NewMutex(name))
 		for _, s := range ss[2:] {
 			s.Signal(t, syscall.SIGSTOP)
 		}
@@ -269,7 +269,7 @@ func TestRedlockSlowNodeGrantIsUndone(t *testing.T) {
 	rs := newRedlocks(t, ss, 1, redisync.WithNodeTimeout(300*time.Millisecond))
 	name := redistest.Name(t)
 	admins := nodeAdmins(t, ss)
-	m := rs[0].NewMutex(name)
+	m := must(rs[0].NewMutex(name))
 	ss[2].Signal(t, syscall.SIGSTOP)
 	err := m.Lock(ctx)
 	ss[2].Signal(t, syscall.SIGCONT)
@@ -304,7 +304,7 @@ func TestRedlockClockJumpDoubleGrantIsFenced(t *testing.T) {
 	name := redistest.Name(t)
 	// Node 0 has minted more tokens for this name than the others.
 	seedToken(t, admins[0], name, 100)
-	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	h1, h2 := must(rs[0].NewMutex(name)), must(rs[1].NewMutex(name))
 	if err := h1.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +357,7 @@ func TestRedlockKleppmannFiveNodes(t *testing.T) {
 	admins := nodeAdmins(t, ss)
 	name := redistest.Name(t)
 	seedToken(t, admins[0], name, 100)
-	h1, h2 := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	h1, h2 := must(rs[0].NewMutex(name)), must(rs[1].NewMutex(name))
 	for _, s := range ss[3:] {
 		s.Signal(t, syscall.SIGSTOP)
 	}
@@ -426,7 +426,7 @@ func TestRedlockLostWhenMajorityLost(t *testing.T) {
 	const lease = time.Second
 	ss := spawnNodes(t, 3)
 	rs := newRedlocks(t, ss, 1, redisync.WithCrashTimeout(lease), redisync.WithNodeTimeout(200*time.Millisecond))
-	m := rs[0].NewMutex(redistest.Name(t))
+	m := must(rs[0].NewMutex(redistest.Name(t)))
 	lockEveryNode(t, m, ss)
 	ss[0].Kill(t)
 	// Node 0's hold is lost by its deadline (< lease); the quorum stays.
@@ -467,7 +467,7 @@ func testRedlockWaiterWoken(t *testing.T, bare bool) {
 	rs := newRedlocks(t, ss, 2, redisync.WithRecheck(time.Minute), redisync.WithCrashTimeout(time.Minute))
 	admins := nodeAdmins(t, ss)
 	name := redistest.Name(t)
-	holder, waiter := rs[0].NewMutex(name), rs[1].NewMutex(name)
+	holder, waiter := must(rs[0].NewMutex(name)), must(rs[1].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -550,13 +550,13 @@ func TestRedlockCancelledLockLeavesNothing(t *testing.T) {
 	rs := newRedlocks(t, ss, 2)
 	admins := nodeAdmins(t, ss)
 	name := redistest.Name(t)
-	holder := rs[0].NewMutex(name)
+	holder := must(rs[0].NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if err := rs[1].NewMutex(name).Lock(wctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := must(rs[1].NewMutex(name)).Lock(wctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock: %v, want DeadlineExceeded", err)
 	}
 	if err := holder.Unlock(ctx); err != nil {

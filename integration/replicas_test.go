@@ -43,7 +43,7 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 			opts = append(opts, redisync.Barging())
 		}
 		name := redistest.Name(t)
-		m := c.NewMutex(name, opts...)
+		m := must(c.NewMutex(name, opts...))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +64,7 @@ func TestReplicasAcknowledgeOrTheAcquireIsUndone(t *testing.T) {
 		return strings.Contains(pAdmin.Info(ctx, "replication").Val(), "connected_slaves:0")
 	})
 	name := redistest.Name(t)
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); !errors.Is(err, redisync.ErrNotReplicated) {
 		t.Fatalf("Lock without a replica: %v, want ErrNotReplicated", err)
 	}
@@ -88,7 +88,7 @@ func TestReplicatedHoldSurvivesFailover(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	name := redistest.Name(t)
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestReplicatedHoldSurvivesFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = oc.Close() })
-	other := oc.NewMutex(name)
+	other := must(oc.NewMutex(name))
 	if ok, err := other.TryLock(ctx); ok || err != nil {
 		t.Fatalf("after failover another owner took the lock: %v, %v", ok, err)
 	}

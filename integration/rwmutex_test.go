@@ -17,13 +17,13 @@ func TestRWMutexWaitersDoNotPoll(t *testing.T) {
 	const waiters = 10
 	name := redistest.Name(t)
 	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithWaiterTimeout(time.Minute))
-	holder := cs[0].NewRWMutex(name)
+	holder := must(cs[0].NewRWMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, waiters)
 	for i := range waiters {
-		rw := cs[i%2].NewRWMutex(name)
+		rw := must(cs[i%2].NewRWMutex(name))
 		go func() {
 			var err error
 			if i%3 == 0 {

@@ -29,7 +29,7 @@ func TestSemaphoreNeverOversubscribed(t *testing.T) {
 	// Two goroutines share each Semaphore value, as with a Weighted.
 	values := make([]*redisync.Semaphore, goroutines/2)
 	for i := range values {
-		values[i] = clients[i%len(clients)].NewSemaphore(name, size)
+		values[i] = must(clients[i%len(clients)].NewSemaphore(name, size))
 	}
 	var used, maxUsed, acquisitions atomic.Int64
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -93,7 +93,7 @@ func TestSemaphoreCrashedHolderFreesPermitsWithinLease(t *testing.T) {
 func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
 	name := redistest.Name(t)
 	cs := newClients(t, 2, opt, redisync.WithRecheck(time.Hour))
-	holder, waiter := cs[0].NewSemaphore(name, 3), cs[1].NewSemaphore(name, 3)
+	holder, waiter := must(cs[0].NewSemaphore(name, 3)), must(cs[1].NewSemaphore(name, 3))
 	acquired := time.Now()
 	if err := holder.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 12)
 	for i := range 12 {
-		s := cs[i%2].NewSemaphore(name, size)
+		s := must(cs[i%2].NewSemaphore(name, size))
 		// Holds of different lengths, so that the holders do not fall
 		// into step and free all the permits at once by chance.
 		hold := time.Duration(3+i%5) * time.Millisecond
@@ -163,7 +163,7 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 		return len(served) >= 20
 	})
 
-	big := cs[2].NewSemaphore(name, size)
+	big := must(cs[2].NewSemaphore(name, size))
 	done := make(chan error, 1)
 	go func() { done <- big.Acquire(ctx, 3) }()
 	_, waiters := semKeys(name)
@@ -216,11 +216,11 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 func TestSemaphoreSizeMismatch(t *testing.T) {
 	name := redistest.Name(t)
 	cs := newClients(t, 2)
-	a := cs[0].NewSemaphore(name, 3)
+	a := must(cs[0].NewSemaphore(name, 3))
 	if err := a.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	b := cs[1].NewSemaphore(name, 4)
+	b := must(cs[1].NewSemaphore(name, 4))
 	if err := b.Acquire(ctx, 1); !errors.Is(err, redisync.ErrSizeMismatch) {
 		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
 	}
@@ -237,13 +237,13 @@ func TestSemaphoreWaitersDoNotPoll(t *testing.T) {
 	name := redistest.Name(t)
 	// Long heartbeat and recheck: nothing is due during the measurement.
 	cs := newClients(t, 2, redisync.WithRecheck(time.Hour), redisync.WithWaiterTimeout(time.Minute))
-	holder := cs[0].NewSemaphore(name, 1)
+	holder := must(cs[0].NewSemaphore(name, 1))
 	if err := holder.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, waiters)
 	for i := range waiters {
-		s := cs[i%2].NewSemaphore(name, 1)
+		s := must(cs[i%2].NewSemaphore(name, 1))
 		go func() {
 			err := s.Acquire(ctx, 1)
 			if err == nil {

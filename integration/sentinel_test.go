@@ -45,7 +45,7 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	cs := []*redisync.Client{newFailover(), newFailover()}
 	admin := redistest.NewClient(t, primary.Addr)
 	name := redistest.Name(t)
-	holder := newFailover(redisync.WithReplicas(1, time.Second)).NewMutex(name)
+	holder := must(newFailover(redisync.WithReplicas(1, time.Second)).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestSentinelFailoverKeepsReplicatedHold(t *testing.T) {
 	var o order
 	var dones []<-chan error
 	for i := range 3 {
-		dones = append(dones, queueWaiter(t, admin, name, cs[(i+1)%2].NewMutex(name), ctx, i, &o, int64(i+1)))
+		dones = append(dones, queueWaiter(t, admin, name, must(cs[(i+1)%2].NewMutex(name)), ctx, i, &o, int64(i+1)))
 	}
 
 	if err := sAdmin.Failover(ctx, "mymaster").Err(); err != nil {

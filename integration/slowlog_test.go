@@ -407,7 +407,7 @@ func junkAndDeadRecords(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	name := redistest.Name(t)
 	holderC := newClientOf(t, addr)
-	holder := holderC.NewMutex(name)
+	holder := must(holderC.NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func junkAndDeadRecords(t *testing.T) (slowScripts, sched) {
 	defer cancel()
 	var ws []*redisync.Mutex
 	for range 3 {
-		ws = append(ws, newClientOf(t, addr).NewMutex(name, unlimited))
+		ws = append(ws, must(newClientOf(t, addr).NewMutex(name, unlimited)))
 	}
 	got := queueBehind(t, wctx, rdb, k, ws)
 	start := time.Now()
@@ -462,7 +462,7 @@ func TestSlowlogLockQueueOfADeadClient(t *testing.T) {
 func deadClientRecords(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	name := redistest.Name(t)
-	other := newClientOf(t, addr).NewMutex(name, redisync.Barging())
+	other := must(newClientOf(t, addr).NewMutex(name, redisync.Barging()))
 	if err := other.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +477,7 @@ func deadClientRecords(t *testing.T) (slowScripts, sched) {
 	since := resetSlowlog(t, rdb)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	got := queueBehind(t, wctx, rdb, k, []*redisync.Mutex{newClientOf(t, addr).NewMutex(name, unlimited)})
+	got := queueBehind(t, wctx, rdb, k, []*redisync.Mutex{must(newClientOf(t, addr).NewMutex(name, unlimited))})
 	start := time.Now()
 	if err := other.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -544,7 +544,7 @@ func TestSlowlogLockWithdrawalBehindDeadRecords(t *testing.T) {
 func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	name := redistest.Name(t)
-	holder := newClientOf(t, addr).NewMutex(name)
+	holder := must(newClientOf(t, addr).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -559,7 +559,7 @@ func withdrawalBehindDeadRecords(t *testing.T) (slowScripts, sched) {
 	withdraw := func() {
 		t.Helper()
 		wctx, cancel := context.WithCancel(ctx)
-		w := newClientOf(t, addr).NewMutex(name, unlimited)
+		w := must(newClientOf(t, addr).NewMutex(name, unlimited))
 		done := make(chan error, 1)
 		go func() { done <- w.Lock(wctx) }()
 		eventually(t, 10*time.Second, "the waiter to queue", func() bool {
@@ -607,7 +607,7 @@ func inspectLongQueues(t *testing.T) (slowScripts, sched) {
 	addr, rdb := slowlogServer(t)
 	c := newClientOf(t, addr)
 	name := redistest.Name(t)
-	m := c.NewMutex(name)
+	m := must(c.NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

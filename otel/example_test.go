@@ -43,7 +43,10 @@ func ExampleNew() {
 
 	ctx, span := tp.Tracer("app").Start(context.Background(), "nightly-report")
 	defer span.End()
-	m := client.NewMutex("nightly-report")
+	m, err := client.NewMutex("nightly-report")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := m.Lock(ctx); err != nil { // a child span of "nightly-report"
 		log.Fatal(err)
 	}

@@ -142,8 +142,8 @@ func TestContendedRunMetrics(t *testing.T) {
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
-			m := c.NewMutex("hot")
-			s := c.NewSemaphore("hot", 2)
+			m := must(c.NewMutex("hot"))
+			s := must(c.NewSemaphore("hot", 2))
 			for i := range 15 {
 				cctx, cancel := context.WithCancel(ctx)
 				switch i % 3 {
@@ -179,11 +179,11 @@ func TestContendedRunMetrics(t *testing.T) {
 	}
 	wg.Wait()
 	// Errors: a bad name, and a semaphore of another size.
-	count(c.NewMutex("").Lock(ctx))
-	count(c.NewSemaphore("hot", 3).Acquire(ctx, 1))
+	count(must(c.NewMutex("")).Lock(ctx))
+	count(must(c.NewSemaphore("hot", 3)).Acquire(ctx, 1))
 
 	// A hold lost: its key removed behind its back.
-	m := c.NewMutex("lost")
+	m := must(c.NewMutex("lost"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -242,12 +242,12 @@ func TestSpansAreChildrenOfTheCallersSpan(t *testing.T) {
 	}
 	defer c.Close()
 	ctx, parent := tel.tp.Tracer("test").Start(context.Background(), "request")
-	m := c.NewMutex("traced")
+	m := must(c.NewMutex("traced"))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	token := m.Token()
-	if ok, err := c.NewMutex("traced").TryLock(ctx); ok || err != nil {
+	if ok, err := must(c.NewMutex("traced")).TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock = %v, %v", ok, err)
 	}
 	if err := m.Unlock(ctx); err != nil {
@@ -303,7 +303,7 @@ func TestNameAttributeIsOptIn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := c.NewMutex("per-user-42")
+		m := must(c.NewMutex("per-user-42"))
 		if err := m.Lock(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -315,4 +315,14 @@ func TestNameAttributeIsOptIn(t *testing.T) {
 			t.Errorf("WithNameAttribute %v: name attribute present %v", withName, has)
 		}
 	}
+}
+
+// must returns v, a value that a constructor made, and panics with err,
+// the constructor's error: a test whose arguments are valid by design
+// fails at once (and loudly) if they are not.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

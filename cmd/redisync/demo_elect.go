@@ -40,14 +40,23 @@ func (p *electPart) primitive() redisync.Primitive { return redisync.PrimitiveEl
 
 func (p *electPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup) {
 	p.terms = make([]int64, len(env.clients))
-	changes := env.clients[0].NewElection(env.name).Observe(ctx)
+	observer, err := env.clients[0].NewElection(env.name)
+	if err != nil {
+		p.fail(err)
+		return
+	}
+	changes := observer.Observe(ctx)
 	wg.Go(func() {
 		for l := range changes {
 			p.observed(l)
 		}
 	})
 	for ci, c := range env.clients {
-		e := c.NewElection(env.name)
+		e, err := c.NewElection(env.name)
+		if err != nil {
+			p.fail(err)
+			return
+		}
 		wg.Go(func() { p.campaign(ctx, env, e, ci) })
 	}
 }

@@ -41,7 +41,11 @@ func (p *lockPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup) 
 		p.acq[ci] = make([]int64, env.workers)
 		p.maxWait[ci] = make([]time.Duration, env.workers)
 		for wi := range env.workers {
-			m := c.NewMutex(env.name)
+			m, err := c.NewMutex(env.name)
+			if err != nil {
+				p.fail(err)
+				return
+			}
 			wg.Go(func() { p.work(ctx, env, m, ci, wi) })
 		}
 	}

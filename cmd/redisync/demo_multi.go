@@ -70,7 +70,11 @@ func (p *multiPart) work(ctx context.Context, c *redisync.Client, ci, wi int) {
 	for ctx.Err() == nil {
 		from := rand.IntN(demoAccounts)
 		to := (from + 1 + rand.IntN(demoAccounts-1)) % demoAccounts
-		m := c.NewMultiMutex([]string{p.account(from), p.account(to)})
+		m, err := c.NewMultiMutex([]string{p.account(from), p.account(to)})
+		if err != nil {
+			p.fail(err)
+			return
+		}
 		t0 := time.Now()
 		if err := m.Lock(ctx); err != nil {
 			if !ended(ctx, err) {
@@ -94,7 +98,7 @@ func (p *multiPart) work(ctx context.Context, c *redisync.Client, ci, wi int) {
 		}
 
 		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := m.Unlock(uctx)
+		err = m.Unlock(uctx)
 		cancel()
 		if err != nil {
 			p.fail(fmt.Errorf("c%d.w%d: Unlock: %w", ci+1, wi+1, err))

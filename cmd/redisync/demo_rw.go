@@ -49,7 +49,11 @@ func (p *rwPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup) {
 	p.writes = make([]int64, len(env.clients))
 	for ci, c := range env.clients {
 		for range env.workers {
-			rw := c.NewRWMutex(env.name)
+			rw, err := c.NewRWMutex(env.name)
+			if err != nil {
+				p.fail(err)
+				return
+			}
 			wg.Go(func() { p.work(ctx, env, rw, ci) })
 		}
 	}

@@ -44,7 +44,11 @@ func (p *semPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup) {
 	p.acq = make([]int64, len(env.clients))
 	for ci, c := range env.clients {
 		for range env.workers {
-			s := c.NewSemaphore(env.name, demoSemSize)
+			s, err := c.NewSemaphore(env.name, demoSemSize)
+			if err != nil {
+				p.fail(err)
+				return
+			}
 			wg.Go(func() { p.work(ctx, env, s, ci) })
 		}
 	}

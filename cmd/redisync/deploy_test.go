@@ -57,7 +57,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	for _, name := range names {
-		m := c.NewMutex(name)
+		m := must(c.NewMutex(name))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -128,13 +128,15 @@ func campaign(ctx context.Context, rdb redis.UniversalClient, prefix, name, valu
 	if err != nil {
 		return nil, err
 	}
-	e := c.NewElection(name)
-	if try {
+	e, err := c.NewElection(name)
+	switch {
+	case err != nil:
+	case try:
 		var ok bool
 		if ok, err = e.TryCampaign(ctx, value); err == nil && !ok {
 			err = errBusy
 		}
-	} else {
+	default:
 		err = e.Campaign(ctx, value)
 	}
 	if err != nil {

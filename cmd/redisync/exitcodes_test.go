@@ -70,7 +70,7 @@ func holdSem(t *testing.T, name string, n int64) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	s := c.NewSemaphore(name, n)
+	s := must(c.NewSemaphore(name, n))
 	if err := s.Acquire(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}

@@ -145,7 +145,7 @@ func (e *exampleEnv) lastToken(keys schema.Lock) string {
 
 // holdLock holds the lock name until the test ends.
 func (e *exampleEnv) holdLock(name string) {
-	m := e.client.NewMutex(name)
+	m := must(e.client.NewMutex(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := m.Lock(ctx); err != nil {
@@ -157,7 +157,7 @@ func (e *exampleEnv) holdLock(name string) {
 // holdPermits holds n of the size permits of the semaphore name until the
 // test ends.
 func (e *exampleEnv) holdPermits(name string, size, n int64) {
-	s := e.client.NewSemaphore(name, size)
+	s := must(e.client.NewSemaphore(name, size))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Acquire(ctx, n); err != nil {
@@ -169,7 +169,7 @@ func (e *exampleEnv) holdPermits(name string, size, n int64) {
 // lead makes a candidate lead the election name with value until the test
 // ends.
 func (e *exampleEnv) lead(name, value string) {
-	el := e.client.NewElection(name)
+	el := must(e.client.NewElection(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := el.Campaign(ctx, value); err != nil {
@@ -422,7 +422,7 @@ kill $holder; wait $holder`: {{
 				e.t.Fatal(err)
 			}
 			e.t.Cleanup(func() { _ = c.Close() })
-			m := c.NewMutex("deploy")
+			m := must(c.NewMutex("deploy"))
 			if err := m.Lock(context.Background()); err != nil {
 				e.t.Fatal(err)
 			}

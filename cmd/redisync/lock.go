@@ -269,13 +269,15 @@ func acquireLock(ctx context.Context, rdb redis.UniversalClient, prefix, name st
 	if err != nil {
 		return nil, err
 	}
-	m := c.NewMutex(name)
-	if try {
+	m, err := c.NewMutex(name)
+	switch {
+	case err != nil:
+	case try:
 		var ok bool
 		if ok, err = m.TryLock(ctx); err == nil && !ok {
 			err = errBusy
 		}
-	} else {
+	default:
 		err = m.Lock(ctx)
 	}
 	if err != nil {

@@ -168,7 +168,7 @@ func holdLock(t *testing.T, name string, opts ...redisync.Option) *redisync.Mute
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	m := c.NewMutex(name, opts...)
+	m := must(c.NewMutex(name, opts...))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := m.Lock(ctx); err != nil {
@@ -430,4 +430,14 @@ func lockState(t *testing.T, rdb redis.Cmdable, key string) (schema.LockState, i
 		t.Fatalf("%s is not a lock of layout %d: %q", key, schema.Layout, h)
 	}
 	return st, now.UnixMilli()
+}
+
+// must returns v, a value that a constructor made, and panics with err,
+// the constructor's error: a test whose arguments are valid by design
+// fails at once (and loudly) if they are not.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -67,7 +67,7 @@ func TestNoWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	sem := c.NewSemaphore(name, 1)
+	sem := must(c.NewSemaphore(name, 1))
 	if err := sem.Acquire(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestStatusShowsWhatExists(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	sem := c.NewSemaphore(name, 2)
+	sem := must(c.NewSemaphore(name, 2))
 	if err := sem.Acquire(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}

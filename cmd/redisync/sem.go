@@ -199,13 +199,15 @@ func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	if err != nil {
 		return nil, err
 	}
-	s := c.NewSemaphore(name, size)
-	if try {
+	s, err := c.NewSemaphore(name, size)
+	switch {
+	case err != nil:
+	case try:
 		var ok bool
 		if ok, err = s.TryAcquire(ctx, n); err == nil && !ok {
 			err = errBusy
 		}
-	} else {
+	default:
 		err = s.Acquire(ctx, n)
 	}
 	if err != nil {

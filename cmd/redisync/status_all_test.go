@@ -57,7 +57,7 @@ func TestStatusAll(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	must := func(err error) {
+	check := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -65,14 +65,14 @@ func TestStatusAll(t *testing.T) {
 	}
 	held := map[string]*redisync.Mutex{}
 	for _, name := range []string{"held", "queued", "x:y}z"} {
-		m := c.NewMutex(name)
-		must(m.Lock(ctx))
+		m := must(c.NewMutex(name))
+		check(m.Lock(ctx))
 		t.Cleanup(func() { _ = m.Unlock(context.Background()) })
 		held[name] = m
 	}
-	free := c.NewMutex("free") // leaves its token behind
-	must(free.Lock(ctx))
-	must(free.Unlock(ctx))
+	free := must(c.NewMutex("free")) // leaves its token behind
+	check(free.Lock(ctx))
+	check(free.Unlock(ctx))
 	waiter := start(t, addr, "lock", "--prefix", prefix, "queued", "--", "true")
 	waitFor(t, "the waiter to queue", func() bool {
 		return redistest.Client(t).LLen(ctx, schema.LockKeys(prefix, "queued").Queue).Val() == 1 || waiter.exited()
@@ -81,25 +81,25 @@ func TestStatusAll(t *testing.T) {
 		name    string
 		size, n int64
 	}{{"gpus", 3, 2}, {"full", 1, 1}} {
-		sem := c.NewSemaphore(s.name, s.size)
-		must(sem.Acquire(ctx, s.n))
+		sem := must(c.NewSemaphore(s.name, s.size))
+		check(sem.Acquire(ctx, s.n))
 		t.Cleanup(func() { _ = sem.Release(context.Background(), s.n) })
 	}
-	rw := c.NewRWMutex("rw")
-	must(rw.RLock(ctx))
+	rw := must(c.NewRWMutex("rw"))
+	check(rw.RLock(ctx))
 	t.Cleanup(func() { _ = rw.RUnlock(context.Background()) })
-	e := c.NewElection("boss")
-	must(e.Campaign(ctx, "v1"))
+	e := must(c.NewElection("boss"))
+	check(e.Campaign(ctx, "v1"))
 	t.Cleanup(func() { _ = e.Resign(context.Background()) })
 	// A key that looks like a lock's, of a name that redisync refuses.
 	stray := prefix + ":lock:{}x}"
 	rdb := redistest.Client(t)
-	must(rdb.Set(ctx, stray, "?", time.Minute).Err())
+	check(rdb.Set(ctx, stray, "?", time.Minute).Err())
 	t.Cleanup(func() { rdb.Del(context.Background(), stray) })
 	// Another program's key where a lock's hash would be: listed with
 	// its error, and the listing goes on.
 	foreign := prefix + ":lock:{foreign}"
-	must(rdb.Set(ctx, foreign, "?", time.Minute).Err())
+	check(rdb.Set(ctx, foreign, "?", time.Minute).Err())
 	t.Cleanup(func() { rdb.Del(context.Background(), foreign) })
 
 	listing := func(args ...string) *Listing {
@@ -165,7 +165,7 @@ func TestStatusAll(t *testing.T) {
 			t.Errorf("status %q: exit %d, want %d; stderr %q", args, code, exitUsage, p.stderr.String())
 		}
 	}
-	must(held["queued"].Unlock(ctx))
+	check(held["queued"].Unlock(ctx))
 	if code := waiter.wait(t); code != 0 {
 		t.Errorf("the waiter: exit %d, stderr %q", code, waiter.stderr.String())
 	}
@@ -189,7 +189,7 @@ func statusAllOnCluster(t *testing.T, cl *redistest.Cluster) {
 		if srv := cl.PrimaryFor(t, crdb, schema.LockKeys(prefix, name).Hash).Addr; !served[srv] {
 			served[srv] = true
 			names = append(names, name)
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}

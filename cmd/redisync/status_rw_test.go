@@ -22,7 +22,7 @@ func TestStatusRWMutex(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	r1, r2, w := c.NewRWMutex(name), c.NewRWMutex(name), c.NewRWMutex(name)
+	r1, r2, w := must(c.NewRWMutex(name)), must(c.NewRWMutex(name)), must(c.NewRWMutex(name))
 	for _, r := range []*redisync.RWMutex{r1, r2} {
 		if err := r.RLock(ctx); err != nil {
 			t.Fatal(err)

@@ -294,7 +294,7 @@ func statusCountsPlainSubscriber(t *testing.T, cl *redistest.Cluster, barging bo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = holder.Close() })
-	m := holder.NewMutex(name)
+	m := must(holder.NewMutex(name))
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func statusCountsPlainSubscriber(t *testing.T, cl *redistest.Cluster, barging bo
 	t.Cleanup(func() { _ = waiter.Close() })
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- waiter.NewMutex(name).Lock(lctx) }()
+	go func() { done <- must(waiter.NewMutex(name)).Lock(lctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {

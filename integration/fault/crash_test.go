@@ -28,7 +28,7 @@ func TestHolderSIGKILL(t *testing.T) {
 	holder := startHolder(t, "serve", "-addr", addr, "-name", name, "-watchdog", lease.String())
 	holder.lockToken(5 * time.Second)
 
-	waiter := newClient(t, addr).NewMutex(name)
+	waiter := must(newClient(t, addr).NewMutex(name))
 	done := lockAsync(waiter, ctx)
 	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool { return subscribers(t, rdb, name) == 1 })
 	// Let a renewal or two happen, so the kill lands at a random point of
@@ -73,7 +73,7 @@ func TestHolderSIGSTOPFencing(t *testing.T) {
 
 	a.pause()
 	paused := time.Now()
-	b := newClient(t, addr).NewMutex(name)
+	b := must(newClient(t, addr).NewMutex(name))
 	r := await(t, lockAsync(b, ctx), lease+5*time.Second, "second holder")
 	tb := b.Token()
 	t.Logf("paused holder (token %d) replaced by token %d after %v", ta, tb, r.at.Sub(paused).Round(time.Millisecond))
@@ -138,7 +138,7 @@ func TestFairQueuedWaiterSIGKILL(t *testing.T) {
 	queueLen := func() int64 { return rdb.LLen(ctx, queueKey(name)).Val() }
 	opts := []redisync.Option{redisync.WithWaiterTimeout(hb)}
 
-	h := newClient(t, addr, opts...).NewMutex(name)
+	h := must(newClient(t, addr, opts...).NewMutex(name))
 	if err := h.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestFairQueuedWaiterSIGKILL(t *testing.T) {
 	release := map[int]chan struct{}{1: make(chan struct{}), 3: make(chan struct{}), 4: make(chan struct{})}
 	lockErrs, unlockErrs := make(chan error, 3), make(chan error, 3)
 	queue := func(id int) {
-		m := newClient(t, addr, opts...).NewMutex(name)
+		m := must(newClient(t, addr, opts...).NewMutex(name))
 		go func() {
 			if err := m.Lock(lctx); err != nil {
 				lockErrs <- err
@@ -243,11 +243,11 @@ func TestSemaphoreHolderSIGKILL(t *testing.T) {
 	holder.expect("acquired 2", 5*time.Second)
 
 	c := newClient(t, addr, redisync.WithCrashTimeout(lease))
-	other := c.NewSemaphore(name, size)
+	other := must(c.NewSemaphore(name, size))
 	if err := other.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	waiter := c.NewSemaphore(name, size)
+	waiter := must(c.NewSemaphore(name, size))
 	done := make(chan time.Time, 1)
 	errs := make(chan error, 1)
 	go func() {

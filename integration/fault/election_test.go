@@ -33,7 +33,7 @@ func observe(t *testing.T, addr, name string) <-chan redisync.Leadership {
 	t.Helper()
 	octx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	return newClient(t, addr).NewElection(name).Observe(octx)
+	return must(newClient(t, addr).NewElection(name)).Observe(octx)
 }
 
 // nextState returns the observer's next state, failing after d.
@@ -64,7 +64,7 @@ func TestElectionLeaderSIGKILL(t *testing.T) {
 		t.Fatalf("observed %+v, want a with token %d", l, ta)
 	}
 
-	b := newClient(t, addr, redisync.WithCrashTimeout(lease)).NewElection(name)
+	b := must(newClient(t, addr, redisync.WithCrashTimeout(lease)).NewElection(name))
 	won := make(chan time.Time, 1)
 	go func() {
 		if err := b.Campaign(ctx, "b"); err != nil {
@@ -120,7 +120,7 @@ func TestElectionLeaderSIGSTOPFencing(t *testing.T) {
 
 	a.pause()
 	paused := time.Now()
-	b := newClient(t, addr, redisync.WithCrashTimeout(lease)).NewElection(name)
+	b := must(newClient(t, addr, redisync.WithCrashTimeout(lease)).NewElection(name))
 	cctx, cancel := context.WithTimeout(ctx, lease+5*time.Second)
 	defer cancel()
 	if err := b.Campaign(cctx, "b"); err != nil {
@@ -181,7 +181,7 @@ func TestElectionChaos(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	octx, ocancel := context.WithCancel(ctx)
 	defer ocancel()
-	watcher := newClient(t, addr).NewElection(name)
+	watcher := must(newClient(t, addr).NewElection(name))
 	obs := watcher.Observe(octx)
 	var seen []redisync.Leadership
 	observed := make(chan struct{})

@@ -15,8 +15,8 @@ func TestFinding2PartialReleaseKeepsTTL(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
 	name := redistest.Name(t)
-	a := newClient(t, addr).NewSemaphore(name, 3, redisync.WithFixedLease(lease))
-	b := newClient(t, addr).NewSemaphore(name, 3, redisync.WithFixedLease(lease))
+	a := must(newClient(t, addr).NewSemaphore(name, 3, redisync.WithFixedLease(lease)))
+	b := must(newClient(t, addr).NewSemaphore(name, 3, redisync.WithFixedLease(lease)))
 
 	if err := a.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 	name := redistest.Name(t)
 	queue := queueKey(name)
 
-	x := newClient(t, addr).NewMutex(name)
+	x := must(newClient(t, addr).NewMutex(name))
 	if err := x.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +36,8 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 		}
 		return err
 	})
-	m := proxiedClient(t, px, hook).NewMutex(name,
-		redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
+	m := must(proxiedClient(t, px, hook).NewMutex(name,
+		redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute)))
 
 	// Goroutine A waits on m, queued behind X.
 	a := lockAsync(m, ctx)
@@ -89,7 +89,7 @@ func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
 	}
 	lost := m.Lost()
 
-	y := newClient(t, addr).NewMutex(name)
+	y := must(newClient(t, addr).NewMutex(name))
 	ok, err := y.TryLock(ctx)
 	if err != nil {
 		t.Fatal(err)

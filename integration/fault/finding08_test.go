@@ -21,7 +21,7 @@ func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
 		run  func(t *testing.T, c *redisync.Client, name string) (key string)
 	}{
 		{"mutex", func(t *testing.T, c *redisync.Client, name string) string {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -29,7 +29,7 @@ func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
 			return lockKey(name)
 		}},
 		{"mutex-reentered", func(t *testing.T, c *redisync.Client, name string) string {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -43,7 +43,7 @@ func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
 			return lockKey(name)
 		}},
 		{"semaphore", func(t *testing.T, c *redisync.Client, name string) string {
-			s := c.NewSemaphore(name, 2)
+			s := must(c.NewSemaphore(name, 2))
 			if err := s.Acquire(ctx, 1); err != nil {
 				t.Fatal(err)
 			}
@@ -51,7 +51,7 @@ func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
 			return semKey(name)
 		}},
 		{"semaphore-partial", func(t *testing.T, c *redisync.Client, name string) string {
-			s := c.NewSemaphore(name, 2)
+			s := must(c.NewSemaphore(name, 2))
 			if err := s.Acquire(ctx, 2); err != nil {
 				t.Fatal(err)
 			}

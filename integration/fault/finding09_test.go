@@ -23,11 +23,11 @@ func TestFinding9LockRacingCloseReturnsErrClosed(t *testing.T) {
 		call func(c *redisync.Client, name string) (func() error, func() <-chan struct{})
 	}{
 		{"mutex", lockKey, func(c *redisync.Client, name string) (func() error, func() <-chan struct{}) {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			return func() error { return m.Lock(ctx) }, m.Lost
 		}},
 		{"semaphore", semKey, func(c *redisync.Client, name string) (func() error, func() <-chan struct{}) {
-			s := c.NewSemaphore(name, 1)
+			s := must(c.NewSemaphore(name, 1))
 			return func() error { return s.Acquire(ctx, 1) }, s.Lost
 		}},
 	} {
@@ -96,7 +96,7 @@ func TestFinding9LockRacingCloseStress(t *testing.T) {
 				defer wg.Done()
 				for i := 0; ; i++ {
 					name := fmt.Sprintf("%s-%d-%d", prefix, g, i)
-					err := c.NewMutex(name).Lock(ctx)
+					err := must(c.NewMutex(name)).Lock(ctx)
 					mu.Lock()
 					outs = append(outs, outcome{name, err, time.Now()})
 					mu.Unlock()

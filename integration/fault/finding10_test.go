@@ -67,7 +67,7 @@ func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
 			if !tc.fair {
 				o = append(o, redisync.Barging())
 			}
-			m := newClient(t, addr).NewMutex(name, o...)
+			m := must(newClient(t, addr).NewMutex(name, o...))
 			call := tc.setup(t, rdb, base, m)
 			before := keysDump(t, rdb, base)
 			err := within(t, 5*time.Second, "the call", call)

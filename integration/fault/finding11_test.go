@@ -34,8 +34,8 @@ func TestFinding11BraceNameRejected(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = c.Close() })
-			m := c.NewMutex(name)
-			s := c.NewSemaphore(name, 2)
+			m := must(c.NewMutex(name))
+			s := must(c.NewSemaphore(name, 2))
 			for _, op := range []struct {
 				name string
 				call func() error

@@ -27,7 +27,7 @@ func TestFinding12WatchdogDeadlineRace(t *testing.T) {
 		hold func(c *redisync.Client, name string) (step func() error, done func(), err error)
 	}{
 		{"mutex", func(c *redisync.Client, name string) (func() error, func(), error) {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			err := m.Lock(ctx)
 			hctx, cancel := m.HoldContext(ctx)
 			step := func() error {
@@ -39,7 +39,7 @@ func TestFinding12WatchdogDeadlineRace(t *testing.T) {
 			return step, func() { cancel(); _ = m.Unlock(ctx) }, err
 		}},
 		{"semaphore", func(c *redisync.Client, name string) (func() error, func(), error) {
-			s := c.NewSemaphore(name, 2)
+			s := must(c.NewSemaphore(name, 2))
 			step := func() error {
 				if err := s.Acquire(ctx, 1); err != nil {
 					return err

@@ -23,8 +23,8 @@ func TestFinding13DelayedReplyNeverReturnsExpiredHold(t *testing.T) {
 	for i := range trials {
 		px := redistest.NewProxy(t, addr)
 		name := redistest.Name(t)
-		a := proxiedClient(t, px, nil, redisync.WithCrashTimeout(lease)).NewMutex(name)
-		b := newClient(t, addr).NewMutex(name)
+		a := must(proxiedClient(t, px, nil, redisync.WithCrashTimeout(lease)).NewMutex(name))
+		b := must(newClient(t, addr).NewMutex(name))
 		// A warm connection, with the scripts loaded, before the delay.
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -84,7 +84,7 @@ func TestFinding13DelayedReplyNeverReturnsExpiredHold(t *testing.T) {
 func TestFinding13StallNeverReturnsLostHold(t *testing.T) {
 	const lease, stall = 200 * time.Millisecond, 600 * time.Millisecond
 	srv := redistest.Spawn(t)
-	m := newClient(t, srv.Addr, redisync.WithCrashTimeout(lease)).NewMutex(redistest.Name(t))
+	m := must(newClient(t, srv.Addr, redisync.WithCrashTimeout(lease)).NewMutex(redistest.Name(t)))
 	// A first Lock, so the connection and the script are ready.
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)

@@ -31,7 +31,7 @@ func TestFindingCUndoOvertakesTheAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	m := a.NewMutex(name)
+	m := must(a.NewMutex(name))
 	// Load the scripts, so that the held request is the acquire itself.
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestFindingCUndoOvertakesTheAcquire(t *testing.T) {
 	if heldOn(t, rdb, key) {
 		t.Fatalf("the late acquire took the lock for a call that had returned an error: %v", rdb.HGetAll(ctx, key).Val())
 	}
-	b := newClient(t, addr).NewMutex(name)
+	b := must(newClient(t, addr).NewMutex(name))
 	if ok, err := b.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("another Client's TryLock of the free lock: %v, %v", ok, err)
 	}

@@ -33,7 +33,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		px.SetLatency(20 * time.Millisecond)
 		name := redistest.Name(t)
 		base := lockKey(name)
-		x := newClient(t, addr).NewMutex(name)
+		x := must(newClient(t, addr).NewMutex(name))
 		if err := x.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		c := proxiedClient(t, px, nil, redisync.WithWaiterTimeout(30*time.Second), redisync.WithRecheck(time.Minute))
 		rng := rand.New(rand.NewPCG(1, 2))
 		for i := range 12 {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			actx, cancel := context.WithCancel(ctx)
 			a := lockAsync(m, actx)
 			eventually(t, 5*time.Second, "A queued and subscribed", func() bool {
@@ -71,7 +71,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 		rdb := redistest.NewClient(t, addr)
 		name := redistest.Name(t)
 		base := lockKey(name)
-		x := newClient(t, addr).NewMutex(name)
+		x := must(newClient(t, addr).NewMutex(name))
 		if err := x.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +103,7 @@ func TestFindingAFailedFairLockWithdraws(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
-		m := c.NewMutex(name)
+		m := must(c.NewMutex(name))
 
 		a := lockAsync(m, ctx)
 		eventually(t, 5*time.Second, "A queued and subscribed", func() bool {
@@ -181,7 +181,7 @@ func TestFindingBUnlockAfterLostKeepsOthersHold(t *testing.T) {
 			if !tc.waitFor {
 				wd = time.Minute // no renewal (which would notice) during the test
 			}
-			m := newClient(t, addr, redisync.WithCrashTimeout(wd)).NewMutex(name)
+			m := must(newClient(t, addr, redisync.WithCrashTimeout(wd)).NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +195,7 @@ func TestFindingBUnlockAfterLostKeepsOthersHold(t *testing.T) {
 			lost := m.Lost()
 			// The hold vanishes from Redis (as on expiry) and Y takes the lock.
 			rdb.Del(ctx, lockKey(name))
-			y := newClient(t, addr).NewMutex(name)
+			y := must(newClient(t, addr).NewMutex(name))
 			if err := y.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}

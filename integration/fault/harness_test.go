@@ -265,3 +265,13 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func atoi64(s string) (int64, error) { return strconv.ParseInt(strings.TrimSpace(s), 10, 64) }
+
+// must returns v, a value that a constructor made, and panics with err,
+// the constructor's error: a test whose arguments are valid by design
+// fails at once (and loudly) if they are not.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -110,7 +110,7 @@ func TestBadInput(t *testing.T) {
 			if name == "" && tc.want != redisync.ErrInvalidName {
 				name = redistest.Name(t)
 			}
-			m := c.NewMutex(name, tc.mutexOpts...)
+			m := must(c.NewMutex(name, tc.mutexOpts...))
 			lctx := tc.ctx
 			if lctx == nil {
 				lctx = ctx
@@ -146,7 +146,7 @@ func TestBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := c.NewMutex(redistest.Name(t)).Unlock(ctx); !errors.Is(err, redisync.ErrNotHeld) {
+		if err := must(c.NewMutex(redistest.Name(t))).Unlock(ctx); !errors.Is(err, redisync.ErrNotHeld) {
 			t.Errorf("Unlock: %v, want ErrNotHeld", err)
 		}
 		if n := hook.cmds.Load(); n != 0 {
@@ -241,7 +241,7 @@ func TestWrongKeyTypes(t *testing.T) {
 					// lock is held by someone else first, so that the
 					// call must meet the planted key.
 					if (suffix == ":waiting" && fair) || (suffix == ":bargers" && !fair) {
-						other := newClient(t, addr).NewMutex(name, redisync.WithFixedLease(time.Minute))
+						other := must(newClient(t, addr).NewMutex(name, redisync.WithFixedLease(time.Minute)))
 						if err := other.Lock(ctx); err != nil {
 							t.Fatal(err)
 						}
@@ -253,7 +253,7 @@ func TestWrongKeyTypes(t *testing.T) {
 					if !fair {
 						o = append(o, redisync.Barging())
 					}
-					m := c.NewMutex(name, o...)
+					m := must(c.NewMutex(name, o...))
 					check := func(op string, call func() error) bool {
 						// Layout 3: a call whose attempt failed withdraws its
 						// ticket (its send may have run: roundtrip.MayHaveRun),
@@ -312,7 +312,7 @@ func TestWrongKeyTypesOnRelease(t *testing.T) {
 			base := lockKey(name)
 			keys := []string{base, base + ":waiting", base + ":bargers"}
 			t.Cleanup(func() { rdb.Del(ctx, keys...) })
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -396,7 +396,7 @@ func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	m := c.NewMutex(name, o...)
+	m := must(c.NewMutex(name, o...))
 	res := ops(t, m, ctx)
 	if invalid != nil {
 		for op, err := range res {

@@ -60,14 +60,14 @@ func TestMultiStorm(t *testing.T) {
 			owner := fmt.Sprintf("c%d.v%d", i, v)
 			var lk multiLocker
 			if v == 0 {
-				lk = single{c.NewMutex(names[rng.IntN(len(names))])}
+				lk = single{must(c.NewMutex(names[rng.IntN(len(names))]))}
 			} else {
 				set := rng.Perm(len(names))[:2+rng.IntN(3)]
 				var ns []string
 				for _, k := range set {
 					ns = append(ns, names[k])
 				}
-				lk = c.NewMultiMutex(ns)
+				lk = must(c.NewMultiMutex(ns))
 			}
 			goroutines := 1
 			if v == 1 {

@@ -36,7 +36,7 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 				px = redistest.NewProxy(t, srv.Addr)
 				waitAddr = px.Addr
 			}
-			holder := newClient(t, srv.Addr).NewMutex(name)
+			holder := must(newClient(t, srv.Addr).NewMutex(name))
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -48,7 +48,7 @@ func TestSubscriberDroppedAtRelease(t *testing.T) {
 			for range clients {
 				c := newClient(t, waitAddr, redisync.WithRecheck(recheck))
 				for range perClient {
-					m := c.NewMutex(name)
+					m := must(c.NewMutex(name))
 					go func() {
 						started.Add(1)
 						err := m.Lock(lctx)
@@ -136,7 +136,7 @@ func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool
 	addr := redistest.Addr(t)
 	px := redistest.NewProxy(t, addr)
 	name := redistest.Name(t)
-	holder := newClient(t, addr).NewMutex(name, opts...)
+	holder := must(newClient(t, addr).NewMutex(name, opts...))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func gapRace(t *testing.T, late bool, bound, recheck time.Duration, barging bool
 	defer letGo()
 	// A fair waiter's heartbeat (a second apart by default) would find
 	// the hand-off too: a long one leaves it to the second look.
-	waiter := newClient(t, px.Addr, redisync.WithRecheck(recheck), redisync.WithWaiterTimeout(30*time.Second)).NewMutex(name, opts...)
+	waiter := must(newClient(t, px.Addr, redisync.WithRecheck(recheck), redisync.WithWaiterTimeout(30*time.Second)).NewMutex(name, opts...))
 	done := lockAsync(waiter, ctx)
 	select {
 	case <-held:
@@ -190,7 +190,7 @@ func TestFairHandoffSurvivesSubscriberKill(t *testing.T) {
 	srv := redistest.Spawn(t)
 	admin := redistest.NewClient(t, srv.Addr)
 	name := redistest.Name(t)
-	holder := newClient(t, srv.Addr).NewMutex(name)
+	holder := must(newClient(t, srv.Addr).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestFairHandoffSurvivesSubscriberKill(t *testing.T) {
 	order := make(chan int, n)
 	done := make(chan result, n)
 	for i := range n {
-		m := c.NewMutex(name)
+		m := must(c.NewMutex(name))
 		go func() {
 			err := m.Lock(ctx)
 			at := time.Now()

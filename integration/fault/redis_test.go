@@ -36,7 +36,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	name := redistest.Name(t)
 	opts := []redisync.Option{redisync.WithCrashTimeout(2 * time.Second), redisync.WithRecheck(2 * time.Second)}
 
-	holder := newClient(t, srv.Addr, opts...).NewMutex(name)
+	holder := must(newClient(t, srv.Addr, opts...).NewMutex(name))
 	for i := range 6 { // move the token counter on
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -73,7 +73,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = c.Close() })
 		for range perClient {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			go func() {
 				started.Add(1)
 				// A waiting Lock outlives the outage by itself: it
@@ -247,7 +247,7 @@ func TestShutdownIsQuiet(t *testing.T) {
 
 	var holds []*redisync.Mutex
 	for i := range 3 {
-		m := c.NewMutex(redistest.Name(t) + itoa(int64(i)))
+		m := must(c.NewMutex(redistest.Name(t) + itoa(int64(i))))
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +257,7 @@ func TestShutdownIsQuiet(t *testing.T) {
 	admin.HSet(ctx, lockKey(busy), schema.OwnerField, "someone/else-1", schema.EndField, serverMs(t, admin)+time.Minute.Milliseconds(),
 		schema.TokenField, 1, schema.LayoutField, schema.Layout) // held in this layout
 	admin.PExpire(ctx, lockKey(busy), time.Minute)
-	w1, w2 := lockAsync(c.NewMutex(busy), ctx), lockAsync(c.NewMutex(busy), ctx)
+	w1, w2 := lockAsync(must(c.NewMutex(busy)), ctx), lockAsync(must(c.NewMutex(busy)), ctx)
 	eventually(t, 5*time.Second, "the waiters to subscribe", func() bool { return subscribers(t, admin, busy) == 1 })
 	// Let the watchdog renew at least once, so it is running (a deliberate
 	// pause of one and a half renewal intervals).
@@ -334,7 +334,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	// which a release leaves (free).
 	replicaToken := func() string { return rAdmin.HGet(ctx, lockKey(name), schema.TokenField).Val() }
 
-	a := newClient(t, primary.Addr, redisync.WithCrashTimeout(3*time.Second)).NewMutex(name)
+	a := must(newClient(t, primary.Addr, redisync.WithCrashTimeout(3*time.Second)).NewMutex(name))
 	if err := a.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestFailoverGrantsTwice(t *testing.T) {
 	if err := rAdmin.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	b := newClient(t, replica.Addr).NewMutex(name)
+	b := must(newClient(t, replica.Addr).NewMutex(name))
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := b.Lock(tctx); err != nil {

@@ -63,7 +63,7 @@ func TestFinding7StalledPrimaryDelaysHealthyRenewals(t *testing.T) {
 	held := map[string][]*redisync.Mutex{}
 	for p, names := range byPrimary {
 		for _, name := range names {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}

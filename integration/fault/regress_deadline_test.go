@@ -35,18 +35,18 @@ func TestFinding15CallsReturnByTheirDeadline(t *testing.T) {
 	}
 	ops := []op{
 		{"Lock", func(t *testing.T, c *redisync.Client, name string) (func(context.Context) error, func(*testing.T, *redis.Client)) {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			warmMutex(t, m)
 			return m.Lock, func(t *testing.T, admin *redis.Client) { mutexLeftNothing(t, admin, m) }
 		}},
 		{"TryLock", func(t *testing.T, c *redisync.Client, name string) (func(context.Context) error, func(*testing.T, *redis.Client)) {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			warmMutex(t, m)
 			call := func(ctx context.Context) error { _, err := m.TryLock(ctx); return err }
 			return call, func(t *testing.T, admin *redis.Client) { mutexLeftNothing(t, admin, m) }
 		}},
 		{"Unlock", func(t *testing.T, c *redisync.Client, name string) (func(context.Context) error, func(*testing.T, *redis.Client)) {
-			m := c.NewMutex(name)
+			m := must(c.NewMutex(name))
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -60,13 +60,13 @@ func TestFinding15CallsReturnByTheirDeadline(t *testing.T) {
 			}
 		}},
 		{"Acquire", func(t *testing.T, c *redisync.Client, name string) (func(context.Context) error, func(*testing.T, *redis.Client)) {
-			s := c.NewSemaphore(name, 2)
+			s := must(c.NewSemaphore(name, 2))
 			warmSemaphore(t, s)
 			call := func(ctx context.Context) error { return s.Acquire(ctx, 1) }
 			return call, func(t *testing.T, admin *redis.Client) { semaphoreLeftNothing(t, admin, s) }
 		}},
 		{"Release", func(t *testing.T, c *redisync.Client, name string) (func(context.Context) error, func(*testing.T, *redis.Client)) {
-			s := c.NewSemaphore(name, 2)
+			s := must(c.NewSemaphore(name, 2))
 			if err := s.Acquire(ctx, 1); err != nil {
 				t.Fatal(err)
 			}

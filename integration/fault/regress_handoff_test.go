@@ -45,11 +45,11 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 			px.SetLatency(latency)
 			name := redistest.Name(t)
 
-			holder := newClient(t, addr).NewMutex(name)
+			holder := must(newClient(t, addr).NewMutex(name))
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			waiter := newClient(t, px.Addr).NewMutex(name, tc.opts...)
+			waiter := must(newClient(t, px.Addr).NewMutex(name, tc.opts...))
 			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			done := lockAsync(waiter, lctx)
@@ -67,7 +67,7 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 				t.Fatal(err)
 			}
 			granted := time.Now() // the release script has run: the hand-off lease runs from here
-			poller := newClient(t, addr).NewMutex(name)
+			poller := must(newClient(t, addr).NewMutex(name))
 			r := await(t, done, 3*time.Second, "the waiter's Lock")
 			lost := waiter.Lost()
 			lostAt := closedAt(lost)
@@ -141,12 +141,12 @@ func testLongQueuedHandoff(t *testing.T, heartbeat time.Duration, keeps bool) {
 	px.SetLatency(latency)
 	name := redistest.Name(t)
 
-	holder := newClient(t, addr).NewMutex(name)
+	holder := must(newClient(t, addr).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waiter := newClient(t, px.Addr).NewMutex(name,
-		redisync.WithWaiterTimeout(heartbeat), redisync.WithCrashTimeout(lease))
+	waiter := must(newClient(t, px.Addr).NewMutex(name,
+		redisync.WithWaiterTimeout(heartbeat), redisync.WithCrashTimeout(lease)))
 	lctx, cancel := context.WithTimeout(ctx, queue+10*time.Second)
 	defer cancel()
 	done := lockAsync(waiter, lctx)
@@ -178,7 +178,7 @@ func testLongQueuedHandoff(t *testing.T, heartbeat time.Duration, keeps bool) {
 	}
 	lost := waiter.Lost()
 	token := waiter.Token()
-	poller := newClient(t, addr).NewMutex(name)
+	poller := must(newClient(t, addr).NewMutex(name))
 	if !keeps {
 		// The hold may run out; nobody else may hold the lock while
 		// the waiter's Lost is open.

@@ -30,7 +30,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 	admin := redistest.NewClient(t, addr)
 	px := redistest.NewProxy(t, addr)
 	name := redistest.Name(t)
-	holder := newClient(t, addr).NewMutex(name, redisync.Barging()) // only a message meets the bound: no heartbeat
+	holder := must(newClient(t, addr).NewMutex(name, redisync.Barging())) // only a message meets the bound: no heartbeat
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 	held, letGo := px.HoldNext("$9\r\nsubscribe\r\n") // the command, not a name
 	defer letGo()
 	unsubSent := px.Watch("unsubscribe", true)
-	first := c.NewMutex(name, redisync.Barging())
+	first := must(c.NewMutex(name, redisync.Barging()))
 	fctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	err := first.Lock(fctx)
 	cancel()
@@ -71,7 +71,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 		return now["subscribe"] > before["subscribe"] && (!unsubscribed || now["unsubscribe"] > before["unsubscribe"])
 	})
 
-	later := c.NewMutex(name, redisync.Barging())
+	later := must(c.NewMutex(name, redisync.Barging()))
 	lctx, cancel := context.WithTimeout(ctx, 2*recheck)
 	defer cancel()
 	done := lockAsync(later, lctx)
@@ -123,7 +123,7 @@ func TestFindingSuspectDoubleSubscribeOnReconnect(t *testing.T) {
 			admin := redistest.NewClient(t, addr)
 			px := redistest.NewProxy(t, addr)
 			name := redistest.Name(t)
-			holder := newClient(t, addr).NewMutex(name)
+			holder := must(newClient(t, addr).NewMutex(name))
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +138,7 @@ func TestFindingSuspectDoubleSubscribeOnReconnect(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 3)
 			for range 3 {
-				m := c.NewMutex(name)
+				m := must(c.NewMutex(name))
 				go func() {
 					err := m.Lock(lctx)
 					if err == nil {

@@ -29,7 +29,7 @@ func TestFinding6WakeSwallowedByEndingWaiter(t *testing.T) {
 	srv := redistest.Spawn(t) // of its own: the test counts its commands
 	admin := redistest.NewClient(t, srv.Addr)
 	name := redistest.Name(t)
-	holder := newClient(t, srv.Addr).NewMutex(name, redisync.Barging()) // a plain wake-up: barging waiters
+	holder := must(newClient(t, srv.Addr).NewMutex(name, redisync.Barging())) // a plain wake-up: barging waiters
 	c := newClient(t, srv.Addr, redisync.WithRecheck(10*time.Second))
 	rng := rand.New(rand.NewPCG(6, 6))
 	lctx, cancelAll := context.WithTimeout(ctx, time.Minute)
@@ -55,10 +55,10 @@ func TestFinding6WakeSwallowedByEndingWaiter(t *testing.T) {
 		}
 		n := othersCommands(t, admin)
 		ectx, end := context.WithCancel(lctx)
-		ending := c.NewMutex(name, redisync.Barging())
+		ending := must(c.NewMutex(name, redisync.Barging()))
 		endingDone := lockAsync(ending, ectx)
 		n = sent(n, "the ending waiter's first attempt")
-		other := c.NewMutex(name, redisync.Barging())
+		other := must(c.NewMutex(name, redisync.Barging()))
 		otherDone := lockAsync(other, lctx)
 		sent(n, "the other waiter's first attempt")
 

@@ -35,11 +35,11 @@ func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
 		b := newClient(t, addr)
 		a := newClient(t, px.Addr)
 
-		bY := b.NewMutex(y)
+		bY := must(b.NewMutex(y))
 		if err := bY.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		aY := a.NewMutex(y)
+		aY := must(a.NewMutex(y))
 		yctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		yDone := lockAsync(aY, yctx)
 		eventually(t, 5*time.Second, "A's waiter to queue on Y", func() bool {
@@ -50,7 +50,7 @@ func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
 		// Take X just before the heartbeat falls due (a deliberate
 		// timing), then cut A off.
 		<-time.After(time.Until(queuedAt.Add(heartbeat/3 - before)))
-		aX := a.NewMutex(x, redisync.WithCrashTimeout(lease))
+		aX := must(a.NewMutex(x, redisync.WithCrashTimeout(lease)))
 		if err := aX.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
 		lost := aX.Lost()
 		lostAt := closedAt(lost)
 
-		bX := b.NewMutex(x)
+		bX := must(b.NewMutex(x))
 		got, lostFirst := grab(t, bX, lost, lease+3*time.Second)
 		if lostFirst {
 			la := <-lostAt

@@ -68,7 +68,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	sa := a.NewSemaphore(name, 2)
+	sa := must(a.NewSemaphore(name, 2))
 
 	delayAcquire.Store(true)
 	delayRenew.Store(true)
@@ -101,7 +101,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 	rec := rdb.HGetAll(ctx, semKey(name)).Val()
 	t.Logf("three leases later: Held()=%d, Lost closed=%v, in Redis %v", sa.Held(), isClosed(sa.Lost()), rec)
 
-	b := newClient(t, addr).NewSemaphore(name, 2)
+	b := must(newClient(t, addr).NewSemaphore(name, 2))
 	ok, err := b.TryAcquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -155,12 +155,12 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = a.Close() })
-			b := newClient(t, addr).NewMutex(name)
+			b := must(newClient(t, addr).NewMutex(name))
 			if err := b.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
 			defer unlockQuietly(b)
-			m := a.NewMutex(name)
+			m := must(a.NewMutex(name))
 			if ok, err := m.TryLock(ctx); ok || err != nil { // loads the scripts
 				t.Fatal(ok, err)
 			}
@@ -205,7 +205,7 @@ func TestReview2ConcurrentPartialReleasesSpuriousLoss(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
 	c := newClient(t, addr)
-	s := c.NewSemaphore(name, 1000)
+	s := must(c.NewSemaphore(name, 1000))
 	deadline := time.Now().Add(10 * time.Second)
 	for round := 0; time.Now().Before(deadline); round++ {
 		if err := s.Acquire(ctx, 64); err != nil {
@@ -266,7 +266,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	s := a.NewSemaphore(name, 3)
+	s := must(a.NewSemaphore(name, 3))
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -297,14 +297,14 @@ func TestReview2SemaphoreWaiterBehindDeadHeadSleeps(t *testing.T) {
 	name := redistest.Name(t)
 	opts := []redisync.Option{redisync.WithCrashTimeout(6 * time.Second),
 		redisync.WithWaiterTimeout(time.Second), redisync.WithRecheck(30 * time.Second)}
-	h := newClient(t, addr, opts...).NewSemaphore(name, 3)
+	h := must(newClient(t, addr, opts...).NewSemaphore(name, 3))
 	if err := h.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	defer h.Release(ctx, 1)
 
 	px := redistest.NewProxy(t, addr)
-	d := proxiedClient(t, px, nil, opts...).NewSemaphore(name, 3)
+	d := must(proxiedClient(t, px, nil, opts...).NewSemaphore(name, 3))
 	dctx, dcancel := context.WithCancel(ctx)
 	ddone := make(chan error, 1)
 	go func() { ddone <- d.Acquire(dctx, 3) }()
@@ -318,7 +318,7 @@ func TestReview2SemaphoreWaiterBehindDeadHeadSleeps(t *testing.T) {
 		<-ddone
 	}()
 
-	w := newClient(t, addr, opts...).NewSemaphore(name, 3)
+	w := must(newClient(t, addr, opts...).NewSemaphore(name, 3))
 	start := time.Now()
 	if err := w.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -82,7 +82,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 	name := redistest.Name(t)
 
 	// Load the scripts first, so that the hooked calls are single EVALSHAs.
-	warm := newClient(t, addr).NewMutex(name + "-warm")
+	warm := must(newClient(t, addr).NewMutex(name + "-warm"))
 	if err := warm.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ac.Close() })
-	a := ac.NewMutex(name, redisync.WithFixedLease(lease), redisync.Barging()) // the hook catches a barging attempt
+	a := must(ac.NewMutex(name, redisync.WithFixedLease(lease), redisync.Barging())) // the hook catches a barging attempt
 
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -121,7 +121,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 	lockedAt := time.Now()
 	t.Logf("A holds token %d after %d acquire calls", a.Token(), acquires.Load())
 
-	b := newClient(t, addr).NewMutex(name)
+	b := must(newClient(t, addr).NewMutex(name))
 	for time.Since(lockedAt) < lease-20*time.Millisecond {
 		ok, err := b.TryLock(ctx)
 		if err != nil {
@@ -179,12 +179,12 @@ func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = wc.Close() })
-	waiter := wc.NewMutex(name)
+	waiter := must(wc.NewMutex(name))
 	if err := wrdb.Ping(ctx).Err(); err != nil { // a pooled command connection, direct
 		t.Fatal(err)
 	}
 
-	holder := newClient(t, addr).NewMutex(name)
+	holder := must(newClient(t, addr).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -271,9 +271,9 @@ func TestReviewRedMutexSwallowsWakeup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
-	x, y := r.NewMutex(name), r.NewMutex(name)
+	x, y := must(r.NewMutex(name)), must(r.NewMutex(name))
 
-	holder := newClient(t, addr).NewMutex(name)
+	holder := must(newClient(t, addr).NewMutex(name))
 	if err := holder.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}

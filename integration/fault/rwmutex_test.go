@@ -95,11 +95,11 @@ func TestRWMutexReaderSIGKILL(t *testing.T) {
 	reader.expect("rlocked", 5*time.Second)
 
 	c := newClient(t, addr)
-	other := c.NewRWMutex(name) // a live reader under the default 15 s lease
+	other := must(c.NewRWMutex(name)) // a live reader under the default 15 s lease
 	if err := other.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	writer := c.NewRWMutex(name)
+	writer := must(c.NewRWMutex(name))
 	done := make(chan error, 1)
 	go func() { done <- writer.Lock(ctx) }()
 	rdb := redistest.NewClient(t, addr)

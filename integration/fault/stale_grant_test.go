@@ -42,7 +42,7 @@ func TestFairStaleGrantAfterPause(t *testing.T) {
 	name := redistest.Name(t)
 	queueLen := func() int64 { return rdb.LLen(ctx, lockKey(name)+":waiting").Val() }
 	c := newClient(t, addr, redisync.WithWaiterTimeout(hb), redisync.WithCrashTimeout(hb))
-	h, x := c.NewMutex(name), c.NewMutex(name)
+	h, x := must(c.NewMutex(name)), must(c.NewMutex(name))
 	w := startHolder(t, "serve", "-addr", addr, "-name", name, "-fair",
 		"-heartbeat", hb.String(), "-watchdog", hb.String(), "-recheck", "100ms")
 

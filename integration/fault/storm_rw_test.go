@@ -40,7 +40,7 @@ func (s *storm) rwMutexes() {
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 		for v, n := range []int{2, 1} {
-			rw := c.NewRWMutex(s.name)
+			rw := must(c.NewRWMutex(s.name))
 			for g := range n {
 				who := fmt.Sprintf("c%d.v%d.g%d", i, v, g)
 				rng := s.rng(uint64(len(workers)))

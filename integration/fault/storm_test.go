@@ -286,7 +286,7 @@ func (s *storm) mutexes(fair func(v int) bool) {
 			if !fair(v) {
 				opts, kind = append(opts, redisync.Barging()), "plain"
 			}
-			m := c.NewMutex(s.name, opts...)
+			m := must(c.NewMutex(s.name, opts...))
 			owner := fmt.Sprintf("c%d.%s%d", i, kind, v)
 			for g := range n {
 				rng := s.rng(uint64(len(workers)))
@@ -331,7 +331,7 @@ func (s *storm) redMutexes() {
 		t.Cleanup(func() { _ = r.Close() })
 		rls = append(rls, r)
 		for v, n := range shares {
-			m := r.NewMutex(s.name)
+			m := must(r.NewMutex(s.name))
 			owner := fmt.Sprintf("r%d.v%d", i, v)
 			for g := range n {
 				rng := s.rng(uint64(len(workers)))
@@ -499,7 +499,7 @@ func (s *storm) semaphores() {
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 		for v, n := range shares {
-			sem := c.NewSemaphore(s.name, size)
+			sem := must(c.NewSemaphore(s.name, size))
 			owner := fmt.Sprintf("c%d.v%d", i, v)
 			for g := range n {
 				rng := s.rng(uint64(len(workers)))

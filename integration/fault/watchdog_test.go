@@ -45,7 +45,7 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = hc.Close() })
-			holder := hc.NewMutex(name)
+			holder := must(hc.NewMutex(name))
 			if err := holder.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -53,7 +53,7 @@ func TestLostBeforeOthersAcquire(t *testing.T) {
 			lostAt := make(chan time.Time, 1)
 			go func() { <-lost; lostAt <- time.Now() }()
 
-			other := newClient(t, addr).NewMutex(name)
+			other := must(newClient(t, addr).NewMutex(name))
 			done := lockAsync(other, ctx)
 			eventually(t, 5*time.Second, "the other Client to wait", func() bool { return subscribers(t, rdb, name) == 1 })
 			// Let the holder renew a couple of times first (a deliberate

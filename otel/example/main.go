@@ -118,9 +118,12 @@ func otlpProviders(ctx context.Context) (*sdkmetric.MeterProvider, *sdktrace.Tra
 // work runs four workers that take the lock "example" in turn, holding it
 // 20 ms and giving up after 50 ms of waiting, until ctx ends.
 func work(ctx context.Context, client *redisync.Client) error {
+	m, err := client.NewMutex("example") // shared: its goroutines exclude each other
+	if err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	for range 4 {
-		m := client.NewMutex("example")
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)

@@ -38,7 +38,10 @@ func electLoop(c *redisync.Client, rdb *redis.Client) error {
 		}
 		cancel()
 	}()
-	e := c.NewElection(*name)
+	e, err := c.NewElection(*name)
+	if err != nil {
+		return err
+	}
 	me := fmt.Sprintf("pid %d", os.Getpid())
 	terms := 0
 	for ctx.Err() == nil {

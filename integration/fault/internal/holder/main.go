@@ -140,7 +140,10 @@ func options() []redisync.Option {
 
 func serve(c *redisync.Client, rdb *redis.Client) error {
 	ctx := context.Background()
-	m := c.NewMutex(*name)
+	m, err := c.NewMutex(*name)
+	if err != nil {
+		return err
+	}
 	var token int64
 	emit("ready")
 	in := bufio.NewScanner(os.Stdin)
@@ -193,7 +196,12 @@ func serve(c *redisync.Client, rdb *redis.Client) error {
 			emit("%sd %s", cmd, arg)
 		case "campaign":
 			if elect == nil {
-				elect = c.NewElection(*name)
+				e, err := c.NewElection(*name)
+				if err != nil {
+					emit("error %v", err)
+					continue
+				}
+				elect = e
 			}
 			if err := elect.Campaign(ctx, arg); err != nil {
 				emit("error %v", err)
@@ -228,7 +236,10 @@ var rw *redisync.RWMutex
 // rwLock runs one of those commands on the read-write lock -name.
 func rwLock(ctx context.Context, c *redisync.Client, cmd string) error {
 	if rw == nil {
-		rw = c.NewRWMutex(*name)
+		var err error
+		if rw, err = c.NewRWMutex(*name); err != nil {
+			return err
+		}
 	}
 	switch cmd {
 	case "rlock":
@@ -255,7 +266,10 @@ func semaphore(ctx context.Context, c *redisync.Client, cmd, n string) error {
 		return err
 	}
 	if sem == nil {
-		sem = c.NewSemaphore(*name, *semSize)
+		var err error
+		if sem, err = c.NewSemaphore(*name, *semSize); err != nil {
+			return err
+		}
 	}
 	if cmd == "acquire" {
 		return sem.Acquire(ctx, permits)
@@ -275,7 +289,10 @@ func contend(c *redisync.Client, rdb *redis.Client) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, *goroutines)
 	for g := range *goroutines {
-		m := c.NewMutex(*name)
+		m, err := c.NewMutex(*name)
+		if err != nil {
+			return err
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -118,7 +118,11 @@ type worker struct {
 
 // loop is one goroutine of the worker, until run ends.
 func (w *worker) loop(run context.Context, g int, rng *rand.Rand) {
-	m := w.c.NewMutex(*name)
+	m, err := w.c.NewMutex(*name)
+	if err != nil {
+		emit("error %v", err)
+		return
+	}
 	for run.Err() == nil {
 		lctx, cancel := context.WithTimeout(run, *lockWait)
 		deadline, _ := lctx.Deadline()
