@@ -131,7 +131,7 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 		}
 		return e.proclaim(ctx, h, value)
 	}
-	return observed(e.c.observer(), ctx, Call{Op: OpLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error {
+	return observed(e.c.observer(), ctx, CallInfo{Op: OpLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error {
 		return e.campaign(ctx, value)
 	}, e.m.Token)
 }
@@ -165,7 +165,7 @@ func (e *Election) campaign(ctx context.Context, value string) error {
 // reports true. It reports false while a lost leadership of e still owes
 // its Resign. Errors are Campaign's. It is safe for concurrent use.
 func (e *Election) TryCampaign(ctx context.Context, value string) (bool, error) {
-	return observedTry(e.c.observer(), ctx, Call{Op: OpTryLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (bool, error) {
+	return observedTry(e.c.observer(), ctx, CallInfo{Op: OpTryLock, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (bool, error) {
 		return e.tryCampaign(ctx, value)
 	}, e.m.Token)
 }
@@ -212,7 +212,7 @@ func (e *Election) tryCampaign(ctx context.Context, value string) (bool, error) 
 // closed then, if it was not already). A value that is e's already
 // changes nothing. It is safe for concurrent use.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
-	return observed(e.c.observer(), ctx, Call{Op: OpProclaim, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error { return e.proclaimValue(ctx, value) }, nil)
+	return observed(e.c.observer(), ctx, CallInfo{Op: OpProclaim, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) error { return e.proclaimValue(ctx, value) }, nil)
 }
 
 // proclaimValue is Proclaim, unobserved.
@@ -272,7 +272,7 @@ func (e *Election) Resign(ctx context.Context) error {
 // when nobody leads. It is safe for concurrent use.
 func (e *Election) Leader(ctx context.Context) (Leadership, error) {
 	var l Leadership
-	err := observed(e.c.observer(), ctx, Call{Op: OpLeader, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (err error) {
+	err := observed(e.c.observer(), ctx, CallInfo{Op: OpLeader, Primitive: PrimitiveElection, Name: e.name}, func(ctx context.Context) (err error) {
 		l, err = e.leader(ctx)
 		return err
 	}, nil)

@@ -111,7 +111,7 @@ func (s *holds) take(ctx context.Context, h *hold, e *watchdog.Entry, since time
 		if s.cur == nil {
 			s.cur, s.free = h, make(chan struct{})
 			h.taken = time.Now()
-			s.emit(KindHoldTaken, h, nil)
+			s.emit(EventHoldTaken, h, nil)
 			s.mu.Unlock()
 			noteHold(ctx, s, h)
 			return nil
@@ -221,7 +221,7 @@ func noteHold(ctx context.Context, owner any, h *hold) {
 }
 
 // emit tells the events queue that h was taken or ended. s.mu must be held.
-func (s *holds) emit(kind Kind, h *hold, err error) {
+func (s *holds) emit(kind EventKind, h *hold, err error) {
 	if s.c.events == nil || s.quiet {
 		return
 	}
@@ -229,7 +229,7 @@ func (s *holds) emit(kind Kind, h *hold, err error) {
 	if s.prim == PrimitiveSemaphore {
 		e.Permits = h.n
 	}
-	if kind == KindHoldTaken {
+	if kind == EventHoldTaken {
 		e.Handoff = h.handoff
 	} else {
 		e.Held = time.Since(h.taken)
@@ -272,9 +272,9 @@ func (s *holds) loseLocked(h *hold) {
 	case h.given:
 		// Handoff tells how it ended once Redis answered (see told).
 	case s.c.ctx.Err() != nil: // the Client is closing, and releases it
-		s.emit(KindHoldReleased, h, ErrClosed)
+		s.emit(EventHoldReleased, h, ErrClosed)
 	default:
-		s.emit(KindHoldLost, h, nil)
+		s.emit(EventHoldLost, h, nil)
 	}
 	close(h.lost)
 	end(h, ErrLockLost)
@@ -288,7 +288,7 @@ func (s *holds) loseLocked(h *hold) {
 // renewal may outlive the release. s.mu must be held.
 func (s *holds) forgetLocked(h *hold) {
 	if h.cause == nil {
-		s.emit(KindHoldReleased, h, nil)
+		s.emit(EventHoldReleased, h, nil)
 	}
 	s.forgetUntoldLocked(h)
 }
@@ -314,10 +314,10 @@ func (s *holds) told(h *hold, gone bool) {
 	defer s.mu.Unlock()
 	if gone {
 		h.given = false
-		s.emit(KindHoldLost, h, nil)
+		s.emit(EventHoldLost, h, nil)
 		return
 	}
-	s.emit(KindHoldReleased, h, nil)
+	s.emit(EventHoldReleased, h, nil)
 }
 
 // end records that h ended for cause, unless it had ended already, and

@@ -190,12 +190,12 @@ func TestRedMutexHoldContextAndDo(t *testing.T) {
 // hookObserver is an Observer that runs onEnd (when set) at the end of
 // each call, in the caller's goroutine.
 type hookObserver struct {
-	onEnd func(Call)
+	onEnd func(CallInfo)
 }
 
-func (o *hookObserver) CallStart(ctx context.Context, _ Call) context.Context { return ctx }
+func (o *hookObserver) CallStart(ctx context.Context, _ CallInfo) context.Context { return ctx }
 
-func (o *hookObserver) CallEnd(_ context.Context, c Call) {
+func (o *hookObserver) CallEnd(_ context.Context, c CallInfo) {
 	if o.onEnd != nil {
 		o.onEnd(c)
 	}
@@ -217,7 +217,7 @@ func TestRedMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 
 	var fired atomic.Bool
 	other := make(chan error, 1) // the other goroutine's Lock
-	obs.onEnd = func(c Call) {
+	obs.onEnd = func(c CallInfo) {
 		if c.Op != OpLock || c.Err != nil || !fired.CompareAndSwap(false, true) {
 			return
 		}
@@ -283,7 +283,7 @@ func TestMutexDoSparesAnotherGoroutinesHold(t *testing.T) {
 
 	var fired atomic.Bool
 	other := make(chan error, 1)
-	obs.onEnd = func(call Call) {
+	obs.onEnd = func(call CallInfo) {
 		if call.Op != OpLock || call.Err != nil || !fired.CompareAndSwap(false, true) {
 			return
 		}

@@ -501,8 +501,8 @@ func (m *MultiMutex) usable(ctx context.Context) error {
 func (m *MultiMutex) label() string { return strings.Join(m.names, "+") }
 
 // call is how a call of m is told to an Observer.
-func (m *MultiMutex) call(op Op) Call {
-	return Call{Op: op, Primitive: PrimitiveMultiMutex, Name: m.label()}
+func (m *MultiMutex) call(op Op) CallInfo {
+	return CallInfo{Op: op, Primitive: PrimitiveMultiMutex, Name: m.label()}
 }
 
 // wrap adds the operation and the names to err.

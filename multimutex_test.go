@@ -315,7 +315,7 @@ func TestMultiMutexObserved(t *testing.T) {
 	if got := rec.outcomes(OpUnlock); got[OutcomeReleased] != 2 || len(got) != 1 {
 		t.Errorf("Unlock outcomes %v", got)
 	}
-	taken, released := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased)
+	taken, released := rec.kinds(EventHoldTaken), rec.kinds(EventHoldReleased)
 	if len(taken) != 4 || len(released) != 4 || taken[0].Primitive != PrimitiveMutex {
 		t.Errorf("holds told: taken %+v, released %+v", taken, released)
 	}

@@ -102,7 +102,7 @@ func (c *Client) initMutex(m *Mutex, name string, cfg config) {
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends. It is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) error {
-	return observed(m.c.observer(), ctx, Call{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
+	return observed(m.c.observer(), ctx, CallInfo{Op: OpLock, Primitive: m.prim, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
@@ -138,7 +138,7 @@ func (m *Mutex) lock(ctx context.Context) error {
 // lock, another goroutine of m included. Unless m barges, it does not take
 // the lock ahead of queued waiters.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
-	return observedTry(m.c.observer(), ctx, Call{Op: OpTryLock, Primitive: m.prim, Name: m.name}, m.tryLock, m.Token)
+	return observedTry(m.c.observer(), ctx, CallInfo{Op: OpTryLock, Primitive: m.prim, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.

@@ -98,9 +98,9 @@ func BenchmarkMutexLockUnlock(b *testing.B) {
 // nopObserver is an Observer that does nothing.
 type nopObserver struct{}
 
-func (nopObserver) CallStart(ctx context.Context, _ Call) context.Context { return ctx }
-func (nopObserver) CallEnd(context.Context, Call)                         {}
-func (nopObserver) Event(Event)                                           {}
+func (nopObserver) CallStart(ctx context.Context, _ CallInfo) context.Context { return ctx }
+func (nopObserver) CallEnd(context.Context, CallInfo)                         {}
+func (nopObserver) Event(Event)                                               {}
 
 // benchDelIfOwner is the release of the simplest lock: delete the key if
 // it still holds the caller's token.

@@ -28,7 +28,7 @@ func (m *Mutex) Handoff(ctx context.Context) (string, error) {
 	if m.c.observer() == nil {
 		return m.handoff(ctx)
 	}
-	ctx, o := observe(m.c.observer(), ctx, Call{Op: OpHandoff, Primitive: PrimitiveMutex, Name: m.name})
+	ctx, o := observe(m.c.observer(), ctx, CallInfo{Op: OpHandoff, Primitive: PrimitiveMutex, Name: m.name})
 	handle, err := m.handoff(ctx)
 	o.end(ctx, true, err, 0)
 	return handle, err
@@ -84,7 +84,7 @@ func (m *Mutex) handoff(ctx context.Context) (string, error) {
 // Redis, when m holds the lock already, and the errors of Redis. Like
 // Lock, it returns within 25 ms of ctx's end and leaves nothing behind.
 func (m *Mutex) Accept(ctx context.Context, handle string) error {
-	return observed(m.c.observer(), ctx, Call{Op: OpAccept, Primitive: PrimitiveMutex, Name: m.name}, func(ctx context.Context) error { return m.accept(ctx, handle) }, m.Token)
+	return observed(m.c.observer(), ctx, CallInfo{Op: OpAccept, Primitive: PrimitiveMutex, Name: m.name}, func(ctx context.Context) error { return m.accept(ctx, handle) }, m.Token)
 }
 
 // accept is Accept, unobserved.

@@ -38,7 +38,7 @@ import (
 // Redis lets it go. It returns ErrClosed after Close. It is safe for
 // concurrent use.
 func (m *Mutex) Extend(ctx context.Context, lease time.Duration) error {
-	return observed(m.c.observer(), ctx, Call{Op: OpExtend, Primitive: m.prim, Name: m.name}, func(ctx context.Context) error { return m.extend(ctx, lease) }, nil)
+	return observed(m.c.observer(), ctx, CallInfo{Op: OpExtend, Primitive: m.prim, Name: m.name}, func(ctx context.Context) error { return m.extend(ctx, lease) }, nil)
 }
 
 // extend is Extend, unobserved.
@@ -85,7 +85,7 @@ func (m *Mutex) extend(ctx context.Context, lease time.Duration) error {
 // safe for concurrent use.
 func (m *Mutex) TTL(ctx context.Context) (time.Duration, error) {
 	var ttl time.Duration
-	err := observed(m.c.observer(), ctx, Call{Op: OpTTL, Primitive: m.prim, Name: m.name}, func(ctx context.Context) (err error) {
+	err := observed(m.c.observer(), ctx, CallInfo{Op: OpTTL, Primitive: m.prim, Name: m.name}, func(ctx context.Context) (err error) {
 		ttl, err = m.ttl(ctx)
 		return err
 	}, nil)

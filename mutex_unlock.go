@@ -28,7 +28,7 @@ import (
 // renewed, so when the release fails, or ctx ends before it is confirmed,
 // the lock is freed by Redis within one lease; the error says so.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	return observed(m.c.observer(), ctx, Call{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
+	return observed(m.c.observer(), ctx, CallInfo{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved: a RedMutex releases its node holds with it.

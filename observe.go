@@ -27,7 +27,7 @@ import (
 // event at a time, from a goroutine of the Client, through a queue of
 // eventQueue events: the watchdog, a hand-off or a wake-up never waits for
 // the observer. When the queue is full, an event is dropped and counted;
-// the count comes with the next event delivered (KindDropped).
+// the count comes with the next event delivered (EventDropped).
 //
 // The methods must be safe for concurrent use (a Redlock has a Client, so
 // a queue, per node). New kinds of events and new fields may be added:
@@ -35,10 +35,10 @@ import (
 type Observer interface {
 	// CallStart is called when a call starts, and returns the context
 	// the call goes on with: ctx, or one derived from it.
-	CallStart(ctx context.Context, c Call) context.Context
+	CallStart(ctx context.Context, c CallInfo) context.Context
 	// CallEnd is called when the call returns, with the context that
 	// CallStart returned and c completed (Outcome, Err, Duration, Token).
-	CallEnd(ctx context.Context, c Call)
+	CallEnd(ctx context.Context, c CallInfo)
 	// Event is called for what happens in the background.
 	Event(e Event)
 }
@@ -89,18 +89,18 @@ type Outcome string
 
 // The outcomes of a call.
 const (
-	OutcomeAcquired  Outcome = "acquired"  // a lock or permits were taken (or a lock re-entered)
-	OutcomeBusy      Outcome = "busy"      // TryLock or TryAcquire found them taken
-	OutcomeReleased  Outcome = "released"  // Unlock, RUnlock, Release or Handoff gave them back
-	OutcomeOK        Outcome = "ok"        // a call that takes and gives back nothing (Extend, TTL, Proclaim, Leader, ResizeSemaphore) succeeded
-	OutcomeTimeout   Outcome = "timeout"   // the context's deadline passed (context.DeadlineExceeded)
-	OutcomeCancelled Outcome = "cancelled" // the context was cancelled (context.Canceled)
-	OutcomeLost      Outcome = "lost"      // the hold had been lost (ErrLockLost)
-	OutcomeError     Outcome = "error"     // any other error
+	OutcomeAcquired Outcome = "acquired" // a lock or permits were taken (or a lock re-entered)
+	OutcomeBusy     Outcome = "busy"     // TryLock or TryAcquire found them taken
+	OutcomeReleased Outcome = "released" // Unlock, RUnlock, Release or Handoff gave them back
+	OutcomeOK       Outcome = "ok"       // a call that takes and gives back nothing (Extend, TTL, Proclaim, Leader, ResizeSemaphore) succeeded
+	OutcomeTimeout  Outcome = "timeout"  // the context's deadline passed (context.DeadlineExceeded)
+	OutcomeCanceled Outcome = "canceled" // the context was canceled (context.Canceled)
+	OutcomeLost     Outcome = "lost"     // the hold had been lost (ErrLockLost)
+	OutcomeError    Outcome = "error"    // any other error
 )
 
-// Call is one call told to an Observer.
-type Call struct {
+// CallInfo is one call told to an Observer.
+type CallInfo struct {
 	Op        Op
 	Primitive Primitive
 	Name      string    // of the lock or semaphore: unbounded, see docs/operations.md
@@ -114,46 +114,46 @@ type Call struct {
 	Token    int64         // the fencing token of the hold a lock call took; else 0
 }
 
-// Kind names a background event.
-type Kind string
+// EventKind names a background event.
+type EventKind string
 
 // The kinds of background events.
 const (
-	// KindHoldTaken: a hold (a lock, or a semaphore's holding going from
+	// EventHoldTaken: a hold (a lock, or a semaphore's holding going from
 	// no permits to some) was taken; Handoff says whether it was handed
 	// over (by a fair lock's release, or Accept).
-	KindHoldTaken Kind = "hold.taken"
-	// KindHoldReleased: a hold was given back (Unlock, Release of the
+	EventHoldTaken EventKind = "hold.taken"
+	// EventHoldReleased: a hold was given back (Unlock, Release of the
 	// last permits, Handoff, or Close, when Err is ErrClosed); Held is
 	// how long it lasted.
-	KindHoldReleased Kind = "hold.released"
-	// KindHoldLost: a hold was lost (Lost closed): its lease could not
+	EventHoldReleased EventKind = "hold.released"
+	// EventHoldLost: a hold was lost (Lost closed): its lease could not
 	// be renewed in time or Redis no longer had it; or the Unlock,
 	// Release or Handoff that gave it back found that Redis no longer
 	// had it (the call returns ErrLockLost). Told once per hold.
-	KindHoldLost Kind = "hold.lost"
-	// KindRenewal: the watchdog renewed a batch of Count entries (holds
+	EventHoldLost EventKind = "hold.lost"
+	// EventRenewal: the watchdog renewed a batch of Count entries (holds
 	// and fair waiters' heartbeats) in one call that took Latency.
-	KindRenewal Kind = "renewal"
-	// KindRenewalFailed: a renewal call of Count entries failed with Err
+	EventRenewal EventKind = "renewal"
+	// EventRenewalFailed: a renewal call of Count entries failed with Err
 	// after Latency; the watchdog tries again soon, and a hold whose
 	// lease runs out meanwhile is lost.
-	KindRenewalFailed Kind = "renewal.failed"
-	// KindReconnect: a pub/sub connection of the subscriber failed (Err)
+	EventRenewalFailed EventKind = "renewal.failed"
+	// EventReconnect: a pub/sub connection of the subscriber failed (Err)
 	// and is being re-established; its waiters look again once it is.
-	KindReconnect Kind = "subscriber.reconnect"
-	// KindDeadWaiter: a queued waiter's heartbeat found its lock free,
+	EventReconnect EventKind = "subscriber.reconnect"
+	// EventDeadWaiter: a queued waiter's heartbeat found its lock free,
 	// or its semaphore's queue headed by a waiter that died, with nobody
 	// to announce it: most often a hand-off to a waiter that had died
 	// ran out. The waiters of this process look again at once.
-	KindDeadWaiter Kind = "waiter.dead"
-	// KindDropped: Count events were dropped because the queue was full.
-	KindDropped Kind = "events.dropped"
+	EventDeadWaiter EventKind = "waiter.dead"
+	// EventDropped: Count events were dropped because the queue was full.
+	EventDropped EventKind = "events.dropped"
 )
 
 // Event is a background event told to an Observer (and to the logger).
 type Event struct {
-	Kind      Kind
+	Kind      EventKind
 	Time      time.Time
 	Primitive Primitive     // holds and waiters: the kind of lock
 	Name      string        // holds and waiters: the lock's or semaphore's name
@@ -189,7 +189,7 @@ func outcome(op Op, ok bool, err error) Outcome {
 	case errors.Is(err, context.DeadlineExceeded):
 		return OutcomeTimeout
 	case errors.Is(err, context.Canceled):
-		return OutcomeCancelled
+		return OutcomeCanceled
 	case errors.Is(err, ErrLockLost):
 		return OutcomeLost
 	}
@@ -199,20 +199,20 @@ func outcome(op Op, ok bool, err error) Outcome {
 // observation is one call being told to an Observer.
 type observation struct {
 	obs  Observer
-	call Call
+	call CallInfo
 }
 
 // observed runs call, the body of a public method, telling obs of it as
 // the call c when there is an observer; token (nil: none) gives the token
 // of the hold the call took.
-func observed(obs Observer, ctx context.Context, c Call, call func(context.Context) error, token func() int64) error {
+func observed(obs Observer, ctx context.Context, c CallInfo, call func(context.Context) error, token func() int64) error {
 	_, err := observedTry(obs, ctx, c, func(ctx context.Context) (bool, error) { return true, call(ctx) }, token)
 	return err
 }
 
 // observedTry is observed for a call that reports whether it took
 // something.
-func observedTry(obs Observer, ctx context.Context, c Call, call func(context.Context) (bool, error), token func() int64) (bool, error) {
+func observedTry(obs Observer, ctx context.Context, c CallInfo, call func(context.Context) (bool, error), token func() int64) (bool, error) {
 	if obs == nil {
 		return call(ctx)
 	}
@@ -228,7 +228,7 @@ func observedTry(obs Observer, ctx context.Context, c Call, call func(context.Co
 
 // observe tells obs, which must not be nil, that the call starts, and
 // returns the context the call goes on with.
-func observe(obs Observer, ctx context.Context, call Call) (context.Context, observation) {
+func observe(obs Observer, ctx context.Context, call CallInfo) (context.Context, observation) {
 	call.Start = time.Now()
 	return obs.CallStart(ctx, call), observation{obs, call}
 }
@@ -301,12 +301,12 @@ func (q *events) emit(e Event) {
 // Renewed tells a renewal call of n entries that took latency
 // (watchdog.Events).
 func (q *events) Renewed(n int, latency time.Duration) {
-	q.emit(Event{Kind: KindRenewal, Count: n, Latency: latency})
+	q.emit(Event{Kind: EventRenewal, Count: n, Latency: latency})
 }
 
 // RenewFailed tells a renewal call of n entries that failed with err.
 func (q *events) RenewFailed(n int, latency time.Duration, err error) {
-	q.emit(Event{Kind: KindRenewalFailed, Count: n, Latency: latency, Err: err})
+	q.emit(Event{Kind: EventRenewalFailed, Count: n, Latency: latency, Err: err})
 }
 
 // DeadWaiter tells that waiters of a lock ("wait") or semaphore ("swait")
@@ -316,7 +316,7 @@ func (q *events) DeadWaiter(kind, name string) {
 	if kind == "swait" {
 		prim = PrimitiveSemaphore
 	}
-	q.emit(Event{Kind: KindDeadWaiter, Primitive: prim, Name: name})
+	q.emit(Event{Kind: EventDeadWaiter, Primitive: prim, Name: name})
 }
 
 func (q *events) run() {
@@ -325,7 +325,7 @@ func (q *events) run() {
 	deliver := func(e Event) {
 		q.deliver(e)
 		if n := q.dropped.Load(); n > told {
-			q.deliver(Event{Kind: KindDropped, Time: time.Now(), Count: int(n - told)})
+			q.deliver(Event{Kind: EventDropped, Time: time.Now(), Count: int(n - told)})
 			told = n
 		}
 	}
@@ -402,21 +402,21 @@ func logEvent(log *slog.Logger, e Event) {
 	ctx := context.Background()
 	level, msg := slog.LevelDebug, ""
 	switch e.Kind {
-	case KindHoldLost:
+	case EventHoldLost:
 		level, msg = slog.LevelWarn, "redisync: hold lost: its lease could not be renewed in time, or Redis no longer had it"
-	case KindRenewalFailed:
+	case EventRenewalFailed:
 		level, msg = slog.LevelWarn, "redisync: lease renewal failed; retrying until the leases run out"
-	case KindReconnect:
+	case EventReconnect:
 		level, msg = slog.LevelWarn, "redisync: pub/sub connection failed; reconnecting (waiters poll meanwhile)"
-	case KindDeadWaiter:
+	case EventDeadWaiter:
 		level, msg = slog.LevelWarn, "redisync: lock found free with waiters queued and nobody to announce it: a hand-off to a waiter that had died ran out"
-	case KindDropped:
+	case EventDropped:
 		level, msg = slog.LevelWarn, "redisync: events dropped: the observer or the logger is too slow"
-	case KindHoldTaken:
+	case EventHoldTaken:
 		msg = "redisync: hold taken"
-	case KindHoldReleased:
+	case EventHoldReleased:
 		msg = "redisync: hold released"
-	case KindRenewal:
+	case EventRenewal:
 		msg = "redisync: leases renewed"
 	default:
 		msg = "redisync: " + string(e.Kind)

@@ -20,18 +20,18 @@ type recorder struct {
 	gate sync.Mutex
 
 	mu     sync.Mutex
-	calls  []Call
+	calls  []CallInfo
 	events []Event
 	bad    []string // CallEnd without its CallStart's context
 }
 
 type recorderKey struct{}
 
-func (r *recorder) CallStart(ctx context.Context, c Call) context.Context {
+func (r *recorder) CallStart(ctx context.Context, c CallInfo) context.Context {
 	return context.WithValue(ctx, recorderKey{}, c.Op)
 }
 
-func (r *recorder) CallEnd(ctx context.Context, c Call) {
+func (r *recorder) CallEnd(ctx context.Context, c CallInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ctx.Value(recorderKey{}) != c.Op {
@@ -62,7 +62,7 @@ func (r *recorder) outcomes(op Op) map[Outcome]int {
 }
 
 // kinds returns the events of kind k.
-func (r *recorder) kinds(k Kind) []Event {
+func (r *recorder) kinds(k EventKind) []Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []Event
@@ -123,7 +123,7 @@ func TestObserverCallOutcomes(t *testing.T) {
 	}
 
 	for op, want := range map[Op]map[Outcome]int{
-		OpLock:       {OutcomeAcquired: 2, OutcomeTimeout: 1, OutcomeCancelled: 1},
+		OpLock:       {OutcomeAcquired: 2, OutcomeTimeout: 1, OutcomeCanceled: 1},
 		OpTryLock:    {OutcomeBusy: 1},
 		OpUnlock:     {OutcomeReleased: 2, OutcomeError: 1},
 		OpAcquire:    {OutcomeAcquired: 1},
@@ -198,7 +198,7 @@ func TestObserverHoldEvents(t *testing.T) {
 	}
 	_ = c.Close() // delivers what is queued before it returns
 
-	taken, released, lostEv := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	taken, released, lostEv := rec.kinds(EventHoldTaken), rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)
 	if len(taken) != 3 || len(released) != 2 || len(lostEv) != 1 {
 		t.Fatalf("taken %d, released %d, lost %d; want 3, 2, 1", len(taken), len(released), len(lostEv))
 	}
@@ -211,7 +211,7 @@ func TestObserverHoldEvents(t *testing.T) {
 	if e := lostEv[0]; e.Name != "hold" || e.Primitive != PrimitiveMutex || e.Held <= 0 {
 		t.Errorf("loss told as %+v", e)
 	}
-	if len(rec.kinds(KindRenewal)) == 0 {
+	if len(rec.kinds(EventRenewal)) == 0 {
 		t.Error("no renewal told")
 	}
 }
@@ -264,7 +264,7 @@ func TestObserverBlockedDropsAndCounts(t *testing.T) {
 	rec.gate.Unlock()
 	_ = c.Close()
 	dropped := 0
-	for _, e := range rec.kinds(KindDropped) {
+	for _, e := range rec.kinds(EventDropped) {
 		dropped += e.Count
 	}
 	// 11 hold events at least, and renewals; the queue holds 2 and the
@@ -351,7 +351,7 @@ func TestObserverReconnect(t *testing.T) {
 	if err := rdb.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the reconnection to be told", func() bool { return len(rec.kinds(KindReconnect)) > 0 })
+	eventually(t, 5*time.Second, "the reconnection to be told", func() bool { return len(rec.kinds(EventReconnect)) > 0 })
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func TestObserverReconnect(t *testing.T) {
 	if err := b.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(rec.kinds(KindReconnect)); n != 1 {
+	if n := len(rec.kinds(EventReconnect)); n != 1 {
 		t.Errorf("%d reconnections told, want 1", n)
 	}
 }
@@ -389,7 +389,7 @@ func TestObserverRedMutex(t *testing.T) {
 	if got := rec.outcomes(OpUnlock); got[OutcomeReleased] != 1 || len(got) != 1 {
 		t.Errorf("Unlock outcomes %v", got)
 	}
-	taken, released := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased)
+	taken, released := rec.kinds(EventHoldTaken), rec.kinds(EventHoldReleased)
 	if len(taken) != 1 || len(released) != 1 || taken[0].Primitive != PrimitiveRedMutex || taken[0].Token != token {
 		t.Errorf("holds told: taken %+v, released %+v", taken, released)
 	}
@@ -438,8 +438,8 @@ func TestObserverHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.Close()
-	taken, released := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased)
-	if len(taken) != 2 || len(released) != 2 || len(rec.kinds(KindHoldLost)) != 0 {
+	taken, released := rec.kinds(EventHoldTaken), rec.kinds(EventHoldReleased)
+	if len(taken) != 2 || len(released) != 2 || len(rec.kinds(EventHoldLost)) != 0 {
 		t.Fatalf("taken %+v, released %+v", taken, released)
 	}
 	if taken[0].Handoff || !released[0].Handoff || !taken[1].Handoff || taken[1].Token != token || released[1].Handoff {
@@ -477,7 +477,7 @@ func TestRedlockCloseTellsHoldReleased(t *testing.T) {
 	default:
 		t.Fatal("Lost not closed by Close")
 	}
-	taken, released, lostEv := rec.kinds(KindHoldTaken), rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	taken, released, lostEv := rec.kinds(EventHoldTaken), rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)
 	if len(taken) != 1 || len(released)+len(lostEv) != 1 {
 		t.Fatalf("hold told taken %d times, ended %d times (released %+v, lost %+v); want once each",
 			len(taken), len(released)+len(lostEv), released, lostEv)
@@ -512,7 +512,7 @@ func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
 	if got := rec.outcomes(OpUnlock); got[OutcomeLost] != 1 {
 		t.Fatalf("Unlock outcomes %v", got)
 	}
-	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	released, lostEv := rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)
 	if len(lostEv) != 1 || len(released) != 0 {
 		t.Errorf("a hold Redis no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
 	}
@@ -537,7 +537,7 @@ func TestReleaseFindingPermitsGoneToldLost(t *testing.T) {
 		t.Fatalf("Release = %v, want ErrLockLost (keys %v)", err, mr.Keys())
 	}
 	_ = c.Close()
-	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	released, lostEv := rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)
 	if len(lostEv) != 1 || len(released) != 0 {
 		t.Errorf("permits Redis no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
 	}
@@ -563,7 +563,7 @@ func TestRedUnlockFindingHoldGoneToldLost(t *testing.T) {
 		t.Fatalf("Unlock = %v, want ErrLockLost", err)
 	}
 	_ = r.Close()
-	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	released, lostEv := rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)
 	if len(lostEv) != 1 || len(released) != 0 {
 		t.Errorf("a hold its nodes no longer had told as released %d times and lost %d times; want lost once", len(released), len(lostEv))
 	}
@@ -587,7 +587,7 @@ func TestHandoffFindingHoldGoneToldLost(t *testing.T) {
 		t.Fatalf("Handoff = %v, want ErrLockLost", err)
 	}
 	_ = c.Close()
-	released, lostEv := rec.kinds(KindHoldReleased), rec.kinds(KindHoldLost)
+	released, lostEv := rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)
 	if len(lostEv) != 1 || len(released) != 0 {
 		t.Errorf("a hold Redis no longer had told as handed off %d times and lost %d times; want lost once", len(released), len(lostEv))
 	}

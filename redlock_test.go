@@ -378,7 +378,7 @@ func TestRedMutexDoKeepsItsHoldWhenANodeGrantsLate(t *testing.T) {
 	slow := &delayAcquire{d: 150 * time.Millisecond}
 	addHook(rdbs[2].(*redis.Client), slow)
 	var pause atomic.Bool
-	obs := &hookObserver{onEnd: func(c Call) {
+	obs := &hookObserver{onEnd: func(c CallInfo) {
 		if c.Op == OpLock && pause.Load() {
 			time.Sleep(250 * time.Millisecond) // a slow Observer (a log sink)
 		}

@@ -89,7 +89,7 @@ func (r *Redlock) NewMutex(name string, opts ...Option) (*RedMutex, error) {
 // waited for. It returns ErrClosed after Close, and ctx.Err() wrapped when
 // ctx ends first; it leaves nothing behind then.
 func (m *RedMutex) Lock(ctx context.Context) error {
-	return observed(m.r.observer(), ctx, Call{Op: OpLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.lock, m.Token)
+	return observed(m.r.observer(), ctx, CallInfo{Op: OpLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.lock, m.Token)
 }
 
 // lock is Lock, unobserved.
@@ -126,7 +126,7 @@ func (m *RedMutex) owed() <-chan struct{} {
 // fewer than a quorum of nodes answered, it returns false and an error
 // wrapping ErrQuorum.
 func (m *RedMutex) TryLock(ctx context.Context) (bool, error) {
-	return observedTry(m.r.observer(), ctx, Call{Op: OpTryLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.tryLock, m.Token)
+	return observedTry(m.r.observer(), ctx, CallInfo{Op: OpTryLock, Primitive: PrimitiveRedMutex, Name: m.name}, m.tryLock, m.Token)
 }
 
 // tryLock is TryLock, unobserved.
@@ -158,7 +158,7 @@ func (m *RedMutex) tryLock(ctx context.Context) (bool, error) {
 // not be told: their holds then stay until their leases run out. m
 // forgets the hold in every case.
 func (m *RedMutex) Unlock(ctx context.Context) error {
-	return observed(m.r.observer(), ctx, Call{Op: OpUnlock, Primitive: PrimitiveRedMutex, Name: m.name}, m.unlock, nil)
+	return observed(m.r.observer(), ctx, CallInfo{Op: OpUnlock, Primitive: PrimitiveRedMutex, Name: m.name}, m.unlock, nil)
 }
 
 // unlock is Unlock, unobserved.
@@ -213,9 +213,9 @@ func (m *RedMutex) unlock(ctx context.Context) error {
 	}
 	unknown := len(failed.Nodes) > len(h.parts)-m.r.quorum
 	if !lost { // a lost hold was told already
-		kind := KindHoldReleased
+		kind := EventHoldReleased
 		if !unknown && released < m.r.quorum {
-			kind = KindHoldLost // found gone: lost, not released
+			kind = EventHoldLost // found gone: lost, not released
 		}
 		m.emitHold(kind, token, taken, nil)
 	}
@@ -330,7 +330,7 @@ func (m *RedMutex) commit(ctx context.Context, x *redCall, held []int, token int
 		if m.cur == nil {
 			m.cur, m.free = h, make(chan struct{})
 			h.taken = time.Now()
-			m.emit(KindHoldTaken, nil)
+			m.emit(EventHoldTaken, nil)
 			m.mu.Unlock()
 			noteHold(ctx, m, h)
 			return nil
@@ -370,27 +370,27 @@ func (m *RedMutex) nodeLost(h *hold, i int) {
 		return // never m's: nothing to tell
 	}
 	if m.r.usable() == ErrClosed {
-		m.emit(KindHoldReleased, ErrClosed) // Close releases it
+		m.emit(EventHoldReleased, ErrClosed) // Close releases it
 	} else {
-		m.emit(KindHoldLost, nil)
+		m.emit(EventHoldLost, nil)
 	}
 }
 
 // emit tells the first node's events queue that the current hold was
 // taken or ended. m.mu must be held.
-func (m *RedMutex) emit(kind Kind, err error) {
+func (m *RedMutex) emit(kind EventKind, err error) {
 	m.emitHold(kind, m.cur.token, m.cur.taken, err)
 }
 
 // emitHold tells the first node's events queue that the hold with token,
 // taken at taken, was taken or ended.
-func (m *RedMutex) emitHold(kind Kind, token int64, taken time.Time, err error) {
+func (m *RedMutex) emitHold(kind EventKind, token int64, taken time.Time, err error) {
 	if m.r.clients[0].events == nil {
 		return
 	}
 	ev := m.r.clients[0].events
 	e := Event{Kind: kind, Primitive: PrimitiveRedMutex, Name: m.name, Token: token, Err: err}
-	if kind != KindHoldTaken {
+	if kind != EventHoldTaken {
 		e.Held = time.Since(taken)
 	}
 	ev.emit(e)

@@ -238,8 +238,8 @@ func (rw *RWMutex) observedRelease(ctx context.Context, op Op, write bool) error
 }
 
 // call describes a call op of rw to an Observer.
-func (rw *RWMutex) call(op Op) Call {
-	return Call{Op: op, Primitive: PrimitiveRWMutex, Name: rw.name}
+func (rw *RWMutex) call(op Op) CallInfo {
+	return CallInfo{Op: op, Primitive: PrimitiveRWMutex, Name: rw.name}
 }
 
 // do takes a hold, a write or a read, runs fn with a context of it, and

@@ -141,7 +141,7 @@ func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitiv
 // being unreachable or failing over, looking again with a growing pause
 // until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
-	return observed(s.c.observer(), ctx, Call{Op: OpAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.acquire(ctx, n) }, nil)
+	return observed(s.c.observer(), ctx, CallInfo{Op: OpAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.acquire(ctx, n) }, nil)
 }
 
 // acquire is Acquire, unobserved.
@@ -172,7 +172,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 // anyone is queued, even if the free permits would cover n, and when
 // another Acquire of s is under way.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
-	return observedTry(s.c.observer(), ctx, Call{Op: OpTryAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) (bool, error) { return s.tryAcquire(ctx, n) }, nil)
+	return observedTry(s.c.observer(), ctx, CallInfo{Op: OpTryAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) (bool, error) { return s.tryAcquire(ctx, n) }, nil)
 }
 
 // tryAcquire is TryAcquire, unobserved.
@@ -217,7 +217,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 // renew permits it cannot count. When ctx ends before such a release is
 // confirmed, Release returns and its outcome is applied when it comes.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
-	return observed(s.c.observer(), ctx, Call{Op: OpRelease, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.releaseN(ctx, n) }, nil)
+	return observed(s.c.observer(), ctx, CallInfo{Op: OpRelease, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) error { return s.releaseN(ctx, n) }, nil)
 }
 
 // releaseN is Release, unobserved.

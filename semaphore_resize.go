@@ -21,7 +21,7 @@ import (
 // on, Semaphore values of the old size fail with ErrSizeMismatch: open
 // them again with the new one.
 func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...Option) error {
-	return observed(c.obs, ctx, Call{Op: OpResize, Primitive: PrimitiveSemaphore, Name: name, Permits: to}, func(ctx context.Context) error {
+	return observed(c.obs, ctx, CallInfo{Op: OpResize, Primitive: PrimitiveSemaphore, Name: name, Permits: to}, func(ctx context.Context) error {
 		return c.resizeSemaphore(ctx, name, from, to, opts)
 	}, nil)
 }

@@ -169,7 +169,7 @@ func (s *subscriber) lapsed(sh *shard, err error) {
 func (s *subscriber) failed(err error) {
 	if !s.down && s.ctx.Err() == nil {
 		s.down = true
-		s.ev.emit(Event{Kind: KindReconnect, Err: err})
+		s.ev.emit(Event{Kind: EventReconnect, Err: err})
 	}
 }
 

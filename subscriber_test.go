@@ -106,7 +106,7 @@ func TestSubscribeWriteFailureResubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.Close()
-	if n := len(rec.kinds(KindReconnect)); n != 1 {
+	if n := len(rec.kinds(EventReconnect)); n != 1 {
 		t.Errorf("%d reconnections told, want 1", n)
 	}
 }

@@ -17,7 +17,7 @@
 // Metrics (units as the OpenTelemetry semantic conventions write them):
 //
 //	redisync.lock.wait.duration      histogram, s       Lock, TryLock, Acquire, TryAcquire, Accept, RLock, TryRLock: how long the call took, by outcome
-//	redisync.lock.acquisitions       counter            the same calls, by outcome (acquired, busy, timeout, cancelled, lost, error)
+//	redisync.lock.acquisitions       counter            the same calls, by outcome (acquired, busy, timeout, canceled, lost, error)
 //	redisync.lock.waiters            updowncounter      Lock, RLock and Acquire calls under way
 //	redisync.lock.hold.duration      histogram, s       how long holds lasted, by outcome (released, lost)
 //	redisync.lock.holds.lost         counter            holds lost: the lease ran out unrenewed, or Redis no longer had it
@@ -197,7 +197,7 @@ func takes(op redisync.Op) bool {
 }
 
 // CallStart starts the call's span, a child of ctx's, and counts a waiter.
-func (o *Observer) CallStart(ctx context.Context, c redisync.Call) context.Context {
+func (o *Observer) CallStart(ctx context.Context, c redisync.CallInfo) context.Context {
 	attrs := []attribute.KeyValue{AttrPrimitive.String(string(c.Primitive)), AttrName.String(c.Name)}
 	if c.Permits != 0 {
 		attrs = append(attrs, AttrPermits.Int64(c.Permits))
@@ -211,7 +211,7 @@ func (o *Observer) CallStart(ctx context.Context, c redisync.Call) context.Conte
 }
 
 // CallEnd records the call's metrics and ends its span.
-func (o *Observer) CallEnd(ctx context.Context, c redisync.Call) {
+func (o *Observer) CallEnd(ctx context.Context, c redisync.CallInfo) {
 	base := o.base(c.Primitive, c.Name)
 	if waits(c.Op) {
 		o.waiters.Add(ctx, -1, metric.WithAttributes(base...))
@@ -240,22 +240,22 @@ func (o *Observer) CallEnd(ctx context.Context, c redisync.Call) {
 func (o *Observer) Event(e redisync.Event) {
 	ctx := context.Background()
 	switch e.Kind {
-	case redisync.KindHoldReleased:
+	case redisync.EventHoldReleased:
 		o.held.Record(ctx, e.Held.Seconds(), metric.WithAttributes(append(o.base(e.Primitive, e.Name), AttrOutcome.String(string(redisync.OutcomeReleased)))...))
-	case redisync.KindHoldLost:
+	case redisync.EventHoldLost:
 		base := o.base(e.Primitive, e.Name)
 		o.held.Record(ctx, e.Held.Seconds(), metric.WithAttributes(append(base, AttrOutcome.String(string(redisync.OutcomeLost)))...))
 		o.lost.Add(ctx, 1, metric.WithAttributes(base...))
-	case redisync.KindRenewal:
+	case redisync.EventRenewal:
 		o.renewal.Record(ctx, e.Latency.Seconds(), metric.WithAttributes(AttrOutcome.String("ok")))
-	case redisync.KindRenewalFailed:
+	case redisync.EventRenewalFailed:
 		o.renewal.Record(ctx, e.Latency.Seconds(), metric.WithAttributes(AttrOutcome.String("error")))
 		o.renewFails.Add(ctx, 1)
-	case redisync.KindReconnect:
+	case redisync.EventReconnect:
 		o.reconnects.Add(ctx, 1)
-	case redisync.KindDeadWaiter:
+	case redisync.EventDeadWaiter:
 		o.dead.Add(ctx, 1, metric.WithAttributes(o.base(e.Primitive, e.Name)...))
-	case redisync.KindDropped:
+	case redisync.EventDropped:
 		o.dropped.Add(ctx, int64(e.Count))
 	}
 }

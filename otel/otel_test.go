@@ -114,7 +114,7 @@ func outcomeOf(err error) string {
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
 	case errors.Is(err, context.Canceled):
-		return "cancelled"
+		return "canceled"
 	}
 	return "error"
 }
@@ -202,11 +202,11 @@ func TestContendedRunMetrics(t *testing.T) {
 	}
 	_ = c.Close() // delivers the events queued
 
-	if made["timeout"] == 0 || made["cancelled"] == 0 || made["acquired"] == 0 {
+	if made["timeout"] == 0 || made["canceled"] == 0 || made["acquired"] == 0 {
 		t.Fatalf("the run did not mix outcomes: %v", made)
 	}
 	got := byOutcome(t, tel.metric(t, "redisync.lock.wait.duration"))
-	for _, o := range []string{"acquired", "timeout", "cancelled", "error"} {
+	for _, o := range []string{"acquired", "timeout", "canceled", "error"} {
 		if got[o] != made[o] {
 			t.Errorf("wait histogram counts %d calls %s, %d were made", got[o], o, made[o])
 		}
@@ -214,7 +214,7 @@ func TestContendedRunMetrics(t *testing.T) {
 	if len(got) != 4 {
 		t.Errorf("wait histogram outcomes %v, want those of %v", got, made)
 	}
-	if n := sum(t, tel.metric(t, "redisync.lock.acquisitions")); uint64(n) != made["acquired"]+made["timeout"]+made["cancelled"]+made["error"] {
+	if n := sum(t, tel.metric(t, "redisync.lock.acquisitions")); uint64(n) != made["acquired"]+made["timeout"]+made["canceled"]+made["error"] {
 		t.Errorf("acquisitions %d, calls %v", n, made)
 	}
 	if n := sum(t, tel.metric(t, "redisync.lock.waiters")); n != 0 {

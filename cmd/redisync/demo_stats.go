@@ -68,7 +68,7 @@ func (s *demoStats) of(prim redisync.Primitive) *primStats {
 }
 
 // CallStart counts a Lock, RLock or Acquire that starts waiting.
-func (s *demoStats) CallStart(ctx context.Context, c redisync.Call) context.Context {
+func (s *demoStats) CallStart(ctx context.Context, c redisync.CallInfo) context.Context {
 	if waits(c.Op) {
 		s.mu.Lock()
 		s.of(c.Primitive).waiting++
@@ -78,7 +78,7 @@ func (s *demoStats) CallStart(ctx context.Context, c redisync.Call) context.Cont
 }
 
 // CallEnd records the wait of a Lock, RLock or Acquire.
-func (s *demoStats) CallEnd(_ context.Context, c redisync.Call) {
+func (s *demoStats) CallEnd(_ context.Context, c redisync.CallInfo) {
 	if !waits(c.Op) {
 		return
 	}
@@ -100,7 +100,7 @@ func waits(op redisync.Op) bool {
 
 // Event counts the holds lost.
 func (s *demoStats) Event(e redisync.Event) {
-	if e.Kind == redisync.KindHoldLost {
+	if e.Kind == redisync.EventHoldLost {
 		s.mu.Lock()
 		s.of(e.Primitive).lost++
 		s.mu.Unlock()
