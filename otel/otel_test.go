@@ -178,8 +178,11 @@ func TestContendedRunMetrics(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// Errors: a bad name, and a semaphore of another size.
-	count(must(c.NewMutex("")).Lock(ctx))
+	// Errors: a key of another type, and a semaphore of another size.
+	if err := mr.Set("redisync:lock:{wrong}", "not a lock"); err != nil {
+		t.Fatal(err)
+	}
+	count(must(c.NewMutex("wrong")).Lock(ctx))
 	count(must(c.NewSemaphore("hot", 3)).Acquire(ctx, 1))
 
 	// A hold lost: its key removed behind its back.
