@@ -271,7 +271,7 @@ func TestReadOnlyFunctionsRunOutOfMemory(t *testing.T) {
 	s := redistest.Spawn(t)
 	admin := redistest.NewClient(t, s.Addr)
 	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
-	m := must(c.NewMutex("a", WithLease(time.Minute)))
+	m := must(c.NewMutex("a", WithFixedLease(time.Minute)))
 	if err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func TestReadOnlyFunctionsRunOutOfMemory(t *testing.T) {
 func TestFunctionsReadTheClockPerCall(t *testing.T) {
 	s := redistest.Spawn(t)
 	c, sent := clientSending(t, redistest.NewClient(t, s.Addr))
-	m := must(c.NewMutex("a", WithLease(5*time.Second)))
+	m := must(c.NewMutex("a", WithFixedLease(5*time.Second)))
 	if err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -218,18 +218,6 @@ func WithFixedLease(d time.Duration) Option {
 	})
 }
 
-// WithLease is WithFixedLease.
-//
-// Deprecated: use WithFixedLease, whose name says that the lease is not
-// renewed; WithCrashTimeout sets the renewed one.
-func WithLease(d time.Duration) Option { return WithFixedLease(d) }
-
-// WithWatchdogLease is WithCrashTimeout.
-//
-// Deprecated: use WithCrashTimeout, whose name says what the lease is
-// for.
-func WithWatchdogLease(d time.Duration) Option { return WithCrashTimeout(d) }
-
 // WithMaxHold caps how long the watchdog renews a hold: once d has passed
 // since the hold was taken, no renewal is sent. A holder that hangs but
 // stays alive (a stuck goroutine, a deadlock, a call that never returns)
@@ -277,11 +265,6 @@ func WithWaiterTimeout(d time.Duration) Option {
 		}
 	})
 }
-
-// WithHeartbeat is WithWaiterTimeout.
-//
-// Deprecated: use WithWaiterTimeout, whose name says what it bounds.
-func WithHeartbeat(d time.Duration) Option { return WithWaiterTimeout(d) }
 
 // WithRecheck sets the longest a waiter sleeps without asking Redis again
 // when no message wakes it. Messages are only a hint (pub/sub may lose one

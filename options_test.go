@@ -89,15 +89,8 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 	}
 }
 
-// TestDeprecatedLeaseOptions: the lease options' old names set what their
-// new names do, for one release.
-func TestDeprecatedLeaseOptions(t *testing.T) {
-	got := with(defaultConfig(), atMutex, []Option{WithLease(time.Second), WithWatchdogLease(2 * time.Second), WithHeartbeat(3 * time.Second)})
-	want := with(defaultConfig(), atMutex, []Option{WithFixedLease(time.Second), WithCrashTimeout(2 * time.Second), WithWaiterTimeout(3 * time.Second)})
-	if got.lease != want.lease || got.watchdog != want.watchdog || got.heartbeat != want.heartbeat || got.err != nil {
-		t.Fatalf("old names: lease %v, watchdog %v, heartbeat %v, %v; new names: %v, %v, %v",
-			got.lease, got.watchdog, got.heartbeat, got.err, want.lease, want.watchdog, want.heartbeat)
-	}
+// TestDefaultCrashTimeout: the renewed lease is DefaultCrashTimeout.
+func TestDefaultCrashTimeout(t *testing.T) {
 	if d := defaultConfig().watchdog; d != DefaultCrashTimeout {
 		t.Fatalf("default crash timeout %v, want %v", d, DefaultCrashTimeout)
 	}
