@@ -46,14 +46,14 @@ var (
 	// Cluster, sharded pub/sub (Redis 7; or give WithPlainPubSub). The
 	// error says which, and what to do.
 	ErrUnsupportedServer = errors.New("redisync: unsupported redis server")
-	// ErrInvalidName is returned for an empty name, one longer than
-	// MaxNameLen bytes, or one that starts with '}'.
+	// ErrInvalidName is returned by the constructors (and Inspect...,
+	// ResizeSemaphore) for an empty name, one longer than MaxNameLen
+	// bytes, or one that starts with '}'.
 	ErrInvalidName = invalid("redisync: invalid name")
 	// ErrInvalidOption is returned when an option is out of its range (a
 	// lease that is not positive or longer than MaxLease, a key prefix
-	// with braces, ...): by New and NewRedlock for their own options, by
-	// every call of a value given one, and for such a lease given to
-	// Mutex.Extend.
+	// with braces, ...) or means nothing where it is given: by the
+	// constructor given it, and for such a lease given to Extend.
 	ErrInvalidOption = invalid("redisync: invalid option")
 	// ErrNotReplicated is returned, with WithReplicas, when fewer replicas
 	// than asked acknowledged an acquisition in time. The acquisition was
@@ -323,16 +323,15 @@ func quote(name string) string {
 	return `"` + name + `"`
 }
 
-// Bad input to Client.NewMultiMutex, reported by every call of the
-// MultiMutex before any call to Redis (as ErrInvalidName is).
+// Bad input to Client.NewMultiMutex, which refuses it (as it refuses an
+// invalid name with ErrInvalidName); each wraps ErrInvalid.
 var (
-	// ErrNoNames is returned by the calls of a MultiMutex made with no
-	// names.
+	// ErrNoNames is returned by NewMultiMutex given no names.
 	ErrNoNames = invalid("redisync: no lock names")
-	// ErrTooManyNames is returned by the calls of a MultiMutex made with
-	// more than MaxMultiNames names. Hold fewer names at once.
+	// ErrTooManyNames is returned by NewMultiMutex given more than
+	// MaxMultiNames names. Hold fewer names at once.
 	ErrTooManyNames = invalid("redisync: too many lock names")
-	// ErrDuplicateName is returned by the calls of a MultiMutex given the
-	// same name twice: a set holds each name once.
+	// ErrDuplicateName is returned by NewMultiMutex given the same name
+	// twice: a set holds each name once.
 	ErrDuplicateName = invalid("redisync: duplicate lock name")
 )
