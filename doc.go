@@ -91,7 +91,7 @@
 //
 // WithObserver tells an Observer every call and every background event
 // (holds taken, released, lost; renewals; reconnections), for metrics and
-// traces (the module github.com/redisync/redisync/otel records them with
+// traces (the module github.com/redisync/redisync/redisyncotel records them with
 // OpenTelemetry); WithLogger logs with log/slog what an operator must see.
 // Without them a call pays a nil check. See docs/operations.md.
 //

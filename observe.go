@@ -11,7 +11,7 @@ import (
 
 // Observer is told what the locks and semaphores of a Client do, for
 // metrics, traces and the like (the module
-// github.com/redisync/redisync/otel turns it into OpenTelemetry
+// github.com/redisync/redisync/redisyncotel turns it into OpenTelemetry
 // instruments and spans). Set it with WithObserver. Without one, a call
 // pays a nil check and nothing else.
 //

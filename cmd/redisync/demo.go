@@ -48,7 +48,7 @@ read-write lock, election) got its turn and that nothing was left in
 Redis. Exit 0 when every check passes, 70 when one fails.
 
 Live figures come from the library's Observer (what an application would
-export with the module github.com/redisync/redisync/otel): per primitive,
+export with the module github.com/redisync/redisync/redisyncotel): per primitive,
 the Lock or Acquire calls waiting, the wait p50 and p99 of the last
 second's acquisitions, their rate, and the holds lost. --metrics-out FILE
 writes them as CSV at every refresh, for a dashboard (docs/operations.md).

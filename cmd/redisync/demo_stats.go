@@ -20,7 +20,7 @@ const statsWindow = time.Second
 // the demo shows while it runs: calls waiting now, the wait of the
 // acquisitions of the last second (p50, p99), their rate, and the holds
 // lost. It is what an application would export as metrics (see the module
-// github.com/redisync/redisync/otel), kept in memory. It is safe for
+// github.com/redisync/redisync/redisyncotel), kept in memory. It is safe for
 // concurrent use.
 type demoStats struct {
 	mu    sync.Mutex

@@ -48,6 +48,7 @@ package redisyncotel
 
 import (
 	"context"
+	"fmt"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -59,7 +60,7 @@ import (
 )
 
 // scope is the instrumentation scope of the meter and the tracer.
-const scope = "github.com/redisync/redisync/otel"
+const scope = "github.com/redisync/redisync/redisyncotel"
 
 // Attribute keys.
 const (
@@ -72,8 +73,14 @@ const (
 	AttrPermits   = attribute.Key("redisync.permits")
 )
 
-// Option configures New.
-type Option func(*config)
+// Option configures New. As redisync's own options, it is an interface
+// that only this package implements.
+type Option interface{ apply(*config) }
+
+// option is an Option: a change to the config.
+type option func(*config)
+
+func (o option) apply(c *config) { o(c) }
 
 type config struct {
 	mp   metric.MeterProvider
@@ -84,13 +91,13 @@ type config struct {
 // WithMeterProvider sets the MeterProvider of the metrics. The default is
 // otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.mp = mp }
+	return option(func(c *config) { c.mp = mp })
 }
 
 // WithTracerProvider sets the TracerProvider of the spans. The default is
 // otel.GetTracerProvider().
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tp = tp }
+	return option(func(c *config) { c.tp = tp })
 }
 
 // WithNameAttribute adds the lock's or semaphore's name to the metrics'
@@ -98,7 +105,7 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // and fixed ("deploy", "nightly-report"), not one per entity: each name
 // is a time series of its own in every instrument.
 func WithNameAttribute() Option {
-	return func(c *config) { c.name = true }
+	return option(func(c *config) { c.name = true })
 }
 
 // Observer is a redisync.Observer that records metrics and spans. It is
@@ -126,11 +133,15 @@ var _ redisync.Observer = (*Observer)(nil)
 var waitBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
 // New returns an Observer that records with the providers given by opts.
-// It fails only when an instrument cannot be created.
+// It fails with an error wrapping redisync.ErrInvalidOption for a nil
+// provider, and when an instrument cannot be created.
 func New(opts ...Option) (*Observer, error) {
 	cfg := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider()}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
+	}
+	if cfg.mp == nil || cfg.tp == nil {
+		return nil, fmt.Errorf("redisyncotel: %w: a nil MeterProvider or TracerProvider", redisync.ErrInvalidOption)
 	}
 	meter := cfg.mp.Meter(scope)
 	o := &Observer{tracer: cfg.tp.Tracer(scope), name: cfg.name}

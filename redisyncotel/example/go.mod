@@ -1,17 +1,17 @@
-module github.com/redisync/redisync/otel/example
+module github.com/redisync/redisync/redisyncotel/example
 
 go 1.25.0
 
 replace (
 	github.com/redisync/redisync => ../../
-	github.com/redisync/redisync/otel => ../
+	github.com/redisync/redisync/redisyncotel => ../
 )
 
 require (
 	github.com/prometheus/client_golang v1.24.1
 	github.com/redis/go-redis/v9 v9.0.0
 	github.com/redisync/redisync v0.0.0-00010101000000-000000000000
-	github.com/redisync/redisync/otel v0.0.0-00010101000000-000000000000
+	github.com/redisync/redisync/redisyncotel v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp v1.46.0
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp v1.46.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.68.0

@@ -10,7 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/redisync/redisync"
-	redisyncotel "github.com/redisync/redisync/otel"
+	"github.com/redisync/redisync/redisyncotel"
 )
 
 // Wire a Client to OpenTelemetry: every Lock, Acquire and Unlock becomes

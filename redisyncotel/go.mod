@@ -1,4 +1,4 @@
-module github.com/redisync/redisync/otel
+module github.com/redisync/redisync/redisyncotel
 
 go 1.25.0
 

@@ -2,8 +2,8 @@
 // docs/operations.md describes, and runs a few workers that contend for a
 // lock so that there is something to see:
 //
-//	go run ./otel/example -exporter prometheus   # metrics at http://localhost:9464/metrics
-//	go run ./otel/example -exporter otlp         # metrics and traces to an OTLP/HTTP collector
+//	go run ./redisyncotel/example -exporter prometheus   # metrics at http://localhost:9464/metrics
+//	go run ./redisyncotel/example -exporter otlp         # metrics and traces to an OTLP/HTTP collector
 //
 // The OTLP exporters read the standard environment variables
 // (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4318, and
@@ -32,7 +32,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/redisync/redisync"
-	redisyncotel "github.com/redisync/redisync/otel"
+	"github.com/redisync/redisync/redisyncotel"
 )
 
 func main() {

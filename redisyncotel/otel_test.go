@@ -18,7 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redisync/redisync"
-	redisyncotel "github.com/redisync/redisync/otel"
+	"github.com/redisync/redisync/redisyncotel"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -328,4 +328,14 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestNewRefusesNilProviders: a nil provider is an invalid option, as
+// redisync's own options are, not a panic at the first call.
+func TestNewRefusesNilProviders(t *testing.T) {
+	for _, opt := range []redisyncotel.Option{redisyncotel.WithMeterProvider(nil), redisyncotel.WithTracerProvider(nil)} {
+		if obs, err := redisyncotel.New(opt); obs != nil || !errors.Is(err, redisync.ErrInvalidOption) {
+			t.Errorf("New with a nil provider: %v, %v; want ErrInvalidOption", obs, err)
+		}
+	}
 }
