@@ -52,7 +52,7 @@ func ExampleElection() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if len(s.Queue) > 0 {
+		if s.CandidatesLen > 0 {
 			break
 		}
 		time.Sleep(time.Millisecond)

@@ -19,8 +19,10 @@ import (
 // InspectPage bounds what one call of InspectLock, InspectElection,
 // InspectSemaphore or InspectRWMutex reads of each list that others
 // make grow: it returns at most the first InspectPage records of a queue,
-// and of a semaphore's holders, with the total count beside them
-// (LockState.QueueLen, SemaphoreState.QueueLen and HoldersLen). Redis
+// and of a semaphore's or read-write lock's holders, with the total count
+// beside them (LockState.QueueLen, ElectionState.CandidatesLen,
+// SemaphoreState.QueueLen and HoldersLen, RWMutexState.QueueLen and
+// ReadersLen). Redis
 // serves one command at a time, for every client of the server: an
 // Inspect call's work there is bounded by a constant, however many
 // waiters wait.
@@ -69,10 +71,6 @@ func (s *LockState) Held() bool { return s.Holder != nil }
 type LockHolder struct {
 	ID    string // the hold id: label "/" client id "-" number
 	Label string // who holds, for people (see WithLabel)
-	// Count is the hold count stored in Redis. A Mutex counts its
-	// re-entries in its own process, without a round trip, so its holds
-	// store 1 however often it re-entered.
-	Count int64
 	// Lease is the time left before the lock is released unless the holder
 	// renews it; negative when the key has no expiry (not redisync's doing).
 	Lease time.Duration
@@ -167,15 +165,15 @@ type SemaphoreWaiter struct {
 	Alive      bool
 }
 
-// InspectLock reads the state of the lock called name: its holder, hold
-// count, fencing token and remaining lease, and the first InspectPage
-// records of its fair queue in order, with the queue's length. It only
+// InspectLock reads the state of the lock called name: its holder with
+// its fencing token, metadata and remaining lease, and the first
+// InspectPage records of its fair queue in order, with the queue's length. It only
 // reads, in one MULTI transaction, so that what it returns was true at
 // one instant; with waiters queued, in two (rarely more): the first finds
 // which Clients' records the page needs, the second reads them with the
 // rest. Each reads a bounded part of the lock's keys (see InspectPage).
-// opts name the lock's keys (WithKeyPrefix) as for NewMutex; other
-// options do not matter. A key of another type than redisync writes is
+// Only WithKeyPrefix applies to it, naming the lock's keys as for
+// NewMutex; any other option is ErrInvalidOption. A key of another type than redisync writes is
 // ErrWrongType.
 func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
 	cfg := with(c.cfg, atInspect, opts)
@@ -256,7 +254,7 @@ func (r *lockRead) clients() (fields, grants []string, done bool) {
 }
 
 // inspectLock reads the state of the lock called name whose keys are k:
-// a Mutex's, or an Election's (see InspectElection).
+// a Mutex's, or the one under an Election (see InspectElection).
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
 	var r *lockRead
 	var clients, grants []string
@@ -294,7 +292,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 		QueueLen: int(r.qlen.Val()), LastToken: lock.Token}
 	nowMS := st.ServerTime.UnixMilli()
 	if lock.Held(nowMS) {
-		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner), Count: 1,
+		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner),
 			Lease: time.Duration(lock.End-nowMS) * time.Millisecond, Token: lock.Token, Metadata: lock.Meta}
 	}
 	// The records that ran out come first (the zset is ordered by when
@@ -365,11 +363,10 @@ func olderLock(h map[string]string, pttl time.Duration, now time.Time, nsubs int
 		if f == schema.LayoutField || f == schema.MetaField || f == schema.ProclaimField {
 			continue
 		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 || st.Holder != nil {
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 1 || st.Holder != nil {
 			return nil, false
 		}
-		st.Holder = &LockHolder{ID: f, Label: schema.Label(f), Count: n, Lease: pttl, Metadata: h[schema.MetaField]}
+		st.Holder = &LockHolder{ID: f, Label: schema.Label(f), Lease: pttl, Metadata: h[schema.MetaField]}
 	}
 	return st, true
 }
@@ -377,7 +374,8 @@ func olderLock(h map[string]string, pttl time.Duration, now time.Time, nsubs int
 // InspectSemaphore reads the state of the semaphore called name: its
 // size, the permits in use, its holders with their leases and its queue
 // in order, the first InspectPage of each with their counts. It reads as
-// InspectLock does; opts name the keys as for NewSemaphore. A semaphore
+// InspectLock does. Only WithKeyPrefix applies to it, naming the keys as
+// for NewSemaphore; any other option is ErrInvalidOption. A semaphore
 // never used, or idle for an hour, is Empty.
 func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
 	cfg := with(c.cfg, atInspect, opts)
