@@ -54,10 +54,11 @@ type ElectionCandidate struct {
 	Label  string        // whose call, for people (see WithLabel)
 	Value  string        // the value it will lead with, given to Campaign
 	Waited time.Duration // since it joined the queue, by the server's clock
-	// Heartbeat and Alive are as for a lock's waiter (LockWaiter's
-	// Heartbeat and Alive).
-	Heartbeat time.Duration
-	Alive     bool
+	// Heartbeat, HandoffLease and Alive are as for a lock's waiter
+	// (LockWaiter's).
+	Heartbeat    time.Duration
+	HandoffLease time.Duration
+	Alive        bool
 }
 
 // InspectElection reads the state of the election called name: its
@@ -88,7 +89,7 @@ func electionState(l *LockState) *ElectionState {
 	}
 	for _, w := range l.Queue {
 		st.Candidates = append(st.Candidates, ElectionCandidate{ID: w.ID, Label: w.Label, Value: w.Metadata,
-			Waited: w.Waited, Heartbeat: w.Heartbeat, Alive: w.Alive})
+			Waited: w.Waited, Heartbeat: w.Heartbeat, HandoffLease: w.HandoffLease, Alive: w.Alive})
 	}
 	return st
 }
