@@ -180,7 +180,11 @@ func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	return c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
+	st, err := c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
+	if err != nil {
+		return nil, wrapOp("inspect lock", name, err)
+	}
+	return st, nil
 }
 
 // inspectTries bounds the transactions of one Inspect call: each reads the
@@ -261,7 +265,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	for range inspectTries {
 		var err error
 		if r, err = c.readLock(ctx, k, clients, grants); err != nil {
-			return nil, wrapOp("inspect lock", name, err)
+			return nil, err
 		}
 		var done bool
 		if clients, grants, done = r.clients(); done {
@@ -270,7 +274,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	}
 	nsubs, err := r.subs(ctx)
 	if err != nil {
-		return nil, wrapOp("inspect lock", name, err)
+		return nil, err
 	}
 	h := r.hash()
 	lock, ok := schema.ParseLockState(h)
@@ -280,13 +284,13 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	if !ok {
 		st, err := c.inspectOlderLock(ctx, k, r.hlen.Val(), nsubs)
 		if err != nil {
-			return nil, wrapOp("inspect lock", name, err)
+			return nil, err
 		}
 		if st != nil {
 			st.Name = name
 			return st, nil
 		}
-		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)})
+		return nil, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)}
 	}
 	st := &LockState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs, Queue: []LockWaiter{},
 		QueueLen: int(r.qlen.Val()), LastToken: lock.Token}
@@ -382,7 +386,11 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	return c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
+	st, err := c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
+	if err != nil {
+		return nil, wrapOp("inspect semaphore", name, err)
+	}
+	return st, nil
 }
 
 // semRead is what one transaction of InspectSemaphore read.
@@ -457,7 +465,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	for range inspectTries {
 		var err error
 		if r, err = c.readSemaphore(ctx, k, hids, wids, grants); err != nil {
-			return nil, wrapOp("inspect semaphore", name, err)
+			return nil, err
 		}
 		var done bool
 		if hids, wids, grants, done = r.records(); done {
@@ -466,14 +474,14 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	}
 	nsubs, err := r.subs(ctx)
 	if err != nil {
-		return nil, wrapOp("inspect semaphore", name, err)
+		return nil, err
 	}
 	st := &SemaphoreState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs,
 		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}, QueueLen: int(r.qlen.Val())}
 	if v := r.size.Val(); v != "" {
 		var ok bool
 		if st.Size, _, ok = schema.ParseSemSize(v); !ok {
-			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Size + " does not hold a size"})
+			return nil, &wrongType{detail: k.Size + " does not hold a size"}
 		}
 	}
 	st.HoldersLen = int(r.hlen.Val())
@@ -482,7 +490,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		st.HoldersLen-- // the count is no holder
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a count of permits in use"})
+			return nil, &wrongType{detail: k.Holders + " does not hold a count of permits in use"}
 		}
 		used, hasUsed = n, true
 	}
@@ -496,7 +504,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		}
 		rec, ok := schema.ParseSemHolder(v)
 		if !ok {
-			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a holder record for " + id})
+			return nil, &wrongType{detail: k.Holders + " does not hold a holder record for " + id}
 		}
 		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits, Lease: msUntil(int64(z.Score), st.ServerTime)}
 		if h.Lease > 0 {

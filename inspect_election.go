@@ -73,7 +73,7 @@ func (c *Client) InspectElection(ctx context.Context, name string, opts ...Optio
 	}
 	l, err := c.inspectLock(ctx, name, schema.ElectionKeys(cfg.prefix, name))
 	if err != nil {
-		return nil, err
+		return nil, wrapOp("inspect election", name, err)
 	}
 	return electionState(l), nil
 }

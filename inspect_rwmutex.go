@@ -89,7 +89,7 @@ func (c *Client) InspectRWMutex(ctx context.Context, name string, opts ...Option
 	}
 	s, err := c.inspectSemaphore(ctx, name, schema.RWMutexKeys(cfg.prefix, name))
 	if err != nil {
-		return nil, err
+		return nil, wrapOp("inspect rwmutex", name, err)
 	}
 	return rwMutexState(s), nil
 }

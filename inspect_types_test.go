@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // InspectRWMutex describes a read-write lock as one: its writer, its
@@ -194,6 +196,25 @@ func TestInspectTakesOnlyTheKeyPrefix(t *testing.T) {
 				t.Errorf("%s with %s: %v, want ErrInvalidOption", name, o.setting().name, err)
 			}
 		}
+	}
+}
+
+// An Inspect function's error names the primitive it was asked about,
+// not the one whose keys it is stored as.
+func TestInspectErrorsNameThePrimitive(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	c := newClient(t, rdb)
+	if err := mr.Set(schema.ElectionKeys("redisync", "e").Hash, "a string"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mr.Set(schema.RWMutexKeys("redisync", "rw").Size, "five"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.InspectElection(ctx, "e"); !errors.Is(err, ErrWrongType) || !strings.Contains(err.Error(), `inspect election "e"`) {
+		t.Errorf("InspectElection of a string: %v, want ErrWrongType naming the election", err)
+	}
+	if _, err := c.InspectRWMutex(ctx, "rw"); !errors.Is(err, ErrWrongType) || !strings.Contains(err.Error(), `inspect rwmutex "rw"`) {
+		t.Errorf("InspectRWMutex of a bad size: %v, want ErrWrongType naming the read-write lock", err)
 	}
 }
 
