@@ -22,10 +22,9 @@ import (
 // and of a semaphore's or read-write lock's holders, with the total count
 // beside them (LockState.QueueLen, ElectionState.CandidatesLen,
 // SemaphoreState.QueueLen and HoldersLen, RWMutexState.QueueLen and
-// ReadersLen). Redis
-// serves one command at a time, for every client of the server: an
-// Inspect call's work there is bounded by a constant, however many
-// waiters wait.
+// ReadersLen). Redis serves one command at a time, for every client of
+// the server: an Inspect call's work there is bounded by a constant,
+// however many waiters wait.
 const InspectPage = 100
 
 // LockState is the state of a lock as InspectLock read it, at one instant.
@@ -167,14 +166,14 @@ type SemaphoreWaiter struct {
 
 // InspectLock reads the state of the lock called name: its holder with
 // its fencing token, metadata and remaining lease, and the first
-// InspectPage records of its fair queue in order, with the queue's length. It only
-// reads, in one MULTI transaction, so that what it returns was true at
-// one instant; with waiters queued, in two (rarely more): the first finds
-// which Clients' records the page needs, the second reads them with the
-// rest. Each reads a bounded part of the lock's keys (see InspectPage).
-// Only WithKeyPrefix applies to it, naming the lock's keys as for
-// NewMutex; any other option is ErrInvalidOption. A key of another type than redisync writes is
-// ErrWrongType.
+// InspectPage records of its fair queue in order, with the queue's
+// length. It only reads, in one MULTI transaction, so that what it
+// returns was true at one instant; with waiters queued, in two (rarely
+// more): the first finds which Clients' records the page needs, the
+// second reads them with the rest. Each reads a bounded part of the
+// lock's keys (see InspectPage). Only WithKeyPrefix applies to it, naming
+// the lock's keys as for NewMutex; any other option is ErrInvalidOption.
+// A key of another type than redisync writes is ErrWrongType.
 func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
