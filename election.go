@@ -371,17 +371,3 @@ func (e *Election) usable(ctx context.Context, value string) error {
 	}
 	return cmp.Or(e.c.usable(), ctx.Err())
 }
-
-// InspectElection reads the state of the election called name as
-// InspectLock reads a lock's, in one transaction: the holder of its lock
-// is the leader (LockHolder.Metadata is its value, Token its fencing
-// token, Lease its remaining lease) and the lock's queue the candidates
-// waiting, next first. opts name the election's keys (WithKeyPrefix) as
-// for NewElection; other options do not matter.
-func (c *Client) InspectElection(ctx context.Context, name string, opts ...Option) (*LockState, error) {
-	cfg := with(c.cfg, atInspect, opts)
-	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
-		return nil, wrapOp("inspect election", name, err)
-	}
-	return c.inspectLock(ctx, name, schema.ElectionKeys(cfg.prefix, name))
-}

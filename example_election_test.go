@@ -62,7 +62,7 @@ func ExampleElection() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if len(s.Queue) > 0 {
+		if s.CandidatesLen > 0 {
 			break
 		}
 		time.Sleep(time.Millisecond)

@@ -39,3 +39,59 @@ func ExampleClient_InspectLock() {
 	}
 	// Output: held by reindexer-7, our token: true, 0 queued
 }
+
+// Who writes or reads a read-write lock, and who waits to.
+func ExampleClient_InspectRWMutex() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+
+	client, err := redisync.New(rdb, redisync.WithLabel("report-3"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	r1, r2 := client.NewRWMutex("catalog"), client.NewRWMutex("catalog")
+	for _, r := range []*redisync.RWMutex{r1, r2} {
+		if err := r.RLock(ctx); err != nil {
+			log.Fatal(err)
+		}
+		defer r.RUnlock(ctx)
+	}
+
+	st, err := client.InspectRWMutex(ctx, "catalog")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("writer: %v, readers: %d (%s), %d queued\n",
+		st.Writer != nil, st.ReadersLen, st.Readers[0].Label, st.QueueLen)
+	// Output: writer: false, readers: 2 (report-3), 0 queued
+}
+
+// Who leads an election, with which value, and who waits to lead.
+func ExampleClient_InspectElection() {
+	rdb, stop := embeddedRedis()
+	defer stop()
+	ctx := context.Background()
+
+	client, err := redisync.New(rdb, redisync.WithLabel("scheduler-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	e := client.NewElection("scheduler")
+	if err := e.Campaign(ctx, "10.0.0.1:8080"); err != nil {
+		log.Fatal(err)
+	}
+	defer e.Resign(ctx)
+
+	st, err := client.InspectElection(ctx, "scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if l := st.Leader; l != nil {
+		fmt.Printf("led by %s at %s, our token: %v, %d candidates\n",
+			l.Label, l.Value, l.Token == e.Token(), st.CandidatesLen)
+	}
+	// Output: led by scheduler-1 at 10.0.0.1:8080, our token: true, 0 candidates
+}

@@ -19,11 +19,12 @@ import (
 // InspectPage bounds what one call of InspectLock, InspectElection,
 // InspectSemaphore or InspectRWMutex reads of each list that others
 // make grow: it returns at most the first InspectPage records of a queue,
-// and of a semaphore's holders, with the total count beside them
-// (LockState.QueueLen, SemaphoreState.QueueLen and HoldersLen). Redis
-// serves one command at a time, for every client of the server: an
-// Inspect call's work there is bounded by a constant, however many
-// waiters wait.
+// and of a semaphore's or read-write lock's holders, with the total count
+// beside them (LockState.QueueLen, ElectionState.CandidatesLen,
+// SemaphoreState.QueueLen and HoldersLen, RWMutexState.QueueLen and
+// ReadersLen). Redis serves one command at a time, for every client of
+// the server: an Inspect call's work there is bounded by a constant,
+// however many waiters wait.
 const InspectPage = 100
 
 // LockState is the state of a lock as InspectLock read it, at one instant.
@@ -69,10 +70,6 @@ func (s *LockState) Held() bool { return s.Holder != nil }
 type LockHolder struct {
 	ID    string // the hold id: label "/" client id "-" number
 	Label string // who holds, for people (see WithLabel)
-	// Count is the hold count stored in Redis. A Mutex counts its
-	// re-entries in its own process, without a round trip, so its holds
-	// store 1 however often it re-entered.
-	Count int64
 	// Lease is the time left before the lock is released unless the holder
 	// renews it; negative when the key has no expiry (not redisync's doing).
 	Lease time.Duration
@@ -167,22 +164,26 @@ type SemaphoreWaiter struct {
 	Alive      bool
 }
 
-// InspectLock reads the state of the lock called name: its holder, hold
-// count, fencing token and remaining lease, and the first InspectPage
-// records of its fair queue in order, with the queue's length. It only
-// reads, in one MULTI transaction, so that what it returns was true at
-// one instant; with waiters queued, in two (rarely more): the first finds
-// which Clients' records the page needs, the second reads them with the
-// rest. Each reads a bounded part of the lock's keys (see InspectPage).
-// opts name the lock's keys (WithKeyPrefix) as for NewMutex; other
-// options do not matter. A key of another type than redisync writes is
-// ErrWrongType.
+// InspectLock reads the state of the lock called name: its holder with
+// its fencing token, metadata and remaining lease, and the first
+// InspectPage records of its fair queue in order, with the queue's
+// length. It only reads, in one MULTI transaction, so that what it
+// returns was true at one instant; with waiters queued, in two (rarely
+// more): the first finds which Clients' records the page needs, the
+// second reads them with the rest. Each reads a bounded part of the
+// lock's keys (see InspectPage). Only WithKeyPrefix applies to it, naming
+// the lock's keys as for NewMutex; any other option is ErrInvalidOption.
+// A key of another type than redisync writes is ErrWrongType.
 func (c *Client) InspectLock(ctx context.Context, name string, opts ...Option) (*LockState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect lock", name, err)
 	}
-	return c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
+	st, err := c.inspectLock(ctx, name, schema.LockKeys(cfg.prefix, name))
+	if err != nil {
+		return nil, wrapOp("inspect lock", name, err)
+	}
+	return st, nil
 }
 
 // inspectTries bounds the transactions of one Inspect call: each reads the
@@ -256,14 +257,14 @@ func (r *lockRead) clients() (fields, grants []string, done bool) {
 }
 
 // inspectLock reads the state of the lock called name whose keys are k:
-// a Mutex's, or an Election's (see InspectElection).
+// a Mutex's, or the one under an Election (see InspectElection).
 func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*LockState, error) {
 	var r *lockRead
 	var clients, grants []string
 	for range inspectTries {
 		var err error
 		if r, err = c.readLock(ctx, k, clients, grants); err != nil {
-			return nil, wrapOp("inspect lock", name, err)
+			return nil, err
 		}
 		var done bool
 		if clients, grants, done = r.clients(); done {
@@ -272,7 +273,7 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	}
 	nsubs, err := r.subs(ctx)
 	if err != nil {
-		return nil, wrapOp("inspect lock", name, err)
+		return nil, err
 	}
 	h := r.hash()
 	lock, ok := schema.ParseLockState(h)
@@ -282,19 +283,19 @@ func (c *Client) inspectLock(ctx context.Context, name string, k schema.Lock) (*
 	if !ok {
 		st, err := c.inspectOlderLock(ctx, k, r.hlen.Val(), nsubs)
 		if err != nil {
-			return nil, wrapOp("inspect lock", name, err)
+			return nil, err
 		}
 		if st != nil {
 			st.Name = name
 			return st, nil
 		}
-		return nil, wrapOp("inspect lock", name, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)})
+		return nil, &wrongType{detail: k.Hash + " does not hold a lock of layout " + strconv.Itoa(schema.Layout)}
 	}
 	st := &LockState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs, Queue: []LockWaiter{},
 		QueueLen: int(r.qlen.Val()), LastToken: lock.Token}
 	nowMS := st.ServerTime.UnixMilli()
 	if lock.Held(nowMS) {
-		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner), Count: 1,
+		st.Holder = &LockHolder{ID: lock.Owner, Label: schema.Label(lock.Owner),
 			Lease: time.Duration(lock.End-nowMS) * time.Millisecond, Token: lock.Token, Metadata: lock.Meta}
 	}
 	// The records that ran out come first (the zset is ordered by when
@@ -365,11 +366,10 @@ func olderLock(h map[string]string, pttl time.Duration, now time.Time, nsubs int
 		if f == schema.LayoutField || f == schema.MetaField || f == schema.ProclaimField {
 			continue
 		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 || st.Holder != nil {
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 1 || st.Holder != nil {
 			return nil, false
 		}
-		st.Holder = &LockHolder{ID: f, Label: schema.Label(f), Count: n, Lease: pttl, Metadata: h[schema.MetaField]}
+		st.Holder = &LockHolder{ID: f, Label: schema.Label(f), Lease: pttl, Metadata: h[schema.MetaField]}
 	}
 	return st, true
 }
@@ -377,14 +377,19 @@ func olderLock(h map[string]string, pttl time.Duration, now time.Time, nsubs int
 // InspectSemaphore reads the state of the semaphore called name: its
 // size, the permits in use, its holders with their leases and its queue
 // in order, the first InspectPage of each with their counts. It reads as
-// InspectLock does; opts name the keys as for NewSemaphore. A semaphore
+// InspectLock does. Only WithKeyPrefix applies to it, naming the keys as
+// for NewSemaphore; any other option is ErrInvalidOption. A semaphore
 // never used, or idle for an hour, is Empty.
 func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
 	cfg := with(c.cfg, atInspect, opts)
 	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
 		return nil, wrapOp("inspect semaphore", name, err)
 	}
-	return c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
+	st, err := c.inspectSemaphore(ctx, name, schema.SemaphoreKeys(cfg.prefix, name))
+	if err != nil {
+		return nil, wrapOp("inspect semaphore", name, err)
+	}
+	return st, nil
 }
 
 // semRead is what one transaction of InspectSemaphore read.
@@ -459,7 +464,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	for range inspectTries {
 		var err error
 		if r, err = c.readSemaphore(ctx, k, hids, wids, grants); err != nil {
-			return nil, wrapOp("inspect semaphore", name, err)
+			return nil, err
 		}
 		var done bool
 		if hids, wids, grants, done = r.records(); done {
@@ -468,14 +473,14 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	}
 	nsubs, err := r.subs(ctx)
 	if err != nil {
-		return nil, wrapOp("inspect semaphore", name, err)
+		return nil, err
 	}
 	st := &SemaphoreState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs,
 		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}, QueueLen: int(r.qlen.Val())}
 	if v := r.size.Val(); v != "" {
 		var ok bool
 		if st.Size, _, ok = schema.ParseSemSize(v); !ok {
-			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Size + " does not hold a size"})
+			return nil, &wrongType{detail: k.Size + " does not hold a size"}
 		}
 	}
 	st.HoldersLen = int(r.hlen.Val())
@@ -484,7 +489,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		st.HoldersLen-- // the count is no holder
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a count of permits in use"})
+			return nil, &wrongType{detail: k.Holders + " does not hold a count of permits in use"}
 		}
 		used, hasUsed = n, true
 	}
@@ -498,7 +503,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		}
 		rec, ok := schema.ParseSemHolder(v)
 		if !ok {
-			return nil, wrapOp("inspect semaphore", name, &wrongType{detail: k.Holders + " does not hold a holder record for " + id})
+			return nil, &wrongType{detail: k.Holders + " does not hold a holder record for " + id}
 		}
 		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits, Lease: msUntil(int64(z.Score), st.ServerTime)}
 		if h.Lease > 0 {

@@ -20,7 +20,7 @@ import (
 // reader that crashes blocks writers for at most its lease. Unlock and
 // RUnlock may be called from any goroutine, as sync.RWMutex's may.
 //
-// It is a Semaphore of a fixed, very large size (RWMutexWrite) under keys
+// It is a Semaphore of a fixed, very large size (MaxSemaphoreSize) under keys
 // of its own, so that it never shares a key with a Semaphore of the same
 // name: a read holds one permit, a write all of them. So it has a
 // Semaphore's guarantees. Arrival order is decided in Redis and served
@@ -506,20 +506,6 @@ func (rw *RWMutex) wrap(op Op, err error) error {
 	return wrapOp(string(op), rw.name, err)
 }
 
-// RWMutexWrite is the number of permits a write holds, or waits for, in
-// the state InspectRWMutex reads; a read holds 1. It is the size of the
-// semaphore under a RWMutex.
-const RWMutexWrite = schema.RWMutexSize
-
-// InspectRWMutex reads the state of the read-write lock called name, as
-// InspectSemaphore reads a semaphore's (a RWMutex is one, see RWMutex): a
-// holder or waiter with RWMutexWrite permits is a write, one with 1 a
-// read. opts name the keys as for NewRWMutex. A lock never used, or idle
-// for an hour, is Empty.
-func (c *Client) InspectRWMutex(ctx context.Context, name string, opts ...Option) (*SemaphoreState, error) {
-	cfg := with(c.cfg, atInspect, opts)
-	if err := cmp.Or(checkName(name), cfg.err, c.usable(), ctx.Err()); err != nil {
-		return nil, wrapOp("inspect rwmutex", name, err)
-	}
-	return c.inspectSemaphore(ctx, name, schema.RWMutexKeys(cfg.prefix, name))
-}
+// rwMutexWrite is the number of permits a write holds, or waits for, in
+// the semaphore under a RWMutex: all of them. A read holds 1.
+const rwMutexWrite = schema.RWMutexSize

@@ -118,9 +118,8 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Holders) != 2 || st.Holders[0].Permits != 1 || st.Holders[1].Permits != 1 ||
-		len(st.Queue) != 1 || st.Queue[0].Permits != RWMutexWrite {
-		t.Fatalf("InspectRWMutex: holders %+v, queue %+v; want 2 reads and a write queued", st.Holders, st.Queue)
+	if st.Writer != nil || len(st.Readers) != 2 || st.ReadersLen != 2 || len(st.Queue) != 1 || !st.Queue[0].Write {
+		t.Fatalf("InspectRWMutex: writer %+v, readers %+v, queue %+v; want 2 reads and a write queued", st.Writer, st.Readers, st.Queue)
 	}
 	if err := r1.RUnlock(ctx); err != nil {
 		t.Fatal(err)

@@ -47,7 +47,7 @@ func TestClusterElection(t *testing.T) {
 		go func() { won <- b.Campaign(ctx, "b") }()
 		eventually(t, 10*time.Second, "b to queue", func() bool {
 			st, err := cs[2].InspectElection(ctx, name)
-			return err == nil && len(st.Queue) == 1
+			return err == nil && st.CandidatesLen == 1
 		})
 		if err := a.Resign(ctx); err != nil {
 			t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 const statusHelp = `Usage: redisync status [flags] NAME
        redisync status --all [--limit N] [--json] [flags]
 
-Show the state of the lock NAME: who holds it (owner id, hold count,
+Show the state of the lock NAME: who holds it (owner id,
 remaining lease, fencing token) and the fair queue in order with each
 waiter's heartbeat deadline; and of the semaphore NAME, if there is one:
 its size, the permits available, the holders with their permits and
@@ -97,7 +97,7 @@ It needs INFO (see docs/acl.md).
 
 JSON (--json): {"servers"? (--verbose): [{"addr"?, "name", "version",
   "mode", "role"}], "name", "prefix", "server_time_ms",
-  "lock": {"held", "holder": {"owner", "label", "count", "lease_ms",
+  "lock": {"held", "holder": {"owner", "label", "lease_ms",
            "token", "metadata"?} | null, "last_token", "queue": [{"position", "owner",
            "label", "waited_ms",
            "heartbeat_ms", "handoff_lease_ms", "alive", "metadata"?}],
@@ -106,11 +106,11 @@ JSON (--json): {"servers"? (--verbose): [{"addr"?, "name", "version",
                 "permits", "lease_ms"}], "queue": [{"position", "waiter",
                 "owner", "label", "waited_ms", "permits", "heartbeat_ms",
                 "grant_lease_ms", "alive"}]} | null,
-  "rwmutex": {"writer": {"owner", "label", "permits", "lease_ms"} | null,
-              "readers": [{"owner", "label", "permits", "lease_ms"}],
+  "rwmutex": {"writer": {"owner", "label", "lease_ms"} | null,
+              "readers": [{"owner", "label", "lease_ms"}], "readers_len",
               "queue": [{"position", "waiter", "owner", "label", "write",
               "waited_ms", "heartbeat_ms", "alive"}]} | null,
-  "election": {"leader": {"owner", "label", "count", "lease_ms", "token",
+  "election": {"leader": {"owner", "label", "lease_ms", "token",
                "metadata"?} | null, "last_token", "candidates": [{"position",
                "owner", "label", "waited_ms", "heartbeat_ms",
                "handoff_lease_ms", "alive", "metadata"?}]} | null}
@@ -176,7 +176,6 @@ type LockStatus struct {
 type Holder struct {
 	Owner   string `json:"owner"`
 	Label   string `json:"label"` // who holds, for people (see redisync.WithLabel)
-	Count   int64  `json:"count"`
 	LeaseMS int64  `json:"lease_ms"`
 	Token   int64  `json:"token"`
 	// Metadata is what the holder stored with its hold
@@ -409,7 +408,7 @@ func lockStatus(l *redisync.LockState) LockStatus {
 	st := LockStatus{Held: l.Held(), LastToken: l.LastToken, Queue: []Waiter{}, QueueLen: l.QueueLen,
 		SubscribedProcesses: l.Subscribers, BargingProcesses: l.Barging}
 	if h := l.Holder; h != nil {
-		st.Holder = &Holder{Owner: h.ID, Label: h.Label, Count: h.Count, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
+		st.Holder = &Holder{Owner: h.ID, Label: h.Label, LeaseMS: leaseMS(h.Lease), Token: h.Token, Metadata: h.Metadata}
 	}
 	for i, w := range l.Queue {
 		st.Queue = append(st.Queue, Waiter{Position: i + 1, Owner: w.ID, Label: w.Label,
@@ -449,7 +448,6 @@ func (st *Status) print(out io.Writer) {
 	if h := l.Holder; h != nil {
 		field(out, "holder", h.Owner)
 		field(out, "label", h.Label)
-		field(out, "hold count", strconv.FormatInt(h.Count, 10))
 		field(out, "lease", leaseText(h.LeaseMS))
 		field(out, "fencing token", strconv.FormatInt(h.Token, 10))
 		if h.Metadata != "" {

@@ -47,7 +47,7 @@ type Entry struct {
 type EntryHolder struct {
 	Owner   string `json:"owner"`
 	Label   string `json:"label"`
-	Permits int64  `json:"permits,omitempty"` // a semaphore's; a read-write lock's writer holds redisync.RWMutexWrite
+	Permits int64  `json:"permits,omitempty"` // a semaphore's
 	Write   bool   `json:"write,omitempty"`   // a read-write lock's writer
 	Value   string `json:"value,omitempty"`   // an election leader's
 }
@@ -189,47 +189,51 @@ func globEscape(s string) string {
 func inspectEntry(ctx context.Context, c *redisync.Client, cand candidate) (*Entry, error) {
 	e := &Entry{Kind: kinds[cand.kind].name, Name: cand.name, Holders: []EntryHolder{}}
 	switch kinds[cand.kind].key {
-	case "lock", "elect":
-		inspect := c.InspectLock
-		if kinds[cand.kind].key == "elect" {
-			inspect = c.InspectElection
-		}
-		l, err := inspect(ctx, cand.name)
+	case "lock":
+		l, err := c.InspectLock(ctx, cand.name)
 		if err != nil {
 			return nil, err
 		}
 		if h := l.Holder; h != nil {
-			eh := EntryHolder{Owner: h.ID, Label: h.Label}
-			if kinds[cand.kind].key == "elect" {
-				eh.Value = h.Metadata
-			}
-			e.Holders = append(e.Holders, eh)
+			e.Holders = append(e.Holders, EntryHolder{Owner: h.ID, Label: h.Label})
 		}
 		e.Waiting = max(l.QueueLen, len(l.Queue)) // all queued, past the page listed; barging waiters are not queued: "status NAME" counts their processes
-	case "sem", "rw":
-		inspect := c.InspectSemaphore
-		if kinds[cand.kind].key == "rw" {
-			inspect = c.InspectRWMutex
+	case "elect":
+		l, err := c.InspectElection(ctx, cand.name)
+		if err != nil {
+			return nil, err
 		}
-		s, err := inspect(ctx, cand.name)
+		if h := l.Leader; h != nil {
+			e.Holders = append(e.Holders, EntryHolder{Owner: h.ID, Label: h.Label, Value: h.Value})
+		}
+		e.Waiting = max(l.CandidatesLen, len(l.Candidates))
+	case "sem":
+		s, err := c.InspectSemaphore(ctx, cand.name)
 		if err != nil {
 			return nil, err
 		}
 		for _, h := range s.Holders {
-			if h.Lease <= 0 {
-				continue // ended: reclaimed by the next call
+			if h.Lease > 0 { // else ended: reclaimed by the next call
+				e.Holders = append(e.Holders, EntryHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits})
 			}
-			eh := EntryHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits}
-			if kinds[cand.kind].key == "rw" {
-				eh.Permits, eh.Write = 0, h.Permits >= redisync.RWMutexWrite
-			}
-			e.Holders = append(e.Holders, eh)
 		}
 		e.Waiting = max(s.QueueLen, len(s.Queue)) // all queued, past the page listed
-		if kinds[cand.kind].key == "sem" {
-			size, available := s.Size, s.Available()
-			e.Size, e.Available = &size, &available
+		size, available := s.Size, s.Available()
+		e.Size, e.Available = &size, &available
+	case "rw":
+		s, err := c.InspectRWMutex(ctx, cand.name)
+		if err != nil {
+			return nil, err
 		}
+		if w := s.Writer; w != nil && w.Lease > 0 {
+			e.Holders = append(e.Holders, EntryHolder{Owner: w.ID, Label: w.Label, Write: true})
+		}
+		for _, r := range s.Readers {
+			if r.Lease > 0 {
+				e.Holders = append(e.Holders, EntryHolder{Owner: r.ID, Label: r.Label})
+			}
+		}
+		e.Waiting = max(s.QueueLen, len(s.Queue))
 	}
 	if len(e.Holders) == 0 && e.Waiting == 0 {
 		return nil, nil

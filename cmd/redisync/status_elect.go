@@ -25,12 +25,20 @@ type ElectStatus struct {
 // readElection reads the election name through Client.InspectElection,
 // in one transaction; nil when nothing of it is stored.
 func readElection(ctx context.Context, c *redisync.Client, name string) (*ElectStatus, error) {
-	l, err := c.InspectElection(ctx, name)
-	if err != nil || (!l.Held() && l.LastToken == 0 && len(l.Queue) == 0 && l.QueueLen == 0) {
+	e, err := c.InspectElection(ctx, name)
+	if err != nil || e.Empty() {
 		return nil, err
 	}
-	lock := lockStatus(l)
-	return &ElectStatus{Leader: lock.Holder, LastToken: lock.LastToken, Candidates: lock.Queue, CandidatesLen: lock.QueueLen}, nil
+	st := &ElectStatus{LastToken: e.LastToken, Candidates: []Waiter{}, CandidatesLen: e.CandidatesLen}
+	if l := e.Leader; l != nil {
+		st.Leader = &Holder{Owner: l.ID, Label: l.Label, LeaseMS: leaseMS(l.Lease), Token: l.Token, Metadata: l.Value}
+	}
+	for i, w := range e.Candidates {
+		st.Candidates = append(st.Candidates, Waiter{Position: i + 1, Owner: w.ID, Label: w.Label,
+			WaitedMS: w.Waited.Milliseconds(), HeartbeatMS: w.Heartbeat.Milliseconds(),
+			HandoffLeaseMS: w.HandoffLease.Milliseconds(), Alive: w.Alive, Metadata: w.Value})
+	}
+	return st, nil
 }
 
 // printElection writes the election part of st for people.

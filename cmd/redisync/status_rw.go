@@ -13,12 +13,22 @@ import (
 // RWStatus is the state of a read-write lock (redisync.RWMutex): its
 // writer or its readers, and its queue.
 type RWStatus struct {
-	Writer  *SemHolder  `json:"writer"` // null when nobody writes
-	Readers []SemHolder `json:"readers"`
-	Queue   []RWWaiter  `json:"queue"`
+	Writer  *RWHolder  `json:"writer"` // null when nobody writes
+	Readers []RWHolder `json:"readers"`
+	// ReadersLen counts the reads held, of which Readers lists those of
+	// the first redisync.InspectPage holders (RWMutexState.ReadersLen).
+	ReadersLen int        `json:"readers_len"`
+	Queue      []RWWaiter `json:"queue"`
 	// QueueLen counts the waiters, of which Queue lists the first
-	// redisync.InspectPage (SemaphoreState.QueueLen).
+	// redisync.InspectPage (RWMutexState.QueueLen).
 	QueueLen int `json:"queue_len"`
+}
+
+// RWHolder is a hold of a read-write lock: its writer or one reader.
+type RWHolder struct {
+	Owner   string `json:"owner"`
+	Label   string `json:"label"`
+	LeaseMS int64  `json:"lease_ms"`
 }
 
 // RWWaiter is a queued reader or writer: one blocked RLock or Lock of the
@@ -35,19 +45,17 @@ type RWWaiter struct {
 }
 
 // rwStatus converts what InspectRWMutex read.
-func rwStatus(s *redisync.SemaphoreState) *RWStatus {
-	st := &RWStatus{Readers: []SemHolder{}, Queue: []RWWaiter{}, QueueLen: s.QueueLen}
-	for _, h := range s.Holders {
-		sh := SemHolder{Owner: h.ID, Label: h.Label, Permits: h.Permits, LeaseMS: h.Lease.Milliseconds()}
-		if h.Permits >= redisync.RWMutexWrite {
-			st.Writer = &sh
-		} else {
-			st.Readers = append(st.Readers, sh)
-		}
+func rwStatus(s *redisync.RWMutexState) *RWStatus {
+	st := &RWStatus{Readers: []RWHolder{}, ReadersLen: s.ReadersLen, Queue: []RWWaiter{}, QueueLen: s.QueueLen}
+	if w := s.Writer; w != nil {
+		st.Writer = &RWHolder{Owner: w.ID, Label: w.Label, LeaseMS: w.Lease.Milliseconds()}
+	}
+	for _, r := range s.Readers {
+		st.Readers = append(st.Readers, RWHolder{Owner: r.ID, Label: r.Label, LeaseMS: r.Lease.Milliseconds()})
 	}
 	for i, w := range s.Queue {
 		st.Queue = append(st.Queue, RWWaiter{Position: i + 1, Waiter: w.ID, Owner: w.Holder, Label: w.Label,
-			Write: w.Permits == redisync.RWMutexWrite, WaitedMS: w.Waited.Milliseconds(),
+			Write: w.Write, WaitedMS: w.Waited.Milliseconds(),
 			HeartbeatMS: w.Heartbeat.Milliseconds(), Alive: w.Alive})
 	}
 	return st
@@ -71,7 +79,7 @@ func (s *RWStatus) held() bool {
 func printRW(out io.Writer, st *Status) {
 	s := st.RWMutex
 	fmt.Fprintf(out, "rwmutex %q\n", st.Name)
-	lease := func(h SemHolder) string {
+	lease := func(h RWHolder) string {
 		if h.LeaseMS <= 0 {
 			return "ended (reclaimed on the next call)"
 		}
@@ -83,7 +91,7 @@ func printRW(out io.Writer, st *Status) {
 	case len(s.Readers) == 0:
 		field(out, "holders", "none (free)")
 	default:
-		field(out, "readers", strconv.Itoa(len(s.Readers)))
+		field(out, "readers", strconv.Itoa(max(s.ReadersLen, len(s.Readers))))
 		rows := [][]string{{"owner", "lease"}}
 		for _, r := range s.Readers {
 			rows = append(rows, []string{r.Owner, lease(r)})

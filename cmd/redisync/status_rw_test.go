@@ -39,7 +39,7 @@ func TestStatusRWMutex(t *testing.T) {
 		t.Fatalf("exit %d, %v in %s", code, err, p.stdout.String())
 	}
 	rw := st.RWMutex
-	if rw == nil || rw.Writer != nil || len(rw.Readers) != 2 || len(rw.Queue) != 1 || !rw.Queue[0].Write || !rw.Queue[0].Alive {
+	if rw == nil || rw.Writer != nil || len(rw.Readers) != 2 || rw.ReadersLen != 2 || len(rw.Queue) != 1 || !rw.Queue[0].Write || !rw.Queue[0].Alive {
 		t.Fatalf("rwmutex %+v, want 2 readers and a writer queued", rw)
 	}
 	code, p = runCode(t, addr, "status", name)

@@ -17,7 +17,7 @@ import (
 // with 2 RWMutex values, the first shared by 2 goroutines (each of whose
 // holds is its own), one write in four, through Do and RDo (whose
 // contexts end when a hold, a read's too, is lost). A read is recorded as
-// 1 permit and a write as RWMutexWrite, so
+// 1 permit and a write as MaxSemaphoreSize (all of them), so
 // that history.Semaphore with that size checks that no reader is inside a
 // write and no two writes overlap; history.Mutex checks the writes'
 // tokens; an occupancy counter beside the fenced register counts the
@@ -53,18 +53,18 @@ func (s *storm) rwMutexes() {
 		_ = c.Close()
 	}
 	s.mu.Lock()
-	vs := history.Semaphore(s.holds, redisync.RWMutexWrite)
+	vs := history.Semaphore(s.holds, redisync.MaxSemaphoreSize)
 	var writes []history.Hold
 	for _, h := range s.holds {
-		if h.Permits == redisync.RWMutexWrite {
+		if h.Permits == redisync.MaxSemaphoreSize {
 			writes = append(writes, h)
 		}
 	}
 	vs = append(vs, history.Mutex(writes)...)
 	s.mu.Unlock()
 	s.violations(vs)
-	if max, _ := s.admin.HGet(ctx, s.reg, "max").Int64(); max > redisync.RWMutexWrite {
-		s.fail("occupancy", "the occupancy counter reached %d, above a write's %d", max, redisync.RWMutexWrite)
+	if max, _ := s.admin.HGet(ctx, s.reg, "max").Int64(); max > redisync.MaxSemaphoreSize {
+		s.fail("occupancy", "the occupancy counter reached %d, above a write's %d", max, redisync.MaxSemaphoreSize)
 	}
 	base := "redisync:rw:{" + s.name + "}"
 	s.gone(s.admin, "the holders", base, base+":expiry")
@@ -139,7 +139,7 @@ func (s *storm) holdRW(rng *rand.Rand, who, register string, rw *redisync.RWMute
 	h := history.Hold{Owner: who, Who: who, Start: start, Permits: 1}
 	lost := hctx.Done()
 	if write {
-		h.Permits, h.Token = redisync.RWMutexWrite, rw.Token()
+		h.Permits, h.Token = redisync.MaxSemaphoreSize, rw.Token()
 		if h.Token <= 0 {
 			s.fail("bad token", "%s: Token() = %d right after Do granted the write", who, h.Token)
 		}
