@@ -51,7 +51,14 @@ func ExampleClient_InspectRWMutex() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	r1, r2 := client.NewRWMutex("catalog"), client.NewRWMutex("catalog")
+	r1, err := client.NewRWMutex("catalog")
+	if err != nil {
+		log.Fatal(err)
+	}
+	r2, err := client.NewRWMutex("catalog")
+	if err != nil {
+		log.Fatal(err)
+	}
 	for _, r := range []*redisync.RWMutex{r1, r2} {
 		if err := r.RLock(ctx); err != nil {
 			log.Fatal(err)
@@ -79,7 +86,10 @@ func ExampleClient_InspectElection() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	e := client.NewElection("scheduler")
+	e, err := client.NewElection("scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := e.Campaign(ctx, "10.0.0.1:8080"); err != nil {
 		log.Fatal(err)
 	}

@@ -29,14 +29,14 @@ func TestInspectRWMutexWriterReadersAndQueue(t *testing.T) {
 		t.Fatalf("a lock never taken: %+v", st)
 	}
 
-	w := c.NewRWMutex("rw", WithLabel("writer"))
+	w := must(c.NewRWMutex("rw", WithLabel("writer")))
 	if err := w.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// Queued behind the write: a reader, a writer, a reader.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	r1, w2, r3 := c.NewRWMutex("rw", WithLabel("reader-1")), c.NewRWMutex("rw", WithLabel("writer-2")), c.NewRWMutex("rw", WithLabel("reader-3"))
+	r1, w2, r3 := must(c.NewRWMutex("rw", WithLabel("reader-1"))), must(c.NewRWMutex("rw", WithLabel("writer-2"))), must(c.NewRWMutex("rw", WithLabel("reader-3")))
 	calls := []func(context.Context) error{r1.RLock, w2.Lock, r3.RLock}
 	done := make([]<-chan error, len(calls))
 	for i, call := range calls {
@@ -111,13 +111,13 @@ func TestInspectElectionLeaderAndCandidates(t *testing.T) {
 		t.Fatalf("an election never held: %+v", st)
 	}
 
-	a := c.NewElection("sched", WithLabel("node-a"))
+	a := must(c.NewElection("sched", WithLabel("node-a")))
 	if err := a.Campaign(ctx, "10.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	b, cc := c.NewElection("sched", WithLabel("node-b")), c.NewElection("sched", WithLabel("node-c"))
+	b, cc := must(c.NewElection("sched", WithLabel("node-b"))), must(c.NewElection("sched", WithLabel("node-c")))
 	won := async(func() error { return b.Campaign(wctx, "10.0.0.2") })
 	eventually(t, 5*time.Second, "b to queue", func() bool {
 		st, err := c.InspectElection(ctx, "sched")
