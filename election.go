@@ -53,8 +53,8 @@ var (
 // leadership ends (Resign, or lost) and it is served. It is safe for
 // concurrent use.
 //
-// Make an Election with Client.NewElection: every call of a zero Election fails with
-// ErrInvalid.
+// Make an Election with Client.NewElection: every call of a zero Election
+// fails with ErrInvalid.
 type Election struct {
 	c    *Client
 	name string

@@ -38,8 +38,8 @@ import (
 // channel, closed when any name's hold is lost. A lost set stays the
 // value's until its last Unlock, as a Mutex's lost hold does.
 //
-// Make a MultiMutex with Client.NewMultiMutex: every call of a zero MultiMutex fails with
-// ErrInvalid.
+// Make a MultiMutex with Client.NewMultiMutex: every call of a zero
+// MultiMutex fails with ErrInvalid.
 type MultiMutex struct {
 	c     *Client
 	cfg   config

@@ -25,8 +25,8 @@ import (
 // is not fair: its waiters are not queued, and a free lock goes to the
 // first to take a quorum (see NewMutex).
 //
-// Make a RedMutex with Redlock.NewMutex: every call of a zero RedMutex fails with
-// ErrInvalid.
+// Make a RedMutex with Redlock.NewMutex: every call of a zero RedMutex
+// fails with ErrInvalid.
 type RedMutex struct {
 	r           *Redlock
 	name        string

@@ -49,8 +49,8 @@ import (
 // The options are those of a Semaphore (WithFixedLease, WithCrashTimeout,
 // WithWaiterTimeout, WithRecheck, WithMaxHold, WithLabel, WithKeyPrefix...).
 //
-// Make a RWMutex with Client.NewRWMutex: every call of a zero RWMutex fails with
-// ErrInvalid.
+// Make a RWMutex with Client.NewRWMutex: every call of a zero RWMutex
+// fails with ErrInvalid.
 type RWMutex struct {
 	c    *Client
 	name string

@@ -45,8 +45,8 @@ import (
 // pauses longer than its lease, a failover that loses writes or a clock
 // jump on the server can let more holders in than the size.
 //
-// Make a Semaphore with Client.NewSemaphore: every call of a zero Semaphore fails with
-// ErrInvalid.
+// Make a Semaphore with Client.NewSemaphore: every call of a zero
+// Semaphore fails with ErrInvalid.
 type Semaphore struct {
 	c    *Client
 	name string
