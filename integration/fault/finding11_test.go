@@ -34,18 +34,14 @@ func TestFinding11BraceNameRejected(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = c.Close() })
-			m := must(c.NewMutex(name))
-			s := must(c.NewSemaphore(name, 2))
 			for _, op := range []struct {
 				name string
 				call func() error
 			}{
-				{"Mutex.Lock", func() error { return m.Lock(ctx) }},
-				{"Mutex.TryLock", func() error { _, err := m.TryLock(ctx); return err }},
-				{"Mutex.Unlock", func() error { return m.Unlock(ctx) }},
-				{"Semaphore.Acquire", func() error { return s.Acquire(ctx, 1) }},
-				{"Semaphore.TryAcquire", func() error { _, err := s.TryAcquire(ctx, 1); return err }},
-				{"Semaphore.Release", func() error { return s.Release(ctx, 1) }},
+				{"NewMutex", func() error { _, err := c.NewMutex(name); return err }},
+				{"NewSemaphore", func() error { _, err := c.NewSemaphore(name, 2); return err }},
+				{"NewRWMutex", func() error { _, err := c.NewRWMutex(name); return err }},
+				{"NewElection", func() error { _, err := c.NewElection(name); return err }},
 			} {
 				err := within(t, 5*time.Second, op.name, op.call)
 				if !errors.Is(err, redisync.ErrInvalidName) {

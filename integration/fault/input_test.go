@@ -44,8 +44,9 @@ func ops(t *testing.T, m *redisync.Mutex, lctx context.Context) map[string]error
 	return out
 }
 
-// TestBadInput gives every call invalid input and fails unless each
-// returns an error matching the expected sentinel (errors.Is), promptly,
+// TestBadInput gives the constructors and the calls invalid input and
+// fails unless each returns an error matching the expected sentinel
+// (errors.Is; a bad name or option is refused by NewMutex), promptly,
 // without a panic and without a single command or dial reaching Redis
 // (counted by a go-redis hook on a live connection to a real server).
 func TestBadInput(t *testing.T) {
@@ -110,7 +111,13 @@ func TestBadInput(t *testing.T) {
 			if name == "" && tc.want != redisync.ErrInvalidName {
 				name = redistest.Name(t)
 			}
-			m := must(c.NewMutex(name, tc.mutexOpts...))
+			m, err := c.NewMutex(name, tc.mutexOpts...)
+			if m == nil {
+				if !errors.Is(err, tc.want) || !errors.Is(err, redisync.ErrInvalid) {
+					t.Errorf("NewMutex: %v; want %v", err, tc.want)
+				}
+				return
+			}
 			lctx := tc.ctx
 			if lctx == nil {
 				lctx = ctx
