@@ -389,10 +389,10 @@ func (h *stubHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessP
 }
 
 // fuzzMutex makes a Mutex on a stubbed go-redis client, runs Lock, TryLock
-// and Unlock, and checks them against the model: invalid input gives
-// invalid (the sentinel) with no command sent; valid input reaches Redis
-// (errStub comes back) on Lock and TryLock; Unlock of nothing held is
-// ErrNotHeld, with no command.
+// and Unlock, and checks them against the model: invalid input is refused
+// by NewMutex with invalid (the sentinel), with no command sent; valid
+// input reaches Redis (errStub comes back) on Lock and TryLock; Unlock of
+// nothing held is ErrNotHeld, with no command.
 func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
@@ -403,19 +403,20 @@ func fuzzMutex(t *testing.T, name string, invalid error, o ...redisync.Option) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	m := must(c.NewMutex(name, o...))
-	res := ops(t, m, ctx)
+	m, err := c.NewMutex(name, o...)
 	if invalid != nil {
-		for op, err := range res {
-			if !errors.Is(err, invalid) {
-				t.Fatalf("%s: %v, want %v", op, err, invalid)
-			}
+		if m != nil || !errors.Is(err, invalid) {
+			t.Fatalf("NewMutex: %v, %v; want nil, %v", m, err, invalid)
 		}
 		if n := hook.cmds.Load(); n != 0 {
 			t.Fatalf("%d commands sent for invalid input", n)
 		}
 		return
 	}
+	if err != nil {
+		t.Fatalf("NewMutex: %v", err)
+	}
+	res := ops(t, m, ctx)
 	for _, op := range []string{"Lock", "TryLock"} {
 		if !errors.Is(res[op], errStub) {
 			t.Fatalf("%s: %v, want the stub's error (a call to Redis)", op, res[op])
