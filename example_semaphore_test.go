@@ -52,12 +52,14 @@ func ExampleSemaphore() {
 	wg.Wait()
 	fmt.Println("never more than 2 jobs at once:", most.Load() <= 2)
 
-	// A Semaphore with another size for the same name is refused.
-	err = client.NewSemaphore("gpu", 3).Acquire(ctx, 1)
-	fmt.Println(errors.Is(err, redisync.ErrSizeMismatch))
+	// A Semaphore made with another size for the same name works with
+	// the stored size.
+	other := client.NewSemaphore("gpu", 3)
+	err = other.Acquire(ctx, 3)
+	fmt.Println(errors.Is(err, redisync.ErrInvalidPermits), other.Size())
 	// Output:
 	// never more than 2 jobs at once: true
-	// true
+	// true 2
 }
 
 // TryAcquire takes permits only if it can at once: a job that must not

@@ -14,7 +14,7 @@ var scriptSHA1 = map[string]string{
 	"redlockRaise": "583f672c7e6b94240319aa1a6fd0642c132e928d",
 	"release":      "328b394acea8efe830e412bab2931f8da6cc6eb0",
 	"renew":        "540bbad0c794a73cae31e2501d3c836a52188d42",
-	"semAcquire":   "71630d2178f21e99bdbcfbeeef0a48013db25b20",
+	"semAcquire":   "33a9b8948335083ecdc83568662f4b211a37d044",
 	"semRelease":   "a794b2606ef83fe0da7a23bb3b853f1669f018b3",
 	"semResize":    "02e19b33c6f43243176687b7b6281686a02a70d9",
 	"ttl":          "777b6b96dcaa34b5fb3c116e4a4250df35fc97fc",

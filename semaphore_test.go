@@ -65,7 +65,6 @@ func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 		{"negative size", c.NewSemaphore("s", -2), 1, ctx, ErrInvalidPermits},
 		{"zero permits", c.NewSemaphore("s", 3), 0, ctx, ErrInvalidPermits},
 		{"negative permits", c.NewSemaphore("s", 3), -1, ctx, ErrInvalidPermits},
-		{"more permits than size", c.NewSemaphore("s", 3), 4, ctx, ErrInvalidPermits},
 		{"invalid option", c.NewSemaphore("s", 3, WithFixedLease(0)), 1, ctx, ErrInvalidOption},
 		{"cancelled context", c.NewSemaphore("s", 3), 1, cancelled, context.Canceled},
 	}
@@ -131,6 +130,8 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 	}
 }
 
+// A value made with another size than the stored one works with the
+// stored size, and refuses more permits than it before writing anything.
 func TestSemaphoreSizeMismatch(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
@@ -138,11 +139,14 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 	other := c.NewSemaphore("s", 4)
-	if err := other.Acquire(ctx, 1); !errors.Is(err, ErrSizeMismatch) {
-		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
+	if err := other.Acquire(ctx, 4); !errors.Is(err, ErrInvalidPermits) {
+		t.Fatalf("Acquire of more than the stored size: %v, want ErrInvalidPermits", err)
 	}
-	if ok, err := other.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrSizeMismatch) {
-		t.Fatalf("TryAcquire with another size: %v, %v, want ErrSizeMismatch", ok, err)
+	if ok, err := other.TryAcquire(ctx, 4); ok || !errors.Is(err, ErrInvalidPermits) {
+		t.Fatalf("TryAcquire of more than the stored size: %v, %v, want ErrInvalidPermits", ok, err)
+	}
+	if other.Size() != 3 {
+		t.Fatalf("Size = %d, want the stored 3", other.Size())
 	}
 	if got, _ := mr.Get(semKey + ":size"); got != "3:3" {
 		t.Fatalf("stored size changed to %q", got)
