@@ -53,8 +53,10 @@ func TestSemUsageAndExit(t *testing.T) {
 		{[]string{"sem", name, "--", "true"}, exitUsage},
 		{[]string{"sem", "--limit", "2", "--permits", "3", name, "--", "true"}, exitUsage},
 		{[]string{"sem", "--limit", "2", name, "--", "sh", "-c", "exit 3"}, 3},
-		// The size is stored: another --limit for the same NAME is refused.
-		{[]string{"sem", "--limit", "3", name, "--", "true"}, exitUsage},
+		// The size is stored: another --limit for the same NAME works with
+		// the stored size, and more --permits than it are refused.
+		{[]string{"sem", "--limit", "3", name, "--", "true"}, 0},
+		{[]string{"sem", "--limit", "3", "--permits", "3", name, "--", "true"}, exitUsage},
 	}
 	for _, c := range cases {
 		if code, p := runCode(t, addr, c.args...); code != c.code {
