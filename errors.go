@@ -73,10 +73,10 @@ var (
 	// stores it in another layout (a rolling deploy that mixes versions on
 	// one Redis): the call holds nothing. See docs/upgrading.md.
 	ErrLayout = errors.New("redisync: state written in another layout")
-	// ErrSizeMismatch is returned by a Semaphore whose size differs from
-	// the size stored in Redis for its name. A semaphore is never resized
-	// silently: Client.ResizeSemaphore changes the stored size, and the
-	// error's message says so.
+	// ErrSizeMismatch is returned by Client.ResizeSemaphore when the size
+	// stored in Redis is not the size it resizes from; nothing is changed
+	// then. (A Semaphore value works with the stored size, whatever size
+	// it was made with.)
 	ErrSizeMismatch = errors.New("redisync: semaphore size mismatch")
 	// ErrInvalidPermits is returned, before any call to Redis, for a
 	// Semaphore size that is not positive or exceeds MaxSemaphoreSize, or a

@@ -55,16 +55,17 @@ func ExampleSemaphore() {
 	wg.Wait()
 	fmt.Println("never more than 2 jobs at once:", most.Load() <= 2)
 
-	// A Semaphore with another size for the same name is refused.
-	bigger, err := client.NewSemaphore("gpu", 3)
+	// A Semaphore made with another size for the same name works with
+	// the stored size.
+	other, err := client.NewSemaphore("gpu", 3)
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = bigger.Acquire(ctx, 1)
-	fmt.Println(errors.Is(err, redisync.ErrSizeMismatch))
+	err = other.Acquire(ctx, 3)
+	fmt.Println(errors.Is(err, redisync.ErrInvalidPermits), other.Size())
 	// Output:
 	// never more than 2 jobs at once: true
-	// true
+	// true 2
 }
 
 // TryAcquire takes permits only if it can at once: a job that must not

@@ -59,8 +59,8 @@ const (
 	OpRLock      Op = "rlock"      // RWMutex.RLock
 	OpTryRLock   Op = "tryrlock"   // RWMutex.TryRLock
 	OpRUnlock    Op = "runlock"    // RWMutex.RUnlock
-	OpExtend     Op = "extend"     // Mutex.Extend
-	OpTTL        Op = "ttl"        // Mutex.TTL
+	OpExtend     Op = "extend"     // Mutex.Extend, Semaphore.Extend, RWMutex.Extend
+	OpTTL        Op = "ttl"        // Mutex.TTL, Semaphore.TTL, RWMutex.TTL
 	OpProclaim   Op = "proclaim"   // Election.Proclaim
 	OpLeader     Op = "leader"     // Election.Leader
 	OpResize     Op = "resize"     // Client.ResizeSemaphore (Permits: the new size)

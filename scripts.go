@@ -49,6 +49,8 @@ var (
 	luaSemRelease string
 	//go:embed scripts/sem_resize.lua
 	luaSemResize string
+	//go:embed scripts/sem_lease.lua
+	luaSemLease string
 
 	acquireScript = newScript("acquire", luaLockLib, luaAcquire)
 	releaseScript = newScript("release", luaLockLib, luaRelease)
@@ -66,6 +68,7 @@ var (
 	semAcquireScript = newScript("semAcquire", luaSemLib, luaSemAcquire)
 	semReleaseScript = newScript("semRelease", luaSemLib, luaSemRelease)
 	semResizeScript  = newScript("semResize", luaSemLib, luaSemResize)
+	semLeaseScript   = newScript("semLease", luaSemLib, luaSemLease)
 )
 
 // luaScript is a Lua script with its SHA-1 digest, which EVALSHA names it
@@ -392,6 +395,18 @@ func (a semAcquireArgs) call(k schema.Semaphore) scriptCall {
 // release, so that a release retried by go-redis after a lost reply
 // reports success.
 const tombstoneTTL = 10 * time.Second
+
+// semLeaseArgs are the arguments of scripts/sem_lease.lua.
+type semLeaseArgs struct {
+	holder string        // the holder id
+	mode   string        // "extend" or "ttl"
+	lease  time.Duration // the least lease from now ("extend")
+}
+
+// call returns the script's call on the semaphore k.
+func (a semLeaseArgs) call(k schema.Semaphore) scriptCall {
+	return scriptCall{semLeaseScript, []string{k.Holders, k.Expiry, k.Size}, []any{a.holder, a.mode, a.lease.Milliseconds()}}
+}
 
 // semReleaseArgs are the arguments of scripts/sem_release.lua. The memory
 // of a full release lasts tombstoneTTL.

@@ -14,9 +14,10 @@ var scriptSHA1 = map[string]string{
 	"redlockRaise": "583f672c7e6b94240319aa1a6fd0642c132e928d",
 	"release":      "328b394acea8efe830e412bab2931f8da6cc6eb0",
 	"renew":        "540bbad0c794a73cae31e2501d3c836a52188d42",
-	"semAcquire":   "71630d2178f21e99bdbcfbeeef0a48013db25b20",
-	"semRelease":   "a794b2606ef83fe0da7a23bb3b853f1669f018b3",
-	"semResize":    "02e19b33c6f43243176687b7b6281686a02a70d9",
+	"semAcquire":   "fd18a9ab6a56fc9f93cc495eb041aa2b34f611c8",
+	"semLease":     "d930c77620089225d025fb392bd16c5253b9e48c",
+	"semRelease":   "8941577d0e02277d08d8bfe5bf173c85b8f66972",
+	"semResize":    "c7d9a74f35fbf333a4e098798f6f365a71b4a04a",
 	"ttl":          "777b6b96dcaa34b5fb3c116e4a4250df35fc97fc",
 	"wake":         "e60337b1faf6bd6521448f832a4836b8b2a4f058",
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,7 +12,7 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Semaphore is a counting semaphore of a fixed size shared by every process
+// Semaphore is a counting semaphore of a size stored in Redis, shared by every process
 // that uses the same name and key prefix on the same Redis. Permits are
 // leased to holders, so the permits of a holder whose process dies come
 // back when its lease runs out.
@@ -50,7 +51,7 @@ import (
 type Semaphore struct {
 	c    *Client
 	name string
-	size int64
+	size atomic.Int64 // the size last seen in Redis, or the one given
 	cfg  config
 	keys schema.Semaphore
 	// fence is set on a RWMutex's semaphore: a grant of all its permits
@@ -82,10 +83,12 @@ const MaxSemaphoreSize = 1 << 40 // 1,099,511,627,776
 // name, ErrInvalidPermits for a size outside [1, MaxSemaphoreSize] and
 // ErrInvalidOption for an invalid option (each wraps ErrInvalid too).
 //
-// The first call to Redis stores the size; a Semaphore of the same name
-// with another size fails with ErrSizeMismatch. The size is kept while the
-// semaphore is in use and for an hour after its last Acquire; change it
-// with Client.ResizeSemaphore.
+// size is the size the semaphore is created with: the first Acquire or
+// TryAcquire that finds no size stored in Redis stores it. When Redis
+// stores another size (given by another value, or set by
+// Client.ResizeSemaphore), s works with the stored one, and Size reports
+// it. The size is kept while the semaphore is in use and for an hour after
+// its last Acquire; change it with Client.ResizeSemaphore.
 func (c *Client) NewSemaphore(name string, size int64, opts ...Option) (*Semaphore, error) {
 	cfg := with(c.cfg, atSemaphore, opts)
 	if err := cmp.Or(checkName(name), checkSize(size), cfg.err); err != nil {
@@ -105,16 +108,17 @@ func checkSize(size int64) error {
 // newSemaphore returns a Semaphore of the kind prim (a Semaphore's or a
 // RWMutex's) whose keys are keys.
 func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitive, keys schema.Semaphore) *Semaphore {
-	return &Semaphore{
+	s := &Semaphore{
 		c:     c,
 		name:  name,
-		size:  size,
 		cfg:   cfg,
 		turn:  newTurn(),
 		op:    newTurn(),
 		holds: newHolds(c, prim, name),
 		keys:  keys,
 	}
+	s.size.Store(size)
+	return s
 }
 
 // Acquire blocks until s holds n more permits, ctx ends or the Client is
@@ -130,8 +134,9 @@ func (c *Client) newSemaphore(name string, size int64, cfg config, prim Primitiv
 // (clean-up still under way then goes on in the background; Close waits
 // for it).
 //
-// Acquire returns ErrInvalidPermits when n is not in [1, Size()],
-// ErrSizeMismatch when Redis has another size for the name, ErrLockLost
+// Acquire returns ErrInvalidPermits when n is less than 1 (before any
+// call to Redis) or more than the size stored in Redis (before Redis
+// changes anything), ErrLockLost
 // when s's permits have been lost (Release them first: unlike a Mutex's
 // lost hold, they are not dropped by the next Acquire, since the
 // goroutines that share s may still owe Releases of them, which would
@@ -372,8 +377,12 @@ func (s *Semaphore) Do(ctx context.Context, n int64, fn func(ctx context.Context
 	return do(ctx, &s.holds, &s.mu, acquire, release, fn)
 }
 
-// Size returns the number of permits of the semaphore.
-func (s *Semaphore) Size() int64 { return s.size }
+// Size returns the number of permits of the semaphore as last seen in
+// Redis: the size given to NewSemaphore until an Acquire or TryAcquire of
+// s reaches Redis, then the size stored there at its last such call. A
+// Client.ResizeSemaphore shows in Size from the next Acquire or
+// TryAcquire of s on.
+func (s *Semaphore) Size() int64 { return s.size.Load() }
 
 // holdID returns the id of s's holding, or "".
 func (s *Semaphore) holdID() string {
@@ -409,7 +418,7 @@ func (s *Semaphore) withdraw(ctx context.Context, rdb redis.UniversalClient, hol
 // must be held.
 func (s *Semaphore) release(ctx context.Context, rdb redis.UniversalClient, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
 	release := semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
-		lease: s.cfg.holdLease(), size: s.size, publish: s.c.publish, fence: s.fence}
+		lease: s.cfg.holdLease(), size: s.Size(), publish: s.c.publish, fence: s.fence}
 	res, err := release.call(s.keys).run(ctx, rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
@@ -446,10 +455,12 @@ func (s *Semaphore) dropLocked(h *hold, n int64) {
 	}
 }
 
-// check validates a number of permits, before any call to Redis.
+// check validates a number of permits, before any call to Redis: a
+// number more than the size stored in Redis is refused by the acquire
+// script, and one more than s holds by Release.
 func (s *Semaphore) check(n int64) error {
-	if n <= 0 || n > s.size {
-		return fmt.Errorf("%w: %d is outside [1, %d]", ErrInvalidPermits, n, s.size)
+	if n <= 0 || n > MaxSemaphoreSize {
+		return fmt.Errorf("%w: %d is outside [1, %d]", ErrInvalidPermits, n, int64(MaxSemaphoreSize))
 	}
 	return nil
 }

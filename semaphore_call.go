@@ -87,7 +87,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	// The arguments are read here, not in the call's goroutine (see
 	// lockCall.attempt).
 	sent, n, holder, waiter := time.Now(), a.n, a.holder, a.waiter
-	acquire := semAcquireArgs{holder: holder, n: n, size: s.size, held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
+	acquire := semAcquireArgs{holder: holder, n: n, size: s.Size(), held: held, seq: s.seq, lease: s.cfg.holdLease(), mode: a.mode,
 		waiter: waiter, queued: a.queued || a.unsure, heartbeat: s.cfg.heartbeat, grant: s.cfg.grantLease(), publish: s.c.publish,
 		fence: s.fence}.call(s.keys)
 	res, abandoned, err := s.c.rt.Attempt(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
@@ -107,6 +107,9 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		a.failed(err, false)
 		return false, 0, redisError(err)
 	}
+	if len(res) > 2 && res[2] > 0 {
+		s.size.Store(res[2])
+	}
 	switch res[0] {
 	case 1:
 		return a.granted(ctx, a.n, res[1], sent, s.cfg.holdLease())
@@ -114,8 +117,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		s.lose(h)
 		return false, 0, ErrLockLost
 	case -2:
-		return false, 0, fmt.Errorf("%w: size %d, stored size %d (every user of a name gives the same size; "+
-			"to change it, use Client.ResizeSemaphore, or redisync sem --resize from a shell)", ErrSizeMismatch, s.size, res[1])
+		return false, 0, fmt.Errorf("%w: %d is more than the size %d stored in Redis", ErrInvalidPermits, a.n, res[1])
 	case -3, -4:
 		// The call left the queue (granted, and lost since; or dropped
 		// as dead), its id was withdrawn (by a retry of the attempt that
@@ -207,7 +209,7 @@ func (a *acquireCall) adopt(ctx context.Context, grant string) (bool, error) {
 		return false, nil
 	}
 	var token int64
-	if a.s.fence && a.n == a.s.size {
+	if a.s.fence && a.n == a.s.Size() {
 		n, token = a.n, n
 	}
 	if !ours || n != a.n || a.s.cfg.replicas > 0 || (a.onto != nil && a.s.current() != a.onto) {

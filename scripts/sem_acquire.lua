@@ -7,7 +7,8 @@
 -- only with ARGV[14])
 -- ARGV[1] holder id
 -- ARGV[2] n: permits wanted
--- ARGV[3] size of the semaphore as the caller knows it
+-- ARGV[3] size of the semaphore as the caller knows it: stored when none
+--         is; a stored size rules
 -- ARGV[4] held: the permits the caller believes it holds
 -- ARGV[5] seq: the caller's call number (>= 1, increasing); a retry of a
 --         call that was applied (by this script, or by a release that
@@ -31,14 +32,18 @@
 -- Permits are granted only when nobody is queued ahead: first the queue is
 -- served (reclaimed permits may cover its head), then the caller.
 --
--- Reply: {1, token}  the caller holds n more permits; token is the fencing
+-- Reply: {code, x, size}, where size is the size stored (or ARGV[3] when
+-- none is, and this call stored none):
+--        {1, token}  the caller holds n more permits; token is the fencing
 --                    token of a RWMutex's write, else 0
 --        {0, ms}     not granted (queued in mode "queue"); ms until the
 --                    earliest lease ends (-1: no holder), or 1 when the
 --                    call stopped at a bound (sem_lib.lua: reclaim_max,
 --                    serve_max) and a later call is to go on
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
---        {-2, size}  the stored size differs from ARGV[3]
+--        {-2, size}  n is more than the size: nothing written (unless
+--                    this is a retry of a call applied already, which
+--                    replies as above)
 --        {-3, 0}     the call was withdrawn, or this is a stale copy of an
 --                    earlier call (or of the first call of a holding that
 --                    a release ended): nothing done
@@ -61,57 +66,63 @@ end
 -- Every key is read before anything is written: one of the wrong type
 -- fails the script here, having changed nothing.
 local stored = sem_size(k)
+-- reply returns {code, x, size} (see Reply above).
+local function reply(code, x)
+  return {code, x, stored or size}
+end
 if k.fence then
   check_counter(k.fence)
 end
 if is_withdrawn(KEYS[6], waiter) then
-  return {-3, 0}
+  return reply(-3, 0)
 end
 if held == 0 and ARGV[9] ~= '1' and redis.call('ZSCORE', KEYS[7], holder) then
   -- A late copy of the first call of a holding that a release ended since
   -- (it retired the id): a live call never starts a holding under an id
   -- that ended.
-  return {-3, 0}
+  return reply(-3, 0)
 end
 sem_peek(k)
 local queued = redis.call('ZSCORE', k.queue, waiter)
 sem_load(k)
-sem_mine(k, holder) -- the caller's record is checked
+local mine, mseq = sem_mine(k, holder) -- the caller's record is checked
+if n > (stored or size) and not (mine > 0 and mseq >= seq) then
+  -- More than the size (a retry of a call applied before a shrink
+  -- goes on below, and is answered as it was).
+  return reply(-2, stored or size)
+end
 
 local now = now_ms()
 sem_reclaim(k, now) -- reads the expiry zset before it writes
-local mine, mseq = sem_mine(k, holder)
+mine, mseq = sem_mine(k, holder)
 if mine > 0 and mseq == seq then
   -- A retry: this call was applied, perhaps by a release that granted its
   -- waiter with the short grant lease; the caller counts on a full lease.
   sem_lease(k, holder, now, lease)
-  return {1, token()}
+  return reply(1, token())
 end
 if mine > 0 and mseq > seq then
-  return {-3, 0} -- a stale copy: a later call of the holder was applied
+  return reply(-3, 0) -- a stale copy: a later call of the holder was applied
 end
 if held > 0 and mine < held then
-  return {-1, 0}
+  return reply(-1, 0)
 end
 if ARGV[9] == '1' and not queued and mine >= held + n then
   -- Granted by another call (its message may be on the way) with the short
   -- grant lease: the caller counts on a full lease from now.
   sem_put(k, holder, mine, seq)
   sem_lease(k, holder, now, lease)
-  return {1, token()}
+  return reply(1, token())
 end
 if ARGV[9] == '1' and not queued then
   mark_withdrawn(KEYS[6], waiter)
-  return {-4, 0}
-end
--- Only now, so that a retry of a call applied before a resize is known as
--- one (above): a new grant goes by the size every caller must agree on.
-if stored and stored ~= size then
-  return {-2, stored}
+  return reply(-4, 0)
 end
 if not stored then
   sem_store_size(k, size)
+  stored = size
 end
+size = stored -- a new grant goes by the stored size
 -- The size lives while the semaphore is in use (renewals keep it too) and
 -- for an hour after its last Acquire.
 keep_alive(KEYS[3], math.max(state_memory_ms, lease))
@@ -128,7 +139,7 @@ end
 -- join the queue again, at the back, as a caller that was not queued.)
 local used, served, t, waiting, dropped = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
 if served then
-  return {1, t}
+  return reply(1, t)
 end
 if dropped then
   queued = false
@@ -138,9 +149,9 @@ if not queued and used + n <= size and not waiting then
   sem_put(k, holder, mine + n, seq)
   sem_lease(k, holder, now, lease)
   if k.fence and n == size then
-    return {1, mint(k.fence, lease)}
+    return reply(1, mint(k.fence, lease))
   end
-  return {1, 0}
+  return reply(1, 0)
 end
 if mode == 'queue' then
   local ttl = tonumber(ARGV[10])
@@ -153,6 +164,6 @@ if mode == 'queue' then
   keep_alive(k.waiters, 2 * ttl)
 end
 if k.more or k.ended then
-  return {0, 1} -- a later call serves the rest of the queue, or reclaims more
+  return reply(0, 1) -- a later call serves the rest of the queue, or reclaims more
 end
-return {0, sem_next(k, now)}
+return reply(0, sem_next(k, now))

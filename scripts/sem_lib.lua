@@ -252,11 +252,15 @@ local function sem_lease(k, holder, now, ms, granted, later)
   end
 end
 
--- sem_rearm makes a holder's lease end at now + ms exactly (a holder that
--- keeps permits after a release starts its lease anew), and the keys live
--- at least as long.
+-- sem_rearm makes a holder's lease end at now + ms (a holder that keeps
+-- permits after a release starts its lease anew), unless a longer lease
+-- set by sem_lease.lua (Extend) is left, and the keys live at least as
+-- long.
 local function sem_rearm(k, holder, now, ms)
-  redis.call('ZADD', k.expiry, now + ms, holder)
+  local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
+  if not e or e < now + ms then
+    redis.call('ZADD', k.expiry, now + ms, holder)
+  end
   keep_alive(k.holders, ms)
   keep_alive(k.expiry, ms)
   keep_longer(k.size, ms) -- kept an hour after the last Acquire: see sem_acquire.lua

@@ -11,7 +11,7 @@
 -- new size until they give them back, and nobody is granted a permit
 -- until the permits in use leave room under the new size. After a growth
 -- the queue is served at once. Semaphore values opened with the old size
--- fail with ErrSizeMismatch from then on.
+-- go on with the new one (sem_acquire.lua: the stored size rules).
 --
 -- Reply: {1, 0}      resized (or the size was to already); when no size was
 --                    stored (the semaphore is idle), it is stored

@@ -50,17 +50,18 @@ func storedSize(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 	return st.Size
 }
 
-// explainSize returns, for err wrapping redisync.ErrSizeMismatch, a
-// message that gives the stored size and the flags that use it or change
-// it; "" otherwise.
+// explainSize returns, for err wrapping redisync.ErrInvalidPermits when
+// the size stored in Redis is not limit (more permits were asked for than
+// it), a message that gives the stored size and the flags that use it or
+// change it; "" otherwise.
 func explainSize(ctx context.Context, rdb redis.UniversalClient, prefix, name string, limit int64, err error) string {
-	if !errors.Is(err, redisync.ErrSizeMismatch) {
+	if !errors.Is(err, redisync.ErrInvalidPermits) {
 		return ""
 	}
 	stored := storedSize(ctx, rdb, prefix, name)
 	if stored == 0 || stored == limit {
 		return ""
 	}
-	return fmt.Sprintf("stored size %d, not --limit %d (every user of %s gives the same --limit): "+
-		"give --limit %d, or change the size with --limit %d --resize %d", stored, limit, quoteName(name), stored, stored, limit)
+	return fmt.Sprintf("stored size %d, not --limit %d (the stored size rules): "+
+		"ask for at most --permits %d, or change the size with --limit %d --resize %d", stored, limit, stored, stored, limit)
 }

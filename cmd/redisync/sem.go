@@ -22,8 +22,9 @@ const semHelp = `Usage: redisync sem --limit N [--permits n] [flags] NAME -- CMD
 
 Wait for n (default 1) of the N permits of the semaphore NAME, run CMD
 while holding them, release them when CMD ends, and exit with CMD's exit
-code. At most N permits of NAME are held at once, across all machines;
-every user of NAME must give the same --limit.
+code. At most N permits of NAME are held at once, across all machines.
+The first user of NAME stores N; when another size is stored, it rules
+(change it with --resize).
 
 Waiters are served first come, first served, so a large --permits is not
 starved by small ones. Held permits are leased: a watchdog renews them
@@ -73,7 +74,7 @@ Examples:
 
 func runSem(args []string) int {
 	fs := newFlags("sem")
-	limit := fs.Int64("limit", 0, "size of the semaphore: `N` permits in all (required; the same for every user of NAME)")
+	limit := fs.Int64("limit", 0, "size of the semaphore: `N` permits in all (required; stored when NAME has none, else the stored size rules)")
 	permits := fs.Int64("permits", 1, "`number` of permits to hold while CMD runs, in [1, --limit]")
 	resize := fs.Int64("resize", 0, "change the size of NAME from --limit to `M`, and exit")
 	hf := addHoldFlags(fs)

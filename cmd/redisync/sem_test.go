@@ -53,8 +53,10 @@ func TestSemUsageAndExit(t *testing.T) {
 		{[]string{"sem", name, "--", "true"}, exitUsage},
 		{[]string{"sem", "--limit", "2", "--permits", "3", name, "--", "true"}, exitUsage},
 		{[]string{"sem", "--limit", "2", name, "--", "sh", "-c", "exit 3"}, 3},
-		// The size is stored: another --limit for the same NAME is refused.
-		{[]string{"sem", "--limit", "3", name, "--", "true"}, exitUsage},
+		// The size is stored: another --limit for the same NAME works with
+		// the stored size, and more --permits than it are refused.
+		{[]string{"sem", "--limit", "3", name, "--", "true"}, 0},
+		{[]string{"sem", "--limit", "3", "--permits", "3", name, "--", "true"}, exitUsage},
 	}
 	for _, c := range cases {
 		if code, p := runCode(t, addr, c.args...); code != c.code {
@@ -126,8 +128,8 @@ func TestSemResize(t *testing.T) {
 		rdb.Get(t.Context(), key).Val() != "3:3" { // size:layout
 		t.Fatalf("resize from a size that is not stored: exit %d, stderr %q; want %d and nothing changed", code, p.stderr.String(), exitUsage)
 	}
-	if code, _ := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != exitUsage {
-		t.Errorf("sem with the old --limit: exit %d, want %d", code, exitUsage)
+	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
+		t.Errorf("sem with the old --limit: exit %d, stderr %q; want 0 (the stored size rules)", code, p.stderr.String())
 	}
 	if code, p := runCode(t, addr, "sem", "--limit", "3", "--permits", "3", name, "--", "true"); code != 0 {
 		t.Errorf("sem with the new --limit: exit %d, stderr %q", code, p.stderr.String())
@@ -149,16 +151,20 @@ func TestSemResizeZeroIsNotAUsageError(t *testing.T) {
 	}
 }
 
-// TestSemSizeMismatchNamesResize: another --limit than the stored size is
-// a usage error that gives the stored size and the flags that change it.
+// TestSemSizeMismatchNamesResize: another --limit than the stored size
+// works with the stored size; asking for more permits than it is a usage
+// error that gives the stored size and the flags that change it.
 func TestSemSizeMismatchNamesResize(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := uniqueName(t)
 	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
 		t.Fatalf("sem --limit 2: exit %d, stderr %q", code, p.stderr.String())
 	}
-	code, p := runCode(t, addr, "sem", "--limit", "3", name, "--", "true")
+	if code, p := runCode(t, addr, "sem", "--limit", "3", name, "--", "true"); code != 0 {
+		t.Fatalf("sem --limit 3 of a semaphore of 2: exit %d, stderr %q; want 0", code, p.stderr.String())
+	}
+	code, p := runCode(t, addr, "sem", "--limit", "3", "--permits", "3", name, "--", "true")
 	if s := p.stderr.String(); code != exitUsage || !strings.Contains(s, "stored size 2, not --limit 3") || !strings.Contains(s, "--limit 2 --resize 3") {
-		t.Errorf("sem --limit 3 of a semaphore of 2: exit %d, stderr %q; want %d, the stored size and --resize", code, s, exitUsage)
+		t.Errorf("sem --limit 3 --permits 3 of a semaphore of 2: exit %d, stderr %q; want %d, the stored size and --resize", code, s, exitUsage)
 	}
 }
