@@ -267,6 +267,27 @@ func (e *Election) Resign(ctx context.Context) error {
 	return err
 }
 
+// Do campaigns with value (see Campaign), runs fn with a context of the
+// leadership (see HoldContext), and resigns after fn, even when fn fails,
+// panics (the panic goes on once Resign returned) or the leadership is
+// lost: it returns fn's error joined with Resign's (ErrLockLost when the
+// leadership was lost meanwhile). When ctx carries e's leadership already
+// (a Do inside a Do of e), Do changes its value, as Campaign does, and
+// runs fn inside it: the inner Do does not resign it. When Campaign fails,
+// fn does not run and Do returns Campaign's error.
+func (e *Election) Do(ctx context.Context, value string, fn func(ctx context.Context) error) error {
+	campaign := func(ctx context.Context) error {
+		if err := e.Campaign(ctx, value); err != nil {
+			return err
+		}
+		if holdIn(ctx, &e.m.holds) != nil {
+			return e.m.lock(ctx) // a level of the leadership, for Resign to end
+		}
+		return nil
+	}
+	return do(ctx, &e.m.holds, &e.m.mu, campaign, e.Resign, fn)
+}
+
 // Leader reads who leads the election, in one round trip: the leader's
 // value, fencing token and the election's revision. It returns ErrNoLeader
 // when nobody leads. It is safe for concurrent use.

@@ -326,9 +326,22 @@ func (m *MultiMutex) Tokens() map[string]int64 {
 	return tokens
 }
 
-// Token returns the fencing token of the hold of the name, or 0 when m
+// Token returns the fencing token of the hold of m's first name in
+// Names() order, or 0 when m does not hold the set. It is the token a
+// caller that treats the set as one lock passes on; a resource guarded by
+// one name of the set should check that name's token (TokenOf), since
+// each name's tokens increase on their own.
+func (m *MultiMutex) Token() int64 {
+	h := m.current()
+	if h == nil {
+		return 0
+	}
+	return h.parts[0].Token()
+}
+
+// TokenOf returns the fencing token of the hold of the name, or 0 when m
 // does not hold the set or name is not one of its names.
-func (m *MultiMutex) Token(name string) int64 {
+func (m *MultiMutex) TokenOf(name string) int64 {
 	i := slices.Index(m.names, name)
 	h := m.current()
 	if i < 0 || h == nil {

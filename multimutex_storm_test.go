@@ -335,7 +335,7 @@ func TestMultiMutexLeaseRunsOutWhileWaiting(t *testing.T) {
 		t.Fatal("Lock returned a set whose hold is lost")
 	default:
 	}
-	if tok := m.Token(m.Names()[0]); tok <= first {
+	if tok := m.TokenOf(m.Names()[0]); tok <= first {
 		t.Errorf("the first name's token %d, want a new one above %d", tok, first)
 	}
 	if err := m.Unlock(ctx); err != nil {

@@ -111,8 +111,8 @@ func TestMultiMutexFastPath(t *testing.T) {
 		if ids := holdIDs(t, mr, k.Hash); len(ids) != 1 {
 			t.Errorf("%s holds %q, want one hold", name, ids)
 		}
-		if tokens[name] == 0 || m.Token(name) != tokens[name] {
-			t.Errorf("%s: token %d, Token %d", name, tokens[name], m.Token(name))
+		if tokens[name] == 0 || m.TokenOf(name) != tokens[name] {
+			t.Errorf("%s: token %d, Token %d", name, tokens[name], m.TokenOf(name))
 		}
 	}
 	// A Mutex of one of the names is excluded, and excludes in turn.

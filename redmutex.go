@@ -13,8 +13,10 @@ import (
 )
 
 // RedMutex is a lock held on a quorum of a Redlock's nodes. It has the
-// methods of Mutex, with the same meaning, and is used the same way: a
-// value excludes the goroutines that share it, each Lock call taking the
+// core methods of Mutex (Lock, TryLock, Unlock, Token, Lost, HoldContext,
+// Do, Extend and TTL), with the same meaning over a quorum of nodes, but
+// not Handoff and Accept, which are Mutex's only. It is used as a Mutex
+// is: a value excludes the goroutines that share it, each Lock call taking the
 // lock on its own; it is reentrant through the hold's context (Do's,
 // HoldContext's); Unlock may come from any goroutine; a lost hold stays
 // the value's until its last Unlock. A value is safe for concurrent use.

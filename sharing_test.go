@@ -168,7 +168,7 @@ func TestSharedValueExcludes(t *testing.T) {
 		}},
 		{"MultiMutex", func(c *Client, name string) exclusive {
 			m := must(c.NewMultiMutex([]string{name + ":a", name + ":b"}))
-			return exclusive{m.Lock, m.Unlock, func() int64 { return m.Token(name + ":a") }}
+			return exclusive{m.Lock, m.Unlock, func() int64 { return m.TokenOf(name + ":a") }}
 		}},
 		{"Election", func(c *Client, name string) exclusive {
 			e := must(c.NewElection(name))
