@@ -11,8 +11,9 @@ import (
 )
 
 // Locker is an application's own interface for an exclusive lock: the
-// core methods that Mutex, MultiMutex and RedMutex share. redisync does
-// not export it; code that takes a Locker works with any of them.
+// core methods that Mutex, RWMutex (its write), MultiMutex and RedMutex
+// share. redisync does not export it; code that takes a Locker works with
+// any of them.
 type Locker interface {
 	Lock(ctx context.Context) error
 	TryLock(ctx context.Context) (bool, error)
@@ -28,12 +29,14 @@ type Locker interface {
 // The compiler checks that each exclusive primitive is a Locker.
 var (
 	_ Locker = (*redisync.Mutex)(nil)
+	_ Locker = (*redisync.RWMutex)(nil)
 	_ Locker = (*redisync.MultiMutex)(nil)
 	_ Locker = (*redisync.RedMutex)(nil)
 )
 
-// A job that runs under any Locker: one lock on one Redis, several locks
-// at once, or a lock on a quorum of Redis nodes. It asks for more time
+// A job that runs under any Locker: one lock on one Redis, the write of a
+// read-write lock, several locks at once, or a lock on a quorum of Redis
+// nodes. It asks for more time
 // than its fixed lease, and reads what is left.
 func Example_locker() {
 	ctx := context.Background()
@@ -61,6 +64,10 @@ func Example_locker() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	write, err := client.NewRWMutex("config", lease)
+	if err != nil {
+		log.Fatal(err)
+	}
 	both, err := client.NewMultiMutex([]string{"acct:alice", "acct:bob"}, lease)
 	if err != nil {
 		log.Fatal(err)
@@ -83,12 +90,13 @@ func Example_locker() {
 			return nil
 		})
 	}
-	for _, l := range []Locker{one, both, quorum} {
+	for _, l := range []Locker{one, write, both, quorum} {
 		if err := job(l); err != nil {
 			fmt.Println(err)
 		}
 	}
 	// Output:
+	// held with a fencing token: true for over 50s: true
 	// held with a fencing token: true for over 50s: true
 	// held with a fencing token: true for over 50s: true
 	// held with a fencing token: true for over 50s: true
