@@ -55,32 +55,30 @@ func (e *Election) Observe(ctx context.Context) iter.Seq2[Leadership, error] {
 		}
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		out := make(chan Leadership)
-		done := make(chan struct{})
+		stop := context.AfterFunc(e.c.ctx, cancel)
+		defer stop()
 		// The first state is read once the channel is subscribed (see
 		// waiters.Listener): no change made after it can be missed then.
-		w := &watch{e: e, out: out, kick: make(chan struct{}, 1)}
+		// The listening goroutine only holds the subscription: the states
+		// are read and yielded here, as the reader asks for them.
+		w := &watch{e: e, yield: yield, kick: make(chan struct{}, 1)}
 		l := &waiters.Listener{Hear: w.hear, Resync: w.again}
+		done := make(chan struct{})
 		err := e.c.sub.listen(e.m.keys.Changes, l, func() {
 			defer close(done)
-			defer e.c.sub.reg.Unlisten(e.m.keys.Changes, l)
-			defer close(out)
-			stop := context.AfterFunc(e.c.ctx, cancel)
-			defer stop()
-			w.run(ctx)
+			<-ctx.Done()
 		})
 		if err != nil {
 			yield(Leadership{}, wrapOp(string(OpObserve), e.name, err))
 			return
 		}
-		for s := range out {
-			if !yield(s, nil) {
-				cancel()
-				<-done
-				return
-			}
-		}
+		w.run(ctx)
+		cancel()
 		<-done
+		e.c.sub.reg.Unlisten(e.m.keys.Changes, l)
+		if w.broke {
+			return
+		}
 		err = ctx.Err()
 		if e.c.ctx.Err() != nil {
 			err = ErrClosed
@@ -89,12 +87,13 @@ func (e *Election) Observe(ctx context.Context) iter.Seq2[Leadership, error] {
 	}
 }
 
-// watch is one Observe: it receives the changes heard on the election's
-// channel and sends them in order to its reader.
+// watch is one observation: it receives the changes heard on the
+// election's channel and yields them in order to its reader.
 type watch struct {
-	e    *Election
-	out  chan<- Leadership
-	kick chan struct{} // holds a token when there is something to do
+	e     *Election
+	yield func(Leadership, error) bool
+	broke bool          // the reader stopped asking: yield returned false
+	kick  chan struct{} // holds a token when there is something to do
 
 	mu     sync.Mutex
 	inbox  []schema.ElectionChange // heard, not handled yet
@@ -141,7 +140,7 @@ func (w *watch) poke() {
 	}
 }
 
-// run sends the changes until ctx ends.
+// run yields the changes until ctx ends or the reader stops asking.
 func (w *watch) run(ctx context.Context) {
 	w.expiry = time.NewTimer(time.Hour)
 	w.expiry.Stop()
@@ -238,15 +237,17 @@ func (w *watch) arm(lease time.Duration) {
 // has extended it.
 const expirySlack = 50 * time.Millisecond
 
-// send gives l, whose leader's lease runs lease from now, to the reader,
-// and reports false when ctx ended first.
+// send yields l, whose leader's lease runs lease from now, to the reader,
+// and reports false when ctx ended or the reader stopped asking.
 func (w *watch) send(ctx context.Context, l Leadership, lease time.Duration) bool {
-	select {
-	case w.out <- l:
-		w.started, w.sent = true, l
-		w.arm(lease)
-		return true
-	case <-ctx.Done():
+	if ctx.Err() != nil {
 		return false
 	}
+	if !w.yield(l, nil) {
+		w.broke = true
+		return false
+	}
+	w.started, w.sent = true, l
+	w.arm(lease)
+	return true
 }
