@@ -38,7 +38,7 @@ func BenchmarkElectionObserve(b *testing.B) {
 	leader := must(benchClient(b, rdb).NewElection(name))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	obs := must(benchClient(b, rdb).NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(benchClient(b, rdb).NewElection(name)))
 	<-obs
 	if err := leader.Campaign(ctx, "0"); err != nil {
 		b.Fatal(err)

@@ -1,7 +1,9 @@
 package redisync
 
 import (
+	"cmp"
 	"context"
+	"iter"
 	"sync"
 	"time"
 
@@ -14,64 +16,84 @@ import (
 // reads the current leader instead (reported with Gap set).
 const watchInbox = 256
 
-// Observe streams the election's changes of leader, and of the leader's
-// value, in the order they were made and each once, until ctx ends or the
-// Client is closed: then the channel is closed. The first state sent is the
-// current one (Leads false when nobody leads), read once the observer is
-// subscribed: every change made after it is sent. Changes are pushed by the
-// scripts that make them, through the Client's shared subscriber: an
-// observer costs no connection and no polling.
+// Observe returns the election's changes of leader, and of the leader's
+// value, as a sequence: each range over it is one observation, which
+// subscribes when the range starts and yields the changes in the order they
+// were made and each once. The first state yielded is the current one
+// (Leads false when nobody leads), read once the observation is subscribed:
+// every change made after it is yielded. Changes are pushed by the scripts
+// that make them, through the Client's shared subscriber: an observation
+// costs no connection and no polling.
 //
 // Pub/sub may lose a message (a reconnect, a failover). Each change
 // names the revision it follows, so a lost one shows as a gap: the
-// observer then reads the current state at once and sends it with Gap
+// observation then reads the current state at once and yields it with Gap
 // set. So does it after its subscription is renewed, and when its reader
 // fell more than 256 changes behind. The changes in between are skipped,
 // and Gap says so.
 //
 // A leader whose lease runs out unrenewed (its process died or paused, and
-// no candidate took over) is announced by nothing in Redis: the observer
-// reads the state again when the leader's lease was due to end, and sends
+// no candidate took over) is announced by nothing in Redis: the observation
+// reads the state again when the leader's lease was due to end, and yields
 // nobody leading, under the revision of the leader's change (the one case
-// where a revision repeats). So an observer reads Redis once per lease
+// where a revision repeats). So an observation reads Redis once per lease
 // while a leader leads (every 10 to 15 s by default), never more often than
 // the leader renews it.
 //
-// Observe never fails: an invalid Election, an ended ctx or a closed
-// Client give a closed channel, and an error reading Redis is retried
-// after a pause. Every Observe has its own stream; it is safe for
-// concurrent use.
-func (e *Election) Observe(ctx context.Context) <-chan Leadership {
-	out := make(chan Leadership)
-	if e.c == nil || ctx.Err() != nil {
-		close(out)
-		return out
-	}
-	// The first state is read once the channel is subscribed (see
-	// waiters.Listener): no change made after it can be missed then.
-	w := &watch{e: e, out: out, kick: make(chan struct{}, 1)}
-	ctx, cancel := context.WithCancel(ctx)
-	l := &waiters.Listener{Hear: w.hear, Resync: w.again}
-	err := e.c.sub.listen(e.m.keys.Changes, l, func() {
-		defer close(out)
+// An error reading Redis is retried after a pause. The sequence ends after
+// yielding one non-nil error, an *OpError with Op OpObserve, when it cannot
+// go on: the Election is invalid (ErrInvalid), the Client is closed
+// (ErrClosed), or ctx ended (ctx's error). Breaking out of the range ends
+// the observation at once: it unsubscribes and stops its goroutine before
+// the range statement returns. Observe is safe for concurrent use, and so
+// is ranging over the sequence more than once.
+func (e *Election) Observe(ctx context.Context) iter.Seq2[Leadership, error] {
+	return func(yield func(Leadership, error) bool) {
+		if err := cmp.Or(e.c.usable(), ctx.Err()); err != nil {
+			yield(Leadership{}, wrapOp(string(OpObserve), e.name, err))
+			return
+		}
+		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := context.AfterFunc(e.c.ctx, cancel)
 		defer stop()
+		// The first state is read once the channel is subscribed (see
+		// waiters.Listener): no change made after it can be missed then.
+		// The listening goroutine only holds the subscription: the states
+		// are read and yielded here, as the reader asks for them.
+		w := &watch{e: e, yield: yield, kick: make(chan struct{}, 1)}
+		l := &waiters.Listener{Hear: w.hear, Resync: w.again}
+		done := make(chan struct{})
+		err := e.c.sub.listen(e.m.keys.Changes, l, func() {
+			defer close(done)
+			<-ctx.Done()
+		})
+		if err != nil {
+			yield(Leadership{}, wrapOp(string(OpObserve), e.name, err))
+			return
+		}
 		w.run(ctx)
-	})
-	if err != nil {
 		cancel()
-		close(out)
+		<-done
+		e.c.sub.reg.Unlisten(e.m.keys.Changes, l)
+		if w.broke {
+			return
+		}
+		err = ctx.Err()
+		if e.c.ctx.Err() != nil {
+			err = ErrClosed
+		}
+		yield(Leadership{}, wrapOp(string(OpObserve), e.name, err))
 	}
-	return out
 }
 
-// watch is one Observe: it receives the changes heard on the election's
-// channel and sends them in order to its reader.
+// watch is one observation: it receives the changes heard on the
+// election's channel and yields them in order to its reader.
 type watch struct {
-	e    *Election
-	out  chan<- Leadership
-	kick chan struct{} // holds a token when there is something to do
+	e     *Election
+	yield func(Leadership, error) bool
+	broke bool          // the reader stopped asking: yield returned false
+	kick  chan struct{} // holds a token when there is something to do
 
 	mu     sync.Mutex
 	inbox  []schema.ElectionChange // heard, not handled yet
@@ -118,7 +140,7 @@ func (w *watch) poke() {
 	}
 }
 
-// run sends the changes until ctx ends.
+// run yields the changes until ctx ends or the reader stops asking.
 func (w *watch) run(ctx context.Context) {
 	w.expiry = time.NewTimer(time.Hour)
 	w.expiry.Stop()
@@ -215,15 +237,17 @@ func (w *watch) arm(lease time.Duration) {
 // has extended it.
 const expirySlack = 50 * time.Millisecond
 
-// send gives l, whose leader's lease runs lease from now, to the reader,
-// and reports false when ctx ended first.
+// send yields l, whose leader's lease runs lease from now, to the reader,
+// and reports false when ctx ended or the reader stopped asking.
 func (w *watch) send(ctx context.Context, l Leadership, lease time.Duration) bool {
-	select {
-	case w.out <- l:
-		w.started, w.sent = true, l
-		w.arm(lease)
-		return true
-	case <-ctx.Done():
+	if ctx.Err() != nil {
 		return false
 	}
+	if !w.yield(l, nil) {
+		w.broke = true
+		return false
+	}
+	w.started, w.sent = true, l
+	w.arm(lease)
+	return true
 }

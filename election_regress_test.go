@@ -30,7 +30,7 @@ func TestElectionObserveForgottenRevisionIsAGap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	obs := must(watcher.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(watcher.NewElection(name)))
 	nextChange(t, obs)
 	if err := x.Campaign(ctx, "x"); err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestElectionLateProclaimChangesNothing(t *testing.T) {
 	if err := e.Proclaim(ctx, "v1b"); err != nil { // loads the script
 		t.Fatal(err)
 	}
-	obs := must(newClient(t, rdb).NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(newClient(t, rdb).NewElection(name)))
 	nextChange(t, obs)
 
 	held, release := proxy.HoldNext("late-v2")
@@ -136,9 +136,9 @@ func TestElectionObserveResyncDropsWhatWasHeardBefore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	wc := newClient(t, redistest.Client(t))
-	slow := must(wc.NewElection(name)).Observe(ctx)
+	slow := observeChan(ctx, must(wc.NewElection(name)))
 	nextChange(t, slow)
-	fast := must(wc.NewElection(name)).Observe(ctx)
+	fast := observeChan(ctx, must(wc.NewElection(name)))
 	nextChange(t, fast)
 	if err := e.Campaign(ctx, "v1"); err != nil {
 		t.Fatal(err)

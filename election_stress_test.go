@@ -118,7 +118,7 @@ func TestElectionNeverTwoLeaders(t *testing.T) {
 		c    *Client
 		into *[]Leadership
 	}{{watcher, &seen}, {direct, &ref}} {
-		obs := must(o.c.NewElection(name)).Observe(ctx)
+		obs := observeChan(ctx, must(o.c.NewElection(name)))
 		obsDone.Add(1)
 		go func() {
 			defer obsDone.Done()

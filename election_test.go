@@ -55,7 +55,7 @@ func TestElectionCampaignProclaimResign(t *testing.T) {
 	if err := a.Resign(ctx); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("Resign before Campaign: %v, want ErrNotLeader", err)
 	}
-	obs := must(c2.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(c2.NewElection(name)))
 	if l := nextChange(t, obs); l.Leads() || l.Gap {
 		t.Fatalf("first state of a new election: %+v, want nobody leading, no gap", l)
 	}
@@ -236,7 +236,7 @@ func TestElectionObserveGap(t *testing.T) {
 	k := schema.ElectionKeys("redisync", name)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	obs := must(c.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(c.NewElection(name)))
 	nextChange(t, obs)
 	if err := e.Campaign(ctx, "v1"); err != nil {
 		t.Fatal(err)
@@ -287,7 +287,7 @@ func TestElectionObserveReconnect(t *testing.T) {
 	e := must(c.NewElection(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	obs := must(watcher.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(watcher.NewElection(name)))
 	nextChange(t, obs)
 	if err := e.Campaign(ctx, "v1"); err != nil {
 		t.Fatal(err)
@@ -329,7 +329,7 @@ func TestElectionRedisRestart(t *testing.T) {
 	watcher := newClient(t, redistest.NewClient(t, srv.Addr))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	obs := must(watcher.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(watcher.NewElection(name)))
 	nextChange(t, obs)
 	e := must(leader.NewElection(name))
 	if err := e.Campaign(ctx, "before"); err != nil {
@@ -373,7 +373,7 @@ func TestElectionObserveExpiry(t *testing.T) {
 	e := must(c.NewElection(name, WithFixedLease(200*time.Millisecond)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	obs := must(c.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(c.NewElection(name)))
 	nextChange(t, obs)
 	if err := e.Campaign(ctx, "v"); err != nil {
 		t.Fatal(err)
@@ -405,13 +405,13 @@ func TestElectionObserveSlowReader(t *testing.T) {
 	e := must(c.NewElection(name))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	obs := must(c.NewElection(name)).Observe(ctx)
+	obs := observeChan(ctx, must(c.NewElection(name)))
 	nextChange(t, obs)
 	// A second observer, not read either until the changes are made,
 	// overflows as the first does: the subscriber hands each message to
 	// every listener of the channel in turn, so by the time it reports
 	// the last value, the first observer has heard at least 256 changes.
-	fast := must(c.NewElection(name)).Observe(ctx)
+	fast := observeChan(ctx, must(c.NewElection(name)))
 	nextChange(t, fast)
 	if err := e.Campaign(ctx, "v0"); err != nil {
 		t.Fatal(err)

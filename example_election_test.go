@@ -3,6 +3,7 @@ package redisync_test
 import (
 	"context"
 	"fmt"
+	"iter"
 	"log"
 	"time"
 
@@ -28,8 +29,18 @@ func ExampleElection() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	changes := observer.Observe(watch)
-	fmt.Println("leads:", (<-changes).Leads()) // the state at first: nobody
+	// Pull reads the observed states one at a time; a range loop over
+	// Observe is the usual way.
+	pull, stopObserving := iter.Pull2(observer.Observe(watch))
+	defer stopObserving()
+	next := func() redisync.Leadership {
+		l, err, _ := pull()
+		if err != nil {
+			log.Fatal(err)
+		}
+		return l
+	}
+	fmt.Println("leads:", next().Leads()) // the state at first: nobody
 
 	a, err := client.NewElection("scheduler") // one candidate per value
 	if err != nil {
@@ -41,7 +52,7 @@ func ExampleElection() {
 	// While a leads, its work runs under a.HoldContext, which ends if the
 	// leadership is lost (a.Lost closes), and carries a.Token to the
 	// resources it writes.
-	fmt.Println("observed:", (<-changes).Value)
+	fmt.Println("observed:", next().Value)
 
 	b, err := client.NewElection("scheduler")
 	if err != nil {
@@ -53,7 +64,7 @@ func ExampleElection() {
 	if err := a.Proclaim(ctx, "10.0.0.1:9090"); err != nil { // moves, keeps leading
 		log.Fatal(err)
 	}
-	fmt.Println("observed:", (<-changes).Value)
+	fmt.Println("observed:", next().Value)
 
 	// (For this example's output: let b join the queue of candidates
 	// before a resigns, so that a hands the leadership to b.)
@@ -74,7 +85,7 @@ func ExampleElection() {
 	if err := <-won; err != nil {
 		log.Fatal(err)
 	}
-	l := <-changes
+	l := next()
 	fmt.Println("observed:", l.Value, "with b's token:", l.Token == b.Token())
 	leader, err := observer.Leader(ctx)
 	if err != nil {

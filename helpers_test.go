@@ -422,3 +422,23 @@ func checkInvalid(t *testing.T, err, want error) {
 		t.Errorf("got %v, want an *OpError of %v and ErrInvalid", err, want)
 	}
 }
+
+// observeChan ranges over e.Observe(ctx) in a goroutine and sends the
+// states to the returned channel, which is closed when the sequence ends.
+func observeChan(ctx context.Context, e *Election) <-chan Leadership {
+	out := make(chan Leadership)
+	go func() {
+		defer close(out)
+		for l, err := range e.Observe(ctx) {
+			if err != nil {
+				return
+			}
+			select {
+			case out <- l:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}

@@ -63,6 +63,7 @@ const (
 	OpTTL        Op = "ttl"        // Mutex.TTL, Semaphore.TTL, RWMutex.TTL
 	OpProclaim   Op = "proclaim"   // Election.Proclaim
 	OpLeader     Op = "leader"     // Election.Leader
+	OpObserve    Op = "observe"    // Election.Observe (errors only: no CallInfo is made)
 	OpResize     Op = "resize"     // Client.ResizeSemaphore (Permits: the new size)
 )
 

@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"iter"
 	"reflect"
 	"testing"
 	"time"
@@ -63,6 +64,14 @@ func TestZeroValuesFailEveryCall(t *testing.T) {
 					case r.Type() == ctxType:
 						if r.Interface().(context.Context).Err() == nil {
 							t.Error("the hold's context is not cancelled")
+						}
+					case r.Type() == reflect.TypeFor[iter.Seq2[Leadership, error]]():
+						var errs []error
+						for _, err := range r.Interface().(iter.Seq2[Leadership, error]) {
+							errs = append(errs, err)
+						}
+						if len(errs) != 1 || !errors.Is(errs[0], ErrInvalid) {
+							t.Errorf("the sequence yielded %v, want one ErrInvalid", errs)
 						}
 					case r.Kind() == reflect.Func:
 						r.Call(nil) // a CancelFunc

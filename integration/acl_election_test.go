@@ -20,7 +20,7 @@ func TestACLElection(t *testing.T) {
 	name := redistest.Name(t)
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	obs := must(cs[2].NewElection(name)).Observe(octx)
+	obs := observeChan(octx, must(cs[2].NewElection(name)))
 	next := func() redisync.Leadership {
 		t.Helper()
 		select {

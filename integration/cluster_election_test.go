@@ -21,7 +21,7 @@ func TestClusterElection(t *testing.T) {
 	octx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	for _, name := range names {
-		obs := must(cs[2].NewElection(name)).Observe(octx)
+		obs := observeChan(octx, must(cs[2].NewElection(name)))
 		next := func() redisync.Leadership {
 			t.Helper()
 			select {

@@ -324,3 +324,23 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// observeChan ranges over e.Observe(ctx) in a goroutine and sends the
+// states to the returned channel, which is closed when the sequence ends.
+func observeChan(ctx context.Context, e *redisync.Election) <-chan redisync.Leadership {
+	out := make(chan redisync.Leadership)
+	go func() {
+		defer close(out)
+		for l, err := range e.Observe(ctx) {
+			if err != nil {
+				return
+			}
+			select {
+			case out <- l:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}

@@ -45,9 +45,14 @@ func (p *electPart) start(ctx context.Context, env *demoEnv, wg *sync.WaitGroup)
 		p.fail(err)
 		return
 	}
-	changes := observer.Observe(ctx)
 	wg.Go(func() {
-		for l := range changes {
+		for l, err := range observer.Observe(ctx) {
+			if err != nil {
+				if !ended(ctx, err) {
+					p.fail(fmt.Errorf("Observe: %w", err))
+				}
+				return
+			}
 			p.observed(l)
 		}
 	})

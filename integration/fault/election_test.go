@@ -33,7 +33,7 @@ func observe(t *testing.T, addr, name string) <-chan redisync.Leadership {
 	t.Helper()
 	octx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	return must(newClient(t, addr).NewElection(name)).Observe(octx)
+	return observeChan(octx, must(newClient(t, addr).NewElection(name)))
 }
 
 // nextState returns the observer's next state, failing after d.
@@ -182,7 +182,7 @@ func TestElectionChaos(t *testing.T) {
 	octx, ocancel := context.WithCancel(ctx)
 	defer ocancel()
 	watcher := must(newClient(t, addr).NewElection(name))
-	obs := watcher.Observe(octx)
+	obs := observeChan(octx, watcher)
 	var seen []redisync.Leadership
 	observed := make(chan struct{})
 	go func() {
@@ -294,4 +294,24 @@ func TestElectionChaos(t *testing.T) {
 	if onLeader < 6 || terms <= onLeader || kills == 0 || stops == 0 {
 		t.Errorf("too little exercised: %d terms, %d kills, %d pauses, %d faults on a leader, %d leaders told they lost", terms, kills, stops, onLeader, lost)
 	}
+}
+
+// observeChan ranges over e.Observe(ctx) in a goroutine and sends the
+// states to the returned channel, which is closed when the sequence ends.
+func observeChan(ctx context.Context, e *redisync.Election) <-chan redisync.Leadership {
+	out := make(chan redisync.Leadership)
+	go func() {
+		defer close(out)
+		for l, err := range e.Observe(ctx) {
+			if err != nil {
+				return
+			}
+			select {
+			case out <- l:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
 }
