@@ -72,10 +72,16 @@ func (e *Election) Observe(ctx context.Context) iter.Seq2[Leadership, error] {
 			yield(Leadership{}, wrapOp(string(OpObserve), e.name, err))
 			return
 		}
+		// end unsubscribes, when the range ends and if the reader's loop
+		// body panics.
+		end := sync.OnceFunc(func() {
+			cancel()
+			<-done
+			e.c.sub.reg.Unlisten(e.m.keys.Changes, l)
+		})
+		defer end()
 		w.run(ctx)
-		cancel()
-		<-done
-		e.c.sub.reg.Unlisten(e.m.keys.Changes, l)
+		end()
 		if w.broke {
 			return
 		}

@@ -143,6 +143,32 @@ func TestObserveBreakStopsAtOnce(t *testing.T) {
 	}
 }
 
+// TestObservePanicInTheLoopUnsubscribes: a loop body that panics ends the
+// observation as a break does.
+func TestObservePanicInTheLoopUnsubscribes(t *testing.T) {
+	rdb := redistest.Client(t)
+	c := newClient(t, rdb)
+	e := must(c.NewElection(redistest.Name(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	func() {
+		defer func() {
+			if r := recover(); r != "reader" {
+				t.Fatalf("recovered %v, want the reader's panic", r)
+			}
+		}()
+		for range e.Observe(ctx) {
+			panic("reader")
+		}
+	}()
+	if w := watchers(); w != 0 {
+		t.Fatalf("%d observations still run after the panic", w)
+	}
+	if all, _, _, _ := c.sub.reg.Waiters(e.m.keys.Changes); all != 0 {
+		t.Fatalf("%d waiters on the channel after the panic", all)
+	}
+}
+
 func TestObserveSeesEveryChangeInOrder(t *testing.T) {
 	rdb := redistest.Client(t)
 	name := redistest.Name(t)
