@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -195,47 +196,80 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config, ow
 // calls on the failover client, as a Redis Cluster's does.
 const failoverAddr = "FailoverClient"
 
-// closeTimeout bounds the releases that Close sends.
+// Shutdown closes the Client, as Close does, within ctx: it stops the
+// subscriber and the watchdog; waiting calls return ErrClosed, and later
+// calls fail with ErrClosed. Every hold is lost (its Lost channel is
+// closed) and then released in Redis, as etcd's Session.Close revokes its
+// lease, so that other processes need not wait for the leases to run out;
+// the releases are sent all at once. Shutdown then waits for the calls
+// that take something (Lock, TryLock, Acquire, TryAcquire, Accept, a
+// MultiMutex's Lock and TryLock, and those built on them) to end, each
+// having withdrawn from its queue or given back what it took, however
+// late its goroutine runs, and none of them takes anything once Shutdown
+// has begun; for the calls to Redis still running in the background (the
+// clean-up of calls whose context ended); and for the observer and the
+// logger to be told the events queued for them. It closes the Client's
+// own connections and ends its worker goroutines.
+//
+// Shutdown returns nil when every hold was released and all of that was
+// done. Otherwise it returns what it could not do, joined (errors.Join):
+// for each hold whose release failed or was not confirmed before ctx
+// ended, an *OpError with Op "close" and the hold's name, wrapping
+// ErrUnconfirmed and the cause (the hold runs out in Redis within its
+// lease); and ctx's error when ctx ended before the calls did (they end by
+// themselves, each clean-up bounded by 5 s, and their goroutines then
+// exit). A second Shutdown (or Close) waits for what is left, and returns
+// nil unless ctx ends first.
+//
+// As http.Server.Shutdown, it is meant for a signal handler with a
+// deadline:
+//
+//	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+//	defer cancel()
+//	if err := client.Shutdown(ctx); err != nil {
+//		log.Printf("redisync: %v", err) // holds not released run out within their lease
+//	}
+func (c *Client) Shutdown(ctx context.Context) error { return c.shutdown(ctx, 0) }
+
+// closeTimeout bounds the releases that Close sends, and its wait for the
+// observer and the logger.
 const closeTimeout = 2 * time.Second
 
-// Close stops the subscriber and the watchdog and waits for them to exit.
-// Waiting calls return ErrClosed; later calls fail with ErrClosed. Every
-// hold is lost (its Lost channel is closed) and then released in Redis, as
-// etcd's Session.Close revokes its lease, so that other processes need not
-// wait for the leases to run out; the releases are sent all at once and
-// waited for at most 2 s (a hold not released by then runs out with its
-// lease). Close then waits for the calls that take something (Lock,
-// TryLock, Acquire, TryAcquire, Accept, a MultiMutex's Lock and TryLock,
-// and those built on them) to end, each having withdrawn from its queue
-// or given back what it took, however late its goroutine runs: their
-// clean-ups, bounded by 5 s each, reach Redis before Close returns, never
-// after, and none of them takes anything once Close has begun. It waits
-// too for the calls to Redis still running in the background (the
-// clean-up of calls whose context ended); and, for at most
-// 2 s more, for the observer and the logger to be told the events queued
-// for them (an observer or a log handler that blocks does not hold Close
-// longer; what it has not taken by then is not delivered). It closes the
-// Client's own connections and ends its worker goroutines: a Client not
-// closed keeps its idle workers for up to 5 s after their last call. It
-// is idempotent and always returns nil.
-func (c *Client) Close() error {
+// Close is Shutdown with fixed bounds: it waits at most 2 s for the
+// releases, as long as it takes for the calls to end (their clean-ups are
+// bounded by 5 s each: they reach Redis before Close returns, never
+// after), and at most 2 s more for the observer and the logger (an
+// observer or a log handler that blocks does not hold Close longer; what
+// it has not taken by then is not delivered). It returns the releases
+// that failed, as Shutdown does. A Client not closed keeps its idle
+// workers for up to 5 s after their last call.
+func (c *Client) Close() error { return c.shutdown(context.Background(), closeTimeout) }
+
+// shutdown is Shutdown within ctx; bound, when not 0, bounds each of its
+// waits for the releases and for the observer.
+func (c *Client) shutdown(ctx context.Context, bound time.Duration) error {
+	phase := func() (context.Context, context.CancelFunc) {
+		if bound == 0 {
+			return context.WithCancel(ctx)
+		}
+		return context.WithTimeout(ctx, bound)
+	}
 	c.close()
 	c.sub.wait()
 	held := c.wd.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-	defer cancel()
+	rctx, cancel := phase()
+	errs := make([]error, len(held), len(held)+1)
 	var wg sync.WaitGroup
-	for _, release := range held {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			release(ctx)
-		}()
+	for i, release := range held {
+		wg.Go(func() { errs[i] = release(rctx) })
 	}
 	wg.Wait()
-	c.rt.Close()
-	c.events.close()
-	return nil
+	cancel()
+	errs = append(errs, c.rt.Close(ctx))
+	dctx, cancel := phase()
+	defer cancel()
+	c.events.close(dctx)
+	return errors.Join(errs...)
 }
 
 // usable reports why the Client cannot be used, if it cannot.

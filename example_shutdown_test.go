@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/redisync/redisync"
 )
@@ -24,11 +25,12 @@ func sendSIGTERM(stop context.CancelFunc) {
 	}
 }
 
-// A service that holds a lock until it is told to stop closes its Client
-// on SIGTERM: Close releases every hold of the Client in Redis, so that
-// another replica takes over at once instead of after the lease (15 s by
-// default). Close waits at most 2 s for the releases; a hold not released
-// by then is freed by Redis when its lease runs out.
+// A service that holds a lock until it is told to stop shuts its Client
+// down on SIGTERM: Shutdown releases every hold of the Client in Redis, so
+// that another replica takes over at once instead of after the lease (15 s
+// by default). Shutdown waits until its ctx ends, at most; a hold not
+// released by then is freed by Redis when its lease runs out, and the
+// error says which.
 func Example_gracefulShutdown() {
 	rdb, stopRedis := embeddedRedis()
 	defer stopRedis()
@@ -58,10 +60,14 @@ func Example_gracefulShutdown() {
 		fmt.Println("lock lost: stopping")
 	}
 
-	// Close closes the Lost channel of every hold still held (work that
-	// watches it stops), then releases the holds in Redis. Calls of the
-	// Client after Close return ErrClosed.
-	client.Close()
+	// Shutdown closes the Lost channel of every hold still held (work
+	// that watches it stops), then releases the holds in Redis. Calls of
+	// the Client after it return ErrClosed.
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := client.Shutdown(sctx); err != nil {
+		log.Print(err) // what it could not release runs out within its lease
+	}
 
 	next, err := redisync.New(rdb) // another replica
 	if err != nil {

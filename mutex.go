@@ -281,7 +281,12 @@ func (l *lockCall) take(ctx context.Context, token int64, since time.Time, lease
 	h := &hold{id: l.ticket, token: token, n: 1, handoff: handoff, refuse: l.unsure || l.abandoned || m.c.rt.MayCopy()}
 	e := &watchdog.Entry{Kind: "hold", Owner: l.ticket, Keys: holdRenewKeys(m.keys),
 		TTL: m.cfg.holdLease(), Hold: true, Renew: m.cfg.lease == 0,
-		Release: func(ctx context.Context) { _, _ = m.release(ctx, m.c.rdb, h) }}
+		Release: func(ctx context.Context) error {
+			if _, err := m.release(ctx, m.c.rdb, h); err != nil {
+				return m.wrap("close", unconfirmed(err, "it runs out in Redis within its lease"))
+			}
+			return nil
+		}}
 	if m.cfg.maxHold > 0 {
 		e.Until = since.Add(m.cfg.maxHold)
 	}

@@ -171,10 +171,6 @@ type Event struct {
 // logger before more are dropped.
 var eventQueue = 1024 // a variable for tests
 
-// drainWait is the longest Close waits for the observer and the logger
-// to take the events queued for them.
-const drainWait = closeTimeout
-
 // outcome classifies what a call returned; ok is what it reports (a Try
 // that found the lock taken returns false and no error).
 func outcome(op Op, ok bool, err error) Outcome {
@@ -349,11 +345,11 @@ func (q *events) run() {
 }
 
 // close delivers what is queued, stops the goroutine and waits for it,
-// for at most drainWait: an observer or a log handler that blocks does not
-// hold it longer (the goroutine then delivers nothing more, and returns
-// when the call it is in returns). Later events are never delivered. It
-// is idempotent; q may be nil.
-func (q *events) close() {
+// until ctx ends: an observer or a log handler that blocks does not hold
+// it longer (the goroutine then delivers nothing more, and returns when
+// the call it is in returns). Later events are never delivered. It is
+// idempotent; q may be nil.
+func (q *events) close(ctx context.Context) {
 	if q == nil {
 		return
 	}
@@ -367,11 +363,9 @@ func (q *events) close() {
 	if exited == nil || q.abandon.Load() {
 		return
 	}
-	t := time.NewTimer(drainWait)
-	defer t.Stop()
 	select {
 	case <-exited:
-	case <-t.C:
+	case <-ctx.Done():
 		q.abandon.Store(true)
 	}
 }

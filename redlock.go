@@ -2,6 +2,8 @@ package redisync
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -68,22 +70,47 @@ func NewRedlock(rdbs []redis.UniversalClient, opts ...Option) (*Redlock, error) 
 	return r, nil
 }
 
-// Close closes the Redlock's Clients (see Client.Close: every hold is
-// lost, its Lost channel closed, and released on its node), and waits for
-// calls to nodes still running, including those a lock gave up waiting for,
-// to return. It is idempotent and always returns nil.
+// Shutdown shuts the Redlock's Clients down within ctx (see
+// Client.Shutdown: every hold is lost, its Lost channel closed, and
+// released on its node), and waits for the calls to nodes still running,
+// including those a lock gave up waiting for, to return. It returns what
+// the nodes could not release, as Client.Shutdown does, each error in a
+// *NodeError that names its node, and ctx's error when ctx ended first.
+func (r *Redlock) Shutdown(ctx context.Context) error {
+	return r.shutdown(ctx, func(c *Client) error { return c.Shutdown(ctx) })
+}
+
+// Close is Shutdown with Client.Close's bounds.
 func (r *Redlock) Close() error {
+	return r.shutdown(context.Background(), (*Client).Close)
+}
+
+// shutdown closes each node's Client with closeNode, then waits for the calls
+// to nodes, until ctx ends.
+func (r *Redlock) shutdown(ctx context.Context, closeNode func(*Client) error) error {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
 	// The first node's Client tells the RedMutexes' events: it is closed
 	// last, so that a hold that closing the others ends is told before
 	// its queue stops.
+	var errs []error
 	for i := len(r.clients) - 1; i >= 0; i-- {
-		_ = r.clients[i].Close()
+		if err := closeNode(r.clients[i]); err != nil {
+			errs = append(errs, &NodeError{Node: i, Err: err})
+		}
 	}
-	r.calls.Wait()
-	return nil
+	done := make(chan struct{})
+	go func() {
+		r.calls.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, ctx.Err())
+	}
+	return errors.Join(errs...)
 }
 
 // Quorum returns how many nodes must grant a lock: a majority.

@@ -35,7 +35,7 @@ func BenchmarkCallHop(b *testing.B) {
 	requests := benchRecordLockUnlock(b, rdb, m)
 	noop := testScript("return 1")
 	workers := roundtrip.New(context.Background(), ErrClosed, nil, rdb, nil)
-	defer workers.Close()
+	defer func() { _ = workers.Close(context.Background()) }()
 	runner := func(r *roundtrip.Runner) func(testing.TB) {
 		return func(tb testing.TB) {
 			for _, q := range requests {

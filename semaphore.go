@@ -427,9 +427,9 @@ func (s *Semaphore) release(ctx context.Context, rdb redis.UniversalClient, hold
 }
 
 // releaseAll gives back every permit of h in Redis, for Close.
-func (s *Semaphore) releaseAll(ctx context.Context, h *hold) {
-	if s.lockOp(ctx) != nil {
-		return
+func (s *Semaphore) releaseAll(ctx context.Context, h *hold) error {
+	if err := s.lockOp(ctx); err != nil {
+		return s.wrap("close", unconfirmed(err, "the permits run out in Redis within their lease"))
 	}
 	defer s.end()
 	s.mu.Lock()
@@ -437,8 +437,11 @@ func (s *Semaphore) releaseAll(ctx context.Context, h *hold) {
 	s.mu.Unlock()
 	if n > 0 {
 		s.seq++
-		_, _ = s.release(ctx, s.c.rdb, h.id, s.seq, n, n, "release", "")
+		if _, err := s.release(ctx, s.c.rdb, h.id, s.seq, n, n, "release", ""); err != nil {
+			return s.wrap("close", unconfirmed(err, "the permits run out in Redis within their lease"))
+		}
 	}
+	return nil
 }
 
 // drop forgets n of the permits of h.

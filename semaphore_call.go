@@ -177,7 +177,7 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 	s.mu.Unlock()
 	h := &hold{id: a.holder, n: n, token: token}
 	e := &watchdog.Entry{Kind: "sem", Owner: a.holder, Keys: semRenewKeys(s.keys), TTL: s.cfg.holdLease(),
-		Hold: true, Renew: s.cfg.lease == 0, Release: func(ctx context.Context) { s.releaseAll(ctx, h) }}
+		Hold: true, Renew: s.cfg.lease == 0, Release: func(ctx context.Context) error { return s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
 		e.Until = since.Add(s.cfg.maxHold)
 	}

@@ -1,6 +1,7 @@
 package roundtrip
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -23,10 +24,11 @@ const workerIdle = 5 * time.Second
 // worker that became idle last, so that after a burst the workers it left
 // idle run out while a trickle keeps one busy.
 type group struct {
-	idleFor  time.Duration
-	stop     chan struct{} // closed once closed and drained: workers exit
-	stopOnce sync.Once
-	workers  sync.WaitGroup
+	idleFor   time.Duration
+	stop      chan struct{} // closed once closed and drained: workers exit
+	stopOnce  sync.Once
+	afterOnce sync.Once // runs close's after
+	workers   sync.WaitGroup
 
 	mu      sync.Mutex
 	n       int
@@ -119,8 +121,10 @@ func (g *group) done() {
 }
 
 // close starts no more calls, waits for those running to return, and
-// then for the workers to exit.
-func (g *group) close() {
+// then for the workers to exit; then it runs after, once. When ctx ends
+// first, it returns ctx's error at once, and what is left (stopping the
+// workers, after) is done when the last call returns.
+func (g *group) close(ctx context.Context, after func()) error {
 	g.mu.Lock()
 	if !g.closed {
 		g.closed = true
@@ -129,7 +133,20 @@ func (g *group) close() {
 		}
 	}
 	g.mu.Unlock()
-	<-g.drained
-	g.stopOnce.Do(func() { close(g.stop) })
-	g.workers.Wait()
+	finish := func() {
+		g.stopOnce.Do(func() { close(g.stop) })
+		g.workers.Wait()
+		g.afterOnce.Do(after)
+	}
+	select {
+	case <-g.drained:
+		finish()
+		return nil
+	case <-ctx.Done():
+		go func() {
+			<-g.drained
+			finish()
+		}()
+		return ctx.Err()
+	}
 }

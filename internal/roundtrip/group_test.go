@@ -20,7 +20,7 @@ var errClosed = errors.New("closed")
 func newRunner(t *testing.T) *Runner {
 	closing, cancel := context.WithCancel(context.Background())
 	r := New(closing, errClosed, nil, nil, nil)
-	t.Cleanup(func() { cancel(); r.Close() })
+	t.Cleanup(func() { cancel(); _ = r.Close(context.Background()) })
 	return r
 }
 
@@ -52,7 +52,7 @@ func runCall(g *group, f func()) {
 // another leave one worker.
 func TestCallGroupReusesAnIdleWorker(t *testing.T) {
 	g := newGroup(time.Minute)
-	defer g.close()
+	defer g.close(context.Background(), func() {})
 	for i := range 5 {
 		ran := make(chan struct{})
 		runCall(g, func() { close(ran) })
@@ -67,7 +67,7 @@ func TestCallGroupReusesAnIdleWorker(t *testing.T) {
 // A call never waits for a busy worker: it gets a worker of its own.
 func TestCallGroupRunsCallsAtOnce(t *testing.T) {
 	g := newGroup(time.Minute)
-	defer g.close()
+	defer g.close(context.Background(), func() {})
 	release, second := make(chan struct{}), make(chan struct{})
 	runCall(g, func() { <-release })
 	runCall(g, func() { close(second) })
@@ -85,7 +85,7 @@ func TestCallGroupRunsCallsAtOnce(t *testing.T) {
 func TestCallGroupIdleWorkersRunOutUnderATrickle(t *testing.T) {
 	const burst = 20
 	g := newGroup(50 * time.Millisecond)
-	defer g.close()
+	defer g.close(context.Background(), func() {})
 	release := make(chan struct{})
 	var started sync.WaitGroup
 	started.Add(burst)
@@ -129,7 +129,7 @@ func TestCallGroupRunsEveryCallAsWorkersRunOut(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a call handed to a worker never ran")
 	}
-	g.close()
+	g.close(context.Background(), func() {})
 }
 
 // close ends the workers, once the calls have returned: none waits for a
@@ -139,7 +139,7 @@ func TestCallGroupCloseStopsItsWorkers(t *testing.T) {
 	for range 3 {
 		runCall(g, func() {})
 	}
-	g.close()
+	g.close(context.Background(), func() {})
 	if n := g.idleWorkers(); n != 0 {
 		t.Fatalf("%d workers wait after close", n)
 	}
@@ -152,7 +152,7 @@ func TestCallGroupCloseStopsItsWorkers(t *testing.T) {
 // test fails rather than hangs).
 func TestCallManyCallsRunAtOnce(t *testing.T) {
 	g := newGroup(time.Minute)
-	defer g.close()
+	defer g.close(context.Background(), func() {})
 	release := make(chan struct{})
 	defer close(release)
 	var running sync.WaitGroup
@@ -182,7 +182,7 @@ func TestCallCloseEndsIdleWorkersAtOnce(t *testing.T) {
 	}
 	waitFor(t, "the workers to wait", func() bool { return g.idleWorkers() > 0 })
 	start := time.Now()
-	g.close()
+	g.close(context.Background(), func() {})
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("close took %v: it waited for idle workers to run out", d)
 	}

@@ -420,12 +420,15 @@ func (r *Runner) Leave() { r.calls.done() }
 
 // Close starts no more round trips, waits for those running and the calls
 // counted in by Enter to end, and then for the workers to exit; it closes
-// the lanes.
-func (r *Runner) Close() {
-	r.calls.close()
-	if r.lanes != nil {
-		r.lanes.Close()
-	}
+// the lanes. When ctx ends first, it returns ctx's error at once: what
+// still runs ends by itself (each clean-up is bounded), and the last call
+// to end stops the workers and closes the lanes.
+func (r *Runner) Close(ctx context.Context) error {
+	return r.calls.close(ctx, func() {
+		if r.lanes != nil {
+			r.lanes.Close()
+		}
+	})
 }
 
 // InFlight returns how many round trips run and calls counted in by Enter

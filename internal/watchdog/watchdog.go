@@ -50,7 +50,7 @@ type Watchdog struct {
 	stopped bool
 	entries map[*Entry]struct{}
 	waiting map[string]*Entry       // the waiters' entries, by kind and queue key
-	held    []func(context.Context) // the releases of the holds registered when it stopped
+	held    []func(context.Context) error // the releases of the holds registered when it stopped
 	next    time.Time               // when run will look next
 }
 
@@ -99,8 +99,8 @@ type Entry struct {
 	// Gone, for a hold, is called once, without locks, when it is lost.
 	Gone func()
 	// Release, for a hold, releases it in Redis when the Client is
-	// closed (see Wait).
-	Release func(context.Context)
+	// closed (see Wait), and returns why it could not.
+	Release func(context.Context) error
 
 	due       time.Time // next renewal
 	deadline  time.Time // when it runs out in Redis at the earliest; a hold is lost then unless renewed
@@ -405,9 +405,10 @@ func (w *Watchdog) stop() {
 				w.held = append(w.held, e.Release)
 			}
 		case e.waiters != nil && e.beat: // left or not
-			w.held = append(w.held, func(ctx context.Context) {
+			w.held = append(w.held, func(ctx context.Context) error {
 				farewell := []Renewal{{Kind: e.Kind, Owner: e.Owner, Keys: e.Keys}} // TTL 0: a farewell
 				_, _ = w.cfg.Renew(ctx, farewell)
+				return nil // no hold: the waiters' entries run out by themselves
 			})
 		}
 	}
@@ -422,7 +423,7 @@ func (w *Watchdog) stop() {
 // Wait waits for the watchdog's goroutine to exit, once the Client's
 // context ended, and returns the releases of the holds it dropped (and the
 // waiters' farewells), for the Client to send.
-func (w *Watchdog) Wait() []func(context.Context) {
+func (w *Watchdog) Wait() []func(context.Context) error {
 	// From now on no add starts run: an Add racing Wait on a WaitGroup
 	// whose count is zero is a race.
 	w.mu.Lock()
