@@ -49,9 +49,9 @@ type Watchdog struct {
 	started bool
 	stopped bool
 	entries map[*Entry]struct{}
-	waiting map[string]*Entry       // the waiters' entries, by kind and queue key
+	waiting map[string]*Entry             // the waiters' entries, by kind and queue key
 	held    []func(context.Context) error // the releases of the holds registered when it stopped
-	next    time.Time               // when run will look next
+	next    time.Time                     // when run will look next
 }
 
 // Config is what a Watchdog needs of its Client.
