@@ -32,8 +32,8 @@ import (
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
-	rdb     redis.UniversalClient
-	cluster clusterClient // rdb, when it is a Redis Cluster's client; nil otherwise
+	rdb     redis.UniversalClient // the user's client; with lanes, as a roundtrip.Conn
+	cluster clusterClient         // rdb, when it is a Redis Cluster's client; nil otherwise
 	cfg     config
 	id      string        // prefix of every owner id minted by this Client
 	seq     atomic.Uint64 // last owner number
@@ -49,6 +49,9 @@ type Client struct {
 
 	ctx   context.Context // ends when the Client is closed
 	close context.CancelFunc
+
+	releasing atomic.Bool   // set by the Shutdown that sends the releases
+	released  chan struct{} // closed when they are done
 }
 
 // New returns a Client that uses rdb, which the Client never closes:
@@ -150,11 +153,12 @@ func hasOptions(options func() bool) (ok bool) {
 // connections of its own (ownConns) where rdb allows it.
 func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config, ownConns bool) *Client {
 	c := &Client{
-		rdb:     rdb,
-		cluster: cluster,
-		cfg:     cfg,
-		id:      uuid.NewString(),
-		publish: "PUBLISH",
+		rdb:      rdb,
+		cluster:  cluster,
+		cfg:      cfg,
+		id:       uuid.NewString(),
+		publish:  "PUBLISH",
+		released: make(chan struct{}),
 	}
 	c.ctx, c.close = context.WithCancel(context.Background())
 	sharded := cluster
@@ -180,8 +184,11 @@ func clientWith(rdb redis.UniversalClient, cluster clusterClient, cfg config, ow
 	var lanes *roundtrip.Lanes
 	if node, ok := rdb.(nodeClient); ok && ownConns && cluster == nil && node.Options().Addr != failoverAddr {
 		lanes = roundtrip.NewLanes(node.Options(), cfg.connSetup)
+		if rc, ok := rdb.(*redis.Client); ok {
+			c.rdb = lanes.Conn(rc) // the calls it sends on rdb, as FCALL where the lanes' are
+		}
 	}
-	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload, rdb, lanes)
+	c.rt = roundtrip.New(c.ctx, ErrClosed, wcfg.Reload, c.rdb, lanes)
 	if c.events != nil {
 		wcfg.Events = c.events
 	}
@@ -256,6 +263,15 @@ func (c *Client) shutdown(ctx context.Context, bound time.Duration) error {
 	}
 	c.close()
 	c.sub.wait()
+	if !c.releasing.CompareAndSwap(false, true) {
+		// Another Shutdown sends the releases: wait for them.
+		select {
+		case <-c.released:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return c.rt.Close(ctx)
+	}
 	held := c.wd.Wait()
 	rctx, cancel := phase()
 	errs := make([]error, len(held), len(held)+1)
@@ -265,6 +281,7 @@ func (c *Client) shutdown(ctx context.Context, bound time.Duration) error {
 	}
 	wg.Wait()
 	cancel()
+	close(c.released)
 	errs = append(errs, c.rt.Close(ctx))
 	dctx, cancel := phase()
 	defer cancel()

@@ -70,16 +70,27 @@ func TestRedMutexExtendQuorum(t *testing.T) {
 		}
 	}
 
-	// The quorum-th largest lease left: 6s of 3s, 10s and 6s.
+	// The quorum-th largest lease left: 6s of 3s, 10s and 6s. TTL gives
+	// the nodes slower than a quorum a grace only (minGrace): when one of
+	// them answers after it, the quorum-th largest of those that answered
+	// in time is 3s, a lower bound, which a loaded machine may see; the
+	// test asks again then.
 	for i, left := range []time.Duration{3 * time.Second, 10 * time.Second, 6 * time.Second} {
 		mrs[i].HSet(key, schema.EndField, strconv.FormatInt(at.Add(left).UnixMilli(), 10))
 	}
-	before := time.Now()
-	d, err := m.TTL(ctx)
-	took := time.Since(before)
-	want := 6*time.Second - watchdog.Drift(6*time.Second)
-	if err != nil || d > want || d < want-took {
-		t.Fatalf("TTL: %v, %v, want %v less at most %v", d, err, want, took)
+	want, bound := 6*time.Second-watchdog.Drift(6*time.Second), 3*time.Second-watchdog.Drift(3*time.Second)
+	for try := 1; ; try++ {
+		before := time.Now()
+		d, err := m.TTL(ctx)
+		took := time.Since(before)
+		if err == nil && d <= bound && d >= bound-took && try < 5 {
+			t.Logf("TTL %v: a node answered after the grace; again", d)
+			continue
+		}
+		if err != nil || d > want || d < want-took {
+			t.Fatalf("TTL: %v, %v, want %v less at most %v", d, err, want, took)
+		}
+		break
 	}
 
 	// A minority down (failing every command): Extend still succeeds, on the quorum left.

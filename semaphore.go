@@ -381,7 +381,8 @@ func (s *Semaphore) Do(ctx context.Context, n int64, fn func(ctx context.Context
 // Redis: the size given to NewSemaphore until an Acquire or TryAcquire of
 // s reaches Redis, then the size stored there at its last such call. A
 // Client.ResizeSemaphore shows in Size from the next Acquire or
-// TryAcquire of s on.
+// TryAcquire of s on. (Of two calls of s under way at once, the one whose
+// reply comes last sets it, which may be the older size.)
 func (s *Semaphore) Size() int64 { return s.size.Load() }
 
 // holdID returns the id of s's holding, or "".

@@ -181,3 +181,65 @@ func TestRedlockShutdownNamesTheNode(t *testing.T) {
 		t.Fatalf("Shutdown: %v, want node 1's *NodeError", err)
 	}
 }
+
+// gateHook holds every command, once armed, until open is closed; entered
+// gets a value when the first one is held.
+type gateHook struct {
+	passHooks
+	armed   atomic.Bool
+	entered chan struct{} // buffered, of 1
+	open    chan struct{}
+}
+
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.armed.Load() {
+			select {
+			case h.entered <- struct{}{}:
+			default:
+			}
+			<-h.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestSecondShutdownWaitsForTheReleases: a Close that comes while a
+// Shutdown sends the releases returns once they are done, as a second
+// Shutdown's doc says, not while the lock is still held.
+func TestSecondShutdownWaitsForTheReleases(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	gate := &gateHook{entered: make(chan struct{}, 1), open: make(chan struct{})}
+	addHook(rdb, gate)
+	c, err := New(rdb, withHooksOf(rdb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := must(c.NewMutex("job")).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gate.armed.Store(true)
+	first := make(chan error, 1)
+	go func() { first <- c.Shutdown(ctx) }()
+	select {
+	case <-gate.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown sent no release within 5 s")
+	}
+	second := make(chan error, 1)
+	go func() { second <- c.Close() }()
+	select {
+	case err := <-second:
+		t.Fatalf("Close returned (%v) while the release was still under way", err)
+	case <-time.After(100 * time.Millisecond): // it would return at once
+	}
+	close(gate.open)
+	for _, done := range []chan error{first, second} {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+	if ok, err := must(newClient(t, rdb).NewMutex("job")).TryLock(ctx); !ok || err != nil {
+		t.Errorf("the lock after both returned: %v, %v; want it free", ok, err)
+	}
+}

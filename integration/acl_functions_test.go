@@ -97,6 +97,29 @@ func TestACLFunctionsOnly(t *testing.T) {
 	if err := e.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// Close gives back what a Client holds, and ResizeSemaphore resizes,
+	// on the user's client rather than the Client's own connections.
+	closing := s.aclClients(t, "fcall-only", 1)[0]
+	if err := must(closing.NewMutex(name + "-closed")).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := must(closing.NewSemaphore(sem, 1)).Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := closing.Close(); err != nil {
+		t.Fatalf("Close of a Client that holds a lock and a permit: %v", err)
+	}
+	after := must(cs[1].NewMutex(name + "-closed"))
+	if ok, err := after.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after Close: %v, %v; want the lock Close gave back", ok, err)
+	}
+	if err := after.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[0].ResizeSemaphore(ctx, sem, 1, 2); err != nil {
+		t.Fatal(err)
+	}
 	s.noDenials(t)
 
 	// The user runs no Lua of its own.

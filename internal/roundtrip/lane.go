@@ -54,6 +54,12 @@ type Conn struct {
 	Server *Server
 }
 
+// Conn returns rdb, the user's client of the lanes' server, as a round
+// trip on a lane gets its own: a script a Client sends on it goes as a
+// function where those on lanes do, so that an ACL user that may call
+// functions only may send every call of the Client on either.
+func (ls *Lanes) Conn(rdb *redis.Client) *Conn { return &Conn{Client: rdb, Server: &ls.server} }
+
 // Server is what a Client's round trips learnt of the server its lanes
 // connect to, shared by every lane.
 type Server struct {
