@@ -322,10 +322,10 @@ func zmembers(mr *miniredis.Miniredis, key string) []string {
 	return m
 }
 
-// Review 24 (independent, adversarial, of f4c6f35: barging waiters
-// recorded per Client). Each test failed on f4c6f35.
+// Barging waiters recorded per Client: whose record a wake-up finds, and
+// which records are dropped.
 
-// Finding 1: two barging Mutexes of one Client on one lock with different
+// Two barging Mutexes of one Client on one lock with different
 // recheck intervals share one record; the short-recheck one overwrites the
 // long one's score downwards (ZADD without GT). Once the short one gives
 // up, the record runs out while the long one still sleeps: the release
@@ -357,7 +357,7 @@ func TestBargingMixedRecheckRecordRunsOut(t *testing.T) {
 	_ = long.Unlock(ctx)
 }
 
-// Finding 2: a Client's plain waiter gives up (its record stands), its grant
+// A Client's plain waiter gives up (its record stands), its grant
 // channel is swept; a fair Mutex of the same Client on the same lock then
 // subscribes the channel anew, with no plain waiter. The release that
 // wakes that Client (its stale record runs out first) reaches it (PUBLISH
@@ -404,7 +404,7 @@ func TestBargingFairChannelWithoutPassSwallowsWakeup(t *testing.T) {
 	_ = wb.Unlock(ctx)
 }
 
-// Finding 4: a RedMutex that waits, and then takes node locks, must not
+// A RedMutex that waits, and then takes node locks, must not
 // record its own Client on the nodes it takes (on f4c6f35 plainOthers
 // counted its own waiter, whose address was ""), else its Unlock wakes
 // itself on each node (and each node runs wake.lua). The holder's node
@@ -461,7 +461,7 @@ func TestBargingRedMutexRecordsItself(t *testing.T) {
 	}
 }
 
-// Finding 5: records of Clients that gave up must be dropped even while no
+// Records of Clients that gave up must be dropped even while no
 // release hands the lock to nobody (each new record extends the key's
 // TTL): on f4c6f35 the key grew with every Client that ever waited.
 func TestBargingBargersGrowWhileHeld(t *testing.T) {
@@ -511,8 +511,8 @@ func (w *wakeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Review 25 (independent, adversarial, of f755d84). Each test failed on
-// f755d84.
+// The barging wake-up (wake.lua): which Clients run it, and whom it
+// wakes.
 
 // Client level: a fair-only Client (default Mutex, no Barging anywhere)
 // whose waiter is woken by a reconnect (wakeAll, as registry.missed does)

@@ -176,7 +176,7 @@ func TestClientOfID(t *testing.T) {
 
 // InspectLock counts a lock's own grant channels, not the channels of a
 // lock whose name starts with its name and "}:ch:", which its pattern
-// also matches (review 11, finding 4).
+// also matches.
 func TestInspectCountsOnlyItsOwnGrantChannels(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	c := newClient(t, rdb, WithRecheck(time.Hour))

@@ -225,7 +225,7 @@ func TestInspectRefusesBadInputAndWrongTypes(t *testing.T) {
 	}
 }
 
-// Review 8, finding 2. A label may hold '#' (any printable ASCII but space
+// A label may hold '#' (any printable ASCII but space
 // and braces); a semaphore waiter id is "holder id#call". InspectSemaphore
 // cuts the id at the first '#', the scripts (sem_holder) at the last: the
 // waiter's Holder and Label come out wrong.

@@ -194,7 +194,7 @@ func (h *dropAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Review 6, finding 1: Accept takes any hold of the lock, not only one
+// Accept takes any hold of the lock, not only one
 // that waits for its taker under a hand-off handle: handoff.lua's "take"
 // only checks that the handle has a hold count. A hold id is no secret
 // (redisync status prints it, it is the holder's label and client id),

@@ -453,7 +453,7 @@ func TestObserverHandoff(t *testing.T) {
 	}
 }
 
-// Review 9, finding 1: a RedMutex held when its Redlock is closed is told
+// A RedMutex held when its Redlock is closed is told
 // taken and never told released. Redlock.Close closes the node Clients in
 // order, the first one (whose events queue carries the RedMutex's events)
 // first; the hold ends only when a later node's Close takes the node holds
@@ -487,7 +487,7 @@ func TestRedlockCloseTellsHoldReleased(t *testing.T) {
 	}
 }
 
-// Review 9, finding 2: a hold whose loss Unlock is the first to notice
+// A hold whose loss Unlock is the first to notice
 // (Redis no longer has it: a failover that lost the key, an eviction, a
 // DEL) is told as released, never as lost: the holds-lost counter, which
 // docs/operations.md pages on, misses exactly the failover case. Unlock

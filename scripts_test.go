@@ -85,7 +85,7 @@ func TestKeepAliveNeverShortens(t *testing.T) {
 	}
 }
 
-// Review 23 (e431dd3): join_queue sets a new queue's TTL itself (one
+// join_queue sets a new queue's TTL itself (one
 // PEXPIRE), and keep_alive sets a TTL with PEXPIRE NX where GT did not.
 // No root test looked at a lock's queue TTL right after the script that
 // queued a waiter: dropping join_queue's PEXPIRE for the lock's queue

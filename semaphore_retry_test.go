@@ -146,14 +146,14 @@ func (h *beforeNext) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Review 3, finding 1: Release of a lost holding hands s.op to a clean-up
+// Release of a lost holding hands s.op to a clean-up
 // through c.rt.Cleanup(ctx, ...) with the caller's ctx. When that ctx's
 // deadline passed more than roundtrip.CleanupWait ago (a deferred Release
 // after a timeout, which Release documents as supported),
 // roundtrip.GraceEnd(ctx) is in the past, the round trip sees its context
 // ended and never runs the clean-up: s.end()
 // is never called and every later call of s blocks on s.op.
-func TestSemaphoreLostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
+func TestSemaphoreLostReleaseWithExpiredCtxFreesOpTurn(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	// A lease short enough that the loss is seen soon, long enough that
 	// the later holding is not lost to a starved watchdog under -race.
@@ -195,14 +195,14 @@ func TestSemaphoreLostReleaseWithExpiredCtxLeaksOpTurn(t *testing.T) {
 	}
 }
 
-// Review 3, finding 2: sem_acquire.lua is not idempotent for an Acquire's
+// Sem_acquire.lua is not idempotent for an Acquire's
 // first attempt (ARGV[9] = "0") that queued the call when a release grants
 // the queued call before go-redis's retry of the attempt arrives: the
 // retry finds the call neither queued nor recorded (the grant kept the
 // holder record's old call number), so it grants (or queues) it again.
 // Redis then counts 2n permits for the holding, the value n; the watchdog
 // renews the extra n for as long as the holding lasts.
-func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
+func TestSemaphoreRetriedFirstAttemptAfterGrantGrantsOnce(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdbW := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	rdbX := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -233,7 +233,7 @@ func TestSemaphoreRetriedFirstAttemptAfterGrantDoublesPermits(t *testing.T) {
 	}
 }
 
-// Review 3, finding 3: an attempt that found its call dequeued (dropped
+// An attempt that found its call dequeued (dropped
 // as dead, or granted and lost since) gets {-4}: the script marks the
 // waiter id withdrawn so that the call goes on under a new id. go-redis's
 // retry of that same attempt finds the id withdrawn and gets {-3}, which
@@ -270,7 +270,7 @@ func TestSemaphoreRetriedRotationFailsAcquire(t *testing.T) {
 	}
 }
 
-// Review 3, finding 4: a Release racing Close. Close loses every holding
+// A Release racing Close. Close loses every holding
 // (watchdog stop) and then releases it in Redis with releaseAll, which
 // reads h.n under s.op. A Release that gets s.op between the two finds the
 // holding lost, forgets its permits locally (dropLocked) and returns
@@ -307,13 +307,13 @@ func TestSemaphoreReleaseRacingCloseLeavesPermits(t *testing.T) {
 	}
 }
 
-// Review 3, finding 5: a partial Release that failed forgot the n
+// A partial Release that failed forgot the n
 // permits locally, while they stayed in the holding's record, renewed with
 // the rest for as long as the holding lasted. A failed partial release may
 // have run or not, whatever the error (an error reply may answer go-redis's
-// retry of a copy that ran: review 4), so the holding is given up: nothing
+// retry of a copy that ran), so the holding is given up: nothing
 // renews permits that s cannot count, and they run out within a lease.
-func TestSemaphoreFailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
+func TestSemaphoreFailedPartialReleaseGivesHoldingUp(t *testing.T) {
 	for _, refused := range []bool{true, false} {
 		t.Run(map[bool]string{true: "refused", false: "unknown"}[refused], func(t *testing.T) {
 			mr := miniredis.RunT(t)
@@ -350,13 +350,13 @@ func TestSemaphoreFailedPartialReleaseKeepsPermitsRenewed(t *testing.T) {
 	}
 }
 
-// Review 3, finding 6: an Acquire's holder id is fixed when the call
+// An Acquire's holder id is fixed when the call
 // starts (newCall). When the value's holding ends while the call waits (a
 // full Release that failed: its permits stay counted in Redis until their
 // lease ends), the call's grant is added to that old record and the value
 // makes it its new holding, under the old id: the watchdog renews the old
 // permits along with the new ones, for good.
-func TestSemaphoreQueuedAcquireRevivesReleasedHoldingsPermits(t *testing.T) {
+func TestSemaphoreQueuedAcquireDoesNotReviveReleasedPermits(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	rdbX := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -568,7 +568,7 @@ func (h *failRetry) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// Review 4, finding 1: a late copy of the first attempt of a holding (the
+// A late copy of the first attempt of a holding (the
 // call that created the holder id, sent with held = 0) is not recognised as
 // stale once a full release has deleted the holder record (the record's
 // call number goes with it; sem_acquire.lua does not look at the released
@@ -581,7 +581,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // finds 1 permit, rotates, and is granted 2 on top: Redis counts 3 under
 // the value's holding, the value holds 2, and the watchdog renews all 3
 // for as long as the holding lasts.
-func TestSemaphoreStaleFirstAttemptOverwritesGrantToQueuedCall(t *testing.T) {
+func TestSemaphoreStaleFirstAttemptKeepsGrantToQueuedCall(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -629,14 +629,14 @@ func TestSemaphoreStaleFirstAttemptOverwritesGrantToQueuedCall(t *testing.T) {
 	}
 }
 
-// Review 4, finding 2: settled takes an error reply to a partial release
+// Settled takes an error reply to a partial release
 // for "Redis refused the script: it did not run", and s keeps counting the
 // permits. But the release is sent again while its reply is lost (persist,
 // and go-redis's own retries): the first copy ran, and only the retry was
 // refused (BUSY, OOM, ...). Redis counts 2 under the holding, s believes 3
 // and renews 2; the freed permit goes to another holder: 4 of 3 permits
 // are believed held.
-func TestSemaphoreRefusedRetryOfPartialReleaseOvercounts(t *testing.T) {
+func TestSemaphoreRefusedRetryOfPartialReleaseCountsRight(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -668,12 +668,12 @@ func TestSemaphoreRefusedRetryOfPartialReleaseOvercounts(t *testing.T) {
 	}
 }
 
-// Review 4, finding 2b: the same for an attempt. A TryAcquire onto a
+// The same for an attempt. A TryAcquire onto a
 // holding whose script ran (and granted) but whose reply is an error reply
 // (a refused retry) counts as not sent (roundtrip.MayHaveRun is false for a reply),
 // so nothing is withdrawn: Redis counts n more permits under the value's
 // holding than the value, and the watchdog renews them with the rest.
-func TestSemaphoreRefusedRetryOfTryAcquireLeaksRenewedPermits(t *testing.T) {
+func TestSemaphoreRefusedRetryOfTryAcquireLeaksNoPermits(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -742,7 +742,7 @@ func (h *lostReplyAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Review 5, finding 1: a waiting Acquire that is not queued (its waiter id
+// A waiting Acquire that is not queued (its waiter id
 // was dropped and it goes on under a new one: the -3/-4 path, or a grant
 // given back) attempts without ARGV[9]. When such an attempt is granted
 // directly and its reply is lost (a network error: transient), block
@@ -751,7 +751,7 @@ func (h *lostReplyAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // the holding, and grants n more on top. Redis counts 2 under the holding,
 // s believes 1, and the watchdog renews both (a permit nobody can count
 // is kept from other holders for as long as the holding lasts).
-func TestSemaphoreRetriedUnqueuedAttemptDoublesPermits(t *testing.T) {
+func TestSemaphoreRetriedUnqueuedAttemptGrantsOnce(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -823,7 +823,7 @@ func (h *betweenCopies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Review 6, finding 4: sem_acquire.lua compares the sizes before it looks
+// Sem_acquire.lua compares the sizes before it looks
 // for a retry of a call that was applied. An Acquire that adds to a
 // holding is granted, its reply is lost, and a resize lands before
 // go-redis's retry of the identical EVALSHA: the retry answers -2, Acquire
@@ -831,7 +831,7 @@ func (h *betweenCopies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // not queued, and the reply was not an error). Redis counts n permits more
 // under the holding than s does, and the watchdog renews them with the
 // rest for as long as the holding lasts: permits nobody can release.
-func TestSemaphoreRetriedAcquireAcrossResizeKeepsPhantomPermits(t *testing.T) {
+func TestSemaphoreRetriedAcquireAcrossResizeLeavesNoPhantomPermits(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })

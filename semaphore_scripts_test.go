@@ -23,8 +23,8 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Review 18 (ac5b0c9): the semaphore scripts dropped reads made only to
-// check a key's type, counting on a later read before any write. These
+// The semaphore scripts make no read only to check a key's type: they
+// count on a later read before any write. These
 // tests put a write in front of that later read (something for the script
 // to prune or store first), so that a read taken out, or moved after a
 // write, shows as a failed script that wrote.
@@ -203,9 +203,9 @@ func TestSemaphoreScriptsAcquireWithAReclaimMeetingWrongTypeWritesNothing(t *tes
 	}
 }
 
-// Review 21: the semaphore scripts read the holders once (sem_load) and
+// The semaphore scripts read the holders once (sem_load) and
 // the queue head once (sem_peek), and sem_serve reports whether it stopped
-// at a live waiter (4854a18, 2c4387a). The tests here run today's scripts
+// at a live waiter. The tests here run today's scripts
 // and those of the reference (copied into testdata/semaphore-9826e3b) side by side, on a
 // real Redis, from the same states with the same arguments and the same
 // server clock, and require the same replies, the same state afterwards
@@ -1202,7 +1202,7 @@ func TestSemaphoreScriptsLateAttemptOfTheHeadKeepsItsPlace(t *testing.T) {
 	}
 }
 
-// TestSemaphoreScriptsHeadDroppedAsDeadJoinsAgain (review 21, F3): sem_acquire
+// TestSemaphoreScriptsHeadDroppedAsDeadJoinsAgain: sem_acquire
 // no longer asks ZSCORE after serving; it counts on the record it has just
 // refreshed being alive, as it is for every valid heartbeat. Given one
 // that has passed already (a negative heartbeat), serving drops the caller

@@ -29,7 +29,7 @@ func (c *failSubscribe) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// Review 9, finding 4: when the connection fails under the SUBSCRIBE
+// When the connection fails under the SUBSCRIBE
 // that the subscriber writes for a new channel (a reset, a restart, a
 // failover at that moment), go-redis replaces the connection inside that
 // write and subscribes on the new one the channels it knew before the

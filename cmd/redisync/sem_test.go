@@ -136,7 +136,7 @@ func TestSemResize(t *testing.T) {
 	}
 }
 
-// Review 6: "sem --resize M takes a size M >= 1 and no command", but the
+// "sem --resize M takes a size M >= 1 and no command", but the
 // check is *resize < 0 || (*resize > 0 && argv != nil): --resize 0 passes
 // it and is then ignored (the resize branch runs only for *resize > 0),
 // so "sem --limit 2 --resize 0 NAME -- CMD" takes a permit and runs CMD

@@ -184,7 +184,7 @@ func TestStatusShowsMetadata(t *testing.T) {
 	}
 }
 
-// Review 8, finding 5. On a Redis Cluster, status counted the processes
+// On a Redis Cluster, status counted the processes
 // subscribed to a lock's channel both ways (PUBSUB NUMSUB and
 // SHARDNUMSUB), since it cannot know whether the lock's users run with
 // WithPlainPubSub. Through InspectLock it counts SHARDNUMSUB only: the

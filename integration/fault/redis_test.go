@@ -27,8 +27,8 @@ import (
 // (and released) within 10 s of the restart, if the holder's Lost does not
 // fire, or if goroutines leak (TestMain). It also asserts that fencing
 // tokens do not go back although Redis lost its token counter: they follow
-// the server clock (issue 19, point 5; on b30bf91 the counter restarted at
-// 1, below the old holder's token).
+// the server clock (a counter that restarted at 1 would go below the old
+// holder's token).
 func TestRedisRestartWith50Waiters(t *testing.T) {
 	const clients, perClient = 5, 10
 	srv := redistest.Spawn(t)
@@ -61,8 +61,7 @@ func TestRedisRestartWith50Waiters(t *testing.T) {
 	// answered and is waiting: a Lock whose first attempt fails returns
 	// the error at once, by design. (The queue's length is not enough:
 	// Redis may run a waiter's attempt, answer the test's ZCARD, and be
-	// killed before it writes the waiter's reply; the CI run of 236fcce
-	// failed so.)
+	// killed before it writes the waiter's reply.)
 	queued := &queuedReplies{tickets: map[string]bool{}}
 	for range clients {
 		rdb := redistest.NewClient(t, srv.Addr)
@@ -315,9 +314,9 @@ func TestShutdownIsQuiet(t *testing.T) {
 // killed and the replica promoted. B takes the lock on the promoted
 // replica at once: granted twice, the limit the test fails without. The
 // replica's token counter is behind, but tokens follow the server clock
-// (issue 19, point 5), so B's token is above A's all the same, and a
-// fenced register elsewhere rejects A's stale write after B's (on b30bf91
-// B got token 2 and A's stale token 4 was accepted). This holds while the
+// so B's token is above A's all the same, and a fenced register elsewhere
+// rejects A's stale write after B's (a counter copied to the replica would
+// give B token 2, below A's stale token 4). This holds while the
 // promoted server's clock is not behind the old primary's by more than
 // the time between A's token and B's.
 func TestFailoverGrantsTwice(t *testing.T) {

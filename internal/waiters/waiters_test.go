@@ -408,7 +408,7 @@ func TestBargingOneWakeupPassedOnTwice(t *testing.T) {
 	}
 }
 
-// Review 9, finding 3: a plain wake-up that a call took, and that no
+// A plain wake-up that a call took, and that no
 // attempt used (the attempt failed: Redis away for a moment), is forgotten
 // by the next wait that brings no signal, so that the call, ending with an
 // error afterwards, does not pass it on: the other waiter of the process

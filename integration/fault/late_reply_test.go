@@ -11,10 +11,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 13: when replies are delayed past the lease, Lock must not
+// When replies are delayed past the lease, Lock must not
 // return a hold that had already expired in Redis (another client may hold
 // the lock by then).
-func TestFinding13DelayedReplyNeverReturnsExpiredHold(t *testing.T) {
+func TestDelayedReplyNeverReturnsExpiredHold(t *testing.T) {
 	const lease, delay = 200 * time.Millisecond, 300 * time.Millisecond
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
@@ -78,10 +78,10 @@ func TestFinding13DelayedReplyNeverReturnsExpiredHold(t *testing.T) {
 	}
 }
 
-// Finding 13 (stall): after Redis stalls past the lease, Lock must not
+// With a stalled Redis: after Redis stalls past the lease, Lock must not
 // return a hold whose Lost is closed at once: either a hold valid for a
 // lease from a fresh call, or an error.
-func TestFinding13StallNeverReturnsLostHold(t *testing.T) {
+func TestStallNeverReturnsLostHold(t *testing.T) {
 	const lease, stall = 200 * time.Millisecond, 600 * time.Millisecond
 	srv := redistest.Spawn(t)
 	m := must(newClient(t, srv.Addr, redisync.WithCrashTimeout(lease)).NewMutex(redistest.Name(t)))

@@ -11,7 +11,7 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// TestFinding15CallsReturnByTheirDeadline guards finding 15: every blocking
+// TestCallsReturnByTheirDeadline: every blocking
 // call (Lock, TryLock, Unlock, Acquire, Release) returns by its context's
 // deadline plus a small bound (50 ms here), whatever the options of the
 // go-redis client, and leaves nothing behind: no hold or permit in memory,
@@ -21,10 +21,10 @@ import (
 // with ContextTimeoutEnabled off (the default: go-redis then ignores
 // context deadlines on reads) or on. After a warm-up call (connections
 // open, scripts loaded) the proxy blackholes everything, and the call is
-// made with a 5 ms deadline. On the code of the finding the calls wait for
+// made with a 5 ms deadline. Where this does not hold, the calls wait for
 // go-redis's read timeout (3 s), and some then for a clean-up call of
 // their own bounded by 5 s, whatever the deadline.
-func TestFinding15CallsReturnByTheirDeadline(t *testing.T) {
+func TestCallsReturnByTheirDeadline(t *testing.T) {
 	const (
 		deadline = 5 * time.Millisecond
 		bound    = 50 * time.Millisecond

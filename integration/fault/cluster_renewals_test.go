@@ -12,7 +12,7 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// TestFinding7StalledPrimaryDelaysHealthyRenewals guards finding 7: on a
+// TestStalledPrimaryDoesNotDelayHealthyRenewals: on a
 // Redis Cluster, a primary that stops answering must not delay the
 // watchdog's renewals of holds on the other primaries until they expire.
 //
@@ -21,10 +21,10 @@ import (
 // primary with a watchdog lease of 600 ms. After one lease of normal
 // renewals, one primary's proxy is blackholed for three leases. The holds
 // on the two other primaries must not be lost, and must still be in Redis.
-// On the code of the finding the renewals of the slots go one after the
+// Where this does not hold, the renewals of the slots go one after the
 // other, each waiting until its batch's first deadline, so the stalled
 // primary's calls hold up the rest past their deadlines.
-func TestFinding7StalledPrimaryDelaysHealthyRenewals(t *testing.T) {
+func TestStalledPrimaryDoesNotDelayHealthyRenewals(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	cl := redistest.SpawnCluster(t, 3, 0)
 	proxies := map[string]*redistest.Proxy{}

@@ -13,9 +13,8 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Helpers of the regression tests named TestFinding*: each of those
-// guards one finding of the review of the library's core, and fails on
-// the code the finding was made on.
+// Helpers that read a lock's fair queue and watch holds, for the scenario
+// tests.
 
 // queueKey is a lock's fair queue under the default prefix (layout 3: a
 // list of records); tokenKey is the key that holds its fencing token

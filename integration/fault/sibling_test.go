@@ -12,9 +12,9 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 4: a cancelled Lock must never remove the hold that another
+// A cancelled Lock must never remove the hold that another
 // goroutine's Lock on the same (fair) Mutex value was given.
-func TestFinding4SiblingWithdrawKeepsHold(t *testing.T) {
+func TestSiblingWithdrawKeepsHold(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
 	px := redistest.NewProxy(t, addr)

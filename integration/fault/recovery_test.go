@@ -1,7 +1,7 @@
 package fault
 
-// Tests written by an adversarial review of 3932f7a..35bd4b4. Each one
-// states the interleaving it forces and fails while the bug is there.
+// Recovery from a slow give-back, a blackholed subscriber and a wake-up
+// taken by a call that ends: each test states the interleaving it forces.
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func hasArg(args []string, v string) bool {
 	return false
 }
 
-// TestReviewRetakeRacesOwnGiveBack: a Lock call whose grant arrives after
+// TestRetakeWaitsForOwnGiveBack: a Lock call whose grant arrives after
 // its lease may have run out (take: errExpired) gives the hold back with a
 // clean-up it waits for at most roundtrip.CleanupWait, then attempts again
 // under the SAME ticket. Nothing orders that second attempt after the
@@ -76,7 +76,7 @@ func hasArg(args []string, v string) bool {
 // Forced here with a hook on the first Client: its first acquire reply is
 // delayed past the (fixed) lease; its withdraw is delayed 300 ms before it
 // is sent (as a write stuck behind a slow connection would be).
-func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
+func TestRetakeWaitsForOwnGiveBack(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
@@ -141,7 +141,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 	}
 }
 
-// TestReviewBlackholedSubscriberNeverReplaced: the subscriber pings a
+// TestBlackholedSubscriberIsReplaced: the subscriber pings a
 // silent pub/sub connection "so that a dead connection is noticed and
 // replaced", but PubSub.Ping only writes the PING: its reply is never
 // awaited, and read timeouts are not errors. A pub/sub connection that
@@ -153,7 +153,7 @@ func TestReviewRetakeRacesOwnGiveBack(t *testing.T) {
 // Here the pub/sub connection alone goes through a proxy that is then
 // blackholed; the commands go straight to Redis. After 6 s (two pings'
 // worth) the holder unlocks: the waiter should be in within a second.
-func TestReviewBlackholedSubscriberNeverReplaced(t *testing.T) {
+func TestBlackholedSubscriberIsReplaced(t *testing.T) {
 	const recheck = 15 * time.Second
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
@@ -255,13 +255,13 @@ func (c *endingCtx) Err() error {
 	return nil
 }
 
-// TestReviewRedMutexSwallowsWakeup: RedMutex.Lock's waitAny consumes the
+// TestRedMutexPassesOnAWakeUp: RedMutex.Lock's waitAny consumes the
 // signals of its waiters, then the next round fails (here: ctx ended just
 // then) and Lock returns without passing the wake-up on, unlike
 // Client.block, which nudges and leave()s. The release message woke one
 // waiter per process (wakeOne): the other RedMutex waiter of the process
 // sleeps to min(PTTL, recheck).
-func TestReviewRedMutexSwallowsWakeup(t *testing.T) {
+func TestRedMutexPassesOnAWakeUp(t *testing.T) {
 	const recheck = 5 * time.Second
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)

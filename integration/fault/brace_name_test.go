@@ -9,10 +9,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 11: a name starting with '}' is rejected up front with
+// A name starting with '}' is rejected up front with
 // ErrInvalidName, before any command reaches Redis (its keys would not
 // share a hash slot: CROSSSLOT on a cluster).
-func TestFinding11BraceNameRejected(t *testing.T) {
+func TestBraceNameRejected(t *testing.T) {
 	for _, tc := range []struct{ label, prefix string }{{"close-brace", "}"}, {"close-brace-abc", "}abc"}} {
 		t.Run(tc.label, func(t *testing.T) {
 			addr := redistest.Addr(t)

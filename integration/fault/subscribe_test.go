@@ -10,7 +10,7 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// TestFinding5StalledSubscribeLeavesLaterWaitersDeaf guards finding 5: a
+// TestStalledSubscribeLeavesNoWaiterDeaf: a
 // SUBSCRIBE that stalls past the linger period (2 s) must not leave its
 // channel broken for later waiters of the same Client.
 //
@@ -21,10 +21,10 @@ import (
 // and Redis runs both. Later, another waiter of the same Client (recheck
 // 10 s, so that only a message can wake it in time) blocks on the lock and
 // the holder releases it: the later waiter must hold the lock within 1 s
-// of the release. On the code of the finding the stalled SUBSCRIBE's
+// of the release. Where this does not hold, the stalled SUBSCRIBE's
 // in-flight count is never settled, the channel never counts as
 // subscribed again, and the later waiter sleeps until its recheck.
-func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
+func TestStalledSubscribeLeavesNoWaiterDeaf(t *testing.T) {
 	const recheck = 10 * time.Second
 	addr := redistest.Spawn(t).Addr // of its own: the test counts its commands
 	admin := redistest.NewClient(t, addr)
@@ -100,7 +100,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 	}
 }
 
-// TestFindingSuspectDoubleSubscribeOnReconnect checks the suspected case "a double
+// TestReconnectSubscribesEachChannelOnce checks "a double
 // SUBSCRIBE on reconnect": when a Client's pub/sub connection is reset,
 // the channel it had subscribed must be subscribed again once, not once by
 // go-redis (which subscribes a PubSub's channels again when it redials)
@@ -113,7 +113,7 @@ func TestFinding5StalledSubscribeLeavesLaterWaitersDeaf(t *testing.T) {
 // it never reaches Redis). Once Redis shows the channel subscribed again,
 // the lock is released and every waiter takes it in turn; then Redis must
 // have run exactly one SUBSCRIBE since the reset (INFO commandstats).
-func TestFindingSuspectDoubleSubscribeOnReconnect(t *testing.T) {
+func TestReconnectSubscribesEachChannelOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		inFlight bool

@@ -13,15 +13,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Regression tests for the findings of the review of the library's core,
-// one file per finding (finding*_test.go), each test named after its
-// finding. Every TestFinding<N> test failed on the code it was written
-// against (commit b30bf91); TestFindingA and TestFindingB guard the
-// suspected cases (a) and (b): (a) failed there too, (b) passed. They use
-// only the exported API, a real redis-server, the documented key layout
-// (to look, or to plant a bad value), go-redis hooks and the
-// fault-injecting proxy of internal/redistest, so that they keep
-// compiling while the core is rewritten. What follows are their helpers.
+// Helpers of the package's scenario tests, which use only the exported
+// API, a real redis-server, the documented key layout (to look, or to
+// plant a bad value), go-redis hooks and the fault-injecting proxy of
+// internal/redistest.
 
 // semKey is a semaphore's holders hash under the default prefix; its other
 // keys add ":expiry", ":size", ":queue", ":waiters" and ":released".

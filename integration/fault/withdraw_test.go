@@ -15,10 +15,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Suspected case (a): a fair Lock that fails after it queued (ctx ended,
+// A fair Lock that fails after it queued (ctx ended,
 // or an error reply) withdraws: the queue (its records, and the count in
 // the lock's hash) no longer holds it when the call returns.
-func TestFindingAFailedFairLockWithdraws(t *testing.T) {
+func TestFailedFairLockWithdraws(t *testing.T) {
 	t.Run("ctx-ends-during-an-attempt", func(t *testing.T) {
 		// A fair Lock queued behind X is woken (an empty message, as a
 		// release publishes) and its ctx ends while the attempt that
@@ -159,9 +159,9 @@ func wake(t *testing.T, rdb *redis.Client, name string) {
 	}
 }
 
-// Suspected case (b): Unlock after a lost hold returns ErrLockLost and
+// Unlock after a lost hold returns ErrLockLost and
 // never removes the hold another owner took meanwhile.
-func TestFindingBUnlockAfterLostKeepsOthersHold(t *testing.T) {
+func TestUnlockAfterLostKeepsOthersHold(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	for _, tc := range []struct {
 		name    string

@@ -9,7 +9,7 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// TestFinding14LostDelayedByHeartbeat guards finding 14: no slow call of
+// TestHeartbeatDoesNotDelayLost: no slow call of
 // any kind, such as a fair waiter's heartbeat, may delay the notice that a
 // hold is lost.
 //
@@ -18,11 +18,11 @@ import (
 // with a watchdog lease of 300 ms, and its connection is blackholed at
 // once. B takes X with TryLock as soon as Redis lets it: by then A's Lost
 // for X must be closed. Three trials take X 30, 50 and 70 ms before A's
-// first heartbeat falls due (1 s after it queued), so that on the code of
-// the finding the watchdog is waiting on a batch holding only that
+// first heartbeat falls due (1 s after it queued), so that a watchdog that
+// waited for its batches would be waiting on a batch holding only that
 // heartbeat (given up after heartbeat/3 = 1 s) when X's deadline passes,
 // and reports the loss up to 0.75 s after B got X.
-func TestFinding14LostDelayedByHeartbeat(t *testing.T) {
+func TestHeartbeatDoesNotDelayLost(t *testing.T) {
 	const (
 		lease     = 300 * time.Millisecond
 		heartbeat = 3 * time.Second // the default

@@ -11,7 +11,7 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// TestFinding3HandoffDeadlineCountsFromGrant guards finding 3: a hold
+// TestHandoffDeadlineCountsFromGrant: a hold
 // handed to a fair waiter by a release must count its lease from the
 // moment the release granted it in Redis, not from the moment the waiter
 // received the message; so its Lost channel closes no later than Redis
@@ -25,9 +25,9 @@ import (
 // (watchdog-half-open, WithCrashTimeout 1.5 s, which caps the hand-off
 // lease; the heartbeat keeps its default of 3 s). A direct
 // Client takes the lock with TryLock as soon as Redis lets it; at that
-// moment the waiter's Lost must be closed. On the code of the finding it
+// moment the waiter's Lost must be closed. Where this does not hold, it
 // closes ~140 ms after (the latency, less the drift margin).
-func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
+func TestHandoffDeadlineCountsFromGrant(t *testing.T) {
 	const latency = 150 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
@@ -57,7 +57,7 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 				return queued(t, admin, name) == 1 && subscribers(t, admin, name) == 1
 			})
 			// Let it finish its attempts, so that the release reaches it as
-			// a message (the path of the finding).
+			// a message (the path under test).
 			settle(t, admin, name, 3*latency, 5*time.Second)
 			if tc.halfOpen {
 				px.SetBlackholeRequests(true)
@@ -93,8 +93,8 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 	}
 }
 
-// TestFinding3LongQueuedHandoffKeepsHold guards the second requirement of
-// finding 3: a fair waiter queued for 10 s behind 150 ms of latency each
+// TestLongQueuedHandoffKeepsHold checks the other side
+// of the hand-off deadline: a fair waiter queued for 10 s behind 150 ms of latency each
 // way (watchdog lease 900 ms) and then handed the lock keeps the hold: it
 // stays queued meanwhile, its Lock returns within 1 s of the release, the
 // hold is neither lost nor taken by anyone else for two watchdog leases
@@ -104,9 +104,9 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 // cached the watchdog's script yet.
 //
 //   - heartbeat-3s (the default; hand-off lease 900 ms, the watchdog
-//     lease): expected to pass on the code of the finding too.
+//     lease): expected to pass where this does not hold too.
 //   - heartbeat-600ms (hand-off lease 600 ms; a round trip is half of it):
-//     on the code of the finding the waiter does not even stay queued. Each
+//     where this does not hold the waiter does not even stay queued. Each
 //     heartbeat call is abandoned after heartbeat/3 = 200 ms, before its
 //     reply: the first gets NOSCRIPT and its EVAL fallback is never sent,
 //     later ones wait for new connections whose handshake outlasts the
@@ -119,7 +119,7 @@ func TestFinding3HandoffDeadlineCountsFromGrant(t *testing.T) {
 //     WithWaiterTimeout). This case checks that the waiter stays queued and,
 //     after the hand-off, only that nobody else holds the lock while the
 //     waiter's Lost is open.
-func TestFinding3LongQueuedHandoffKeepsHold(t *testing.T) {
+func TestLongQueuedHandoffKeepsHold(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		heartbeat time.Duration

@@ -11,10 +11,10 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// Finding 10: a counter holding "1.5" (the token counter, or a lease's
+// A counter holding "1.5" (the token counter, or a lease's
 // end) is a value of the wrong type: calls fail with ErrWrongType and
 // change nothing, rather than writing and then failing.
-func TestFinding10FractionalCounterIsWrongType(t *testing.T) {
+func TestFractionalCounterIsWrongType(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		fair bool

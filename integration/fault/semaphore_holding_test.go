@@ -13,8 +13,9 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Tests of the second adversarial review. Each fails on the code it was
-// written against (main at 5432a87) and says how.
+// Tests of a semaphore holding's life across lost permits, partial
+// releases and dead waiters, and of a cancelled Lock's return: each says
+// the interleaving it forces.
 
 // semScript tells the semaphore's script calls apart by their keys.
 func semScript(args []string, name string) string {
@@ -31,7 +32,7 @@ func semScript(args []string, name string) string {
 	return ""
 }
 
-// R2-1: a Semaphore value whose permits were lost locally (their deadline
+// A Semaphore value whose permits were lost locally (their deadline
 // passed unrenewed) while Redis still holds them forgets them on Release
 // without telling Redis (ErrLockLost, nothing sent). Its next Acquire then
 // adds the new permits to the holder's record in Redis (holder ids are per
@@ -39,7 +40,7 @@ func semScript(args []string, name string) string {
 // and renewed by the watchdog for as long as the value holds anything. The
 // documented "Redis frees them within one lease" never happens: the
 // semaphore has one permit fewer for everyone, indefinitely.
-func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
+func TestSemaphoreLostPermitsNotRevivedByNextAcquire(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
@@ -115,7 +116,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 	_ = sa.Release(ctx, 1)
 }
 
-// R2-2: "every blocking call returns within 25 ms of the end of its
+// "every blocking call returns within 25 ms of the end of its
 // context". The reply grace and the clean-up wait share one budget only
 // when the ctx ended by its deadline (GraceEnd counts from the deadline);
 // a ctx that is cancelled gets CleanupWait from now twice: once for the
@@ -123,7 +124,7 @@ func TestReview2LostPermitsRevivedByNextAcquire(t *testing.T) {
 // place that reply gave it. A Lock cancelled during an attempt whose reply
 // comes 20 ms later returns ~45 ms after the cancellation. (The deadline
 // subtest, the same scenario ended by a deadline, passes.)
-func TestReview2CancelledLockReturnsLate(t *testing.T) {
+func TestCancelledLockReturnsWithinCleanupWait(t *testing.T) {
 	for _, byDeadline := range []bool{true, false} {
 		tcName := "cancel"
 		if byDeadline {
@@ -195,13 +196,13 @@ func TestReview2CancelledLockReturnsLate(t *testing.T) {
 	}
 }
 
-// R2-3: Release gives back s's turn to talk to Redis (op) before it drops
+// Release gives back s's turn to talk to Redis (op) before it drops
 // the permits it released from its count. A call of the same value that
 // takes the turn in between (another Release, an Acquire's attempt) sends
 // the stale count as "held", finds fewer permits in Redis, and is told the
 // permits were lost: a spurious ErrLockLost, and Lost closes on permits
 // that are held and renewed.
-func TestReview2ConcurrentPartialReleasesSpuriousLoss(t *testing.T) {
+func TestSemaphoreConcurrentPartialReleasesKeepHold(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
 	c := newClient(t, addr)
@@ -234,12 +235,12 @@ func TestReview2ConcurrentPartialReleasesSpuriousLoss(t *testing.T) {
 	}
 }
 
-// R2-4: an Acquire on a value that holds permits adds the new permits to
+// An Acquire on a value that holds permits adds the new permits to
 // the value's hold without checking that it is still held: when the hold
 // is lost while the attempt is in flight (its deadline passed unrenewed),
 // Acquire returns nil (not ErrLockLost) and Held counts the new permits in
 // a hold whose Lost channel is already closed and which nothing renews.
-func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
+func TestSemaphoreAcquireOntoLostHoldFails(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
@@ -284,7 +285,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 	_ = s.Release(ctx, s.Held())
 }
 
-// R2-5: a semaphore waiter stuck behind a dead head waiter is not woken
+// A semaphore waiter stuck behind a dead head waiter is not woken
 // when the head's heartbeat lapses: nothing looks at the queue until some
 // script runs (a release, an attempt). The fair Mutex has the heartbeat's
 // "free" nudge for this; the semaphore's is only sent when nobody holds a
@@ -292,7 +293,7 @@ func TestReview2AcquireSucceedsOntoLostHold(t *testing.T) {
 // earliest lease end or the recheck interval: here W, wanting 1 of the 2
 // free permits behind a dead waiter for 3, waits ~the 6 s lease instead of
 // about a heartbeat (1 s).
-func TestReview2SemaphoreWaiterBehindDeadHeadSleeps(t *testing.T) {
+func TestSemaphoreWaiterBehindDeadHeadIsWoken(t *testing.T) {
 	addr := redistest.Addr(t)
 	name := redistest.Name(t)
 	opts := []redisync.Option{redisync.WithCrashTimeout(6 * time.Second),

@@ -11,7 +11,7 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// TestFinding6WakeSwallowedByEndingWaiter guards finding 6: the wake-up a
+// TestWakeTakenByEndingWaiterIsPassedOn: the wake-up a
 // release sends to a Client must reach a waiter that can use it, even when
 // it is delivered to a waiter whose context ends at that very instant.
 //
@@ -21,10 +21,11 @@ import (
 // releases, and the ending waiter's context is cancelled a seeded random
 // 0-300 µs after the release returned, about when the wake-up reaches it.
 // The other waiter must hold the lock within 1 s of the release (or of the
-// ending waiter's Unlock, when that one got the lock after all). On the
-// code of the finding, a wake-up consumed by the ending waiter's wait just
-// before its context ends is lost, and the other waiter sleeps 10 s.
-func TestFinding6WakeSwallowedByEndingWaiter(t *testing.T) {
+// ending waiter's Unlock, when that one got the lock after all). Were it
+// not passed on, a wake-up consumed by the ending waiter's wait just
+// before its context ends would be lost, and the other waiter would sleep
+// 10 s.
+func TestWakeTakenByEndingWaiterIsPassedOn(t *testing.T) {
 	const trials = 300
 	srv := redistest.Spawn(t) // of its own: the test counts its commands
 	admin := redistest.NewClient(t, srv.Addr)

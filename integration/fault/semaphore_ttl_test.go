@@ -8,9 +8,9 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 2: a partial Semaphore.Release must keep the semaphore's keys
+// A partial Semaphore.Release must keep the semaphore's keys
 // alive for the holder's re-armed lease, or the permits are over-granted.
-func TestFinding2PartialReleaseKeepsTTL(t *testing.T) {
+func TestSemaphorePartialReleaseKeepsTTL(t *testing.T) {
 	const lease = time.Second
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)

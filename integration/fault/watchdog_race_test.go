@@ -13,11 +13,11 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 12: no data race between the watchdog's renewals and holders
+// No data race between the watchdog's renewals and holders
 // re-entering or partly releasing (run with -race; without it this test
 // cannot fail). Several holders on one Client share its watchdog, so
 // that its batches and their re-arms interleave often.
-func TestFinding12WatchdogDeadlineRace(t *testing.T) {
+func TestWatchdogDeadlineUnderRace(t *testing.T) {
 	const lease, run, holders = 30 * time.Millisecond, 2 * time.Second, 8
 	for _, tc := range []struct {
 		name string

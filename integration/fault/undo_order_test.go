@@ -11,13 +11,13 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Suspected case (c), confirmed: the undo of a call whose reply was lost
+// The undo of a call whose reply was lost
 // goes out on another connection and can reach Redis before the call
-// itself (held on the wire, as behind a retransmission). On b30bf91 the
-// late acquire then took the lock for a call that had returned an error:
-// a hold nobody knew of, kept for its whole lease (30 s). Now the undo
-// marks the call's ticket withdrawn, and the late acquire takes nothing.
-func TestFindingCUndoOvertakesTheAcquire(t *testing.T) {
+// itself (held on the wire, as behind a retransmission). Were the late
+// acquire to take the lock for a call that had returned an error, the
+// hold would be nobody's, kept for its whole lease (30 s): the undo marks
+// the call's ticket withdrawn, and the late acquire takes nothing.
+func TestUndoOvertakingTheAcquireLeavesNoHold(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
 	px := redistest.NewProxy(t, addr)

@@ -9,10 +9,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 8: an Unlock or Release whose ctx has already ended must not
+// An Unlock or Release whose ctx has already ended must not
 // leave the hold registered with the watchdog (renewed forever): the
 // release must still reach Redis (detached from ctx, with its own timeout).
-func TestFinding8ReleaseWithEndedCtx(t *testing.T) {
+func TestReleaseWithEndedCtxReleases(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	ended, cancel := context.WithCancel(ctx)
 	cancel()

@@ -13,10 +13,10 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// Finding 9: a Lock or Acquire that loses a race with Client.Close
+// A Lock or Acquire that loses a race with Client.Close
 // returns ErrClosed and leaves no hold in Redis (deterministic: its
 // request is held on the wire until Close has returned).
-func TestFinding9LockRacingCloseReturnsErrClosed(t *testing.T) {
+func TestLockRacingCloseReturnsErrClosed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		key  func(name string) string
@@ -66,9 +66,9 @@ func TestFinding9LockRacingCloseReturnsErrClosed(t *testing.T) {
 	}
 }
 
-// Finding 9 (stress): Locks racing Close either returned nil before Close
+// With many calls: Locks racing Close either returned nil before Close
 // returned, or return ErrClosed and leave no hold.
-func TestFinding9LockRacingCloseStress(t *testing.T) {
+func TestLockRacingCloseStress(t *testing.T) {
 	const goroutines, rounds = 32, 5
 	addr := redistest.Addr(t)
 	rdb := redistest.NewClient(t, addr)
