@@ -1,0 +1,429 @@
+package redisynctest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redisync/redisync"
+	"github.com/redisync/redisync/internal/kithook"
+	"github.com/redisync/redisync/internal/schema"
+)
+
+// Kit is one test's embedded Redis and the redisync Clients on it. Make it
+// with New; its methods are safe for concurrent use.
+type Kit struct {
+	tb  testing.TB
+	mr  *miniredis.Miniredis
+	rdb *redis.Client // the kit's own connection, for its scripts
+
+	mu      sync.Mutex
+	clients map[*redisync.Client]*member
+	offset  time.Duration // how far Advance moved Redis's clock ahead of the real one
+	manual  bool          // the clock is set by tick (Advance was called)
+	set     time.Time     // the time last set on the clock, when manual
+	stop    chan struct{} // closed when the test ends: tick returns
+	wg      sync.WaitGroup
+}
+
+// member is a Client of the kit.
+type member struct {
+	id     string
+	rdb    *redis.Client
+	dialer *dialer
+	killed bool
+}
+
+// New starts an embedded Redis for the test tb, whose clock follows real
+// time, and returns its Kit. Everything the kit starts is stopped, and
+// every Client it made is closed, when tb ends.
+func New(tb testing.TB) *Kit {
+	tb.Helper()
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		tb.Fatalf("redisynctest: cannot start the embedded Redis: %v", err)
+	}
+	// TTLs run out as the clock moves: the real one until Advance.
+	mr.ClockTTL(true)
+	k := &Kit{
+		tb:      tb,
+		mr:      mr,
+		rdb:     redis.NewClient(&redis.Options{Addr: mr.Addr()}),
+		clients: make(map[*redisync.Client]*member),
+		stop:    make(chan struct{}),
+	}
+	// Its connection is dialed now, not by the first EndLease or Kill,
+	// which must be prompt.
+	if err := k.rdb.Ping(context.Background()).Err(); err != nil {
+		_ = k.rdb.Close()
+		mr.Close()
+		tb.Fatalf("redisynctest: the embedded Redis does not answer: %v", err)
+	}
+	tb.Cleanup(func() {
+		close(k.stop)
+		k.wg.Wait()
+		_ = k.rdb.Close()
+		mr.Close()
+	})
+	return k
+}
+
+// Addr returns the address of the embedded Redis, for a go-redis client
+// of the test's own.
+func (k *Kit) Addr() string { return k.mr.Addr() }
+
+// Miniredis returns the embedded Redis, to look at or change what it
+// stores. Its clock belongs to the kit: move it with Advance, not with
+// miniredis's SetTime or FastForward.
+func (k *Kit) Miniredis() *miniredis.Miniredis { return k.mr }
+
+// Client returns a new redisync Client of the embedded Redis, with opts
+// (redisync.New's options), on a go-redis client of its own. It is closed
+// when the test ends. A Client that the test closes itself is closed
+// again then, which does nothing.
+func (k *Kit) Client(opts ...redisync.Option) *redisync.Client {
+	k.tb.Helper()
+	d := &dialer{conns: make(map[net.Conn]struct{})}
+	rdb := redis.NewClient(&redis.Options{Addr: k.mr.Addr(), Dialer: d.dial})
+	c, err := redisync.New(rdb, opts...)
+	if err != nil {
+		_ = rdb.Close()
+		k.tb.Fatalf("redisynctest: %v", err)
+	}
+	m := &member{id: kithook.ID(c), rdb: rdb, dialer: d}
+	k.mu.Lock()
+	k.clients[c] = m
+	k.mu.Unlock()
+	k.tb.Cleanup(func() {
+		k.mu.Lock()
+		killed := m.killed
+		k.mu.Unlock()
+		if killed {
+			// Its releases cannot reach Redis: no need to wait for them.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = c.Shutdown(ctx)
+		}
+		_ = c.Close()
+		_ = rdb.Close()
+	})
+	return c
+}
+
+// Now returns the time on the embedded Redis's clock: the real time plus
+// every Advance.
+func (k *Kit) Now() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return time.Now().Add(k.offset)
+}
+
+// tickEvery is how often the clock is set once Advance has moved it.
+const tickEvery = time.Millisecond
+
+// Advance moves the embedded Redis's clock forward by d, at once, and
+// keeps it d ahead of the real one from then on: leases, hand-offs and
+// waiters' deadlines that end within d end now in Redis, as after a pause
+// of the whole world but Redis. Then, as after EndLease, every Client's
+// holds are renewed at once (those whose lease ended are lost: their Lost
+// channels close) and every waiter looks again (one finds a lease that
+// ended and takes it).
+//
+// The Clients' own clocks do not move: a hold with a fixed lease
+// (redisync.WithFixedLease) is reported lost at its deadline by the real
+// clock, whatever Advance did in Redis. A d of 0 or less does nothing.
+func (k *Kit) Advance(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	k.mu.Lock()
+	k.offset += d
+	k.setLocked()
+	if !k.manual {
+		k.manual = true
+		k.wg.Add(1)
+		go k.tick()
+	}
+	clients := k.liveLocked()
+	k.mu.Unlock()
+	for _, c := range clients {
+		kithook.RenewNow(c)
+		kithook.WakeAll(c)
+	}
+}
+
+// tick keeps the embedded Redis's clock the kit's offset ahead of the
+// real one, from Advance until the test ends (miniredis has a clock that
+// stands still, or the real one).
+func (k *Kit) tick() {
+	defer k.wg.Done()
+	t := time.NewTicker(tickEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-t.C:
+			k.mu.Lock()
+			k.setLocked()
+			k.mu.Unlock()
+		}
+	}
+}
+
+// setLocked sets the embedded Redis's clock to the real time plus the
+// offset. k.mu must be held.
+func (k *Kit) setLocked() {
+	k.set = time.Now().Add(k.offset)
+	k.mr.SetTime(k.set)
+}
+
+// redisNow returns a time that the embedded Redis's clock has reached
+// already: what it reads from now on is no earlier.
+func (k *Kit) redisNow() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.manual {
+		return k.set
+	}
+	return time.Now()
+}
+
+// liveLocked returns the kit's Clients that were not killed. k.mu must be
+// held.
+func (k *Kit) liveLocked() []*redisync.Client {
+	var out []*redisync.Client
+	for c, m := range k.clients {
+		if !m.killed {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// EndLease ends, in the embedded Redis, the current hold of the lock
+// called name (a Mutex's, or an Election's leader, under any key prefix),
+// as if its lease had run out, and reports whether there was one. Its
+// holder, a Client of the kit, is made to renew at once, which finds the
+// hold gone: its Lost channel closes. Every waiter of the lock on the kit's
+// Clients is woken, as a release wakes it: the first in line takes the
+// lock. The holds of other locks, and of other holders, are left be.
+//
+// A hold with a fixed lease (redisync.WithFixedLease) is not renewed: its
+// holder learns of the loss at the hold's deadline, as always.
+func (k *Kit) EndLease(name string) bool {
+	k.tb.Helper()
+	var keys []string
+	for _, key := range k.mr.Keys() {
+		if lockHash(key) && (strings.HasSuffix(key, ":lock:{"+name+"}") || strings.HasSuffix(key, ":elect:{"+name+"}")) {
+			keys = append(keys, key)
+		}
+	}
+	return len(k.end(keys, "")) > 0
+}
+
+// Kill stands for the death of c's process: c's connections are cut and
+// it dials no more, so that it renews nothing and releases nothing; every
+// hold of c is reported lost at once (its Lost channels close), as the
+// dead process would never learn it; and, as if their leases had run out,
+// the kit ends c's holds of locks (Mutexes, MultiMutexes, Elections) in
+// Redis, and only c's, waking their waiters, so that other Clients take
+// them without waiting for the crash timeout. c's calls fail from then on
+// (it is closed when the test ends). c must be a Client of the kit.
+//
+// What else c left in Redis stays, as a dead process's would: its queued
+// waiters keep their place until their heartbeat runs out (see
+// redisync.WithWaiterTimeout), and its permits of a Semaphore or a
+// RWMutex are freed when their lease runs out (see
+// redisync.WithCrashTimeout), or when Advance moves the clock past it.
+func (k *Kit) Kill(c *redisync.Client) {
+	k.tb.Helper()
+	k.mu.Lock()
+	m := k.clients[c]
+	if m == nil {
+		k.mu.Unlock()
+		k.tb.Fatalf("redisynctest: Kill of a Client not made by this kit")
+		return
+	}
+	already := m.killed
+	m.killed = true
+	k.mu.Unlock()
+	if already {
+		return
+	}
+	m.dialer.cut()
+	keys, _ := kithook.DropHolds(c)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	k.end(keys, m.id)
+}
+
+// lockHash reports whether key may be a lock's (or an election's) hash,
+// "prefix:lock:{name}" (internal/schema), by its name; end checks that it
+// is a hash.
+func lockHash(key string) bool {
+	i := strings.IndexByte(key, '{')
+	if i < 0 || !strings.HasSuffix(key, "}") {
+		return false
+	}
+	return strings.HasSuffix(key[:i], ":lock:") || strings.HasSuffix(key[:i], ":elect:")
+}
+
+// end ends the holds of the locks whose hashes are keys, held by the
+// Client client (” for any), tells their holders that live, and wakes
+// the waiters of the kit's live Clients on those locks. It returns the
+// hashes whose hold it ended.
+func (k *Kit) end(keys []string, client string) []string {
+	k.tb.Helper()
+	type hold struct{ key, owner string }
+	var held []hold
+	for _, key := range keys {
+		owner, err := k.endOne(key, client)
+		if err != nil {
+			k.tb.Fatalf("redisynctest: ending the lease of %s: %v", key, err)
+			return nil
+		}
+		if owner != "" {
+			held = append(held, hold{key, owner})
+		}
+	}
+	k.mu.Lock()
+	byID := make(map[string]*redisync.Client)
+	for c, m := range k.clients {
+		if !m.killed {
+			byID[m.id] = c
+		}
+	}
+	k.mu.Unlock()
+	var ended []string
+	for _, h := range held {
+		ended = append(ended, h.key)
+		// The holder learns of it at once: the kit ended that very hold,
+		// whose owner id no other hold has. A holder that does not know
+		// the hold (its Lock call is still taking it) renews at once
+		// instead, and the reply tells it.
+		if c := byID[schema.Client(h.owner)]; c != nil && !kithook.Lose(c, h.key, h.owner) {
+			kithook.RenewNow(c)
+		}
+		// Then every Client's waiters look again, as the wake-up a
+		// release publishes has them do (an empty message on the
+		// Client's grant channel: internal/schema, Lock.GrantChannel):
+		// the first in line takes the lock, or is handed it.
+		for id, c := range byID {
+			kithook.Wake(c, h.key+":ch:"+id)
+		}
+	}
+	return ended
+}
+
+// endOne ends the current hold of the lock whose hash is key, if it is
+// held by the Client client (” for any), as when a lease runs out: the
+// end of its lease, in the hash's {end} field (scripts/lock_lib.lua),
+// becomes the Redis clock's now, and the lock is free for the scripts from
+// then on. It returns the owner whose hold it ended, "" for none.
+func (k *Kit) endOne(key, client string) (string, error) {
+	ctx := context.Background()
+	if k.mr.Type(key) != "hash" {
+		return "", nil
+	}
+	for {
+		var owner string
+		err := k.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			owner = ""
+			v, err := tx.HMGet(ctx, key, schema.OwnerField, schema.EndField).Result()
+			if err != nil {
+				return err
+			}
+			o, _ := v[0].(string)
+			e, _ := v[1].(string)
+			end, err := strconv.ParseInt(e, 10, 64)
+			now := k.redisNow().UnixMilli()
+			if o == "" || err != nil || end <= now || (client != "" && schema.Client(o) != client) {
+				return nil
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.HSet(ctx, key, schema.EndField, strconv.FormatInt(now, 10))
+				return nil
+			})
+			if err == nil {
+				owner = o
+			}
+			return err
+		}, key)
+		if errors.Is(err, redis.TxFailedErr) {
+			continue // the lock changed meanwhile: look again
+		}
+		return owner, err
+	}
+}
+
+// errKilled is what a killed Client's dials fail with.
+var errKilled = errors.New("redisynctest: the Client was killed")
+
+// dialer dials the connections of one Client's go-redis client, and cuts
+// them all when the Client is killed.
+type dialer struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	dead  bool
+}
+
+// dial is the go-redis client's Dialer.
+func (d *dialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	dead := d.dead
+	d.mu.Unlock()
+	if dead {
+		return nil, errKilled
+	}
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dead {
+		_ = c.Close()
+		return nil, errKilled
+	}
+	tc := &trackedConn{Conn: c, d: d}
+	d.conns[tc] = struct{}{}
+	return tc, nil
+}
+
+// cut closes every connection and refuses new ones.
+func (d *dialer) cut() {
+	d.mu.Lock()
+	d.dead = true
+	conns := make([]net.Conn, 0, len(d.conns))
+	for c := range d.conns {
+		conns = append(conns, c)
+	}
+	clear(d.conns)
+	d.mu.Unlock()
+	for _, c := range conns {
+		_ = c.(*trackedConn).Conn.Close()
+	}
+}
+
+// trackedConn is a connection that its dialer forgets once closed.
+type trackedConn struct {
+	net.Conn
+	d *dialer
+}
+
+func (c *trackedConn) Close() error {
+	c.d.mu.Lock()
+	delete(c.d.conns, c)
+	c.d.mu.Unlock()
+	return c.Conn.Close()
+}
