@@ -132,15 +132,15 @@ const tickEvery = time.Millisecond
 // Advance moves the embedded Redis's clock forward by d, at once, and
 // keeps it d ahead of the real one from then on: leases, hand-offs and
 // waiters' deadlines that end within d end now in Redis, as after a pause
-// of the whole world but Redis. Then, as after EndLease, every Client's
-// holds are renewed at once (those whose lease ended are lost: their Lost
-// channels close) and every waiter looks again (one finds a lease that
-// ended and takes it).
+// of the whole world but Redis. The holders of the locks whose leases
+// ended are told at once (their Lost channels close); every other hold is
+// renewed at once (one of a Semaphore or a RWMutex whose lease ended is
+// found lost by the renewal's reply); and every waiter looks again (one
+// finds a lease that ended and takes it).
 //
-// The Clients' own clocks do not move: a hold with a fixed lease
-// (redisync.WithFixedLease) is reported lost at its deadline by the real
-// clock, whatever Advance did in Redis. A d of 0 or less does nothing.
+// The Clients' own clocks do not move. A d of 0 or less does nothing.
 func (k *Kit) Advance(d time.Duration) {
+	k.tb.Helper()
 	if d <= 0 {
 		return
 	}
@@ -152,9 +152,35 @@ func (k *Kit) Advance(d time.Duration) {
 		k.wg.Add(1)
 		go k.tick()
 	}
-	clients := k.liveLocked()
+	now := k.set.UnixMilli() // the Redis clock reads no earlier from now on
+	byID := make(map[string]*redisync.Client)
+	for c, m := range k.clients {
+		if !m.killed {
+			byID[m.id] = c
+		}
+	}
 	k.mu.Unlock()
-	for _, c := range clients {
+	ctx := context.Background()
+	for _, key := range k.mr.Keys() {
+		if !lockHash(key) || k.mr.Type(key) != "hash" {
+			continue
+		}
+		v, err := k.rdb.HMGet(ctx, key, schema.OwnerField, schema.EndField).Result()
+		if err != nil {
+			k.tb.Fatalf("redisynctest: reading %s: %v", key, err)
+			return
+		}
+		owner, _ := v[0].(string)
+		e, _ := v[1].(string)
+		// A hold whose lease has ended in Redis never comes back: no
+		// script renews or takes again a hold past its end.
+		if end, err := strconv.ParseInt(e, 10, 64); err == nil && owner != "" && end <= now {
+			if c := byID[schema.Client(owner)]; c != nil {
+				kithook.Lose(c, key, owner)
+			}
+		}
+	}
+	for _, c := range byID {
 		kithook.RenewNow(c)
 		kithook.WakeAll(c)
 	}
@@ -197,28 +223,14 @@ func (k *Kit) redisNow() time.Time {
 	return time.Now()
 }
 
-// liveLocked returns the kit's Clients that were not killed. k.mu must be
-// held.
-func (k *Kit) liveLocked() []*redisync.Client {
-	var out []*redisync.Client
-	for c, m := range k.clients {
-		if !m.killed {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // EndLease ends, in the embedded Redis, the current hold of the lock
 // called name (a Mutex's, or an Election's leader, under any key prefix),
 // as if its lease had run out, and reports whether there was one. Its
-// holder, a Client of the kit, is made to renew at once, which finds the
-// hold gone: its Lost channel closes. Every waiter of the lock on the kit's
-// Clients is woken, as a release wakes it: the first in line takes the
-// lock. The holds of other locks, and of other holders, are left be.
-//
-// A hold with a fixed lease (redisync.WithFixedLease) is not renewed: its
-// holder learns of the loss at the hold's deadline, as always.
+// holder, when a Client of the kit, is told at once: its Lost channel
+// closes (a holder whose Lock call has not returned yet learns it from a
+// renewal sent at once). Every waiter of the lock on the kit's Clients is
+// woken, as a release wakes it: the first in line takes the lock. The
+// holds of other locks, and of other holders, are left be.
 func (k *Kit) EndLease(name string) bool {
 	k.tb.Helper()
 	var keys []string

@@ -237,3 +237,32 @@ func TestEndLeaseWithNoHold(t *testing.T) {
 		t.Fatal("EndLease reported a hold of a free lock")
 	}
 }
+
+// TestFixedLease: a hold with a fixed lease, which is never renewed, is
+// lost at once too, by EndLease and by an Advance past its lease.
+func TestFixedLease(t *testing.T) {
+	ctx := context.Background()
+	kit := redisynctest.New(t)
+	a, b := kit.Client(redisync.WithFixedLease(time.Hour)), kit.Client()
+	for _, end := range []struct {
+		name string
+		do   func(name string)
+	}{
+		{"EndLease", func(name string) { kit.EndLease(name) }},
+		{"Advance", func(string) { kit.Advance(time.Hour) }},
+	} {
+		holder, other := mutex(t, a, end.name), mutex(t, b, end.name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		done := lockAsync(ctx, other)
+		waiting(t, kit, end.name, 1)
+		l, w := race(t, holder, done, func() { end.do(end.name) })
+		t.Logf("%s of a fixed lease: Lost closed after %v, the waiter's Lock returned after %v", end.name, l, w)
+		if err := other.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestNightlyJob(t *testing.T) { testNightlyJob(t) }
