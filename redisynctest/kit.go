@@ -47,6 +47,13 @@ type member struct {
 // every Client it made is closed, when tb ends.
 func New(tb testing.TB) *Kit {
 	tb.Helper()
+	warmOnce.Do(func() { warm(tb) })
+	return start(tb)
+}
+
+// start starts a Kit for tb.
+func start(tb testing.TB) *Kit {
+	tb.Helper()
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
 		tb.Fatalf("redisynctest: cannot start the embedded Redis: %v", err)
@@ -74,6 +81,46 @@ func New(tb testing.TB) *Kit {
 		mr.Close()
 	})
 	return k
+}
+
+// warmOnce has the first New of a process warm up.
+var warmOnce sync.Once
+
+// warm runs once, on a Kit of its own, what a test does with the kit: a
+// Client waits for a lock another holds, whose lease the kit ends. The
+// first run of that in a process costs much more than the next ones (code
+// run for the first time, memory touched for the first time: several
+// milliseconds under the race detector), which would fall on the first
+// test's EndLease or Kill. Its Clients are closed when tb ends.
+func warm(tb testing.TB) {
+	tb.Helper()
+	k := start(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a, b := k.Client(), k.Client()
+	held, err := a.NewMutex("warm")
+	if err != nil {
+		return
+	}
+	waiting, err := b.NewMutex("warm")
+	if err != nil || held.Lock(ctx) != nil {
+		return
+	}
+	done := make(chan error, 1)
+	go func() { done <- waiting.Lock(ctx) }()
+	for ctx.Err() == nil {
+		if q, _ := k.mr.List("redisync:lock:{warm}:waiting"); len(q) > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond) // its last look before it sleeps
+	k.EndLease("warm")
+	if <-done == nil {
+		_ = waiting.Unlock(ctx)
+	}
+	_ = held.Unlock(ctx)
+	k.Kill(a)
 }
 
 // Addr returns the address of the embedded Redis, for a go-redis client
@@ -349,14 +396,11 @@ func (k *Kit) endOne(key, client string) (string, error) {
 	for {
 		var owner string
 		err := k.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			// Read in the process, after the WATCH: a write to the lock
+			// from then on fails the transaction, which then looks again.
 			owner = ""
-			v, err := tx.HMGet(ctx, key, schema.OwnerField, schema.EndField).Result()
-			if err != nil {
-				return err
-			}
-			o, _ := v[0].(string)
-			e, _ := v[1].(string)
-			end, err := strconv.ParseInt(e, 10, 64)
+			o := k.mr.HGet(key, schema.OwnerField)
+			end, err := strconv.ParseInt(k.mr.HGet(key, schema.EndField), 10, 64)
 			now := k.redisNow().UnixMilli()
 			if o == "" || err != nil || end <= now || (client != "" && schema.Client(o) != client) {
 				return nil
