@@ -337,23 +337,11 @@ func lockHash(key string) bool {
 }
 
 // end ends the holds of the locks whose hashes are keys, held by the
-// Client client (” for any), tells their holders that live, and wakes
+// Client client ("" for any), tells their holders that live, and wakes
 // the waiters of the kit's live Clients on those locks. It returns the
 // hashes whose hold it ended.
 func (k *Kit) end(keys []string, client string) []string {
 	k.tb.Helper()
-	type hold struct{ key, owner string }
-	var held []hold
-	for _, key := range keys {
-		owner, err := k.endOne(key, client)
-		if err != nil {
-			k.tb.Fatalf("redisynctest: ending the lease of %s: %v", key, err)
-			return nil
-		}
-		if owner != "" {
-			held = append(held, hold{key, owner})
-		}
-	}
 	k.mu.Lock()
 	byID := make(map[string]*redisync.Client)
 	for c, m := range k.clients {
@@ -363,13 +351,22 @@ func (k *Kit) end(keys []string, client string) []string {
 	}
 	k.mu.Unlock()
 	var ended []string
-	for _, h := range held {
-		ended = append(ended, h.key)
+	for _, key := range keys {
+		owner, sure, other := k.endOne(key, client)
+		if owner == "" {
+			continue
+		}
+		ended = append(ended, key)
 		// The holder learns of it at once: the kit ended that very hold,
-		// whose owner id no other hold has. A holder that does not know
-		// the hold (its Lock call is still taking it) renews at once
-		// instead, and the reply tells it.
-		if c := byID[schema.Client(h.owner)]; c != nil && !kithook.Lose(c, h.key, h.owner) {
+		// whose owner id no other hold has. When the kit cannot be sure
+		// whose hold it ended (the lock changed hands while it wrote), or
+		// the holder does not know the hold yet (its Lock call is still
+		// taking it), the Clients concerned renew at once instead: the
+		// reply decides, and no hold still held is reported lost.
+		if c := byID[schema.Client(owner)]; c != nil && (!sure || !kithook.Lose(c, key, owner)) {
+			kithook.RenewNow(c)
+		}
+		if c := byID[schema.Client(other)]; other != "" && c != nil {
 			kithook.RenewNow(c)
 		}
 		// Then every Client's waiters look again, as the wake-up a
@@ -377,48 +374,39 @@ func (k *Kit) end(keys []string, client string) []string {
 		// Client's grant channel: internal/schema, Lock.GrantChannel):
 		// the first in line takes the lock, or is handed it.
 		for id, c := range byID {
-			kithook.Wake(c, h.key+":ch:"+id)
+			kithook.Wake(c, key+":ch:"+id)
 		}
 	}
 	return ended
 }
 
 // endOne ends the current hold of the lock whose hash is key, if it is
-// held by the Client client (” for any), as when a lease runs out: the
+// held by the Client client ("" for any), as when a lease runs out: the
 // end of its lease, in the hash's {end} field (scripts/lock_lib.lua),
 // becomes the Redis clock's now, and the lock is free for the scripts from
-// then on. It returns the owner whose hold it ended, "" for none.
-func (k *Kit) endOne(key, client string) (string, error) {
-	ctx := context.Background()
+// then on. It returns the owner whose hold it found, "" for none, and
+// whether it is sure that it ended that owner's hold: it reads and writes
+// the hash in the process, in steps (miniredis runs each alone, and a
+// script whole), with no round trip, and the lock may have changed hands
+// between them. Then other is the owner it found after writing: the hold
+// it ended is owner's or other's.
+func (k *Kit) endOne(key, client string) (owner string, sure bool, other string) {
 	if k.mr.Type(key) != "hash" {
-		return "", nil
+		return "", false, ""
 	}
-	for {
-		var owner string
-		err := k.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			// Read in the process, after the WATCH: a write to the lock
-			// from then on fails the transaction, which then looks again.
-			owner = ""
-			o := k.mr.HGet(key, schema.OwnerField)
-			end, err := strconv.ParseInt(k.mr.HGet(key, schema.EndField), 10, 64)
-			now := k.redisNow().UnixMilli()
-			if o == "" || err != nil || end <= now || (client != "" && schema.Client(o) != client) {
-				return nil
-			}
-			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.HSet(ctx, key, schema.EndField, strconv.FormatInt(now, 10))
-				return nil
-			})
-			if err == nil {
-				owner = o
-			}
-			return err
-		}, key)
-		if errors.Is(err, redis.TxFailedErr) {
-			continue // the lock changed meanwhile: look again
-		}
-		return owner, err
+	owner = k.mr.HGet(key, schema.OwnerField)
+	end, err := strconv.ParseInt(k.mr.HGet(key, schema.EndField), 10, 64)
+	now := k.redisNow().UnixMilli()
+	if owner == "" || err != nil || end <= now || (client != "" && schema.Client(owner) != client) {
+		return "", false, ""
 	}
+	k.mr.HSet(key, schema.EndField, strconv.FormatInt(now, 10))
+	// An owner id is never used again once its hold ended: when the same
+	// owner holds after the write, the hold ended is its own.
+	if after := k.mr.HGet(key, schema.OwnerField); after != owner {
+		return owner, false, after
+	}
+	return owner, true, ""
 }
 
 // errKilled is what a killed Client's dials fail with.
