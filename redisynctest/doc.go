@@ -14,11 +14,14 @@
 // it ahead. Client returns redisync Clients of it, closed when the test
 // ends. EndLease ends a lock's current hold in Redis as if its lease had
 // run out; Kill stands for the death of a Client's process and ends its
-// holds. After either, the holder's Lost channel closes, and a Client
-// waiting for the lock takes it, within a few milliseconds rather than
-// the crash timeout (15 s by default): the kit has the holder's Client
-// renew at once, and the renewal's reply finds the hold gone, and it
-// publishes the wake-up a release publishes. Holds the kit did not end
+// holds of locks. After either, the holder's Lost channel closes, and a
+// Client waiting for the lock takes it, within a few milliseconds rather
+// than the crash timeout (15 s by default): the kit tells the holder's
+// Client that the hold it ended is lost (the hold's owner id, unique to
+// it, names it; a hold the kit cannot name for sure is renewed at once
+// instead, and the renewal's reply decides), and it wakes the waiters of
+// its Clients, as the message that a release publishes does, so that the
+// first in line looks again and takes the lock. Holds the kit did not end
 // are never reported lost: the Clients keep their usual timeouts.
 //
 // The kit serves tests only: miniredis is not Redis (it runs the

@@ -23,7 +23,7 @@ import (
 type Kit struct {
 	tb  testing.TB
 	mr  *miniredis.Miniredis
-	rdb *redis.Client // the kit's own connection, for its scripts
+	rdb *redis.Client // the kit's own connection
 
 	mu      sync.Mutex
 	clients map[*redisync.Client]*member
