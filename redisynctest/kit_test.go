@@ -266,3 +266,50 @@ func TestFixedLease(t *testing.T) {
 }
 
 func TestNightlyJob(t *testing.T) { testNightlyJob(t) }
+
+// An Election's leader is a lock's holder: EndLease ends its term, and a
+// waiting candidate leads.
+func TestEndLeaseOfAnElection(t *testing.T) {
+	ctx := context.Background()
+	kit := redisynctest.New(t)
+	a, b := kit.Client(), kit.Client()
+	leader, err := a.NewElection("primary")
+	if err != nil {
+		t.Fatal(err)
+	}
+	candidate, err := b.NewElection("primary")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Campaign(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- candidate.Campaign(ctx, "b") }()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	if !kit.EndLease("primary") {
+		t.Fatal("EndLease found no leader")
+	}
+	<-leader.Lost()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the leader lost its term, and the candidate leads, after %v", time.Since(start))
+	if err := candidate.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A killed Client's calls fail: its process is dead.
+func TestKilledClientCallsFail(t *testing.T) {
+	kit := redisynctest.New(t)
+	c := kit.Client()
+	m := mutex(t, c, "job")
+	kit.Kill(c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ok, err := m.TryLock(ctx); ok || err == nil {
+		t.Fatalf("TryLock of a killed Client: %v, %v; want an error", ok, err)
+	}
+}
