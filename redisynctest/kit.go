@@ -3,6 +3,7 @@ package redisynctest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -352,27 +353,29 @@ func (k *Kit) end(keys []string, client string) []string {
 	k.mu.Unlock()
 	var ended []string
 	for _, key := range keys {
-		owner, sure, other := k.endOne(key, client)
+		owner, handed, err := k.endOne(key, client)
+		if err != nil {
+			k.tb.Fatalf("redisynctest: ending the lease of %s: %v", key, err)
+			return nil
+		}
 		if owner == "" {
 			continue
 		}
 		ended = append(ended, key)
 		// The holder learns of it at once: the kit ended that very hold,
-		// whose owner id no other hold has. When the kit cannot be sure
-		// whose hold it ended (the lock changed hands while it wrote), or
-		// the holder does not know the hold yet (its Lock call is still
-		// taking it), the Clients concerned renew at once instead: the
-		// reply decides, and no hold still held is reported lost.
-		if c := byID[schema.Client(owner)]; c != nil && (!sure || !kithook.Lose(c, key, owner)) {
+		// whose owner id no other hold has. A holder that does not know
+		// the hold yet (its Lock call is still taking it) renews at once
+		// instead: the reply tells it.
+		if c := byID[schema.Client(owner)]; c != nil && !kithook.Lose(c, key, owner) {
 			kithook.RenewNow(c)
 		}
-		if c := byID[schema.Client(other)]; other != "" && c != nil {
-			kithook.RenewNow(c)
+		if handed {
+			continue // as a release does, to the waiter it handed the lock to
 		}
-		// Then every Client's waiters look again, as the wake-up a
-		// release publishes has them do (an empty message on the
-		// Client's grant channel: internal/schema, Lock.GrantChannel):
-		// the first in line takes the lock, or is handed it.
+		// Every Client's waiters look again, as the wake-up a release
+		// publishes has them do (an empty message on the Client's grant
+		// channel: internal/schema, Lock.GrantChannel): the first in line
+		// takes the lock, or is handed it.
 		for id, c := range byID {
 			kithook.Wake(c, key+":ch:"+id)
 		}
@@ -380,33 +383,104 @@ func (k *Kit) end(keys []string, client string) []string {
 	return ended
 }
 
+// stateMemory is how long a lock's hash outlives its last hold at least
+// (scripts/lib.lua, state_memory_ms).
+const stateMemory = time.Hour
+
 // endOne ends the current hold of the lock whose hash is key, if it is
 // held by the Client client ("" for any), as when a lease runs out: the
 // end of its lease, in the hash's {end} field (scripts/lock_lib.lua),
 // becomes the Redis clock's now, and the lock is free for the scripts from
-// then on. It returns the owner whose hold it found, "" for none, and
-// whether it is sure that it ended that owner's hold: it reads and writes
-// the hash in the process, in steps (miniredis runs each alone, and a
-// script whole), with no round trip, and the lock may have changed hands
-// between them. Then other is the owner it found after writing: the hold
-// it ended is owner's or other's.
-func (k *Kit) endOne(key, client string) (owner string, sure bool, other string) {
+// then on. When the head of the lock's fair queue is a waiter alive on its
+// own, the lock is handed to it at once, as the next look of a waiter
+// would (lock_lib.lua, hand_off): handed reports it, and the grant is
+// published to the waiter, which takes it with no call to Redis. It all
+// happens in one transaction, which reads what it needs in the process
+// under WATCH (a write to the lock meanwhile fails it, and it looks
+// again). It returns the owner whose hold it ended, "" for none.
+func (k *Kit) endOne(key, client string) (owner string, handed bool, err error) {
 	if k.mr.Type(key) != "hash" {
-		return "", false, ""
+		return "", false, nil
 	}
-	owner = k.mr.HGet(key, schema.OwnerField)
-	end, err := strconv.ParseInt(k.mr.HGet(key, schema.EndField), 10, 64)
-	now := k.redisNow().UnixMilli()
-	if owner == "" || err != nil || end <= now || (client != "" && schema.Client(owner) != client) {
-		return "", false, ""
+	ctx := context.Background()
+	queue := key + ":waiting"
+	for {
+		owner, handed = "", false
+		err = k.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			o := k.mr.HGet(key, schema.OwnerField)
+			end, err := strconv.ParseInt(k.mr.HGet(key, schema.EndField), 10, 64)
+			now := k.redisNow()
+			ms := now.UnixMilli()
+			if o == "" || err != nil || end <= ms || (client != "" && schema.Client(o) != client) {
+				return nil
+			}
+			head, ok := k.handOff(key, queue, ms)
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				if !ok {
+					p.HSet(ctx, key, schema.EndField, strconv.FormatInt(ms, 10))
+					return nil
+				}
+				token := max(now.UnixMicro(), num(k.mr.HGet(key, schema.TokenField))+1)
+				hold := ms + head.Handoff
+				fields := []any{
+					schema.OwnerField, head.Ticket, schema.EndField, hold, schema.TokenField, token,
+					schema.MetaField, head.Metadata, schema.PoppedField, head.Seq,
+					schema.QueueField, num(k.mr.HGet(key, schema.QueueField)) - 1,
+				}
+				if expires := num(k.mr.HGet(key, schema.ExpiresField)); expires < hold+stateMemory.Milliseconds() {
+					expires = hold + 2*stateMemory.Milliseconds()
+					fields = append(fields, schema.ExpiresField, expires)
+					p.PExpireAt(ctx, key, time.UnixMilli(expires))
+					p.PExpireAt(ctx, queue, time.UnixMilli(expires))
+				}
+				p.LPop(ctx, queue)
+				p.HSet(ctx, key, fields...)
+				p.Publish(ctx, key+":ch:"+schema.Client(head.Ticket), fmt.Sprintf("%s:%d:%d", head.Ticket, token, ms))
+				return nil
+			})
+			if err == nil {
+				owner, handed = o, ok
+			}
+			return err
+		}, key, queue)
+		if !errors.Is(err, redis.TxFailedErr) {
+			return owner, handed, err
+		}
 	}
-	k.mr.HSet(key, schema.EndField, strconv.FormatInt(now, 10))
-	// An owner id is never used again once its hold ended: when the same
-	// owner holds after the write, the hold ended is its own.
-	if after := k.mr.HGet(key, schema.OwnerField); after != owner {
-		return owner, false, after
+}
+
+// handOff returns the record at the head of the fair queue of the lock
+// whose hash is key, when the lock can be handed to it as lock_lib.lua's
+// hand_off would at the server time ms: a plain lock's (not an
+// election's, whose changes are announced), of the layout the kit knows,
+// whose head waiter is alive on its own and was not withdrawn. Anything
+// else is left to the waiters' next look.
+func (k *Kit) handOff(key, queue string, ms int64) (schema.QueueRecord, bool) {
+	if !strings.Contains(key, ":lock:{") || k.mr.HGet(key, schema.LayoutField) != "3" || k.mr.Type(queue) != "list" {
+		return schema.QueueRecord{}, false
 	}
-	return owner, true, ""
+	if num(k.mr.HGet(key, schema.QueueField)) <= 0 {
+		return schema.QueueRecord{}, false
+	}
+	list, err := k.mr.List(queue)
+	if err != nil || len(list) == 0 {
+		return schema.QueueRecord{}, false
+	}
+	r, ok := schema.ParseQueueRecord(list[0])
+	if !ok || r.Deadline < ms || r.Seq <= num(k.mr.HGet(key, schema.PoppedField)) || r.Seq > num(k.mr.HGet(key, schema.SeqField)) ||
+		strings.ContainsAny(r.Ticket, ":{") {
+		return schema.QueueRecord{}, false
+	}
+	if num(k.mr.HGet(key, schema.RefuseField)) > ms && k.mr.Exists(key+":released:"+r.Ticket) {
+		return schema.QueueRecord{}, false // withdrawn
+	}
+	return r, true
+}
+
+// num returns a field's integer value, 0 for none.
+func num(v string) int64 {
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return n
 }
 
 // errKilled is what a killed Client's dials fail with.
