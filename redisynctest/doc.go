@@ -19,10 +19,13 @@
 // than the crash timeout (15 s by default): the kit tells the holder's
 // Client that the hold it ended is lost (the hold's owner id, unique to
 // it, names it; a hold the kit cannot name for sure is renewed at once
-// instead, and the renewal's reply decides), and it wakes the waiters of
-// its Clients, as the message that a release publishes does, so that the
-// first in line looks again and takes the lock. Holds the kit did not end
-// are never reported lost: the Clients keep their usual timeouts.
+// instead, and the renewal's reply decides). In the same transaction that
+// ends the lease, it hands the lock to the first waiter of its fair queue,
+// as a release does, and publishes the grant, which the waiter takes with
+// no call to Redis; waiters it cannot hand the lock to (barging ones, an
+// election's candidates) are woken, as by the message a release
+// publishes, and look again. Holds the kit did not end are never reported
+// lost: the Clients keep their usual timeouts.
 //
 // The kit serves tests only: miniredis is not Redis (it runs the
 // library's Lua scripts in gopher-lua, in the test's process, and knows

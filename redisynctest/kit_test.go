@@ -313,3 +313,57 @@ func TestKilledClientCallsFail(t *testing.T) {
 		t.Fatalf("TryLock of a killed Client: %v, %v; want an error", ok, err)
 	}
 }
+
+// EndLease serves a fair queue in order, and wakes barging waiters, which
+// have no queue.
+func TestEndLeaseServesWaitersInOrder(t *testing.T) {
+	ctx := context.Background()
+	kit := redisynctest.New(t)
+	a, b, c := kit.Client(), kit.Client(), kit.Client()
+	holder := mutex(t, a, "fair")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, second := mutex(t, b, "fair"), mutex(t, c, "fair")
+	firstDone := lockAsync(ctx, first)
+	waiting(t, kit, "fair", 1)
+	secondDone := lockAsync(ctx, second)
+	waiting(t, kit, "fair", 2)
+	kit.EndLease("fair")
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-secondDone:
+		t.Fatalf("the second waiter's Lock returned (%v) while the first holds", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	barging, err := a.NewMutex("barging", redisync.Barging())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := barging.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.NewMutex("barging", redisync.Barging())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := lockAsync(ctx, other)
+	time.Sleep(50 * time.Millisecond)
+	l, w := race(t, barging, done, func() { kit.EndLease("barging") })
+	t.Logf("barging: Lost closed after %v, the waiter's Lock returned after %v", l, w)
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
