@@ -276,9 +276,12 @@ func (k *Kit) redisNow() time.Time {
 // as if its lease had run out, and reports whether there was one. Its
 // holder, when a Client of the kit, is told at once: its Lost channel
 // closes (a holder whose Lock call has not returned yet learns it from a
-// renewal sent at once). Every waiter of the lock on the kit's Clients is
-// woken, as a release wakes it: the first in line takes the lock. The
-// holds of other locks, and of other holders, are left be.
+// renewal sent at once). As a release would, the kit hands the lock to
+// the first waiter of its fair queue that is alive, whose Lock returns
+// then; when there is none (barging waiters, an election's candidates,
+// a dead waiter at the head), it wakes every waiter of the lock on its
+// Clients, and the first in line takes it. The holds of other locks, and
+// of other holders, are left be.
 func (k *Kit) EndLease(name string) bool {
 	k.tb.Helper()
 	var keys []string
@@ -295,15 +298,18 @@ func (k *Kit) EndLease(name string) bool {
 // hold of c is reported lost at once (its Lost channels close), as the
 // dead process would never learn it; and, as if their leases had run out,
 // the kit ends c's holds of locks (Mutexes, MultiMutexes, Elections) in
-// Redis, and only c's, waking their waiters, so that other Clients take
-// them without waiting for the crash timeout. c's calls fail from then on
-// (it is closed when the test ends). c must be a Client of the kit.
+// Redis, and only c's, handing each to its next waiter as EndLease does,
+// so that other Clients take them without waiting for the crash timeout.
+// c's calls fail from then on (it is closed when the test ends). c must be
+// a Client of the kit.
 //
-// What else c left in Redis stays, as a dead process's would: its queued
-// waiters keep their place until their heartbeat runs out (see
-// redisync.WithWaiterTimeout), and its permits of a Semaphore or a
-// RWMutex are freed when their lease runs out (see
-// redisync.WithCrashTimeout), or when Advance moves the clock past it.
+// What else c left in Redis stays, as a dead process's would, until it
+// runs out, or until Advance moves the clock past it: a hold that a Lock
+// call of c was taking when c was killed (its lease), its queued waiters
+// (their heartbeat: see redisync.WithWaiterTimeout; one at the head of a
+// queue may be handed the lock, which then waits for its hand-off lease
+// to run out), and its permits of a Semaphore or a RWMutex (their lease:
+// see redisync.WithCrashTimeout).
 func (k *Kit) Kill(c *redisync.Client) {
 	k.tb.Helper()
 	k.mu.Lock()
