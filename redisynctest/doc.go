@@ -32,8 +32,8 @@
 // neither replication nor Redis Cluster), and the kit reaches into its
 // Clients through a package internal to redisync.
 //
-// miniredis hashes scripts with SHA-1 (for EVALSHA and SCRIPT LOAD) in
-// the test's process, which Go's FIPS 140-3 mode forbids: under
-// GODEBUG=fips140=only the kit cannot run, and its tests fail. Run them
-// without that setting (fips140=on allows SHA-1).
+// miniredis hashes scripts with SHA-1 (crypto/sha1, for EVAL, EVALSHA
+// and SCRIPT LOAD) in the test's process, which Go's strict FIPS 140-3
+// mode forbids: under GODEBUG=fips140=only the kit cannot run, and tests
+// that use it fail. Run them without that setting.
 package redisynctest
