@@ -34,6 +34,8 @@
 //
 // miniredis hashes scripts with SHA-1 (crypto/sha1, for EVAL, EVALSHA
 // and SCRIPT LOAD) in the test's process, which Go's strict FIPS 140-3
-// mode forbids: under GODEBUG=fips140=only the kit cannot run, and tests
-// that use it fail. Run them without that setting.
+// mode forbids: under GODEBUG=fips140=only the kit cannot run (the
+// embedded Redis panics, "use of SHA-1 is not allowed in FIPS 140-only
+// mode", at the first script, and the test binary fails). Run tests that
+// use it without that setting.
 package redisynctest
