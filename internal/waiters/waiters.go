@@ -347,6 +347,40 @@ func (r *Registry) Close() {
 	}
 }
 
+// Wake has a waiter of the named channel look again, as an empty message
+// does (see wakePlain), but without passing the wake-up on to another
+// process when no plain waiter takes it: for the testing kit (module
+// redisynctest), which wakes every process's waiters itself. A wake-up is
+// a hint: a waiter that finds nothing to take sleeps again.
+func (r *Registry) Wake(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ch := r.channels[name]; ch != nil {
+		r.wake(ch)
+	}
+}
+
+// WakeAll has a waiter of every channel look again, as Wake does.
+func (r *Registry) WakeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ch := range r.channels {
+		r.wake(ch)
+	}
+}
+
+// wake wakes the first plain waiter of ch with no signal pending, or else
+// the first waiter with none. r.mu must be held.
+func (r *Registry) wake(ch *channel) {
+	for _, w := range ch.waiters {
+		if w.plain && !w.pending() {
+			w.fire("")
+			return
+		}
+	}
+	ch.wakeNext()
+}
+
 // wakePlain wakes a waiter of ch with an empty message's wake-up: the
 // first plain waiter with no signal pending; none when every plain waiter
 // has one pending (each will look again). When ch has no plain waiter,

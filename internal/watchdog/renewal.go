@@ -84,6 +84,8 @@ func (w *Watchdog) renew(batch []Renewal) {
 	for i, r := range batch {
 		e := r.e
 		e.busy = false
+		recheck := e.recheck
+		e.recheck = false
 		if _, ok := w.entries[e]; !ok {
 			continue // released or lost meanwhile
 		}
@@ -109,6 +111,11 @@ func (w *Watchdog) renew(batch []Renewal) {
 			}
 		case err == nil && res[i] == 1:
 			e.set(sent, e.TTL)
+			if recheck {
+				// RenewNow came while this renewal was out: it may
+				// have run before the lease ended in Redis.
+				e.due = minTime(e.due, now.Add(e.interval(e.TTL)/6))
+			}
 		case err == nil:
 			delete(w.entries, e)
 			gone = append(gone, e.Gone)

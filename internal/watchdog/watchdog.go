@@ -106,6 +106,7 @@ type Entry struct {
 	deadline  time.Time // when it runs out in Redis at the earliest; a hold is lost then unless renewed
 	confirmed time.Time // when the last call that set its lease (or heartbeat) was sent
 	busy      bool      // a renewal of it is in flight
+	recheck   bool      // hold: renew again as soon as the renewal in flight answers (see RenewNow)
 
 	waiters  map[*waiters.Set]time.Time // waiters: the calls kept alive, nudged when they must look again, each with until when its own deadline in Redis surely lasts (see safeUntil)
 	ran      [4]stamp                   // waiters: the last heartbeats, in the order they were sent
@@ -214,6 +215,82 @@ func (w *Watchdog) pokeIfBefore(e *Entry) {
 		default: // run is already poked
 		}
 	}
+}
+
+// RenewNow has every hold that is renewed sent for renewal at once, and
+// those with a renewal in flight again as soon as it answers: a hold
+// whose lease ended in Redis is then reported lost by the reply of a
+// renewal sent after that, as at any renewal. It costs one renewal per
+// hold, never a false loss: the reply decides. Holds with a fixed lease
+// are not renewed, and are reported lost at their deadline as always. For
+// the testing kit (module redisynctest).
+func (w *Watchdog) RenewNow() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	poke := false
+	for e := range w.entries {
+		if !e.Hold || !e.Renew {
+			continue
+		}
+		if e.busy {
+			e.recheck = true
+			continue
+		}
+		e.due = minTime(e.due, now.Add(e.interval(e.TTL)/6)) // must() is now
+		poke = true
+	}
+	if poke {
+		select {
+		case w.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// DropHolds reports every hold lost now, as its deadline passing would,
+// and renews none of them again: for the testing kit (module
+// redisynctest), whose Kill stands for the death of the Client's process
+// and ends its leases in Redis. It returns the first key and the owner of
+// each hold of kind kind ("hold" for a lock) that it dropped.
+func (w *Watchdog) DropHolds(kind string) (keys, owners []string) {
+	var gone []func()
+	w.mu.Lock()
+	for e := range w.entries {
+		if e.Hold {
+			delete(w.entries, e)
+			gone = append(gone, e.Gone)
+			if e.Kind == kind && len(e.Keys) > 0 {
+				keys, owners = append(keys, e.Keys[0]), append(owners, e.Owner)
+			}
+		}
+	}
+	w.mu.Unlock()
+	for _, f := range gone {
+		f()
+	}
+	return keys, owners
+}
+
+// Lose reports lost now the hold of owner whose renewal's first key is
+// key, of kind kind ("hold" for a lock), as a renewal that found it gone
+// would, and reports whether there was one: for the testing kit (module
+// redisynctest), which calls it once it has ended that very hold in
+// Redis (its owner id is unique to it, so no other hold is lost).
+func (w *Watchdog) Lose(kind, key, owner string) bool {
+	var gone []func()
+	w.mu.Lock()
+	for e := range w.entries {
+		if e.Hold && e.Kind == kind && e.Owner == owner && len(e.Keys) > 0 && e.Keys[0] == key {
+			delete(w.entries, e)
+			gone = append(gone, e.Gone)
+		}
+	}
+	w.mu.Unlock()
+	for _, f := range gone {
+		f()
+	}
+	return len(gone) > 0
 }
 
 // Remove unregisters e; its gone function will not be called.
