@@ -308,13 +308,21 @@ func (s *holds) forgetUntoldLocked(h *hold) {
 
 // told tells the events queue how h, forgotten untold before its release
 // (or its hand-off) was sent, ended: lost when the release found that
-// Redis no longer had it (gone), else released.
+// Redis no longer had it (gone), else released. A hold found gone is
+// lost: its Lost channel is closed too, if it was not already, so that
+// whoever watches it sees the loss the call reports.
 func (s *holds) told(h *hold, gone bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if gone {
 		h.given = false
 		s.emit(EventHoldLost, h, nil)
+		h.isLost = true
+		select {
+		case <-h.lost:
+		default:
+			close(h.lost)
+		}
 		return
 	}
 	s.emit(EventHoldReleased, h, nil)

@@ -394,8 +394,9 @@ func (m *Mutex) Token() int64 { return m.token() }
 // Lost returns a channel that is closed when m's current hold is lost: its
 // lease could not be renewed in time, the lock's key was removed or
 // changed behind its back, its fixed lease ran out, or the Client was
-// closed. A normal Unlock does not close it. When m holds nothing, Lost
-// returns a closed channel: take it after Lock succeeds.
+// closed. A normal Unlock does not close it; an Unlock that finds the hold
+// gone from Redis closes it before it returns ErrLockLost. When m holds
+// nothing, Lost returns a closed channel: take it after Lock succeeds.
 func (m *Mutex) Lost() <-chan struct{} { return m.lostChan() }
 
 // Name returns the name of the lock.

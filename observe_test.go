@@ -504,9 +504,15 @@ func TestUnlockFindingHoldGoneToldLost(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	lost := m.Lost()
 	mr.Del("redisync:lock:{gone}")
 	if err := m.Unlock(ctx); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Unlock = %v, want ErrLockLost", err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Error("Unlock reported the hold lost, and its Lost channel is open")
 	}
 	_ = c.Close()
 	if got := rec.outcomes(OpUnlock); got[OutcomeLost] != 1 {
@@ -531,10 +537,16 @@ func TestReleaseFindingPermitsGoneToldLost(t *testing.T) {
 	if err := s.Acquire(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	lost := s.Lost()
 	mr.Del("redisync:sem:{gone}") // the holders
 	mr.Del("redisync:sem:{gone}:expiry")
 	if err := s.Release(ctx, 1); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Release = %v, want ErrLockLost (keys %v)", err, mr.Keys())
+	}
+	select {
+	case <-lost:
+	default:
+		t.Error("Release reported the permits lost, and the Lost channel is open")
 	}
 	_ = c.Close()
 	released, lostEv := rec.kinds(EventHoldReleased), rec.kinds(EventHoldLost)

@@ -351,8 +351,9 @@ func (s *Semaphore) Held() int64 {
 // Lost returns a channel that is closed when s's permits are lost: their
 // lease could not be renewed in time, they were removed behind s's back,
 // their fixed lease ran out, or the Client was closed. Releasing them
-// normally does not close it. When s holds nothing, Lost returns a closed
-// channel: take it after Acquire succeeds.
+// normally does not close it; a Release that finds them gone from Redis
+// closes it before it returns ErrLockLost. When s holds nothing, Lost
+// returns a closed channel: take it after Acquire succeeds.
 func (s *Semaphore) Lost() <-chan struct{} { return s.lostChan() }
 
 // Name returns the name of the semaphore.
