@@ -351,7 +351,9 @@ func TestMutexHoldContextLiveAfterLostCloses(t *testing.T) {
 // owed to the lost hold, does not release the new one.
 func TestMutexDoSparesAnotherGoroutinesNewHold(t *testing.T) {
 	mr, rdb, _ := newMini(t)
-	c := newClient(t, rdb, WithCrashTimeout(150*time.Millisecond))
+	// A renewal finds the lost hold within a third of the crash timeout;
+	// the new hold must outlast a loaded machine's pauses until Unlock.
+	c := newClient(t, rdb, WithCrashTimeout(600*time.Millisecond))
 	m := must(c.NewMutex("job"))
 	done := make(chan error, 1)
 	err := m.Do(ctx, func(hctx context.Context) error {
