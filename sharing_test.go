@@ -185,7 +185,8 @@ func TestSharedValueExcludes(t *testing.T) {
 		name := redistest.Name(t)
 		var values []exclusive
 		for range 2 {
-			m := must(newRedlock(t, rdbs).NewMutex(name))
+			// Every node answers in time, on a loaded machine too.
+			m := must(newRedlock(t, rdbs, WithNodeTimeout(5*time.Second)).NewMutex(name))
 			values = append(values, exclusive{m.Lock, m.Unlock, m.Token})
 		}
 		shareValue(t, values, 4, 6)
