@@ -385,7 +385,7 @@ func benchSecondClient(b *testing.B, rdb *redis.Client, cnt *benchCounter) *redi
 func benchLoop(b *testing.B, rdb *redis.Client, cnt *benchCounter, op func()) {
 	b.Helper()
 	ctx := context.Background()
-	calls0 := benchServerCalls(b, ctx, rdb)
+	before := benchParseInfo(b, benchInfo(b, ctx, rdb, "commandstats"))
 	sent0 := cnt.n.Load()
 	n := 0
 	for b.Loop() {
@@ -393,17 +393,15 @@ func benchLoop(b *testing.B, rdb *redis.Client, cnt *benchCounter, op func()) {
 		n++
 	}
 	sent := cnt.n.Load() - sent0
-	calls := benchServerCalls(b, ctx, rdb) - calls0 - 1 // the first INFO
+	after := benchParseInfo(b, benchInfo(b, ctx, rdb, "commandstats"))
+	calls := after.calls - before.calls - 1 // the first INFO
+	var script float64
+	for _, name := range []string{"fcall", "evalsha", "eval"} {
+		script += after.usec[name] - before.usec[name]
+	}
 	b.ReportMetric(float64(sent)/float64(n), "cmds/op")
 	b.ReportMetric(float64(calls)/float64(n), "calls/op")
-}
-
-// benchServerCalls returns the number of commands Redis has executed, the
-// ones run by scripts included, from one INFO commandstats. It is sent past
-// the counting hook.
-func benchServerCalls(b *testing.B, ctx context.Context, rdb *redis.Client) int64 {
-	b.Helper()
-	return benchParseInfo(b, benchInfo(b, ctx, rdb, "commandstats")).calls
+	b.ReportMetric(script/float64(n), "script-µs/op")
 }
 
 // benchStats are a Redis server's cumulative figures at one instant.

@@ -51,10 +51,11 @@ end
 local MAX_MS, MAX_TEXT, MAX_BATCH = 86400000, 1024, 256
 
 -- limit fails the script, before it reads or writes anything, with a LIMIT
--- error saying what, unless ok.
-local function limit(ok, what)
+-- error saying what, unless ok. A message built of parts (what and the
+-- rest) is joined only when it is shown: a call that passes pays nothing.
+local function limit(ok, what, ...)
   if not ok then
-    error('LIMIT redisync: ' .. what)
+    error(table.concat({'LIMIT redisync: ', what, ...}))
   end
 end
 
@@ -63,21 +64,23 @@ end
 local function ms_arg(v, least, what)
   local n = tonumber(v)
   limit(n and n == math.floor(n) and n >= least and n <= MAX_MS,
-    what .. ' must be whole milliseconds from ' .. least .. ' to ' .. MAX_MS)
+    what, ' must be whole milliseconds from ', least, ' to ', MAX_MS)
   return n
 end
 
 -- text_arg returns the argument v, failing the script when it is longer
 -- than MAX_TEXT bytes.
 local function text_arg(v, what)
-  limit(#v <= MAX_TEXT, what .. ' must be at most ' .. MAX_TEXT .. ' bytes')
+  limit(#v <= MAX_TEXT, what, ' must be at most ', MAX_TEXT, ' bytes')
   return v
 end
 
--- integer returns v as a number when it is a base-10 integer, else nil.
+-- integer returns v as a number when it is a string that reads as a
+-- whole number (Lua's tonumber), else nil.
 local function integer(v)
-  if type(v) == 'string' and string.match(v, '^%-?%d+$') then
-    return tonumber(v)
+  local n = type(v) == 'string' and tonumber(v)
+  if n and n == math.floor(n) and n - n == 0 then
+    return n
   end
   return nil
 end

@@ -62,7 +62,7 @@ local MAX_MULTI = 32
 -- MAX_MULTI.
 local function multi_count(keys)
   local n = math.floor(keys / 3)
-  limit(n <= MAX_MULTI, 'a call takes or releases at most ' .. MAX_MULTI .. ' locks, not ' .. n)
+  limit(n <= MAX_MULTI, 'a call takes or releases at most ', MAX_MULTI, ' locks, not ', n)
   return n
 end
 
@@ -72,27 +72,39 @@ local function number(lock, v)
   if not v or v == '' then
     return 0
   end
-  return integer(v) or wrong(lock, 'a lock of this layout')
+  local n = tonumber(v)
+  if n and n == math.floor(n) and n - n == 0 then
+    return n
+  end
+  return wrong(lock, 'a lock of this layout')
 end
+
+-- The fields load_lock reads, in the order of its reply, for a lock and
+-- for an election (which has a revision too).
+local lock_fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED}
+local election_fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED, F_REV}
 
 -- load_lock reads the state of the lock whose hash is lock, and the fields of
 -- extra (a list, or nil), in one call; a key of the wrong type fails here.
 -- The state s has the hash's fields by name (numbers as numbers), the
 -- extra fields' values in s.extra, and s.w, the writes that flush makes.
 -- A hash of another layout fails the script; s.fresh is set when the hash
--- has no layout 3 state yet (see prepare).
+-- has no layout 3 state yet (see prepare). An election's hash is the one
+-- whose name (before its braces) ends in ':elect:'.
 local function load_lock(lock, queue, extra)
-  local fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED}
-  local election = string.sub(lock, 1, (string.find(lock, '{', 1, true) or 1) - 1)
-  election = string.sub(election, -7) == ':elect:'
-  if election then
-    fields[#fields + 1] = F_REV
+  local brace = string.find(lock, '{', 1, true) or 1
+  local election = brace > 7 and string.sub(lock, brace - 7, brace - 1) == ':elect:'
+  local fields = election and election_fields or lock_fields
+  local v
+  if extra then
+    local all = {unpack(fields)}
+    for _, f in ipairs(extra) do
+      all[#all + 1] = f
+    end
+    v = redis.call('HMGET', lock, unpack(all))
+  else
+    v = redis.call('HMGET', lock, unpack(fields))
   end
-  local n = #fields
-  for _, f in ipairs(extra or {}) do
-    fields[#fields + 1] = f
-  end
-  local v = redis.call('HMGET', lock, unpack(fields))
   if v[1] and v[1] ~= LAYOUT then
     other_layout(lock, v[1], LAYOUT)
   end
@@ -104,7 +116,8 @@ local function load_lock(lock, queue, extra)
   if election then
     s.rev = number(lock, v[13])
   end
-  for i = n + 1, #fields do
+  local n = #fields
+  for i = n + 1, #v do
     s.extra[i - n] = v[i]
   end
   return s

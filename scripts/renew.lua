@@ -81,7 +81,7 @@ local function renew_wait(lock, queue, owner, ms)
   return 1
 end
 
-limit(#ARGV <= 3 * MAX_BATCH, 'a renewal must have at most ' .. MAX_BATCH .. ' entries')
+limit(#ARGV <= 3 * MAX_BATCH, 'a renewal must have at most ', MAX_BATCH, ' entries')
 for i = 3, #ARGV, 3 do
   ms_arg(ARGV[i], 0, 'a renewal')
 end
