@@ -24,6 +24,8 @@ import (
 //	          go-redis hook; connection handshakes are left out
 //	calls/op  commands Redis executed, those run inside scripts included
 //	          (INFO commandstats)
+//	script-µs/op  time Redis spent running scripts and functions (the usec
+//	          of FCALL, EVALSHA and EVAL in INFO commandstats)
 //
 // Run them with
 //
