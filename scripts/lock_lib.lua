@@ -72,11 +72,7 @@ local function number(lock, v)
   if not v or v == '' then
     return 0
   end
-  local n = tonumber(v)
-  if n and n == math.floor(n) and n - n == 0 then
-    return n
-  end
-  return wrong(lock, 'a lock of this layout')
+  return integer(v) or wrong(lock, 'a lock of this layout')
 end
 
 -- The fields load_lock reads, in the order of its reply, for a lock and
