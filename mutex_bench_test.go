@@ -185,7 +185,7 @@ func benchWake(b *testing.B, opts ...Option) {
 	asleep := func() bool {
 		var n int64
 		if len(opts) == 0 {
-			n = rdb1.ZCard(ctx, k.Queue).Val()
+			n = rdb1.LLen(ctx, k.Queue).Val() // the fair queue is a list
 		} else {
 			n = rdb1.Exists(ctx, k.Bargers).Val()
 		}
