@@ -481,6 +481,16 @@ func TestErrorsAreOneCleanLine(t *testing.T) {
 	if !strings.Contains(err.Error(), "redisync:lock:{wt} does not hold a lock of this layout") {
 		t.Fatalf("%q does not say which key holds what", err)
 	}
+	// Numbers that Lua would read but redisync never writes are not
+	// taken for its own: the lease's end of a hold must not count.
+	for _, v := range []string{" 99999999999999", "99999999999999 ", "+99999999999999", "1e14", "0x5af3107a3fff", "99999999999999.0"} {
+		mr.Del("redisync:lock:{wt}")
+		mr.HSet("redisync:lock:{wt}", schema.LayoutField, "3", schema.OwnerField, "other", schema.EndField, v)
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second) // taken for held, Lock would wait
+		err := must(c.NewMutex("wt")).Lock(lctx)
+		cancel()
+		check(fmt.Sprintf("lease end %q", v), err)
+	}
 
 	// Any other error of a script, as Redis 7 words it: one line, without
 	// the script's SHA and line, and still a redis.Error.

@@ -75,12 +75,12 @@ local function text_arg(v, what)
   return v
 end
 
--- integer returns v as a number when it is a string that reads as a
--- whole number (Lua's tonumber), else nil.
+-- integer returns v as a number when it is a base-10 integer, as redisync
+-- writes them (digits, after a '-' for a negative one), else nil. The
+-- pattern is matched with find, which makes no copy of v.
 local function integer(v)
-  local n = type(v) == 'string' and tonumber(v)
-  if n and n == math.floor(n) and n - n == 0 then
-    return n
+  if type(v) == 'string' and string.find(v, '^%-?%d+$') then
+    return tonumber(v)
   end
   return nil
 end
