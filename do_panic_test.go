@@ -55,9 +55,12 @@ func TestDoReleasesOnPanic(t *testing.T) {
 						t.Errorf("recovered %v, want fn's panic", r)
 					}
 				}()
-				_ = tc.do(func(c context.Context) error {
-					hctx = c
-					held, _ = tc.free()
+				_ = tc.do(func(fctx context.Context) error {
+					hctx = fctx
+					var err error
+					if held, err = tc.free(); err != nil {
+						t.Errorf("another value's try while Do holds: %v", err)
+					}
 					panic("fn panicked")
 				})
 				t.Error("Do returned after fn panicked")
