@@ -15,17 +15,19 @@ import (
 //
 //	return       a script that only returns: what any two script calls
 //	             with these arguments cost
-//	6 reads      a script that makes six reads (GET, HMGET, EXISTS, PTTL,
-//	             ZRANGE, TIME: the acquire's first six calls) and returns:
-//	             what a redis.call costs, without lib.lua
+//	state read   a script that reads a lock's state as the acquire does
+//	             (HMGET of its hash's 12 fields, then TIME) and returns:
+//	             what those calls cost, without lib.lua
 //	lib.lua      lib.lua's definitions, then return: what every script
-//	             pays before its first line (scripts.go prepends lib.lua)
-//	Lock+Unlock  the Mutex's acquire and release scripts
+//	             sent with EVALSHA pays before its first line (a function
+//	             of the library finds them defined)
+//	Lock+Unlock  the Mutex's acquire and release, as it sends them (FCALL
+//	             on a server with functions)
 //
 // Besides ns/op it reports, per operation, from INFO commandstats and cpu:
 //
 //	exec-µs/op   time Redis spent running the scripts, the commands they
-//	             call included (EVALSHA's usec)
+//	             call included (the usec of FCALL, EVALSHA and EVAL)
 //	cmd-µs/op    of which, the commands the scripts call (their own usec)
 //	cpu-µs/op    Redis's CPU time (used_cpu_user + used_cpu_sys): exec
 //	             plus reading the requests and writing the replies
@@ -50,7 +52,7 @@ func BenchmarkScriptCost(b *testing.B) {
 		op   func(testing.TB)
 	}{
 		{"return", benchReplay(rdb, testScript("return 1"), requests)},
-		{"6 reads", benchReplay(rdb, testScript(benchSixReads), requests)},
+		{"state read", benchReplay(rdb, testScript(benchStateRead), requests)},
 		{"lib.lua", benchReplay(rdb, testScript(luaLib+"\nreturn 1"), requests)},
 		{"Lock+Unlock", benchLockUnlock(m)},
 	} {
@@ -69,7 +71,7 @@ func BenchmarkScriptCost(b *testing.B) {
 			var exec, cmd float64
 			for name, usec := range after.usec {
 				switch d := usec - before.usec[name]; name {
-				case "evalsha", "eval":
+				case "fcall", "evalsha", "eval":
 					exec += d
 				case "info":
 				default:
@@ -86,15 +88,11 @@ func BenchmarkScriptCost(b *testing.B) {
 	}
 }
 
-// benchSixReads makes the six reads an acquire makes first, on the keys of
-// a Lock's or Unlock's script call (lock, token counter, queue, waiters,
-// tombstone; ARGV[1] the ticket or hold id), and returns.
-const benchSixReads = `
-redis.call('GET', KEYS[2])
-redis.call('HMGET', KEYS[1], ARGV[1], '{layout}')
-redis.call('EXISTS', KEYS[5])
-redis.call('PTTL', KEYS[1])
-redis.call('ZRANGE', KEYS[3], 0, 0)
+// benchStateRead reads a lock's state as an acquire does (lock_lib.lua,
+// load_lock; KEYS[1] the lock's hash), and the clock, and returns.
+const benchStateRead = `
+redis.call('HMGET', KEYS[1], '{layout}', '{owner}', '{end}', '{token}', '{queue}', '{seq}',
+  '{popped}', '{wake}', '{refuse}', '{expires}', '{meta}', '{freed}')
 redis.call('TIME')
 return 1`
 
@@ -178,12 +176,12 @@ func (r *benchRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // record keeps cmd's keys and arguments when it is a script call
-// (EVALSHA sha numkeys key... arg...) made while r is armed; a retry as
-// EVAL (NOSCRIPT) is not recorded again.
+// (EVALSHA sha or FCALL function, then numkeys key... arg...) made while r
+// is armed; a retry as EVAL (NOSCRIPT) is not recorded again.
 func (r *benchRecorder) record(cmd redis.Cmder) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.armed || cmd.Name() != "evalsha" {
+	if name := cmd.Name(); !r.armed || (name != "evalsha" && name != "fcall") {
 		return
 	}
 	a := cmd.Args()
