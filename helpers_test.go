@@ -41,6 +41,21 @@ func newClient(t *testing.T, rdb redis.UniversalClient, opts ...Option) *Client 
 	return c
 }
 
+// newSharedClient returns a Client closed at the end of the test that
+// sends every call through rdb itself, as a Redlock's node clients do:
+// rdb's retries may resend a call without telling it, so a copy of any
+// call may still be on its way (roundtrip.Runner.MayCopy).
+func newSharedClient(t *testing.T, rdb redis.UniversalClient, opts ...Option) *Client {
+	t.Helper()
+	cfg := with(defaultConfig(), atClient, opts)
+	if cfg.err != nil {
+		t.Fatal(cfg.err)
+	}
+	c := clientWith(rdb, nil, cfg, false)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // testHooks are the hooks that tests add to clients with addHook.
 var testHooks struct {
 	sync.Mutex
@@ -216,7 +231,7 @@ func holdIDs(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return slices.DeleteFunc(fields, func(f string) bool { return f == schema.SemUsedField })
+	return slices.DeleteFunc(fields, func(f string) bool { return slices.Contains(schema.SemFields, f) })
 }
 
 // lockHeld reports whether the lock whose hash is key is held.

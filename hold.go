@@ -39,7 +39,7 @@ type hold struct {
 	given   bool            // given to another process by Handoff
 	// refuse is set when a call that took the hold sent something whose
 	// reply never came: a copy of it may still be on its way, and its
-	// ticket is refused when the hold ends (a Mutex's).
+	// ticket (a Semaphore's holder id) is refused when the hold ends.
 	refuse bool
 	// parts are the holds it is made of, in their Mutex values: a
 	// MultiMutex's hold has one per name, in the global order; a

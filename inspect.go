@@ -395,7 +395,7 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 // semRead is what one transaction of InspectSemaphore read.
 type semRead struct {
 	size    *redis.StringCmd
-	used    *redis.SliceCmd  // schema.SemUsedField of the holders hash
+	own     *redis.SliceCmd  // schema.SemFields of the holders hash
 	hlen    *redis.IntCmd    // the holders hash's size
 	expiry  *redis.ZSliceCmd // the first holders by the end of their lease
 	nexp    *redis.IntCmd
@@ -419,7 +419,7 @@ func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wi
 	r := &semRead{hids: hids, wids: wids, grants: grants}
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
 		r.size = p.Get(ctx, k.Size)
-		r.used = p.HMGet(ctx, k.Holders, schema.SemUsedField)
+		r.own = p.HMGet(ctx, k.Holders, schema.SemFields...)
 		r.hlen = p.HLen(ctx, k.Holders)
 		r.expiry = p.ZRangeWithScores(ctx, k.Expiry, 0, InspectPage-1)
 		r.nexp = p.ZCard(ctx, k.Expiry)
@@ -442,7 +442,7 @@ func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wi
 // are counted, and whether r read them all.
 func (r *semRead) records() (hids, wids, grants []string, done bool) {
 	for _, z := range r.expiry.Val() {
-		if id := fmt.Sprint(z.Member); id != schema.SemUsedField {
+		if id := fmt.Sprint(z.Member); !slices.Contains(schema.SemFields, id) {
 			hids = append(hids, id)
 		}
 	}
@@ -484,9 +484,13 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		}
 	}
 	st.HoldersLen = int(r.hlen.Val())
+	for _, v := range r.own.Val() {
+		if v != nil {
+			st.HoldersLen-- // the semaphore's own field is no holder
+		}
+	}
 	used, hasUsed := int64(0), false
-	if v, ok := r.used.Val()[0].(string); ok {
-		st.HoldersLen-- // the count is no holder
+	if v, ok := r.own.Val()[0].(string); ok {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			return nil, &wrongType{detail: k.Holders + " does not hold a count of permits in use"}
@@ -498,7 +502,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	for _, z := range r.expiry.Val() {
 		id := fmt.Sprint(z.Member)
 		v, ok := holders[id]
-		if !ok || id == schema.SemUsedField {
+		if !ok || slices.Contains(schema.SemFields, id) {
 			continue // released since it was listed, or not redisync's
 		}
 		rec, ok := schema.ParseSemHolder(v)

@@ -156,13 +156,14 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 	t.Run("busy, a newer layout", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)
-		if err := mr.Set(k.Size, "5:4"); err != nil {
+		newer := strconv.Itoa(schema.SemLayout + 1)
+		if err := mr.Set(k.Size, "5:"+newer); err != nil {
 			t.Fatal(err)
 		}
 		mr.ZAdd(k.Queue, 1, "other-version/abc-1#1")
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := must(c.NewSemaphore("pool", 5)).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 4") {
+		if err := must(c.NewSemaphore("pool", 5)).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout "+newer) {
 			t.Errorf("Acquire: %v; want ErrLayout", err)
 		}
 	})

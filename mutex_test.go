@@ -536,7 +536,7 @@ func TestCloseReleasesHolds(t *testing.T) {
 	if lockHeld(t, mr, "redisync:lock:{held}") {
 		t.Fatal("Close left the lock held in Redis until its lease runs out")
 	}
-	if n, _ := mr.HKeys("redisync:sem:{sem}"); len(n) != 0 {
+	if n := holderFields(t, mr, "redisync:sem:{sem}"); len(n) != 0 {
 		t.Fatalf("Close left the holders %v in Redis", n)
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, ErrClosed) {

@@ -137,9 +137,13 @@ func rwStorm(t *testing.T, seed uint64, values int) {
 		t.Error("the storm exercised too little")
 	}
 	keys := schema.RWMutexKeys(schema.DefaultPrefix, name)
-	left := func() bool {
-		n, err := rdb.Exists(ctx, keys.Holders, keys.Queue).Result()
-		return err == nil && n == 0
+	left := func() bool { // no holder record, nobody queued
+		h, err := rdb.HGetAll(ctx, keys.Holders).Result()
+		for _, f := range schema.SemFields {
+			delete(h, f)
+		}
+		n, qerr := rdb.Exists(ctx, keys.Queue).Result()
+		return err == nil && qerr == nil && len(h) == 0 && n == 0
 	}
 	for deadline := time.Now().Add(5 * time.Second); !left(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {

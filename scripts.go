@@ -305,7 +305,9 @@ func holdRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Queue} }
 
 // semRenewKeys returns the keys in renew.lua of a holder of the
 // semaphore k (kind "sem").
-func semRenewKeys(k schema.Semaphore) []string { return []string{k.Holders, k.Expiry, k.Size} }
+func semRenewKeys(k schema.Semaphore) []string {
+	return []string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters}
+}
 
 // waitRenewKeys returns the keys in renew.lua of the fair waiters of the
 // lock k (kind "wait").
@@ -405,7 +407,7 @@ type semLeaseArgs struct {
 
 // call returns the script's call on the semaphore k.
 func (a semLeaseArgs) call(k schema.Semaphore) scriptCall {
-	return scriptCall{semLeaseScript, []string{k.Holders, k.Expiry, k.Size}, []any{a.holder, a.mode, a.lease.Milliseconds()}}
+	return scriptCall{semLeaseScript, semRenewKeys(k), []any{a.holder, a.mode, a.lease.Milliseconds()}}
 }
 
 // semReleaseArgs are the arguments of scripts/sem_release.lua. The memory
@@ -421,6 +423,7 @@ type semReleaseArgs struct {
 	size    int64         // as the caller knows it
 	publish string        // PUBLISH or SPUBLISH
 	fence   bool          // a RWMutex's (semAcquireArgs.fence)
+	refuse  bool          // a call of the holding may still be on its way
 }
 
 // call returns the script's call on the semaphore k.
@@ -428,7 +431,7 @@ func (a semReleaseArgs) call(k schema.Semaphore) scriptCall {
 	return scriptCall{semReleaseScript,
 		[]string{k.Holders, k.Expiry, k.Queue, k.Waiters, k.Released, k.Withdrawn, k.Size, k.Token},
 		[]any{a.holder, a.n, a.held, a.seq, a.mode, a.waiter, a.lease.Milliseconds(), a.size,
-			tombstoneTTL.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
+			tombstoneTTL.Milliseconds(), k.Channel, a.publish, flag(a.fence), flag(a.refuse)}}
 }
 
 // semResizeArgs are the arguments of scripts/sem_resize.lua.

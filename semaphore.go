@@ -267,7 +267,7 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 		seq := s.seq
 		s.c.rt.Cleanup(ctx, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 			defer s.end()
-			_, err := s.release(ctx, rdb, h.id, seq, n, 0, "release", "")
+			_, err := s.release(ctx, rdb, h.id, seq, n, 0, "release", "", h.refuse)
 			return nil, err
 		})
 		if s.c.usable() != nil {
@@ -285,7 +285,7 @@ func (s *Semaphore) releaseN(ctx context.Context, n int64) error {
 	seq, waiter := s.seq, s.queuedAs
 	sent := time.Now()
 	res, abandoned, err := s.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-		return s.release(ctx, rdb, h.id, seq, n, held, "release", waiter)
+		return s.release(ctx, rdb, h.id, seq, n, held, "release", waiter, h.refuse)
 	}, func(res int64, err error) {
 		_ = s.settled(h, n, held, sent, res, err)
 		s.end()
@@ -413,14 +413,15 @@ func (s *Semaphore) withdraw(ctx context.Context, rdb redis.UniversalClient, hol
 	held := s.heldBy(holder)
 	s.mu.Unlock()
 	s.seq++
-	_, _ = s.release(ctx, rdb, holder, s.seq, n, held, "withdraw", waiter)
+	_, _ = s.release(ctx, rdb, holder, s.seq, n, held, "withdraw", waiter, false)
 }
 
-// release runs the release script for holder as call number seq. s.op
-// must be held.
-func (s *Semaphore) release(ctx context.Context, rdb redis.UniversalClient, holder string, seq, n, held int64, mode, waiter string) (int64, error) {
+// release runs the release script for holder as call number seq; refuse
+// says that a call of the holding may still be on its way (hold.refuse).
+// s.op must be held.
+func (s *Semaphore) release(ctx context.Context, rdb redis.UniversalClient, holder string, seq, n, held int64, mode, waiter string, refuse bool) (int64, error) {
 	release := semReleaseArgs{holder: holder, n: n, held: held, seq: seq, mode: mode, waiter: waiter,
-		lease: s.cfg.holdLease(), size: s.Size(), publish: s.c.publish, fence: s.fence}
+		lease: s.cfg.holdLease(), size: s.Size(), publish: s.c.publish, fence: s.fence, refuse: refuse || s.c.rt.MayCopy()}
 	res, err := release.call(s.keys).run(ctx, rdb).Int64()
 	if err != nil {
 		return 0, redisError(err)
@@ -439,7 +440,7 @@ func (s *Semaphore) releaseAll(ctx context.Context, h *hold) error {
 	s.mu.Unlock()
 	if n > 0 {
 		s.seq++
-		if _, err := s.release(ctx, s.c.rdb, h.id, s.seq, n, n, "release", ""); err != nil {
+		if _, err := s.release(ctx, s.c.rdb, h.id, s.seq, n, n, "release", "", h.refuse); err != nil {
 			return s.wrap("close", unconfirmed(err, "the permits run out in Redis within their lease"))
 		}
 	}

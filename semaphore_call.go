@@ -175,7 +175,9 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 		return false, 0, nil
 	}
 	s.mu.Unlock()
-	h := &hold{id: a.holder, n: n, token: token}
+	// A copy of a call of the holding may still be on its way: its release
+	// refuses the id (sem_release.lua).
+	h := &hold{id: a.holder, n: n, token: token, refuse: a.unsure || a.abandoned}
 	e := &watchdog.Entry{Kind: "sem", Owner: a.holder, Keys: semRenewKeys(s.keys), TTL: s.cfg.holdLease(),
 		Hold: true, Renew: s.cfg.lease == 0, Release: func(ctx context.Context) error { return s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {

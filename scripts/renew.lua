@@ -7,10 +7,10 @@
 -- a hold, the heartbeat ttl of waiters; 0 for waiters is a farewell: the
 -- Client has no waiters there any more, and its deadline goes). KEYS holds
 -- the entries' keys in the same order: two for a hold or a lock's waiters
--- (the lock's hash and queue: see lock_lib.lua), three for a semaphore
--- holder (its holders hash, expiry zset and size, which live as long as it
--- holds), three for a semaphore's waiters (its queue, waiters hash and
--- holders hash).
+-- (the lock's hash and queue: see lock_lib.lua), five for a semaphore
+-- holder (its holders hash, expiry zset, size, queue and waiters hash,
+-- which live as long as it holds), three for a semaphore's waiters (its
+-- queue, waiters hash and holders hash).
 --
 -- A hold is extended only while its owner still holds the lock, and never
 -- shortened (a longer lease set by Mutex.Extend stays); a semaphore
@@ -98,19 +98,23 @@ for i = 1, #ARGV, 3 do
       ok = r
     end
   elseif kind == 'sem' then
-    local holders, expiry, size = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-    k = k + 3
+    -- A semaphore's holders hash keeps in {keep} the server ms until
+    -- which its keys live (sem_lib.lua, sem_keep): they are pushed out
+    -- with it when it runs low.
+    local keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]}
+    k = k + 5
     local now = now_ms()
-    local rec = redis.pcall('HGET', holders, owner)
-    local e = redis.pcall('ZSCORE', expiry, owner)
-    if type(rec) == 'string' and type(e) == 'string' and tonumber(e) > now then
+    local v = redis.pcall('HMGET', keys[1], owner, '{keep}')
+    local e = redis.pcall('ZSCORE', keys[2], owner)
+    if not v.err and v[1] and type(e) == 'string' and tonumber(e) > now then
       if tonumber(e) < now + ms then
-        redis.call('ZADD', expiry, now + ms, owner)
+        redis.call('ZADD', keys[2], now + ms, owner)
       end
-      keep_alive(holders, ms)
-      keep_alive(expiry, ms)
-      if redis.pcall('TYPE', size)['ok'] == 'string' then
-        keep_longer(size, ms)
+      if (integer(v[2]) or 0) < now + ms + state_memory_ms then
+        redis.call('HSET', keys[1], '{keep}', string.format('%d', now + ms + 2 * state_memory_ms))
+        for _, key in ipairs(keys) do
+          redis.call('PEXPIRE', key, ms + 2 * state_memory_ms)
+        end
       end
       ok = 1
     end
@@ -133,14 +137,21 @@ for i = 1, #ARGV, 3 do
       -- wrong), and the waiters it tells would sleep on, dropped.
       local lapsed = (deadline_of(d) or -1) < now
       local told = type(d) == 'string' and string.sub(d, -2) == ':L'
+      -- The waiters hash and the queue live as long as the semaphore's
+      -- other keys ({keep}, sem_lib.lua), and at least 2 * ms.
+      local own = redis.pcall('HMGET', lock, '{used}', '{keep}')
+      local ttl = 2 * ms
+      if not own.err then
+        ttl = math.max(ttl, (integer(own[2]) or 0) - now)
+      end
       redis.call('HSET', waiters, field, (now + ms) .. (lapsed and ':L' or ''))
-      keep_alive(waiters, 2 * ms)
+      keep_alive(waiters, ttl)
       local zset = redis.pcall('TYPE', queue)['ok'] == 'zset'
       if zset then
-        keep_alive(queue, 2 * ms)
+        keep_alive(queue, ttl)
       end
       ok = 1
-      if redis.call('EXISTS', lock) == 0 then
+      if own.err or not own[1] then
         ok = 2
       elseif zset then
         -- A dead waiter at the head is dropped only by a script that

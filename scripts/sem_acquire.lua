@@ -1,10 +1,9 @@
 -- sem_acquire.lua: take permits of a semaphore, or queue for them.
 --
 -- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
--- KEYS[5] waiters (see sem_lib.lua), KEYS[6] withdrawn calls (see
--- sem_lib.lua, mark_withdrawn), KEYS[7] released (see sem_release.lua), KEYS[8] the
--- fencing token counter of a RWMutex's writes (see lib.lua, mint; touched
--- only with ARGV[14])
+-- KEYS[5] waiters, KEYS[6] withdrawn calls, KEYS[7] released (see
+-- sem_lib.lua), KEYS[8] the fencing token counter of a RWMutex's writes
+-- (see lib.lua, mint; touched only with ARGV[14])
 -- ARGV[1] holder id
 -- ARGV[2] n: permits wanted
 -- ARGV[3] size of the semaphore as the caller knows it: stored when none
@@ -48,9 +47,9 @@
 --                    earlier call (or of the first call of a holding that
 --                    a release ended): nothing done
 --        {-4, 0}     the call left the queue (ARGV[9]); it is withdrawn now
-local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[3], queue = KEYS[4], waiters = KEYS[5]}
+local k = sem_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 local holder, n, size, held, seq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local lease, mode, waiter = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local lease, mode, waiter, again = tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9] == '1'
 if ARGV[14] == '1' then
   k.fence = KEYS[8]
 end
@@ -64,28 +63,27 @@ local function token()
 end
 
 -- Every key is read before anything is written: one of the wrong type
--- fails the script here, having changed nothing.
-local stored = sem_size(k)
+-- fails the script here, having changed nothing. (The withdrawn and
+-- released zsets are read only while they may refuse something, and are
+-- written first where they are written; the queue's head only when the
+-- queue may be served, below.)
+sem_open(k, {holder})
+local stored = k.size
 -- reply returns {code, x, size} (see Reply above).
 local function reply(code, x)
   return {code, x, stored or size}
 end
-if k.fence then
-  check_counter(k.fence)
-end
-if is_withdrawn(KEYS[6], waiter) then
+if is_withdrawn(k, KEYS[6], waiter) then
   return reply(-3, 0)
 end
-if held == 0 and ARGV[9] ~= '1' and redis.call('ZSCORE', KEYS[7], holder) then
+if held == 0 and not again and retired(k, KEYS[7], holder, now_ms()) then
   -- A late copy of the first call of a holding that a release ended since
   -- (it retired the id): a live call never starts a holding under an id
   -- that ended.
   return reply(-3, 0)
 end
-sem_peek(k)
-local queued = redis.call('ZSCORE', k.queue, waiter)
-sem_load(k)
-local mine, mseq = sem_mine(k, holder) -- the caller's record is checked
+local queued = again and redis.call('ZSCORE', k.queue, waiter)
+local mine, mseq = sem_mine(k, holder)
 if n > (stored or size) and not (mine > 0 and mseq >= seq) then
   -- More than the size (a retry of a call applied before a shrink
   -- goes on below, and is answered as it was).
@@ -93,29 +91,45 @@ if n > (stored or size) and not (mine > 0 and mseq >= seq) then
 end
 
 local now = now_ms()
-sem_reclaim(k, now) -- reads the expiry zset before it writes
+sem_reclaim(k, now)
+-- The queue is served when permits are free, and by a later attempt
+-- (which drops the dead waiters at its head): only then is its head read.
+-- A first attempt that finds every permit in use joins the queue at once.
+local serve = again or k.used < (stored or size)
+if serve then
+  sem_peek(k)
+end
+sem_check_fence(k, n, stored or size, 0)
 mine, mseq = sem_mine(k, holder)
 if mine > 0 and mseq == seq then
   -- A retry: this call was applied, perhaps by a release that granted its
   -- waiter with the short grant lease; the caller counts on a full lease.
-  sem_lease(k, holder, now, lease)
-  return reply(1, token())
+  local t = token()
+  sem_lease(k, holder, now, lease, true)
+  sem_flush(k)
+  return reply(1, t)
 end
+-- The holders reclaimed above go whatever the reply.
 if mine > 0 and mseq > seq then
+  sem_flush(k)
   return reply(-3, 0) -- a stale copy: a later call of the holder was applied
 end
 if held > 0 and mine < held then
+  sem_flush(k)
   return reply(-1, 0)
 end
-if ARGV[9] == '1' and not queued and mine >= held + n then
+if again and not queued and mine >= held + n then
   -- Granted by another call (its message may be on the way) with the short
   -- grant lease: the caller counts on a full lease from now.
+  local t = token()
   sem_put(k, holder, mine, seq)
-  sem_lease(k, holder, now, lease)
-  return reply(1, token())
+  sem_lease(k, holder, now, lease, true)
+  sem_flush(k)
+  return reply(1, t)
 end
-if ARGV[9] == '1' and not queued then
-  mark_withdrawn(KEYS[6], waiter)
+if again and not queued then
+  mark_withdrawn(k, KEYS[6], waiter)
+  sem_flush(k)
   return reply(-4, 0)
 end
 if not stored then
@@ -123,12 +137,14 @@ if not stored then
   stored = size
 end
 size = stored -- a new grant goes by the stored size
--- The size lives while the semaphore is in use (renewals keep it too) and
--- for an hour after its last Acquire.
-keep_alive(KEYS[3], math.max(state_memory_ms, lease))
+-- The state lives while the semaphore is in use and for an hour after its
+-- last Acquire.
+sem_keep(k, now)
+local ttl = tonumber(ARGV[10])
+local rec = (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq
 if queued then
   -- Alive: refresh the deadline so that serving does not drop us.
-  redis.call('HSET', k.waiters, waiter, (now + tonumber(ARGV[10])) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
+  sem_put_waiter(k, waiter, rec)
   if k.first[1] == waiter then
     k.first = nil -- its record changed: sem_serve reads it anew
   end
@@ -137,8 +153,13 @@ end
 -- Serving leaves a queued caller where it is unless it grants it: its
 -- record, refreshed above, is alive. (Were it dropped as dead, it would
 -- join the queue again, at the back, as a caller that was not queued.)
-local used, served, t, waiting, dropped = sem_serve(k, size, sem_used(k), now, waiter, lease, seq, ARGV[12], ARGV[13])
+local used, served, t, waiting, dropped = k.used, false, 0, true, false
+if serve then
+  used, served, t, waiting, dropped = sem_serve(k, size, now, waiter, lease, seq, ARGV[12])
+end
 if served then
+  sem_flush(k)
+  sem_publish(k, ARGV[13])
   return reply(1, t)
 end
 if dropped then
@@ -147,23 +168,23 @@ end
 mine = sem_mine(k, holder) -- serving may have added to it
 if not queued and used + n <= size and not waiting then
   sem_put(k, holder, mine + n, seq)
-  sem_lease(k, holder, now, lease)
+  sem_lease(k, holder, now, lease, mine > 0)
+  local tok = 0
   if k.fence and n == size then
-    return reply(1, mint(k.fence, lease))
+    tok = mint(k.fence, lease)
   end
-  return reply(1, 0)
+  sem_flush(k)
+  sem_publish(k, ARGV[13])
+  return reply(1, tok)
 end
-if mode == 'queue' then
-  local ttl = tonumber(ARGV[10])
-  if queued then
-    keep_alive(k.queue, 2 * ttl)
-  else
-    join_queue(k.queue, waiter, now_us(), nil, 2 * ttl)
-  end
-  redis.call('HSET', k.waiters, waiter, (now + ttl) .. ':' .. ARGV[11] .. ':' .. n .. ':' .. seq)
-  keep_alive(k.waiters, 2 * ttl)
+if mode == 'queue' and not queued then
+  join_queue(k, waiter, now_us(), rec)
+  sem_keep(k, now + 2 * ttl)
 end
-if k.more or k.ended then
-  return reply(0, 1) -- a later call serves the rest of the queue, or reclaims more
+local hint = 1 -- a later call serves the rest of the queue, or reclaims more
+if not (k.more or k.ended) then
+  hint = sem_next(k, now)
 end
-return reply(0, sem_next(k, now))
+sem_flush(k)
+sem_publish(k, ARGV[13])
+return reply(0, hint)

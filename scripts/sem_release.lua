@@ -1,13 +1,10 @@
 -- sem_release.lua: give back permits of a semaphore; or withdraw a waiter
 -- and give back what was granted to it in the meantime.
 --
--- KEYS[1] holders, KEYS[2] expiry, KEYS[3] queue, KEYS[4] waiters
--- (see sem_lib.lua), KEYS[5] released: zset "holder:seq" -> ms of server
---         time until which a release that emptied the holder is remembered,
---         so that a retry of it knows it was applied; and "holder" -> the
---         same, which retires the holder id (see sem_acquire.lua)
--- KEYS[6] withdrawn calls (see sem_lib.lua, mark_withdrawn), KEYS[7] size,
--- KEYS[8] the fencing token counter of a RWMutex's writes (sem_acquire.lua)
+-- KEYS[1] holders, KEYS[2] expiry, KEYS[3] queue, KEYS[4] waiters,
+-- KEYS[5] released, KEYS[6] withdrawn calls, KEYS[7] size (see
+-- sem_lib.lua), KEYS[8] the fencing token counter of a RWMutex's writes
+-- (sem_acquire.lua)
 -- ARGV[1] holder id
 -- ARGV[2] n: permits to give back ("release"), or wanted by the waiter
 --         ("withdraw")
@@ -28,6 +25,10 @@
 --         memory of a full release in ms
 -- ARGV[10] channel, ARGV[11] publish command (PUBLISH or SPUBLISH)
 -- ARGV[12] "1" for a RWMutex (sem_acquire.lua, ARGV[14])
+-- ARGV[13] release: "1" when a call of the holding may still be on its way
+--          (its reply was lost, or it was given up): a release that
+--          empties the record refuses the holder id for the memory
+--          (sem_lib.lua, sem_retire)
 --
 -- Freed permits go to the queue's head waiters, as many as they cover
 -- (sem_serve), named in one message.
@@ -36,66 +37,71 @@
 --          waiter had been granted and its permits were given back
 --        0 withdraw: the waiter had not been granted
 --        -1 release: the holder holds fewer permits than held or n (lost)
-local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[7], queue = KEYS[3], waiters = KEYS[4]}
+local k = sem_keys(KEYS[1], KEYS[2], KEYS[7], KEYS[3], KEYS[4])
 local released = KEYS[5]
 local holder, n, held, seq, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
--- The stored size rules (it may have been resized since the caller read
--- it); the caller's is for a semaphore whose size key has expired.
-local size = sem_size(k) or tonumber(ARGV[8])
 if ARGV[12] == '1' then
   k.fence = KEYS[8]
-  check_counter(k.fence)
 end
 
 -- Every key is read before anything is written (see sem_acquire.lua):
--- the queue and the waiters by sem_peek, the expiry zset last, by
--- sem_reclaim before it writes; the withdrawn calls only where they are
--- written.
-sem_peek(k)
-local applied = redis.call('ZSCORE', released, holder .. ':' .. seq)
-sem_load(k)
+-- the queue and the waiters by sem_peek, the holders hash by sem_open,
+-- the expiry zset by sem_reclaim; the released and withdrawn zsets only
+-- where they are needed, before any other write.
+sem_open(k, {holder, sem_peek(k)})
+-- The stored size rules (it may have been resized since the caller read
+-- it); the caller's is for a semaphore whose size has expired.
+local size = k.size or tonumber(ARGV[8])
 sem_mine(k, holder) -- the caller's record is checked
-if mode == 'withdraw' then
-  redis.call('ZCARD', KEYS[6])
-end
 
 local now = now_ms()
 sem_reclaim(k, now)
-prune(released, now)
+sem_check_fence(k, 0, size, n)
 local mine, mseq = sem_mine(k, holder)
 local result = 1
 if mode == 'withdraw' then
-  mark_withdrawn(KEYS[6], ARGV[6])
+  mark_withdrawn(k, KEYS[6], ARGV[6])
   k.first = nil -- the queue changes: sem_serve reads its head anew
   local was = redis.call('ZREM', k.queue, ARGV[6])
   redis.call('HDEL', k.waiters, ARGV[6])
+  k.waiters_cut = true
   result = 0
   if was == 0 and mine >= held + n and mseq < seq then
     sem_put(k, holder, mine - n, seq)
     result = 1
   end
 else
-  if applied or (mine > 0 and mseq >= seq) then
-    return 1
+  -- The holders reclaimed above go whatever the reply.
+  if mine > 0 and mseq >= seq then
+    sem_flush(k)
+    return 1 -- applied already: this is a retry, or a stale copy
+  end
+  if mine == 0 and applied(released, holder, seq, now) then
+    sem_flush(k)
+    return 1 -- an earlier copy of this call emptied the record
   end
   if mine < held or mine < n then
+    sem_flush(k)
     return -1
   end
-  sem_put(k, holder, mine - n, seq)
   if mine == n then
+    sem_retire(k, released, holder, seq, now, tonumber(ARGV[9]), ARGV[13] == '1')
+    sem_put(k, holder, 0, seq)
     local rec = ARGV[6] ~= '' and string.match(redis.call('HGET', k.waiters, ARGV[6]) or '', '^(%d+:%d+:%d+:)%d+$')
     if rec then
-      redis.call('HSET', k.waiters, ARGV[6], rec .. seq)
+      sem_put_waiter(k, ARGV[6], rec .. seq)
       if k.first[1] == ARGV[6] then
         k.first = nil -- the head's record changed: sem_serve reads it anew
       end
     end
-    local ms = tonumber(ARGV[9])
-    redis.call('ZADD', released, now + ms, holder .. ':' .. seq, now + ms, holder)
-    keep_alive(released, ms)
   else
-    sem_rearm(k, holder, now, tonumber(ARGV[7]))
+    -- The permits kept start their lease anew, unless a longer one is
+    -- left (sem_lease.lua, Extend).
+    sem_put(k, holder, mine - n, seq)
+    sem_lease(k, holder, now, tonumber(ARGV[7]), true)
   end
 end
-sem_serve(k, size, sem_used(k), now, false, 0, 0, ARGV[10], ARGV[11])
+sem_serve(k, size, now, false, 0, 0, ARGV[10])
+sem_flush(k)
+sem_publish(k, ARGV[11])
 return result

@@ -16,24 +16,21 @@
 -- Reply: {1, 0}      resized (or the size was to already); when no size was
 --                    stored (the semaphore is idle), it is stored
 --        {0, stored} the stored size is neither from nor to: nothing done
-local k = {holders = KEYS[1], expiry = KEYS[2], size = KEYS[3], queue = KEYS[4], waiters = KEYS[5]}
+local k = sem_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 local from, to = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Every key is read before anything is written (see sem_acquire.lua).
-local stored = sem_size(k)
-redis.call('ZCARD', k.expiry)
-redis.call('ZCARD', k.queue)
-redis.call('HLEN', k.waiters)
-sem_load(k)
+local head = sem_peek(k)
+sem_open(k, {head})
+local stored = k.size
 if stored and stored ~= from and stored ~= to then
   return {0, stored}
 end
 
 local now = now_ms()
-local live = math.max(redis.call('PTTL', k.holders), redis.call('PTTL', k.queue))
 sem_reclaim(k, now) -- reads the records it reclaims before it writes
 sem_store_size(k, to)
-keep_alive(k.size, state_memory_ms)
-keep_alive(k.size, live)
-sem_serve(k, to, sem_used(k), now, false, 0, 0, ARGV[3], ARGV[4])
+sem_serve(k, to, now, false, 0, 0, ARGV[3])
+sem_flush(k)
+sem_publish(k, ARGV[4])
 return {1, 0}

@@ -280,7 +280,9 @@ func TestSemaphoreHolderSIGKILL(t *testing.T) {
 	if c := holders[schema.SemUsedField]; c != strconv.Itoa(size) {
 		t.Fatalf("the count of permits in use is %q, want %d", c, size)
 	}
-	delete(holders, schema.SemUsedField)
+	for _, f := range schema.SemFields {
+		delete(holders, f)
+	}
 	for _, v := range holders {
 		n, _, _ := strings.Cut(v, ":")
 		p, err := strconv.ParseInt(n, 10, 64)

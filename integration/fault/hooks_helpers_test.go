@@ -148,9 +148,11 @@ func serverMs(t *testing.T, rdb *redis.Client) int64 {
 	return now.UnixMilli()
 }
 
-// goneWithin waits up to d for key to be absent from Redis and reports
-// whether it was; for a lock's hash, which a release does not delete
-// (layout 3), for it to hold no hold.
+// goneWithin waits up to d for the hold in key to be gone from Redis and
+// reports whether it was: for a lock's hash, which a release does not
+// delete (layout 3), for it to hold no hold; for a semaphore's holders
+// hash, which outlives the holders (semaphore layout 4), for it to keep no
+// holder record.
 func goneWithin(t *testing.T, rdb *redis.Client, key string, d time.Duration) bool {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -159,9 +161,7 @@ func goneWithin(t *testing.T, rdb *redis.Client, key string, d time.Duration) bo
 			if !heldOn(t, rdb, key) {
 				return true
 			}
-		} else if n, err := rdb.Exists(ctx, key).Result(); err != nil {
-			t.Fatal(err)
-		} else if n == 0 {
+		} else if len(semHolders(t, rdb, key)) == 0 {
 			return true
 		}
 		if time.Now().After(deadline) {

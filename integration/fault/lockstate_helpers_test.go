@@ -122,5 +122,20 @@ func holdLeft(t *testing.T, rdb *redis.Client, key string) string {
 	if strings.HasPrefix(key, "redisync:lock:") {
 		return fmt.Sprintf("lease %v", leaseOn(t, rdb, key))
 	}
-	return fmt.Sprintf("PTTL %v", rdb.PTTL(ctx, key).Val())
+	return fmt.Sprintf("holders %v", semHolders(t, rdb, key))
+}
+
+// semHolders returns the holder records of the semaphore (or read-write
+// lock) whose holders hash is key: the hash without the semaphore's own
+// fields (schema.SemFields), which outlive the holders.
+func semHolders(t *testing.T, rdb *redis.Client, key string) map[string]string {
+	t.Helper()
+	h, err := rdb.HGetAll(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range schema.SemFields {
+		delete(h, f)
+	}
+	return h
 }

@@ -13,9 +13,10 @@ import (
 // rwKey is the holders hash of the read-write lock name.
 func rwKey(name string) string { return "redisync:rw:{" + name + "}" }
 
-// isCount reports whether a field of a semaphore's holders hash is its
-// count of permits in use rather than a holder.
-func isCount(field string) bool { return field == schema.SemUsedField }
+// isCount reports whether a field of a semaphore's holders hash is one of
+// its own (its count of permits in use, its size, ...) rather than a
+// holder.
+func isCount(field string) bool { return slices.Contains(schema.SemFields, field) }
 
 // TestRWMutexFIFOAcrossProcesses queues readers and writers, each a
 // process of its own, behind a writer, in the order R R W R W W R R, and

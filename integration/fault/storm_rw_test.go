@@ -67,7 +67,8 @@ func (s *storm) rwMutexes() {
 		s.fail("occupancy", "the occupancy counter reached %d, above a write's %d", max, redisync.MaxSemaphoreSize)
 	}
 	base := "redisync:rw:{" + s.name + "}"
-	s.gone(s.admin, "the holders", base, base+":expiry")
+	s.noHolders(s.admin, base)
+	s.gone(s.admin, "the leases", base+":expiry")
 	s.gone(s.admin, "the queue and waiters", base+":queue", base+":waiters")
 	s.noPersistent(s.admin)
 	s.report()

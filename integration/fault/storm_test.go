@@ -21,6 +21,7 @@ import (
 	"github.com/redisync/redisync/integration/fault/internal/fence"
 	"github.com/redisync/redisync/integration/fault/internal/history"
 	"github.com/redisync/redisync/internal/redistest"
+	"github.com/redisync/redisync/internal/schema"
 )
 
 // Environment of the cancellation storm.
@@ -684,9 +685,35 @@ func (s *storm) checkLockKeys(rdb *redis.Client) {
 func (s *storm) checkSemKeys(rdb *redis.Client) {
 	s.t.Helper()
 	base := "redisync:sem:{" + s.name + "}"
-	s.gone(rdb, "the holders", base, base+":expiry")
+	s.noHolders(rdb, base)
+	s.gone(rdb, "the leases", base+":expiry")
 	s.gone(rdb, "the queue and waiters", base+":queue", base+":waiters")
 	s.noPersistent(rdb)
+}
+
+// noHolders waits up to 3 s for the semaphore's holders hash (holders) to
+// keep no holder's record: the hash itself stays, with the semaphore's own
+// fields (schema.SemFields), an hour past its last use.
+func (s *storm) noHolders(rdb *redis.Client, holders string) {
+	s.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		h, err := rdb.HGetAll(ctx, holders).Result()
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for _, f := range schema.SemFields {
+			delete(h, f)
+		}
+		if len(h) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.fail("left in Redis", "holders still there 3 s after the storm: %v", h)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // gone waits up to 3 s for keys to disappear.

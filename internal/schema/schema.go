@@ -24,13 +24,21 @@ const Layout = 3
 
 // SemLayout is the version of a semaphore's (and a RWMutex's) stored
 // layout, carried in its size record after the size; SEM_LAYOUT in
-// scripts/sem_lib.lua is the same number.
-const SemLayout = 3
+// scripts/sem_lib.lua is the same number. Layout 3 kept no state in the
+// holders hash but the count of permits in use, and kept each key's TTL
+// with a call per key and call.
+const SemLayout = 4
 
 // SemUsedField is the field of a semaphore's holders hash that counts the
-// permits in use (USED in scripts/sem_lib.lua); every other field is a
-// holder's record.
+// permits in use (USED in scripts/sem_lib.lua).
 const SemUsedField = "{used}"
+
+// SemFields are the semaphore's own fields of its holders hash
+// (scripts/sem_lib.lua): its count of permits in use (SemUsedField), its
+// size record, and the server times until which its keys live and its
+// refusals are read, and when it next prunes. Every other field is a
+// holder's record.
+var SemFields = []string{SemUsedField, "{size}", "{keep}", "{gone}", "{refuse}", "{prune}"}
 
 // LayoutField is the field of a lock's hash that holds its layout.
 const LayoutField = "{layout}"
@@ -254,14 +262,17 @@ func ParseSemSize(rec string) (size int64, layout int, ok bool) {
 
 // Semaphore is the keys and channel of one semaphore.
 type Semaphore struct {
-	// Holders is a hash of holder id -> a SemHolder record.
+	// Holders is a hash of holder id -> a SemHolder record, and the
+	// semaphore's own fields (SemFields).
 	Holders string
 	// Expiry is a zset of holder id -> the end of its lease, in ms by
 	// the server clock; a holder whose lease ended is reclaimed by the
 	// next script call.
 	Expiry string
-	// Size is the semaphore's size record (ParseSemSize), stored while it
-	// is in use and an hour after the last Acquire.
+	// Size is a copy of the semaphore's size record (ParseSemSize),
+	// stored while it is in use and an hour after the last Acquire: it
+	// tells versions of redisync that read another layout that this one
+	// is in use.
 	Size string
 	// Queue is a zset of waiter id ("holder id#call number.random") -> the server
 	// time in µs when it joined, as a lock's queue.
@@ -270,8 +281,9 @@ type Semaphore struct {
 	// SemWaiter record.
 	Waiters string
 	// Released is a zset of holder ids whose holding a release ended ->
-	// the server time in ms, kept 10 s, so that a late copy of a call of
-	// an ended holding takes nothing.
+	// the server time in ms until which it is remembered (10 s after), so
+	// that a retry of the release knows it was applied and a late copy of
+	// a call of an ended holding takes nothing.
 	Released string
 	// Withdrawn is a zset of waiter ids withdrawn with an unknown outcome,
 	// as a lock's.
