@@ -9,19 +9,19 @@ import (
 	"github.com/redisync/redisync/internal/redistest"
 )
 
-// TestHeartbeatDoesNotDelayLost: no slow call of
-// any kind, such as a fair waiter's heartbeat, may delay the notice that a
-// hold is lost.
+// TestHeartbeatDoesNotDelayLost: no slow call of any kind, such as a fair
+// waiter's heartbeat, may delay the notice that a hold is lost.
 //
 // Client A (through a proxy) has a fair waiter queued on lock Y, held by
 // Client B (direct), with the default heartbeat of 3 s; then A takes lock X
 // with a watchdog lease of 300 ms, and its connection is blackholed at
-// once. A's Lost for X must close by its local deadline (give or take
-// the machine's scheduling), before B, trying all along, takes X. Three trials take X 30, 50 and 70 ms before A's
-// first heartbeat falls due (1 s after it queued), so that a watchdog that
-// waited for its batches would be waiting on a batch holding only that
-// heartbeat (given up after heartbeat/3 = 1 s) when X's deadline passes,
-// and reports the loss up to 0.75 s after B got X.
+// once. A's Lost for X must close by its local deadline (give or take the
+// machine's scheduling), before B, trying all along, takes X. Three trials
+// take X 30, 50 and 70 ms before A's first heartbeat falls due (1 s after
+// it queued), so that a watchdog that waited for its batches would be
+// waiting on a batch holding only that heartbeat (given up after
+// heartbeat/3 = 1 s) when X's deadline passes, and would report the loss
+// up to 0.75 s late.
 func TestHeartbeatDoesNotDelayLost(t *testing.T) {
 	const (
 		lease     = 300 * time.Millisecond
