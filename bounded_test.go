@@ -222,7 +222,7 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 // TestSemaphoreWithTenThousandHoldersIsBounded: with 10,000 holders, half
 // of them with a lease that has ended, every Acquire, TryAcquire and
 // Release call stays within scriptBound; the ended leases are reclaimed
-// by the calls, at most 64 per call.
+// by the calls, at most 32 per call.
 func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 	const holders = 10_000
 	rdb := newReal(t)
@@ -262,7 +262,7 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 	s := must(newClient(t, rdb).NewSemaphore(name, size))
 	rounds := 0
 	for rdb.ZCard(ctx, k.Expiry).Val() > holders/2 {
-		if rounds++; rounds > holders/2/64+5 {
+		if rounds++; rounds > holders/2/32+5 {
 			t.Fatalf("%d rounds, and %d leases are left", rounds, rdb.ZCard(ctx, k.Expiry).Val())
 		}
 		if ok, err := s.TryAcquire(ctx, 1); err != nil {

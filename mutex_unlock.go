@@ -3,6 +3,7 @@ package redisync
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
@@ -83,10 +84,16 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	}
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
+	var tries atomic.Int32
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+		first := tries.Add(1) == 1
 		res, err := m.release(ctx, rdb, h)
-		if res == 2 {
-			res = 0 // ended, and not by a release known to be this one's: lost
+		if res == 2 && first {
+			// Ended, and a later hold taken since: the lease ran out
+			// before the release. After an attempt whose reply was
+			// lost, that attempt may have released it (and the next
+			// holder come and gone since): released.
+			res = 0
 		}
 		return res, err
 	}, nil)

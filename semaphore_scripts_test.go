@@ -1301,7 +1301,7 @@ func TestSemaphoreScriptsReleaseRewritesTheHeadsRecord(t *testing.T) {
 }
 
 // TestSemaphoreScriptsReclaimIsBounded: with 2,500 holders whose lease
-// ended, each call reclaims at most 64 of them (their permits count as in
+// ended, each call reclaims at most 32 of them (their permits count as in
 // use until then) and tells its caller to call again at once (reply
 // {0, 1}); the calls that follow reclaim the rest, and the queue is served
 // in order meanwhile.
@@ -1323,8 +1323,8 @@ func TestSemaphoreScriptsReclaimIsBounded(t *testing.T) {
 		calls++
 		before := p.rdb.ZCard(ctx, k.Expiry).Val()
 		reply := op.run(ctx, p.rdb, p.cur, ns)
-		if gone := before - p.rdb.ZCard(ctx, k.Expiry).Val(); gone > 64 {
-			t.Fatalf("call %d reclaimed %d holders, want at most 64", calls, gone)
+		if gone := before - p.rdb.ZCard(ctx, k.Expiry).Val(); gone > 32 {
+			t.Fatalf("call %d reclaimed %d holders, want at most 32", calls, gone)
 		}
 		if reply != "[0 1]" {
 			if !strings.HasPrefix(reply, "[0 ") {
@@ -1332,7 +1332,7 @@ func TestSemaphoreScriptsReclaimIsBounded(t *testing.T) {
 			}
 			break
 		}
-		if calls > 2500/64+2 {
+		if calls > 2500/32+2 {
 			t.Fatalf("%d calls and the ended leases are not all reclaimed", calls)
 		}
 		op.acq.queued = true
@@ -1441,7 +1441,7 @@ func TestSemaphoreScriptsReleaseRetiresTheHolder(t *testing.T) {
 	}
 }
 
-// A reclaim that stops at its bound (64 ended leases) forgets the records
+// A reclaim that stops at its bound (32 ended leases) forgets the records
 // it read, but not those it removed: the caller's, or the queue's head's,
 // among them is counted out once. Counted twice, {used} fell short, and a
 // semaphore granted more than its size, a RWMutex a write beside a read.
@@ -1450,7 +1450,7 @@ func TestSemaphoreScriptsBoundedReclaimCountsOnce(t *testing.T) {
 	ctx := context.Background()
 	ended := func(caller string, permits int) []diffHolder {
 		var hs []diffHolder
-		for i := range 63 {
+		for i := range 31 {
 			hs = append(hs, diffHolder{fmt.Sprintf("app/x%d-1", i), "1:1", -int64(i) - 2})
 		}
 		return append(hs, diffHolder{caller, fmt.Sprintf("%d:1", permits), -1})
