@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -243,9 +244,12 @@ func (a acquireArgs) call(k schema.Lock) scriptCall {
 	if a.others {
 		mode += " others"
 	}
+	if a.most != 0 {
+		mode += " most=" + strconv.Itoa(a.most)
+	}
 	return scriptCall{acquireScript,
 		[]string{k.Hash, k.Queue, k.Bargers, k.Tombstone(a.ticket)},
-		[]any{a.ticket, a.lease.Milliseconds(), mode, arg, a.handoff.Milliseconds(), a.metadata, a.most}}
+		[]any{a.ticket, a.lease.Milliseconds(), mode, arg, a.handoff.Milliseconds(), a.metadata}}
 }
 
 // sharded returns the flag of a script that publishes with publish: "

@@ -4,7 +4,7 @@ package redisync
 
 // scriptSHA1 is the SHA-1 digest of each script of newScript, by name.
 var scriptSHA1 = map[string]string{
-	"acquire":      "28ce33203be90d16d4cddc01034cf9b23755b4d1",
+	"acquire":      "0d151bf0d6c9e1531db7f7edaf5eec039d5f28b0",
 	"extend":       "04a729755793edb1b6827d051ac591a3b65820a2",
 	"handoff":      "4234329fc0f9929dac164a411f21fd07f73863de",
 	"leader":       "0ee80a3fb9d54c03345e8a30a5d8f84fa226fb07",

@@ -15,7 +15,9 @@
 --         be taken for a later grant); "try" respects the queue but never
 --         joins it. Flags: "others" (barge: other plain waiters of the
 --         caller's Client wait: taking the lock records it again),
---         "sharded" (publish with SPUBLISH)
+--         "sharded" (publish with SPUBLISH), "most=n" (queue: the call
+--         joins only while the queue holds fewer than n records,
+--         WithMaxWaiters; none: no limit)
 -- ARGV[4] mode "queue": the heartbeat ttl in ms (how long the record lives
 --         on its own); "again": the number of the call's record; "barge":
 --         how long in ms the Client is recorded as having a plain waiter
@@ -24,11 +26,9 @@
 -- ARGV[5] mode "queue": the lease in ms of a hold handed to the call
 -- ARGV[6] the caller's metadata (WithMetadata), stored with its hold; ''
 --         for none
--- ARGV[7] mode "queue": the most records the queue may hold for the call
---         to join it (WithMaxWaiters); '0' for no limit
 --
 -- A lease, heartbeat or hand-off lease beyond lib.lua's MAX_MS, metadata
--- longer than MAX_TEXT, or an ARGV[7] that is not a whole number from 0,
+-- longer than MAX_TEXT, or a "most=" that is not a whole number from 0,
 -- fails the script with a LIMIT error, before it reads or writes anything.
 --
 -- Reply: {1, token}           held by the ticket; token of the hold
@@ -41,7 +41,7 @@
 --                             was handed the lock, whose hold has ended
 --                             since; or dropped as dead)
 --        {-4, most}           mode "queue": not queued, the queue holding
---                             most records (ARGV[7]) already; nothing of
+--                             most records ("most=") already; nothing of
 --                             the call is stored
 local ticket, lease, mode, arg = ARGV[1], ms_arg(ARGV[2], 1, 'the lease'), ARGV[3], tonumber(ARGV[4])
 text_arg(ARGV[6], 'the metadata')
@@ -49,7 +49,8 @@ local most = 0
 if string.sub(mode, 1, 5) == 'queue' then
   ms_arg(ARGV[4], 1, 'the heartbeat')
   ms_arg(ARGV[5], 1, 'the hand-off lease')
-  most = tonumber(ARGV[7])
+  local flag = string.match(mode, ' most=(%S*)')
+  most = flag and tonumber(flag) or 0
   limit(most and most == math.floor(most) and most >= 0, 'the most waiters must be a whole number from 0 (0: no limit)')
 end
 local publish = publish_cmd(mode)
