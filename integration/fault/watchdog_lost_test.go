@@ -17,11 +17,12 @@ import (
 // with a watchdog lease of 300 ms, and its connection is blackholed at
 // once. A's Lost for X must close by its local deadline (give or take the
 // machine's scheduling), before B, trying all along, takes X. Three trials
-// take X 30, 50 and 70 ms before A's first heartbeat falls due (1 s after
-// it queued), so that a watchdog that waited for its batches would be
-// waiting on a batch holding only that heartbeat (given up after
-// heartbeat/3 = 1 s) when X's deadline passes, and would report the loss
-// up to 0.75 s late.
+// take X 190, 210 and 230 ms before A's first heartbeat is due (1 s after
+// it queued). The watchdog sends a heartbeat up to a sixth of its interval
+// early (167 ms), so it goes out 23-63 ms after the cut, into the
+// blackhole, and its batch is given up only when the heartbeat's TTL (3 s)
+// has passed: a watchdog that waited for its batches would report X's
+// loss seconds late.
 func TestHeartbeatDoesNotDelayLost(t *testing.T) {
 	const (
 		lease     = 300 * time.Millisecond
@@ -29,7 +30,7 @@ func TestHeartbeatDoesNotDelayLost(t *testing.T) {
 		slack     = 25 * time.Millisecond
 		heartbeat = 3 * time.Second // the default
 	)
-	for trial, before := range []time.Duration{30 * time.Millisecond, 50 * time.Millisecond, 70 * time.Millisecond} {
+	for trial, before := range []time.Duration{190 * time.Millisecond, 210 * time.Millisecond, 230 * time.Millisecond} {
 		addr := redistest.Addr(t)
 		admin := redistest.NewClient(t, addr)
 		px := redistest.NewProxy(t, addr)
@@ -73,7 +74,7 @@ func TestHeartbeatDoesNotDelayLost(t *testing.T) {
 		// A's local deadline for X is at the latest the cut + the lease
 		// - the drift margin (its Lock was sent before the cut), which
 		// is before Redis lets B in. A watchdog that waited on the
-		// heartbeat's batch would close Lost up to 0.75 s past it; a
+		// heartbeat's batch would close Lost seconds past it; a
 		// loaded test machine may run A's timer a few milliseconds late
 		// (assumption A3), which slack allows.
 		late := la.Sub(cut.Add(lease - drift))
