@@ -334,3 +334,39 @@ func TestSemaphoreSilentWaitersDoNotHoldBackTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSemaphoreTryAcquireReclaimsEveryEndedLease: after a stall that ended
+// more leases than one call reclaims (here 40 holders of one permit each,
+// a semaphore of 40), TryAcquire of every permit succeeds: nobody holds or
+// waits, and it goes on as long as the script asks for a call at once.
+func TestSemaphoreTryAcquireReclaimsEveryEndedLease(t *testing.T) {
+	const size = 40
+	rdb := newReal(t)
+	ctx := context.Background()
+	name := uniqueName(t)
+	k := schema.SemaphoreKeys("redisync", name)
+	if err := rdb.ScriptLoad(ctx, semAcquireScript.src).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := rdb.Pipeline()
+	for i := range size {
+		holder := fmt.Sprintf("t/pc-%d", i)
+		semAcquireArgs{holder: holder, n: 1, size: size, seq: 1, lease: 100 * time.Millisecond, mode: "try", waiter: holder + "#1",
+			heartbeat: time.Minute, grant: time.Minute, publish: "PUBLISH"}.call(k).run(ctx, p)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every lease to end", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		last := rdb.ZRangeWithScores(ctx, k.Expiry, -1, -1).Val()
+		return err == nil && len(last) == 1 && int64(last[0].Score) < now.UnixMilli()
+	})
+	s := must(newClient(t, rdb).NewSemaphore(name, size))
+	if ok, err := s.TryAcquire(ctx, size); err != nil || !ok {
+		t.Fatalf("TryAcquire(%d) with every lease ended: %v, %v; want true", size, ok, err)
+	}
+	if err := s.Release(ctx, size); err != nil {
+		t.Fatal(err)
+	}
+}

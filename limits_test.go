@@ -50,6 +50,10 @@ func TestScriptsEnforceTheLimits(t *testing.T) {
 			publish: "PUBLISH", seq: 1}.call(schema.ElectionKeys("redisync", "limits"))},
 		{"a negative most waiters", acquireArgs{ticket: "vm/1/c-1", lease: time.Second, mode: "queue", heartbeat: time.Second,
 			handoff: time.Second, publish: "PUBLISH", most: -1}.call(k)},
+		{"most waiters not a whole number", scriptCall{acquireScript, []string{k.Hash, k.Queue, k.Bargers, k.Tombstone("vm/1/c-1")},
+			[]any{"vm/1/c-1", 1000, "queue most=1.5", 1000, 1000, ""}}},
+		{"most waiters not a number", scriptCall{acquireScript, []string{k.Hash, k.Queue, k.Bargers, k.Tombstone("vm/1/c-1")},
+			[]any{"vm/1/c-1", 1000, "queue most=", 1000, 1000, ""}}},
 		{"a multi-lock acquisition of more than MaxMultiNames", multiAcquire(MaxMultiNames + 1)},
 		{"a multi-lock release of more than MaxMultiNames", multiRelease(MaxMultiNames + 1)},
 	} {

@@ -3,7 +3,6 @@ package redisync
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redisync/redisync/internal/roundtrip"
@@ -84,16 +83,10 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	}
 	wait, cancel := roundtrip.Releasing(ctx)
 	defer cancel()
-	var tries atomic.Int32
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-		first := tries.Add(1) == 1
 		res, err := m.release(ctx, rdb, h)
-		if res == 2 && first {
-			// Ended, and a later hold taken since: the lease ran out
-			// before the release. After an attempt whose reply was
-			// lost, that attempt may have released it (and the next
-			// holder come and gone since): released.
-			res = 0
+		if res == 2 {
+			res = 0 // its lease ran out, and a later hold was taken: lost
 		}
 		return res, err
 	}, nil)
@@ -108,8 +101,8 @@ func (m *Mutex) unlock(ctx context.Context) error {
 }
 
 // release runs the release script for the hold h, and returns its reply:
-// 1 released (now, or by an earlier try), 0 not held, 2 not held and a
-// later hold taken since.
+// 1 released (now, or by an earlier try, whatever came after it), 0 not
+// held, 2 not held: its lease ran out and a later hold was taken since.
 func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, h *hold) (int64, error) {
 	release := releaseArgs{id: h.id, token: h.token, refuse: h.refuse, publish: m.c.publish, mode: "release"}
 	res, err := release.call(m.keys).run(ctx, rdb).Int64()

@@ -172,10 +172,11 @@ func (s *Semaphore) acquire(ctx context.Context, n int64) error {
 	return nil
 }
 
-// TryAcquire makes one attempt to take n permits and never waits or
-// queues: it reports whether s holds n more permits now. It fails when
-// anyone is queued, even if the free permits would cover n, and when
-// another Acquire of s is under way.
+// TryAcquire takes n permits if it can now, and never waits or queues:
+// it reports whether s holds n more permits now. It fails when anyone is
+// queued, even if the free permits would cover n, and when another
+// Acquire of s is under way. Leases that ended (their holders gone) are
+// reclaimed on the way, in as many calls as that takes.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
 	return observedTry(s.c.observer(), ctx, CallInfo{Op: OpTryAcquire, Primitive: PrimitiveSemaphore, Name: s.name, Permits: n}, func(ctx context.Context) (bool, error) { return s.tryAcquire(ctx, n) }, nil)
 }
@@ -197,12 +198,19 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	}
 	defer s.turn.give()
 	a := s.newCall(n, "try")
-	ok, _, err := a.attempt(ctx)
-	if err != nil {
-		a.finish(ctx, err)
-		return false, s.wrap("tryacquire", err)
+	for {
+		// Attempted again only while the script asks for it at once:
+		// after a stall that ended more leases than one call reclaims,
+		// each call reclaims its share of them.
+		ok, wait, err := a.attempt(ctx)
+		if err != nil {
+			a.finish(ctx, err)
+			return false, s.wrap("tryacquire", err)
+		}
+		if ok || wait != 0 {
+			return ok, nil
+		}
 	}
-	return ok, nil
 }
 
 // Release gives back n of the permits s holds; they go to the waiters at

@@ -60,7 +60,9 @@ func (s *Semaphore) nextWaiter(holder string) string {
 }
 
 // attempt runs the acquire script once. It reports whether s holds n more
-// permits now and, when not, how long to sleep at most.
+// permits now and, when not, how long to sleep at most: 0 when the call
+// is to attempt again at once (as a new call, or to go on where a script
+// stopped at its bound).
 func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	s := a.s
 	if a.onto != nil && !a.queued && s.current() != a.onto {
@@ -133,6 +135,9 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	}
 	if a.mode == "queue" {
 		a.joined(sent)
+	}
+	if res[1] == 0 {
+		return false, 0, nil // stopped at a bound: a call at once goes on
 	}
 	return false, s.sleepFor(res[1]), nil
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -164,5 +165,30 @@ func testMultiCalls(t *testing.T, c *redistest.Cluster) {
 		if got != tc.want {
 			t.Errorf("%s: %d script calls, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestMultiMutexUnlockAfterALeaseRanOutIsLost: Unlock reports ErrLockLost
+// when one name's lease ran out in Redis and another Client took it since.
+func TestMultiMutexUnlockAfterALeaseRanOutIsLost(t *testing.T) {
+	cs := newClients(t, 2)
+	n1, n2 := redistest.Name(t)+"-1", redistest.Name(t)+"-2"
+	mm := must(cs[0].NewMultiMutex([]string{n1, n2}))
+	if err := mm.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	jumpClock(t, admin(t), n1) // its lease runs out
+	other := must(cs[1].NewMutex(n1))
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("the other Client's TryLock: %v, %v", ok, err)
+	}
+	if err := mm.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
+		t.Errorf("Unlock = %v, want ErrLockLost", err)
+	}
+	if heldOn(t, admin(t), lockKey(n2)) {
+		t.Errorf("%s is still held after the Unlock", n2)
+	}
+	if err := other.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -393,6 +393,39 @@ func TestMutexUnlockRetriedAfterTheNextHolderReleased(t *testing.T) {
 	}
 }
 
+// TestMutexUnlockAfterItsLeaseRanOutIsLost: a hold whose lease ran out in
+// Redis (as in a pause longer than the lease), and which another Client
+// took since, is reported lost by Unlock (ErrLockLost), also when the
+// release's reply is lost and it is retried, and before its Lost closed.
+func TestMutexUnlockAfterItsLeaseRanOutIsLost(t *testing.T) {
+	for _, drop := range []bool{false, true} {
+		addr := redistest.Addr(t)
+		p := redistest.NewProxy(t, addr)
+		a := must(redisync.New(redistest.NewClient(t, p.Addr)))
+		t.Cleanup(func() { _ = a.Close() })
+		b := must(redisync.New(redistest.NewClient(t, addr)))
+		t.Cleanup(func() { _ = b.Close() })
+		name := fmt.Sprintf("%s-drop-%v", redistest.Name(t), drop)
+		holder, other := must(a.NewMutex(name)), must(b.NewMutex(name))
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		jumpClock(t, admin(t), name) // its lease runs out
+		if ok, err := other.TryLock(ctx); !ok || err != nil {
+			t.Fatalf("the other Client's TryLock: %v, %v", ok, err)
+		}
+		if drop {
+			p.DropReplies(1)
+		}
+		if err := holder.Unlock(ctx); !errors.Is(err, redisync.ErrLockLost) {
+			t.Errorf("reply dropped: %v: Unlock = %v, want ErrLockLost", drop, err)
+		}
+		if err := other.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // ownerOf returns the holder of a lock.
 func ownerOf(t *testing.T, name string) string {
 	t.Helper()

@@ -566,3 +566,63 @@ func TestRedlockCancelledLockLeavesNothing(t *testing.T) {
 		t.Fatalf("keys left: %v", l)
 	}
 }
+
+// TestRedMutexUnlockRetriedAfterTheNextHolderReleased: a node's release
+// goes through, its reply is lost, and go-redis sends it again (a node's
+// Client sends through the user's go-redis client, which retries); by
+// then the next holder, let in by that release, has come and gone. Unlock
+// reports the release: the hold ended by it, not by running out.
+func TestRedMutexUnlockRetriedAfterTheNextHolderReleased(t *testing.T) {
+	ss := spawnNodes(t, 1)
+	p := redistest.NewProxy(t, ss[0].Addr)
+	ra, err := redisync.NewRedlock([]redis.UniversalClient{redistest.NewClient(t, p.Addr)}, redisync.WithNodeTimeout(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ra.Close() })
+	name := redistest.Name(t)
+	holder, next := must(ra.NewMutex(name)), must(newRedlocks(t, ss, 1)[0].NewMutex(name))
+	for _, m := range []*redisync.RedMutex{holder, next} { // the scripts loaded
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	passed := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				passed <- errors.New("did not get the lock while the Unlock ran")
+				return
+			default:
+			}
+			if ok, err := next.TryLock(ctx); err != nil || ok {
+				if err == nil {
+					err = next.Unlock(ctx)
+				}
+				passed <- err
+				return
+			}
+		}
+	}()
+	// The release reaches the node 200 ms after it is sent; its reply is
+	// lost with its connection, and go-redis's retry arrives 400 ms or
+	// more later.
+	p.SetLatency(200 * time.Millisecond)
+	p.DropReplies(1)
+	err = holder.Unlock(ctx)
+	close(stop)
+	if perr := <-passed; perr != nil {
+		t.Fatalf("the next holder: %v", perr)
+	}
+	if err != nil {
+		t.Errorf("Unlock, retried after the next holder came and went: %v", err)
+	}
+}

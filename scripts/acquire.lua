@@ -50,8 +50,10 @@ if string.sub(mode, 1, 5) == 'queue' then
   ms_arg(ARGV[4], 1, 'the heartbeat')
   ms_arg(ARGV[5], 1, 'the hand-off lease')
   local flag = string.match(mode, ' most=(%S*)')
-  most = flag and tonumber(flag) or 0
-  limit(most and most == math.floor(most) and most >= 0, 'the most waiters must be a whole number from 0 (0: no limit)')
+  if flag then
+    most = integer(flag)
+  end
+  limit(most and most >= 0, 'the most waiters must be a whole number from 0 (0: no limit)')
 end
 local publish = publish_cmd(mode)
 mode = string.match(mode, '^%a+')

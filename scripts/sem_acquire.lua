@@ -36,9 +36,9 @@
 --        {1, token}  the caller holds n more permits; token is the fencing
 --                    token of a RWMutex's write, else 0
 --        {0, ms}     not granted (queued in mode "queue"); ms until the
---                    earliest lease ends (-1: no holder), or 1 when the
+--                    earliest lease ends (-1: no holder), or 0 when the
 --                    call stopped at a bound (sem_lib.lua: reclaim_max,
---                    serve_max) and a later call is to go on
+--                    serve_max) and a call at once is to go on
 --        {-1, 0}     held > 0 but the caller's permits are gone (lost)
 --        {-2, size}  n is more than the size: nothing written (unless
 --                    this is a retry of a call applied already, which
@@ -181,7 +181,7 @@ if mode == 'queue' and not queued then
   join_queue(k, waiter, now_us(), rec)
   sem_keep(k, now + 2 * ttl)
 end
-local hint = 1 -- a later call serves the rest of the queue, or reclaims more
+local hint = 0 -- a call at once serves the rest of the queue, or reclaims more
 if not (k.more or k.ended) then
   hint = sem_next(k, now)
 end
