@@ -199,15 +199,15 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (bool, error) {
 	defer s.turn.give()
 	a := s.newCall(n, "try")
 	for {
-		// Attempted again only while the script asks for it at once:
+		// Attempted again only while the script stopped at a bound:
 		// after a stall that ended more leases than one call reclaims,
 		// each call reclaims its share of them.
-		ok, wait, err := a.attempt(ctx)
+		ok, _, err := a.attempt(ctx)
 		if err != nil {
 			a.finish(ctx, err)
 			return false, s.wrap("tryacquire", err)
 		}
-		if ok || wait != 0 {
+		if ok || !a.more {
 			return ok, nil
 		}
 	}

@@ -35,6 +35,10 @@ type acquireCall struct {
 	// version's scripts read a waiter id (sem_lib.lua, sem_holder): a
 	// semaphore's layout is shared with earlier versions.
 	waiter string
+	// more is set by an attempt that the script stopped at one of its
+	// bounds (ended leases to reclaim, waiters to serve): a call at once
+	// goes on where it stopped.
+	more bool
 	place
 }
 
@@ -61,8 +65,8 @@ func (s *Semaphore) nextWaiter(holder string) string {
 
 // attempt runs the acquire script once. It reports whether s holds n more
 // permits now and, when not, how long to sleep at most: 0 when the call
-// is to attempt again at once (as a new call, or to go on where a script
-// stopped at its bound).
+// is to attempt again at once (as a new call, or to go on where the
+// script stopped at a bound: then a.more is set).
 func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) {
 	s := a.s
 	if a.onto != nil && !a.queued && s.current() != a.onto {
@@ -71,6 +75,7 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 		// one must take nothing). Go on as a call of a new holding.
 		a.anew(ctx)
 	}
+	a.more = false
 	if err := s.op.take(ctx, s.c.ctx.Done()); err != nil {
 		return false, 0, err
 	}
@@ -136,8 +141,8 @@ func (a *acquireCall) attempt(ctx context.Context) (bool, time.Duration, error) 
 	if a.mode == "queue" {
 		a.joined(sent)
 	}
-	if res[1] == 0 {
-		return false, 0, nil // stopped at a bound: a call at once goes on
+	if a.more = res[1] == 0; a.more {
+		return false, 0, nil
 	}
 	return false, s.sleepFor(res[1]), nil
 }
