@@ -108,7 +108,7 @@ func (m *MultiMutex) releaseAll(ctx context.Context, locks []*Mutex) error {
 		res, err = m.releaseEach(ctx, locks, args)
 	}
 	for i, h := range told {
-		gone := err == nil && res[i] != 1 // as Mutex.Unlock: 2 is a lease that ran out
+		gone := err == nil && res[i] != 1 // as Mutex.Unlock: 2 is a hold that ended otherwise
 		if h != nil {
 			locks[i].told(h, gone)
 		}

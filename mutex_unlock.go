@@ -26,7 +26,11 @@ import (
 // after a deferred Unlock of a call that timed out), with a timeout of its
 // own. m forgets the hold before the release is sent: the hold is no longer
 // renewed, so when the release fails, or ctx ends before it is confirmed,
-// the lock is freed by Redis within one lease; the error says so.
+// the lock is freed by Redis within one lease; the error says so. A
+// release is sent again when its reply is lost; if the lock was taken and
+// released again meanwhile, the retry cannot tell that release of the
+// hold from its lease running out, and Unlock reports ErrLockLost: never a
+// false success.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	return observed(m.c.observer(), ctx, CallInfo{Op: OpUnlock, Primitive: m.prim, Name: m.name}, m.unlock, nil)
 }
@@ -86,7 +90,11 @@ func (m *Mutex) unlock(ctx context.Context) error {
 	res, _, err := m.c.settle(wait, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
 		res, err := m.release(ctx, rdb, h)
 		if res == 2 {
-			res = 0 // its lease ran out, and a later hold was taken: lost
+			// Ended, and not by a release known to be this one's: lost.
+			// An earlier try whose reply was lost may have released it,
+			// and the next holders come and gone since: never a false
+			// success.
+			res = 0
 		}
 		return res, err
 	}, nil)
@@ -101,8 +109,8 @@ func (m *Mutex) unlock(ctx context.Context) error {
 }
 
 // release runs the release script for the hold h, and returns its reply:
-// 1 released (now, or by an earlier try, whatever came after it), 0 not
-// held, 2 not held: its lease ran out and a later hold was taken since.
+// 1 released (now, or by an earlier try), 0 not held, 2 not held and a
+// later hold taken since.
 func (m *Mutex) release(ctx context.Context, rdb redis.UniversalClient, h *hold) (int64, error) {
 	release := releaseArgs{id: h.id, token: h.token, refuse: h.refuse, publish: m.c.publish, mode: "release"}
 	res, err := release.call(m.keys).run(ctx, rdb).Int64()

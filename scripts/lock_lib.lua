@@ -17,9 +17,6 @@
 --             withdraw)
 --   {expires} server ms when the hash runs out (see keep_state)
 --   {freed}   the token of the last hold a release ended (see release)
---   {lapsed}  a token at least as high as that of every hold whose lease
---             ran out before it was released (see grant), and of every
---             hold older than the hash (see prepare)
 --   {rev}, {proclaim}  an election's: the revision of its last change and
 --             the number of the holder's last Proclaim
 --   {client}<id>  a Client's liveness deadline for its fair waiters (lib.lua,
@@ -44,7 +41,7 @@ local LAYOUT = '3'
 
 local F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_META = '{layout}', '{owner}', '{end}', '{token}', '{meta}'
 local F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE = '{queue}', '{seq}', '{popped}', '{wake}', '{refuse}'
-local F_EXPIRES, F_REV, F_PROCLAIM, F_FREED, F_LAPSED = '{expires}', '{rev}', '{proclaim}', '{freed}', '{lapsed}'
+local F_EXPIRES, F_REV, F_PROCLAIM, F_FREED = '{expires}', '{rev}', '{proclaim}', '{freed}'
 
 -- drop_max bounds the records of dead or withdrawn waiters one call drops
 -- from the queue's head: the next call, or the next waiter to look again,
@@ -80,8 +77,8 @@ end
 
 -- The fields load_lock reads, in the order of its reply, for a lock and
 -- for an election (which has a revision too).
-local lock_fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED, F_LAPSED}
-local election_fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED, F_LAPSED, F_REV}
+local lock_fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED}
+local election_fields = {F_LAYOUT, F_OWNER, F_END, F_TOKEN, F_QUEUE, F_SEQ, F_POPPED, F_WAKE, F_REFUSE, F_EXPIRES, F_META, F_FREED, F_REV}
 
 -- load_lock reads the state of the lock whose hash is lock, and the fields of
 -- extra (a list, or nil), in one call; a key of the wrong type fails here.
@@ -111,9 +108,9 @@ local function load_lock(lock, queue, extra)
     ['end'] = number(lock, v[3]), token = number(lock, v[4]), queue = number(lock, v[5]),
     seq = number(lock, v[6]), popped = number(lock, v[7]), wake = v[8] == '1',
     refuse = number(lock, v[9]), expires = number(lock, v[10]), meta = v[11] or '',
-    freed = number(lock, v[12]), lapsed = number(lock, v[13]), election = election, w = {}, extra = {}}
+    freed = number(lock, v[12]), election = election, w = {}, extra = {}}
   if election then
-    s.rev = number(lock, v[14])
+    s.rev = number(lock, v[13])
   end
   local n = #fields
   for i = n + 1, #v do
@@ -146,10 +143,6 @@ local function prepare(s)
     s.rev = check_counter(s.key .. ':rev')
   end
   set(s, F_LAYOUT, LAYOUT)
-  -- A hold of a token minted before the hash was made (its state ran
-  -- out, or was lost) counts as lapsed: a release of it finds it gone.
-  s.lapsed = math.max(s.token, now_us() - 1)
-  set(s, F_LAPSED, string.format('%d', s.lapsed))
 end
 
 -- keep_state has the hash live at least state_memory_ms past until (server
@@ -233,13 +226,8 @@ local function announce(s, t, meta, ms, publish)
 end
 
 -- grant makes owner the holder for lease ms with the metadata meta and
--- returns its new fencing token (written by flush). A holder it replaces
--- whose lease ran out is marked lapsed (see release).
+-- returns its new fencing token (written by flush).
 local function grant(s, owner, lease, meta, publish)
-  if s.owner ~= '' and s['end'] <= now_ms() and s.lapsed < s.token then
-    s.lapsed = s.token
-    set(s, F_LAPSED, string.format('%d', s.token))
-  end
   local t = mint_token(s)
   s.owner, s['end'] = owner, now_ms() + lease
   set(s, F_OWNER, owner)
@@ -484,12 +472,10 @@ end
 
 -- release ends the hold of ticket id, whose token is mytoken ('0' when
 -- unknown), whatever its count (the holder keeps the count of levels), as
--- free does. It returns 1 when released now, or by an earlier try of the
--- call (the hold of mytoken ended, and not by running out: only its own
--- release ends a hold that has not lapsed, even when the next holders
--- came and went since); 2 when not held, and a later hold was taken since
--- the hold of mytoken lapsed (or since one that lapsed after it: then a
--- release of it that came first cannot be told apart); 0 when not held.
+-- free does. It returns 1 when released now, or by an earlier try (the
+-- last release ended the hold of mytoken); 2 when not held, and a later
+-- hold was taken since (its lease ran out, or a release of it was
+-- followed by another); 0 when not held.
 local function release(s, id, mytoken, bargers, publish)
   if s.owner == id then
     free(s, bargers, publish)
@@ -499,7 +485,7 @@ local function release(s, id, mytoken, bargers, publish)
   if t > 0 and (s.freed == t or (s.token == t and string.sub(s.owner, 1, 9) == '{handoff}')) then
     return 1
   elseif t > 0 and s.token > t then
-    return s.lapsed < t and 1 or 2
+    return 2
   end
   return 0
 end

@@ -19,8 +19,8 @@
 -- of one Client are woken (see lock_lib.lua, free).
 --
 -- Reply: 1 released (now, or by an earlier try of this call); or withdrawn
---        2 not held, and a later hold was taken since its lease ran out
---          (see lock_lib.lua, release)
+--        2 not held, and a later hold was taken since: the hold ended
+--          (released by an earlier try, or its lease ran out)
 --        0 not held by the hold id
 local id, flags = ARGV[1], ARGV[3]
 local publish = publish_cmd(flags)

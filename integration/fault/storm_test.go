@@ -63,7 +63,10 @@ const (
 //     holder whose Lost had not closed; for the semaphore, an occupancy
 //     counter beside it goes above the size;
 //   - Unlock or Release reports ErrLockLost for a hold whose Lost had not
-//     closed when it was called (the lock had gone, unannounced);
+//     closed when it was called (the lock had gone, unannounced), unless
+//     nobody had taken the lock when it was called and somebody had when
+//     it returned (a release sent again after its reply was lost, see
+//     holdMutex);
 //   - a call fails with an error other than its context's end (or a socket
 //     timeout at that deadline), ErrLockLost after a loss, and, for a
 //     RedMutex, ErrQuorum (nodes still busy with an abandoned call);
@@ -474,6 +477,13 @@ func (s *storm) holdMutex(rng *rand.Rand, who string, m locker, start time.Time)
 	}
 	s.record(h)
 	wasLost := closed(lost)
+	// The last token issued when Unlock is called (on the first node, for
+	// a RedMutex): while it is the hold's, nobody had taken the lock. Unlock
+	// may then still report the hold lost (never a false success) when its
+	// release went through, its reply was lost, and the next holders came
+	// and went before the retry: then a later token was issued by the time
+	// Unlock returned.
+	last, _ := s.admin.HGet(ctx, lockKey(s.name), schema.TokenField).Int64()
 	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err = m.Unlock(uctx)
@@ -482,9 +492,10 @@ func (s *storm) holdMutex(rng *rand.Rand, who string, m locker, start time.Time)
 	case err == nil:
 	case errors.Is(err, redisync.ErrLockLost):
 		s.unlockLost.Add(1)
-		if !wasLost {
-			s.fail("hold gone before Lost", "%s: Unlock: %v; Lost was open (token %d, held %v from %v)",
-				who, err, h.Token, h.End.Sub(h.Start).Round(time.Microsecond), s.since(start))
+		after, _ := s.admin.HGet(ctx, lockKey(s.name), schema.TokenField).Int64()
+		if !wasLost && (last != h.Token || after == h.Token) {
+			s.fail("hold gone before Lost", "%s: Unlock: %v; Lost was open (token %d, the lock's last %d before Unlock and %d after, held %v from %v)",
+				who, err, h.Token, last, after, h.End.Sub(h.Start).Round(time.Microsecond), s.since(start))
 		}
 	default:
 		s.fail("unlock error", "%s: Unlock: %v", who, err)

@@ -142,7 +142,6 @@ const (
 	RefuseField   = "{refuse}"   // ms of server time until which tombstones may exist
 	ExpiresField  = "{expires}"  // ms of server time when the hash runs out
 	FreedField    = "{freed}"    // the token of the last hold a release ended
-	LapsedField   = "{lapsed}"   // at least the token of every hold whose lease ran out unreleased
 	RevField      = "{rev}"      // an election's revision of its last change
 	ProclaimField = "{proclaim}" // the number of the leader's last Proclaim
 )
