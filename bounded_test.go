@@ -230,24 +230,12 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 	name := uniqueName(t)
 	k := schema.SemaphoreKeys("redisync", name)
 	const size = holders + 10
-	// The holders are made by the script, sent in a pipeline (EVALSHA,
-	// which has no fallback to EVAL there): loaded first.
-	if err := rdb.ScriptLoad(ctx, semAcquireScript.src).Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := rdb.Pipeline()
-	for i := range holders {
-		lease := time.Hour
+	addSemHolders(t, rdb, k, size, holders, func(i int) time.Duration {
 		if i%2 == 0 {
-			lease = 3 * time.Second
+			return 3 * time.Second
 		}
-		holder := fmt.Sprintf("t/pc-%d", i)
-		semAcquireArgs{holder: holder, n: 1, size: size, seq: 1, lease: lease, mode: "try", waiter: holder + "#1",
-			heartbeat: time.Minute, grant: time.Minute, publish: "PUBLISH"}.call(k).run(ctx, p)
-	}
-	if _, err := p.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+		return time.Hour
+	})
 	if used := rdb.HGet(ctx, k.Holders, schema.SemUsedField).Val(); used != fmt.Sprint(holders) {
 		t.Fatalf("permits in use %q, want %d", used, holders)
 	}
@@ -345,18 +333,7 @@ func TestSemaphoreTryAcquireReclaimsEveryEndedLease(t *testing.T) {
 	ctx := context.Background()
 	name := uniqueName(t)
 	k := schema.SemaphoreKeys("redisync", name)
-	if err := rdb.ScriptLoad(ctx, semAcquireScript.src).Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := rdb.Pipeline()
-	for i := range size {
-		holder := fmt.Sprintf("t/pc-%d", i)
-		semAcquireArgs{holder: holder, n: 1, size: size, seq: 1, lease: 100 * time.Millisecond, mode: "try", waiter: holder + "#1",
-			heartbeat: time.Minute, grant: time.Minute, publish: "PUBLISH"}.call(k).run(ctx, p)
-	}
-	if _, err := p.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+	addSemHolders(t, rdb, k, size, size, func(int) time.Duration { return 100 * time.Millisecond })
 	waitFor(t, "every lease to end", func() bool {
 		now, err := rdb.Time(ctx).Result()
 		last := rdb.ZRangeWithScores(ctx, k.Expiry, -1, -1).Val()
@@ -367,6 +344,27 @@ func TestSemaphoreTryAcquireReclaimsEveryEndedLease(t *testing.T) {
 		t.Fatalf("TryAcquire(%d) with every lease ended: %v, %v; want true", size, ok, err)
 	}
 	if err := s.Release(ctx, size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// addSemHolders makes n holders of one permit each, "t/pc-i" with a lease
+// of lease(i), on the semaphore k of the given size, as the acquire script
+// makes them: sent in a pipeline (EVALSHA, which has no fallback to EVAL
+// there), the script loaded first.
+func addSemHolders(t *testing.T, rdb *redis.Client, k schema.Semaphore, size int64, n int, lease func(i int) time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	if err := rdb.ScriptLoad(ctx, semAcquireScript.src).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := rdb.Pipeline()
+	for i := range n {
+		holder := fmt.Sprintf("t/pc-%d", i)
+		semAcquireArgs{holder: holder, n: 1, size: size, seq: 1, lease: lease(i), mode: "try", waiter: holder + "#1",
+			heartbeat: time.Minute, grant: time.Minute, publish: "PUBLISH"}.call(k).run(ctx, p)
+	}
+	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
