@@ -125,9 +125,15 @@ func TestObserveBreakStopsAtOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			n++
-			if watchers() != 2 {
-				t.Fatalf("%d observations run during one range", watchers())
-			}
+			// The goroutine that holds the subscription may not have
+			// been scheduled yet: two at most, and two in the end.
+			waitFor(t, "the observation's two goroutines", func() bool {
+				w := watchers()
+				if w > 2 {
+					t.Fatalf("%d observations run during one range", w)
+				}
+				return w == 2
+			})
 			break
 		}
 		if n != 1 {
