@@ -123,10 +123,10 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 	p := rdb.Pipeline()
 	for i := range readers {
 		p.ZAdd(ctx, k.Queue, redis.Z{Score: float64(now.UnixMicro() - readers + int64(i)), Member: reader(i)})
-		p.HSet(ctx, k.Waiters, reader(i), fmt.Sprintf("%d:60000:1:1", now.UnixMilli()+120_000))
+		p.HSet(ctx, k.Hash, reader(i), fmt.Sprintf("%d:60000:1:1", now.UnixMilli()+120_000))
 	}
 	p.PExpire(ctx, k.Queue, 10*time.Minute)
-	p.PExpire(ctx, k.Waiters, 10*time.Minute)
+	p.PExpire(ctx, k.Hash, 10*time.Minute)
 	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 	if q := rdb.ZCard(ctx, k.Queue).Val(); q != 0 {
 		t.Fatalf("%d readers still queued when the last was granted", q)
 	}
-	if used := rdb.HGet(ctx, k.Holders, schema.SemUsedField).Val(); used != fmt.Sprint(readers+1) {
+	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprint(readers+1) {
 		t.Fatalf("permits in use %q, want %d", used, readers+1)
 	}
 	calls := judgeCalls(t, rdb, "{"+name+"}")
@@ -236,7 +236,7 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 		}
 		return time.Hour
 	})
-	if used := rdb.HGet(ctx, k.Holders, schema.SemUsedField).Val(); used != fmt.Sprint(holders) {
+	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprint(holders) {
 		t.Fatalf("permits in use %q, want %d", used, holders)
 	}
 	ended := func() bool {
@@ -267,7 +267,7 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 	if err := s.Release(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
-	if used := rdb.HGet(ctx, k.Holders, schema.SemUsedField).Val(); used != fmt.Sprint(holders/2) {
+	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprint(holders/2) {
 		t.Fatalf("permits in use %q after the ended leases were reclaimed, want %d", used, holders/2)
 	}
 	t.Logf("%d ended leases reclaimed in %d rounds; %s", holders/2, rounds, judgeCalls(t, rdb, "{"+name+"}"))
@@ -297,7 +297,7 @@ func TestSemaphoreSilentWaitersDoNotHoldBackTheQueue(t *testing.T) {
 	for i := range 9 {
 		w := fmt.Sprintf("t/silent-%d#1", i)
 		p.ZAdd(ctx, k.Queue, redis.Z{Score: float64(now.UnixMicro() - 100 + int64(i)), Member: w})
-		p.HSet(ctx, k.Waiters, w, fmt.Sprintf("%d:60000:1:1", now.UnixMilli()+120_000))
+		p.HSet(ctx, k.Hash, w, fmt.Sprintf("%d:60000:1:1", now.UnixMilli()+120_000))
 	}
 	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)

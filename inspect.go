@@ -394,11 +394,9 @@ func (c *Client) InspectSemaphore(ctx context.Context, name string, opts ...Opti
 
 // semRead is what one transaction of InspectSemaphore read.
 type semRead struct {
-	size    *redis.StringCmd
-	own     *redis.SliceCmd  // schema.SemFields of the holders hash
-	hlen    *redis.IntCmd    // the holders hash's size
+	own     *redis.SliceCmd  // schema.SemFields of the hash
 	expiry  *redis.ZSliceCmd // the first holders by the end of their lease
-	nexp    *redis.IntCmd
+	nexp    *redis.IntCmd    // the number of holders
 	queue   *redis.ZSliceCmd
 	qlen    *redis.IntCmd
 	hids    []string        // the holders asked for
@@ -418,18 +416,16 @@ type semRead struct {
 func (c *Client) readSemaphore(ctx context.Context, k schema.Semaphore, hids, wids, grants []string) (*semRead, error) {
 	r := &semRead{hids: hids, wids: wids, grants: grants}
 	err := c.readAll(ctx, func(p redis.Pipeliner) {
-		r.size = p.Get(ctx, k.Size)
-		r.own = p.HMGet(ctx, k.Holders, schema.SemFields...)
-		r.hlen = p.HLen(ctx, k.Holders)
+		r.own = p.HMGet(ctx, k.Hash, schema.SemFields...)
 		r.expiry = p.ZRangeWithScores(ctx, k.Expiry, 0, InspectPage-1)
 		r.nexp = p.ZCard(ctx, k.Expiry)
 		r.queue = p.ZRangeWithScores(ctx, k.Queue, 0, InspectPage-1)
 		r.qlen = p.ZCard(ctx, k.Queue)
 		if len(hids) > 0 {
-			r.holders = p.HMGet(ctx, k.Holders, hids...)
+			r.holders = p.HMGet(ctx, k.Hash, hids...)
 		}
 		if len(wids) > 0 {
-			r.waiters = p.HMGet(ctx, k.Waiters, wids...)
+			r.waiters = p.HMGet(ctx, k.Hash, wids...)
 		}
 		r.now = p.Time(ctx)
 		r.subs = c.numSub(ctx, p, k.Channel, grants)
@@ -477,23 +473,17 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	}
 	st := &SemaphoreState{Name: name, ServerTime: r.now.Val(), Subscribers: nsubs,
 		Holders: []SemaphoreHolder{}, Queue: []SemaphoreWaiter{}, QueueLen: int(r.qlen.Val())}
-	if v := r.size.Val(); v != "" {
-		var ok bool
+	if v, ok := r.own.Val()[1].(string); ok {
 		if st.Size, _, ok = schema.ParseSemSize(v); !ok {
-			return nil, &wrongType{detail: k.Size + " does not hold a size"}
+			return nil, &wrongType{detail: k.Hash + " does not hold a size"}
 		}
 	}
-	st.HoldersLen = int(r.hlen.Val())
-	for _, v := range r.own.Val() {
-		if v != nil {
-			st.HoldersLen-- // the semaphore's own field is no holder
-		}
-	}
+	st.HoldersLen = int(r.nexp.Val())
 	used, hasUsed := int64(0), false
 	if v, ok := r.own.Val()[0].(string); ok {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return nil, &wrongType{detail: k.Holders + " does not hold a count of permits in use"}
+			return nil, &wrongType{detail: k.Hash + " does not hold a count of permits in use"}
 		}
 		used, hasUsed = n, true
 	}
@@ -507,7 +497,7 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 		}
 		rec, ok := schema.ParseSemHolder(v)
 		if !ok {
-			return nil, &wrongType{detail: k.Holders + " does not hold a holder record for " + id}
+			return nil, &wrongType{detail: k.Hash + " does not hold a holder record for " + id}
 		}
 		h := SemaphoreHolder{ID: id, Label: schema.Label(id), Permits: rec.Permits, Lease: msUntil(int64(z.Score), st.ServerTime)}
 		if h.Lease > 0 {

@@ -213,9 +213,7 @@ func TestInspectRefusesBadInputAndWrongTypes(t *testing.T) {
 	if _, err := c.InspectLock(ctx, "y"); !errors.Is(err, ErrWrongType) {
 		t.Errorf("a lock hash without a count: %v", err)
 	}
-	if err := mr.Set("redisync:sem:{z}:size", "five"); err != nil {
-		t.Fatal(err)
-	}
+	mr.HSet("redisync:sem:{z}", "{size}", "five")
 	if _, err := c.InspectSemaphore(ctx, "z"); !errors.Is(err, ErrWrongType) {
 		t.Errorf("a size that is not a number: %v", err)
 	}
@@ -414,11 +412,11 @@ func TestInspectSemaphoreReadsTheFirstPageOfEach(t *testing.T) {
 		ws = append(ws, id, fmt.Sprintf("%d:5000:%d:7", now.Add(time.Minute).UnixMilli(), i+1))
 	}
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, k.Size, "1000:2", 0)
-		p.HSet(ctx, k.Holders, hs...)
+		p.HSet(ctx, k.Hash, "{size}", "1000:5")
+		p.HSet(ctx, k.Hash, hs...)
 		p.ZAdd(ctx, k.Expiry, exp...)
 		p.ZAdd(ctx, k.Queue, q...)
-		p.HSet(ctx, k.Waiters, ws...)
+		p.HSet(ctx, k.Hash, ws...)
 		return nil
 	})
 	if err != nil {
@@ -456,8 +454,7 @@ func TestInspectSemaphoreReadsTheFirstPageOfEach(t *testing.T) {
 	// All the holders on one page: InUse counts their live leases.
 	small := schema.SemaphoreKeys("redisync", "small")
 	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, small.Size, "3:2", 0)
-		p.HSet(ctx, small.Holders, "a/c1-1", "2:1", "b/c2-1", "1:1", schema.SemUsedField, "3")
+		p.HSet(ctx, small.Hash, "a/c1-1", "2:1", "b/c2-1", "1:1", schema.SemUsedField, "3", "{size}", "3:5")
 		p.ZAdd(ctx, small.Expiry, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "a/c1-1"},
 			redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "b/c2-1"})
 		return nil

@@ -207,9 +207,7 @@ func TestInspectErrorsNameThePrimitive(t *testing.T) {
 	if err := mr.Set(schema.ElectionKeys("redisync", "e").Hash, "a string"); err != nil {
 		t.Fatal(err)
 	}
-	if err := mr.Set(schema.RWMutexKeys("redisync", "rw").Size, "five"); err != nil {
-		t.Fatal(err)
-	}
+	mr.HSet(schema.RWMutexKeys("redisync", "rw").Hash, "{size}", "five")
 	if _, err := c.InspectElection(ctx, "e"); !errors.Is(err, ErrWrongType) || !strings.Contains(err.Error(), `inspect election "e"`) {
 		t.Errorf("InspectElection of a string: %v, want ErrWrongType naming the election", err)
 	}

@@ -96,19 +96,17 @@ func TestLayoutOfAFreeLockIsTakenOver(t *testing.T) {
 
 func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 	k := schema.SemaphoreKeys("redisync", "pool")
-	t.Run("busy, layout 1", func(t *testing.T) {
-		mr, rdb, _ := newMini(t)
-		c := newClient(t, rdb)
-		if err := mr.Set(k.Size, "5"); err != nil {
-			t.Fatal(err)
-		}
-		mr.HSet(k.Holders, "other-version/abc-1", "2:1")
+	live := func() float64 { return float64(time.Now().Add(time.Hour).UnixMilli()) }
+	// refused: every call on the semaphore fails with ErrLayout naming
+	// layout says, and writes nothing.
+	refused := func(t *testing.T, mr interface{ Dump() string }, c *Client, says string) {
+		t.Helper()
 		before := mr.Dump()
 		s := must(c.NewSemaphore("pool", 5))
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := s.Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 1") {
-			t.Errorf("Acquire: %v; want ErrLayout", err)
+		if err := s.Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout "+says) {
+			t.Errorf("Acquire: %v; want ErrLayout naming layout %s", err, says)
 		}
 		if ok, err := s.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrLayout) {
 			t.Errorf("TryAcquire: %v, %v; want ErrLayout", ok, err)
@@ -116,72 +114,64 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		if err := c.ResizeSemaphore(ctx, "pool", 5, 6); !errors.Is(err, ErrLayout) {
 			t.Errorf("ResizeSemaphore: %v; want ErrLayout", err)
 		}
-		mr.Del(k.Withdrawn)
 		if after := mr.Dump(); after != before {
 			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
 		}
-	})
-	t.Run("busy, layout 2", func(t *testing.T) { // holders counted by reading every record
+	}
+	t.Run("busy, layout 4", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
-		c := newClient(t, rdb)
-		if err := mr.Set(k.Size, "5:2"); err != nil {
+		mr.HSet(k.Hash, "other-version/abc-1", "2:1", schema.SemUsedField, "2", "{size}", "5:4")
+		if _, err := mr.ZAdd(k.Expiry, live(), "other-version/abc-1"); err != nil {
 			t.Fatal(err)
 		}
-		mr.HSet(k.Holders, "other-version/abc-1", "2:1")
-		before := mr.Dump()
-		if ok, err := must(c.NewSemaphore("pool", 5)).TryAcquire(ctx, 1); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 2") {
-			t.Errorf("TryAcquire: %v, %v; want ErrLayout", ok, err)
-		}
-		mr.Del(k.Withdrawn)
-		if after := mr.Dump(); after != before {
-			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
-		}
+		refused(t, mr, newClient(t, rdb), "4")
 	})
-	t.Run("busy, layout 2, its size record gone", func(t *testing.T) { // evicted, or deleted
+	t.Run("a newer layout, idle or not", func(t *testing.T) {
 		mr, rdb, _ := newMini(t)
-		c := newClient(t, rdb)
-		mr.HSet(k.Holders, "other-version/abc-1", "3:1")
-		if _, err := mr.ZAdd(k.Expiry, float64(time.Now().Add(time.Hour).UnixMilli()), "other-version/abc-1"); err != nil {
-			t.Fatal(err)
-		}
-		before := mr.Dump()
-		if ok, err := must(c.NewSemaphore("pool", 3)).TryAcquire(ctx, 3); ok || !errors.Is(err, ErrLayout) {
-			t.Errorf("TryAcquire: %v, %v; want ErrLayout (the holder's permits are not counted)", ok, err)
-		}
-		mr.Del(k.Withdrawn)
-		if after := mr.Dump(); after != before {
-			t.Errorf("state changed:\n%s\nwant\n%s", after, before)
-		}
-	})
-	t.Run("busy, a newer layout", func(t *testing.T) {
-		mr, rdb, _ := newMini(t)
-		c := newClient(t, rdb)
 		newer := strconv.Itoa(schema.SemLayout + 1)
-		if err := mr.Set(k.Size, "5:"+newer); err != nil {
-			t.Fatal(err)
-		}
-		mr.ZAdd(k.Queue, 1, "other-version/abc-1#1")
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		if err := must(c.NewSemaphore("pool", 5)).Acquire(actx, 1); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout "+newer) {
-			t.Errorf("Acquire: %v; want ErrLayout", err)
-		}
+		mr.HSet(k.Hash, "{size}", "5:"+newer)
+		refused(t, mr, newClient(t, rdb), newer)
 	})
-	t.Run("idle, layout 1", func(t *testing.T) {
+	t.Run("layout 3's holders count", func(t *testing.T) { // the same records; its size is a key of its own
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)
-		if err := mr.Set(k.Size, "5"); err != nil {
+		mr.HSet(k.Hash, "other-version/abc-1", "2:1", schema.SemUsedField, "2")
+		if _, err := mr.ZAdd(k.Expiry, live(), "other-version/abc-1"); err != nil {
+			t.Fatal(err)
+		}
+		s := must(c.NewSemaphore("pool", 3))
+		if ok, err := s.TryAcquire(ctx, 2); ok || err != nil {
+			t.Fatalf("TryAcquire(2) beside 2 of 3 permits held by layout 3: %v, %v; want false", ok, err)
+		}
+		if ok, err := s.TryAcquire(ctx, 1); !ok || err != nil {
+			t.Fatalf("TryAcquire(1): %v, %v", ok, err)
+		}
+		if v := mr.HGet(k.Hash, schema.SemUsedField); v != "3" {
+			t.Errorf("permits in use %q, want 3", v)
+		}
+		if err := s.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("idle, layout 4", func(t *testing.T) {
+		mr, rdb, _ := newMini(t)
+		c := newClient(t, rdb)
+		mr.HSet(k.Hash, "{size}", "5:4", "{keep}", "1", "{prune}", strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10))
+		if _, err := mr.ZAdd(k.Expiry, 1, "ended/abc-1"); err != nil { // a lease long over
 			t.Fatal(err)
 		}
 		s := must(c.NewSemaphore("pool", 3)) // an idle semaphore's old size does not bind
 		if err := s.Acquire(ctx, 3); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := mr.Get(k.Size); v != "3:"+strconv.Itoa(schema.SemLayout) {
+		if v := mr.HGet(k.Hash, "{size}"); v != "3:"+strconv.Itoa(schema.SemLayout) {
 			t.Errorf("size record %q after taking an idle semaphore over", v)
 		}
 		if err := s.Release(ctx, 3); err != nil {
 			t.Fatal(err)
+		}
+		if !mr.Exists(k.Ended) || mr.TTL(k.Ended) <= 0 {
+			t.Errorf("the ended zset after the takeover: exists %v, TTL %v; want one with a TTL", mr.Exists(k.Ended), mr.TTL(k.Ended))
 		}
 	})
 }

@@ -307,19 +307,14 @@ func renewCall(batch []watchdog.Renewal) scriptCall {
 // (kind "hold").
 func holdRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Queue} }
 
-// semRenewKeys returns the keys in renew.lua of a holder of the
-// semaphore k (kind "sem").
-func semRenewKeys(k schema.Semaphore) []string {
-	return []string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters}
-}
-
 // waitRenewKeys returns the keys in renew.lua of the fair waiters of the
 // lock k (kind "wait").
 func waitRenewKeys(k schema.Lock) []string { return []string{k.Hash, k.Queue} }
 
-// swaitRenewKeys returns the keys in renew.lua of the waiters of the
-// semaphore k (kind "swait"): the last is what they wait for.
-func swaitRenewKeys(k schema.Semaphore) []string { return []string{k.Queue, k.Waiters, k.Holders} }
+// semKeys returns the keys that every semaphore script takes, and
+// renew.lua takes for a holder of the semaphore k (kind "sem") or for its
+// waiters (kind "swait").
+func semKeys(k schema.Semaphore) []string { return []string{k.Hash, k.Expiry, k.Queue, k.Ended} }
 
 // extendArgs are the arguments of scripts/extend.lua.
 type extendArgs struct {
@@ -391,10 +386,37 @@ type semAcquireArgs struct {
 
 // call returns the script's call on the semaphore k.
 func (a semAcquireArgs) call(k schema.Semaphore) scriptCall {
-	return scriptCall{semAcquireScript,
-		[]string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters, k.Withdrawn, k.Released, k.Token},
-		[]any{a.holder, a.n, a.size, a.held, a.seq, a.lease.Milliseconds(), a.mode, a.waiter, flag(a.queued),
-			a.heartbeat.Milliseconds(), a.grant.Milliseconds(), k.Channel, a.publish, flag(a.fence)}}
+	flags := a.mode
+	if a.queued {
+		flags += " again"
+	}
+	return scriptCall{semAcquireScript, semKeys(k), []any{a.holder, a.waiter,
+		semNumbers(a.n, a.size, a.held, a.seq),
+		semNumbers(a.lease.Milliseconds(), a.heartbeat.Milliseconds(), a.grant.Milliseconds()),
+		semFlags(flags, a.fence, a.publish), k.Channel}}
+}
+
+// semNumbers returns the numbers ns as a semaphore script takes them,
+// "n1:n2:...".
+func semNumbers(ns ...int64) string {
+	b := make([]byte, 0, 16*len(ns))
+	for i, n := range ns {
+		if i > 0 {
+			b = append(b, ':')
+		}
+		b = strconv.AppendInt(b, n, 10)
+	}
+	return string(b)
+}
+
+// semFlags returns a semaphore script's mode and flags: mode, then "rw"
+// for a RWMutex's semaphore and "sharded" when it publishes with
+// SPUBLISH.
+func semFlags(mode string, fence bool, publish string) string {
+	if fence {
+		mode += " rw"
+	}
+	return mode + sharded(publish)
 }
 
 // tombstoneTTL is how long Redis remembers a semaphore holding's full
@@ -411,7 +433,7 @@ type semLeaseArgs struct {
 
 // call returns the script's call on the semaphore k.
 func (a semLeaseArgs) call(k schema.Semaphore) scriptCall {
-	return scriptCall{semLeaseScript, semRenewKeys(k), []any{a.holder, a.mode, a.lease.Milliseconds()}}
+	return scriptCall{semLeaseScript, semKeys(k), []any{a.holder, a.mode, a.lease.Milliseconds()}}
 }
 
 // semReleaseArgs are the arguments of scripts/sem_release.lua. The memory
@@ -432,10 +454,13 @@ type semReleaseArgs struct {
 
 // call returns the script's call on the semaphore k.
 func (a semReleaseArgs) call(k schema.Semaphore) scriptCall {
-	return scriptCall{semReleaseScript,
-		[]string{k.Holders, k.Expiry, k.Queue, k.Waiters, k.Released, k.Withdrawn, k.Size, k.Token},
-		[]any{a.holder, a.n, a.held, a.seq, a.mode, a.waiter, a.lease.Milliseconds(), a.size,
-			tombstoneTTL.Milliseconds(), k.Channel, a.publish, flag(a.fence), flag(a.refuse)}}
+	flags := a.mode
+	if a.refuse {
+		flags += " refuse"
+	}
+	return scriptCall{semReleaseScript, semKeys(k), []any{a.holder, a.waiter,
+		semNumbers(a.n, a.size, a.held, a.seq), semNumbers(a.lease.Milliseconds(), tombstoneTTL.Milliseconds()),
+		semFlags(flags, a.fence, a.publish), k.Channel}}
 }
 
 // semResizeArgs are the arguments of scripts/sem_resize.lua.
@@ -446,9 +471,7 @@ type semResizeArgs struct {
 
 // call returns the script's call on the semaphore k.
 func (a semResizeArgs) call(k schema.Semaphore) scriptCall {
-	return scriptCall{semResizeScript,
-		[]string{k.Holders, k.Expiry, k.Size, k.Queue, k.Waiters},
-		[]any{a.from, a.to, k.Channel, a.publish}}
+	return scriptCall{semResizeScript, semKeys(k), []any{a.from, a.to, semFlags("", false, a.publish), k.Channel}}
 }
 
 // redlockRaiseArgs are the arguments of scripts/redlock_raise.lua.

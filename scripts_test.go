@@ -143,7 +143,7 @@ func TestQueueTTLAfterJoin(t *testing.T) {
 				// state: an hour past its last use at least.
 				state := schema.LockKeys("redisync", name).Hash
 				if kind == "sem" {
-					state = schema.SemaphoreKeys("redisync", name).Holders
+					state = schema.SemaphoreKeys("redisync", name).Hash
 				}
 				if res := take(1); res[0] != 0 {
 					t.Fatalf("first waiter: %v", res)

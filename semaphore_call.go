@@ -188,7 +188,7 @@ func (a *acquireCall) granted(ctx context.Context, n, token int64, since time.Ti
 	// A copy of a call of the holding may still be on its way: its release
 	// refuses the id (sem_release.lua).
 	h := &hold{id: a.holder, n: n, token: token, refuse: a.unsure || a.abandoned}
-	e := &watchdog.Entry{Kind: "sem", Owner: a.holder, Keys: semRenewKeys(s.keys), TTL: s.cfg.holdLease(),
+	e := &watchdog.Entry{Kind: "sem", Owner: a.holder, Keys: semKeys(s.keys), TTL: s.cfg.holdLease(),
 		Hold: true, Renew: s.cfg.lease == 0, Release: func(ctx context.Context) error { return s.releaseAll(ctx, h) }}
 	if s.cfg.maxHold > 0 {
 		e.Until = since.Add(s.cfg.maxHold)
@@ -242,7 +242,7 @@ func (a *acquireCall) outlasts(err error) bool { return a.s.c.rt.Outlasts(err) }
 // sleeping keeps a queued call alive while it sleeps.
 func (a *acquireCall) sleeping(ws *waiters.Set) {
 	s := a.s
-	a.keepAlive("swait", a.waiter, s.name, swaitRenewKeys(s.keys), s.cfg.heartbeat, s.cfg.grantLease(), ws)
+	a.keepAlive("swait", a.waiter, s.name, semKeys(s.keys), s.cfg.heartbeat, s.cfg.grantLease(), ws)
 }
 
 // finish ends the call: it stops the heartbeat and, when the call failed

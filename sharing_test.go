@@ -501,7 +501,7 @@ func TestAQueuedCallOwingAnUnlockHoldsNothing(t *testing.T) {
 				mine:   lockable{rw.Lock, rw.Unlock, rw.Lost},
 				other:  lockable{o.Lock, o.Unlock, o.Lost},
 				queued: func() bool { return rdb.ZCard(ctx, rw.keys.Queue).Val() == 1 },
-				erase:  func() bool { return rdb.Del(ctx, rw.keys.Holders).Val() == 1 },
+				erase:  func() bool { return rdb.Del(ctx, rw.keys.Hash).Val() == 1 },
 				waiter: rw.RLock, waiterUnlock: rw.RUnlock,
 			}
 		}},

@@ -125,8 +125,7 @@ end
 -- keep_longer extends a key's TTL to at least ms, never shortening it,
 -- reading the TTL first: one call when it is long enough already. It
 -- suits a key whose TTL is usually longer than ms, as a fencing token
--- counter's (kept an hour after its mint: see mint); keep_alive suits the
--- others.
+-- counter's; keep_alive suits the others.
 local function keep_longer(key, ms)
   if redis.call('PTTL', key) < ms then
     redis.call('PEXPIRE', key, ms)
@@ -161,10 +160,10 @@ local function keep_alive(key, ms)
   keep_longer(key, ms)
 end
 
--- check_counter returns the fencing token counter's value (0 when absent)
--- and fails the script, before it writes anything, when the key holds
--- something other than an integer. The value is read once per script (see
--- counters; mint keeps it current).
+-- check_counter returns the value of a counter kept in a key of its own
+-- (0 when absent), and fails the script, before it writes anything, when
+-- the key holds something other than an integer. The value is read once
+-- per script (see counters).
 local counters = {}
 local function check_counter(token)
   local c = counters[token]
@@ -185,24 +184,17 @@ local function begin_call()
 end
 
 -- state_memory_ms is how long redisync's record of an idle lock or
--- semaphore (a lock's fencing token counter, a semaphore's size) outlives
+-- semaphore (its last fencing token, a semaphore's size) outlives
 -- its last use: nothing redisync writes stays in Redis for good.
 local state_memory_ms = 3600000
 
--- mint returns a new fencing token of the lock whose counter is the key
--- token, for a hold of lease ms: the server clock in microseconds, or the
--- last token issued plus one when that is larger. The counter remembers
--- the last token for state_memory_ms, or as long as the hold's lease when
--- that is longer (renewals and extensions keep it as long as the lease):
--- so the counter is the holder's token while the lock is held, tokens
--- strictly increase while it is stored, and after it expired unless the
--- server clock stepped back by more than the time since the last token (at
--- least state_memory_ms).
-local function mint(token, lease)
-  local t = math.max(now_us(), check_counter(token) + 1)
-  redis.call('SET', token, string.format('%d', t), 'PX', math.max(state_memory_ms, lease))
-  counters[token] = t
-  return t
+-- publish_cmd is the command that publishes: PUBLISH, or SPUBLISH when the
+-- caller's flags ask for it (on a Redis Cluster).
+local function publish_cmd(flags)
+  if string.find(flags, 'sharded', 1, true) then
+    return 'SPUBLISH'
+  end
+  return 'PUBLISH'
 end
 
 -- grant_channel returns the channel on which a grant to id (a ticket, or a

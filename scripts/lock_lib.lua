@@ -188,15 +188,6 @@ local function remaining(s)
   return s['end'] - now_ms()
 end
 
--- publish_cmd is the command that publishes: PUBLISH, or SPUBLISH when the
--- caller's flags ask for it (on a Redis Cluster).
-local function publish_cmd(flags)
-  if string.find(flags, 'sharded', 1, true) then
-    return 'SPUBLISH'
-  end
-  return 'PUBLISH'
-end
-
 -- mint_token returns a new fencing token: the server clock in
 -- microseconds, or the last token plus one when that is larger. Tokens
 -- strictly increase while the state lives, and after it ran out unless the

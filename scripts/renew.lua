@@ -7,10 +7,9 @@
 -- a hold, the heartbeat ttl of waiters; 0 for waiters is a farewell: the
 -- Client has no waiters there any more, and its deadline goes). KEYS holds
 -- the entries' keys in the same order: two for a hold or a lock's waiters
--- (the lock's hash and queue: see lock_lib.lua), five for a semaphore
--- holder (its holders hash, expiry zset, size, queue and waiters hash,
--- which live as long as it holds), three for a semaphore's waiters (its
--- queue, waiters hash and holders hash).
+-- (the lock's hash and queue: see lock_lib.lua), four for a semaphore
+-- holder or a semaphore's waiters (the semaphore's keys: see
+-- sem_lib.lua).
 --
 -- A hold is extended only while its owner still holds the lock, and never
 -- shortened (a longer lease set by Mutex.Extend stays); a semaphore
@@ -81,6 +80,20 @@ local function renew_wait(lock, queue, owner, ms)
   return 1
 end
 
+-- keep_sem has the keys of a semaphore (its hash first) live at least
+-- state_memory_ms past ms from now. Its hash's {keep} (sem_lib.lua,
+-- sem_keep) says until when they do; they are pushed out with it when it
+-- runs low.
+local function keep_sem(keys, keep, ms)
+  local now = now_ms()
+  if (integer(keep) or 0) < now + ms + state_memory_ms then
+    redis.call('HSET', keys[1], '{keep}', string.format('%d', now + ms + 2 * state_memory_ms))
+    for _, key in ipairs(keys) do
+      redis.call('PEXPIRE', key, ms + 2 * state_memory_ms)
+    end
+  end
+end
+
 limit(#ARGV <= 3 * MAX_BATCH, 'a renewal must have at most ', MAX_BATCH, ' entries')
 for i = 3, #ARGV, 3 do
   ms_arg(ARGV[i], 0, 'a renewal')
@@ -98,11 +111,8 @@ for i = 1, #ARGV, 3 do
       ok = r
     end
   elseif kind == 'sem' then
-    -- A semaphore's holders hash keeps in {keep} the server ms until
-    -- which its keys live (sem_lib.lua, sem_keep): they are pushed out
-    -- with it when it runs low.
-    local keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]}
-    k = k + 5
+    local keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
+    k = k + 4
     local now = now_ms()
     local v = redis.pcall('HMGET', keys[1], owner, '{keep}')
     local e = redis.pcall('ZSCORE', keys[2], owner)
@@ -110,50 +120,31 @@ for i = 1, #ARGV, 3 do
       if tonumber(e) < now + ms then
         redis.call('ZADD', keys[2], now + ms, owner)
       end
-      if (integer(v[2]) or 0) < now + ms + state_memory_ms then
-        redis.call('HSET', keys[1], '{keep}', string.format('%d', now + ms + 2 * state_memory_ms))
-        for _, key in ipairs(keys) do
-          redis.call('PEXPIRE', key, ms + 2 * state_memory_ms)
-        end
-      end
+      keep_sem(keys, v[2], ms)
       ok = 1
     end
   else
-    local queue, waiters, lock = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-    k = k + 3
-    local field = CLIENT_FIELD .. owner
-    local d = redis.pcall('HGET', waiters, field)
+    local keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
+    k = k + 4
+    local hash, queue, field = keys[1], keys[3], CLIENT_FIELD .. owner
+    local v = redis.pcall('HMGET', hash, field, '{used}', '{keep}')
     if ms == 0 then
       -- A farewell: the Client has no waiters here any more.
-      if type(d) == 'string' then
-        redis.call('HDEL', waiters, field)
+      if not v.err and v[1] then
+        redis.call('HDEL', hash, field)
       end
       ok = 1
-    elseif type(d) ~= 'table' then -- not an error: a hash, or no key
+    elseif not v.err then
       local now = now_ms()
-      -- A lapse is reported by two heartbeats in a row (the field keeps a
-      -- mark, ':L', until the second): the reply of one may be lost (a
-      -- retry by go-redis runs it again, and would otherwise find nothing
-      -- wrong), and the waiters it tells would sleep on, dropped.
-      local lapsed = (deadline_of(d) or -1) < now
-      local told = type(d) == 'string' and string.sub(d, -2) == ':L'
-      -- The waiters hash and the queue live as long as the semaphore's
-      -- other keys ({keep}, sem_lib.lua), and at least 2 * ms.
-      local own = redis.pcall('HMGET', lock, '{used}', '{keep}')
-      local ttl = 2 * ms
-      if not own.err then
-        ttl = math.max(ttl, (integer(own[2]) or 0) - now)
-      end
-      redis.call('HSET', waiters, field, (now + ms) .. (lapsed and ':L' or ''))
-      keep_alive(waiters, ttl)
-      local zset = redis.pcall('TYPE', queue)['ok'] == 'zset'
-      if zset then
-        keep_alive(queue, ttl)
-      end
+      -- A lapse is reported by two heartbeats in a row (as renew_wait's).
+      local lapsed = (deadline_of(v[1]) or -1) < now
+      local told = v[1] and string.sub(v[1], -2) == ':L'
+      redis.call('HSET', hash, field, (now + ms) .. (lapsed and ':L' or ''))
+      keep_sem(keys, v[3], 2 * ms)
       ok = 1
-      if own.err or not own[1] then
+      if not v[2] then
         ok = 2
-      elseif zset then
+      elseif redis.pcall('TYPE', queue)['ok'] == 'zset' then
         -- A dead waiter at the head is dropped only by a script that
         -- serves the queue: a semaphore's waiter behind it whose request
         -- fits would sleep on until a lease ends. Have them look again;
@@ -161,8 +152,8 @@ for i = 1, #ARGV, 3 do
         -- waiters as it hands over.)
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         if head and client_of(head) ~= owner then
-          local v = redis.call('HMGET', waiters, head, client_field(head))
-          if not alive(tonumber(string.match(v[1] or '', '^(%d+):')), v[2], now) then
+          local w = redis.call('HMGET', hash, head, client_field(head))
+          if not alive(tonumber(string.match(w[1] or '', '^(%d+):')), w[2], now) then
             ok = 2
           end
         end

@@ -1,8 +1,7 @@
 -- sem_lease.lua: extend the lease of one semaphore holder, or read it
 -- (Semaphore.Extend and TTL, RWMutex.Extend and TTL).
 --
--- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
--- KEYS[5] waiters (see sem_lib.lua)
+-- KEYS: the semaphore's four keys (sem_lib.lua)
 -- ARGV[1] holder id
 -- ARGV[2] mode: "extend" or "ttl"
 -- ARGV[3] ms: in mode "extend", the least lease from now
@@ -18,11 +17,11 @@
 -- Reply: {1}   extended ("extend")
 --        {ms}  the lease has ms more to run ("ttl"; at least 1)
 --        {-2}  the holder holds no permits
-local k = sem_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+local k = sem_keys(KEYS, false)
 local holder, mode = ARGV[1], ARGV[2]
 
 local now = now_ms()
-local v = redis.pcall('HMGET', k.holders, holder, F_KEEP)
+local v = redis.pcall('HMGET', k.hash, holder, F_KEEP)
 local e = redis.pcall('ZSCORE', k.expiry, holder)
 if v.err or not v[1] or type(e) ~= 'string' or tonumber(e) <= now then
   return {-2}

@@ -2,45 +2,49 @@
 -- take on it. scripts.go prepends lib.lua and this file to each semaphore
 -- script.
 --
--- A semaphore's state lives in keys under the hash tag {name}:
---   holders: hash holder id -> "permits:seq", where seq is the highest call
---            number of the holder applied to it: a call numbered seq again
---            is a retry (of a call that was applied), one numbered lower a
---            stale copy; neither changes anything. Its fields with braces
---            (no holder id has one) are the semaphore's own:
---              {size}    "size:layout" (see sem_open)
---              {used}    the permits in use, the sum of the records'
+-- A semaphore's state lives in four keys under the hash tag {name}, which
+-- every semaphore script takes, in this order:
+--   hash:    the semaphore's records, by field:
+--              holder id -> "permits:seq", where seq is the highest call
+--                number of the holder applied to it: a call numbered seq
+--                again is a retry (of a call that was applied), one
+--                numbered lower a stale copy; neither changes anything
+--              waiter id -> "deadline:lease:permits:seq": the deadline (ms
+--                of server time) until which the waiter is alive on its
+--                own, the lease its permits get when granted, how many it
+--                wants, and the number of the call that queued it (or last
+--                found it queued): a grant applies that call. A waiter id
+--                is "holder id#digits", one per blocked Acquire; no holder
+--                id ends that way
+--              {client}id -> a Client's liveness deadline (lib.lua,
+--                CLIENT_FIELD)
+--            and the semaphore's own fields, whose names start with '{':
+--              {used}    the permits in use, the sum of the holder records'
 --                        permits; absent while nobody holds one
+--              {size}    "size:layout" (see sem_open)
 --              {keep}    server ms until which every key of the semaphore
 --                        lives at least (see sem_keep)
---              {gone}    server ms until which a holder id in the released
+--              {gone}    server ms until which a holder id in the ended
 --                        zset may be refused (see sem_retire)
---              {refuse}  server ms until which the withdrawn zset may
---                        refuse a waiter id (see mark_withdrawn)
---              {prune}   server ms when the released zset is next pruned
+--              {refuse}  server ms until which the ended zset may refuse a
+--                        waiter id (see mark_withdrawn)
+--              {prune}   server ms when the ended zset is next pruned
+--              {token}   a RWMutex's last fencing token (see sem_mint)
 --   expiry:  zset holder id -> end of the holder's lease, ms of server time
---   size:    string "size:layout", the {size} field's copy, which tells a
---            version of redisync that reads another layout that this one
---            is in use (see lib.lua, Layouts)
---   queue:   zset waiter id -> when it joined (join_queue); a waiter id is
---            "holder id#call number", one per blocked Acquire
---   waiters: hash waiter id -> "deadline:lease:permits:seq": the deadline
---            (ms of server time) until which it is alive on its own, the
---            lease its permits get when granted, how many it wants, and the
---            number of the call that queued it (or last found it queued): a
---            grant applies that call; and a Client's liveness deadline (see
---            lib.lua, CLIENT_FIELD)
---   released: zset "holder id:seq" and "holder id" -> server ms until
---            which a release that emptied the record is remembered (see
---            sem_retire)
---   withdrawn: zset waiter id -> server ms of its withdrawal
+--   queue:   zset waiter id -> when it joined (join_queue)
+--   ended:   zset of what a late copy of a call must not act on, member ->
+--            server ms until which it is remembered: "holder id:seq" and
+--            "holder id" for a release that emptied the holder's record
+--            (sem_retire), and the waiter ids of withdrawn calls
+--            (mark_withdrawn)
 -- Holders whose lease has ended are removed by every acquire, release and
 -- resize before it does anything else, at most reclaim_max of them.
 --
--- A script reads the holders hash once (sem_open), and records its
--- changes to the holders hash and the expiry zset in k, which sem_flush
--- writes in one call each at its end. The keys live an hour past their
--- last use at least, and their TTLs are pushed out only when they run low
+-- A script reads the semaphore's own fields and the records it needs in
+-- one HMGET (sem_open), and records its changes to the hash and the
+-- expiry zset in k, which sem_flush writes in one call each at its end
+-- (sem_read sees them before). The keys live an hour past their last use
+-- at least, and their TTLs are pushed out only when they run low
 -- (sem_keep): no call pays a PEXPIRE per key.
 --
 -- The work of one call is bounded by constants, whatever the number of
@@ -49,19 +53,19 @@
 -- SEM_LAYOUT is the version of the semaphore's stored layout that these
 -- scripts read and write (internal/schema.SemLayout), carried in its size
 -- record after the size ("size:layout").
-local SEM_LAYOUT = '4'
+local SEM_LAYOUT = '5'
 
-local USED, F_SIZE, F_KEEP, F_GONE, F_REFUSE, F_PRUNE = '{used}', '{size}', '{keep}', '{gone}', '{refuse}', '{prune}'
+local USED, F_SIZE, F_KEEP, F_GONE, F_REFUSE, F_PRUNE, F_TOKEN =
+  '{used}', '{size}', '{keep}', '{gone}', '{refuse}', '{prune}', '{token}'
 
 -- reclaim_max bounds the holders whose lease ended that one call removes;
 -- serve_max the waiters one call grants or drops as dead, and nudge_max
--- the waiters after them that it asks to go on (see sem_serve); prune_max
--- the entries one call forgets from the zset of withdrawn calls. A
+-- the waiters after them that it asks to go on (see sem_serve). A
 -- reclaim costs about 4 us of the server's time (the holder's record read,
 -- parsed and removed, with its lease end: 10,000 holders, Redis 7.0), so
 -- that a call stays well within 1 ms on a busy server
 -- (bounded_test.go).
-local reclaim_max, serve_max, nudge_max, prune_max = 32, 8, 2, 64
+local reclaim_max, serve_max, nudge_max = 32, 8, 2
 
 -- withdrawn_ms is how long a withdrawn call (one that gave up) stays
 -- refused: a copy of one of its calls still in flight when it was withdrawn
@@ -69,9 +73,8 @@ local reclaim_max, serve_max, nudge_max, prune_max = 32, 8, 2, 64
 -- anything on its late arrival.
 local withdrawn_ms = 120000
 
--- prune_ms is how often the released zset is pruned (see sem_retire): a
--- prune removes the entries of the releases of one such period, ten
--- seconds earlier.
+-- prune_ms is how often the ended zset is pruned (see sem_remember): a
+-- prune removes the entries whose time is over.
 local prune_ms = 100
 
 -- sem_int returns the stored number v (0 for none), failing the script
@@ -80,7 +83,7 @@ local function sem_int(k, v)
   if not v then
     return 0
   end
-  return integer(v) or wrong(k.holders, 'a semaphore of this layout')
+  return integer(v) or wrong(k.hash, 'a semaphore of this layout')
 end
 
 -- sem_parse splits a holder record into permits and call number. A record
@@ -96,9 +99,9 @@ local function sem_parse(v, key)
   return tonumber(p), tonumber(s)
 end
 
--- pending records in w (k.hw or k.ew: the writes of the holders hash and
--- of the expiry zset that sem_flush makes) that name gets v (false
--- removes it); w lists the names in the order of their first write.
+-- pending records in w (k.hw or k.ew: the writes of the hash and of the
+-- expiry zset that sem_flush makes) that name gets v (false removes it);
+-- w lists the names in the order of their first write.
 local function pending(w, name, v)
   if w[name] == nil then
     w[#w + 1] = name
@@ -106,8 +109,8 @@ local function pending(w, name, v)
   w[name] = v
 end
 
--- sem_hset records a write of the holders hash's field (false deletes
--- it); sem_zset, of a holder's lease end (false removes it).
+-- sem_hset records a write of the hash's field (false deletes it);
+-- sem_zset, of a holder's lease end (false removes it).
 local function sem_hset(k, field, v)
   pending(k.hw, field, v)
 end
@@ -116,20 +119,45 @@ local function sem_zset(k, holder, v)
   pending(k.ew, holder, v)
 end
 
+-- sem_read returns the hash's fields (HMGET), as the writes the script has
+-- recorded (sem_hset) make them: false for none.
+local function sem_read(k, ...)
+  local v = redis.call('HMGET', k.hash, ...)
+  for i, f in ipairs({...}) do
+    if k.hw[f] ~= nil then
+      v[i] = k.hw[f]
+    end
+  end
+  return v
+end
+
+-- in_use reports whether the semaphore has a holder whose lease has not
+-- ended (the latest lease end is in the future).
+local function in_use(k)
+  local last = redis.call('ZRANGE', k.expiry, -1, -1, 'WITHSCORES')
+  return last[2] ~= nil and tonumber(last[2]) > now_ms()
+end
+
 -- sem_open reads the semaphore's own fields and the records of the holder
--- ids ids (a list; nil entries are skipped) in one call; a holders key of
--- the wrong type, or a field that redisync did not write, fails the
--- script here, before it writes anything. It sets k.size (nil when none
--- is stored), k.used, k.keep, k.gone, k.refuse, k.prune, and k.held, the
--- records read (holder id -> {permits, call number}), which sem_put and
+-- ids ids (a list; nil entries are skipped) in one call, and the fields
+-- extra (their values in k.extra, by name); a hash of the wrong type, or
+-- a field that redisync did not write, fails the script here, before it
+-- writes anything. It sets k.size (nil when none is stored), k.used,
+-- k.keep, k.gone, k.refuse, k.prune, k.token, and k.held, the records
+-- read (holder id -> {permits, call number}), which sem_put and
 -- sem_reclaim keep in step with the writes they record.
 --
--- A semaphore whose hash has no size is fresh: its size key is read then.
--- A size of another layout fails the script while the semaphore has
--- holders or waiters; once idle, it counts as none (and is written anew in
--- this layout).
-local function sem_open(k, ids)
-  local fields = {USED, F_SIZE, F_KEEP, F_GONE, F_REFUSE, F_PRUNE}
+-- Another layout's state: layout 3 (redisync v1.0.0) keeps its holders in
+-- the same records and count ({used}), and its size in a key of its own:
+-- its holders count here as this layout's (the caller's size is stored
+-- when none is). A size of layout 4 fails the script while one of the
+-- holders' leases runs, and a newer layout's size always; after that the
+-- state counts as this layout's. (Waiters of another layout, whose records
+-- this layout does not read, are dropped as dead when they head the
+-- queue.) The layouts before 3 (before v1.0.0) are not told apart.
+local function sem_open(k, ids, extra)
+  k.used0, k.held, k.hw, k.ew, k.extra = 0, {}, {}, {}, {}
+  local fields = {USED, F_SIZE, F_KEEP, F_GONE, F_REFUSE, F_PRUNE, F_TOKEN}
   local asked = {}
   for _, id in pairs(ids) do
     if not asked[id] then
@@ -137,42 +165,39 @@ local function sem_open(k, ids)
       fields[#fields + 1] = id
     end
   end
-  local v = redis.call('HMGET', k.holders, unpack(fields))
+  local last = #fields
+  for _, f in ipairs(extra or {}) do
+    fields[#fields + 1] = f
+  end
+  local v = redis.call('HMGET', k.hash, unpack(fields))
   k.used, k.keep, k.gone = sem_int(k, v[1]), sem_int(k, v[3]), sem_int(k, v[4])
-  k.refuse, k.prune = sem_int(k, v[5]), sem_int(k, v[6])
-  k.used0, k.held, k.hw, k.ew = k.used, {}, {}, {}
-  for i = 7, #fields do
-    k.held[fields[i]] = {sem_parse(v[i], k.holders)}
+  k.refuse, k.prune, k.token = sem_int(k, v[5]), sem_int(k, v[6]), sem_int(k, v[7])
+  k.used0 = k.used
+  for i = 8, last do
+    k.held[fields[i]] = {sem_parse(v[i], k.hash)}
+  end
+  for i = last + 1, #fields do
+    k.extra[fields[i]] = v[i]
   end
   local rec = v[2]
   if not rec then
-    rec = redis.call('GET', k.size_name)
-    local own = 0
-    for i = 1, 6 do
-      own = own + (v[i] and 1 or 0)
-    end
-    if not rec and not v[1] and redis.call('HLEN', k.holders) > own then
-      -- Holder records without a count or a size: written before layout 3.
-      other_layout(k.size_name, '2 or earlier', SEM_LAYOUT)
-    end
-  end
-  if not rec then
     return
   end
-  local n, layout = string.match(rec, '^(%d+):?(%d*)$')
+  local n, layout = string.match(rec, '^(%d+):(%d+)$')
+  if layout == SEM_LAYOUT then
+    k.size = tonumber(n)
+    return
+  end
   if not n then
-    wrong(v[2] and k.holders or k.size_name, 'a size')
+    wrong(k.hash, 'a size')
   end
-  if layout ~= SEM_LAYOUT then
-    if redis.call('HLEN', k.holders) > 0 or redis.call('ZCARD', k.queue) > 0 then
-      other_layout(k.size_name, layout ~= '' and layout or nil, SEM_LAYOUT)
-    end
-    return
+  if tonumber(layout) > tonumber(SEM_LAYOUT) or in_use(k) then
+    other_layout(k.hash, layout, SEM_LAYOUT)
   end
-  k.size = tonumber(n)
-  if not v[2] then
-    sem_hset(k, F_SIZE, rec) -- the hash was gone, the size key was not
-  end
+  -- Its {prune} is not this layout's: the ended zset is pruned, and
+  -- given its TTL, at its first write.
+  k.prune = 0
+  sem_hset(k, F_PRUNE, false)
 end
 
 -- sem_keep has every key of the semaphore live at least state_memory_ms
@@ -186,20 +211,17 @@ local function sem_keep(k, until_ms)
   end
 end
 
--- sem_store_size stores the semaphore's size, in this layout, in the hash
--- and in the size key.
+-- sem_store_size stores the semaphore's size, in this layout.
 local function sem_store_size(k, size)
   k.size = size
-  local rec = string.format('%d', size) .. ':' .. SEM_LAYOUT
-  sem_hset(k, F_SIZE, rec)
+  sem_hset(k, F_SIZE, string.format('%d', size) .. ':' .. SEM_LAYOUT)
   sem_keep(k, now_ms())
-  redis.call('SET', k.size_name, rec, 'PX', string.format('%d', k.keep - now_ms()))
 end
 
--- sem_flush writes what the script recorded: the holders hash's fields,
--- then the expiry zset's adds before its removes (a zset that keeps
--- members keeps its TTL); then the TTLs that sem_keep asked for, or, for
--- a key that this script may have made, its TTL.
+-- sem_flush writes what the script recorded: the hash's fields, then the
+-- expiry zset's adds before its removes (a zset that keeps members keeps
+-- its TTL); then the TTLs that sem_keep asked for, or, for a key that this
+-- script may have made, its TTL.
 local function sem_flush(k)
   if k.used ~= k.used0 then
     sem_hset(k, USED, k.used > 0 and string.format('%d', k.used) or false)
@@ -215,10 +237,10 @@ local function sem_flush(k)
     end
   end
   if #set > 0 then
-    redis.call('HSET', k.holders, unpack(set))
+    redis.call('HSET', k.hash, unpack(set))
   end
   if #del > 0 then
-    redis.call('HDEL', k.holders, unpack(del))
+    redis.call('HDEL', k.hash, unpack(del))
   end
   local add, rem = {}, {}
   for _, h in ipairs(k.ew) do
@@ -239,15 +261,8 @@ local function sem_flush(k)
   local ttl = string.format('%d', k.keep - now_ms())
   if k.push then
     k.push = false
-    for _, key in ipairs({k.holders, k.expiry, k.queue, k.waiters}) do
+    for _, key in ipairs({k.hash, k.expiry, k.queue, k.ended}) do
       redis.call('PEXPIRE', key, ttl)
-    end
-    if k.size then
-      -- Written anew, in case it was evicted or deleted: it is what tells
-      -- older versions that this one is in use.
-      redis.call('SET', k.size_name, string.format('%d', k.size) .. ':' .. SEM_LAYOUT, 'PX', ttl)
-    else
-      redis.call('PEXPIRE', k.size_name, ttl)
     end
     return
   end
@@ -256,9 +271,6 @@ local function sem_flush(k)
   end
   if k.queue_new then
     redis.call('PEXPIRE', k.queue, ttl)
-  end
-  if k.waiters_wrote and (k.waiters_new or k.waiters_cut) then
-    redis.call('PEXPIRE', k.waiters, ttl)
   end
 end
 
@@ -270,20 +282,20 @@ end
 -- sem_mine returns a holder's permits and call number (0, 0 for none),
 -- reading a record that sem_open did not once per script; with soft, nil
 -- for a record that redisync did not write (which fails the script
--- otherwise). After a reclaim that stopped at reclaim_max (k.ended), a
+-- otherwise). After a reclaim that stopped at reclaim_max (k.ended_at), a
 -- holder whose lease has ended is reclaimed here.
 local function sem_mine(k, holder, soft)
   local r = k.held[holder]
   if not r then
-    local v = redis.call('HGET', k.holders, holder)
+    local v = redis.call('HGET', k.hash, holder)
     if soft and v and not string.match(v, '^%d+:%d+$') then
       return nil
     end
-    r = {sem_parse(v, k.holders)}
+    r = {sem_parse(v, k.hash)}
     k.held[holder] = r
-    if k.ended and r[1] > 0 then
+    if k.ended_at and r[1] > 0 then
       local e = tonumber(redis.call('ZSCORE', k.expiry, holder))
-      if e and e <= k.ended then
+      if e and e <= k.ended_at then
         k.used = math.max(k.used - r[1], 0)
         r = {0, 0}
         k.held[holder] = r
@@ -325,8 +337,8 @@ end
 
 -- sem_reclaim removes the holders whose lease ended by now, the earliest
 -- ended first, at most reclaim_max of them; when there may be more,
--- k.ended is now (see sem_mine), and their permits count as in use until
--- a later call reclaims them. It reads the earliest lease end first
+-- k.ended_at is now (see sem_mine), and their permits count as in use
+-- until a later call reclaims them. It reads the earliest lease end first
 -- (k.next, nil when nobody holds), and the ended ones only when it has
 -- passed; a key of the wrong type, or a record that redisync did not
 -- write, fails there, before any write.
@@ -338,10 +350,10 @@ local function sem_reclaim(k, now)
     return
   end
   local gone = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now, 'LIMIT', 0, reclaim_max)
-  local v = redis.call('HMGET', k.holders, unpack(gone))
+  local v = redis.call('HMGET', k.hash, unpack(gone))
   local removed = {}
   for i, h in ipairs(gone) do
-    local permits = sem_parse(v[i], k.holders)
+    local permits = sem_parse(v[i], k.hash)
     k.used = math.max(k.used - permits, 0)
     removed[h] = {0, 0}
     sem_hset(k, h, false)
@@ -351,7 +363,7 @@ local function sem_reclaim(k, now)
   if #gone == reclaim_max then
     -- Records read again are checked (sem_mine); those removed here, whose
     -- removal sem_flush has yet to write, stay known as removed.
-    k.ended, k.held = now, removed
+    k.ended_at, k.held = now, removed
   else
     for h, r in pairs(removed) do
       k.held[h] = r
@@ -390,154 +402,133 @@ local function sem_next(k, now)
   return math.max(e - now, 1)
 end
 
+-- sem_remember adds members to the ended zset, remembered until the
+-- server ms upto (see the header), and has the keys live as long
+-- (sem_keep). Once per prune_ms it first removes the entries whose time is
+-- over, and gives the zset the TTL of the other keys: a zset that it
+-- makes gets it then ({prune} is absent, or over, whenever the zset may be
+-- gone). It is the script's first write there: an ended key of the wrong
+-- type fails here, having changed nothing.
+local function sem_remember(k, now, upto, ...)
+  local due = k.prune <= now
+  if due then
+    redis.call('ZREMRANGEBYSCORE', k.ended, '-inf', now)
+  end
+  local e, add = string.format("%d", upto), {}
+  for _, m in ipairs({...}) do
+    add[#add + 1], add[#add + 2] = e, m
+  end
+  redis.call('ZADD', k.ended, unpack(add))
+  sem_keep(k, upto)
+  if due then
+    redis.call('PEXPIRE', k.ended, k.keep - now)
+    k.prune = now + prune_ms
+    sem_hset(k, F_PRUNE, string.format('%d', k.prune))
+  end
+end
+
 -- sem_retire remembers that the release numbered seq emptied holder's
 -- record, for memory ms: "holder:seq", so that a retry of it knows it was
 -- applied, and "holder", the id retired. An acquire looks for a retired
 -- id only while {gone} says so, which a release with refuse (a call of
 -- the holding may still be on its way) pushes out: then a late copy of
--- the holding's first call takes nothing (sem_acquire.lua). The zset is
--- pruned once per prune_ms. It is the script's first write: a released key
--- of the wrong type fails here, having changed nothing.
-local function sem_retire(k, released, holder, seq, now, memory, refuse)
-  local e = string.format('%d', now + memory)
-  if k.prune <= now then
-    redis.call('ZREMRANGEBYSCORE', released, '-inf', now)
-  end
-  redis.call('ZADD', released, e, holder .. ':' .. seq, e, holder)
-  if k.prune <= now then
-    redis.call('PEXPIRE', released, memory + 2 * prune_ms)
-    sem_hset(k, F_PRUNE, string.format('%d', now + prune_ms))
-  end
+-- the holding's first call takes nothing (sem_acquire.lua).
+local function sem_retire(k, holder, seq, now, memory, refuse)
+  sem_remember(k, now, now + memory, holder .. ':' .. seq, holder)
   if refuse and k.gone < now + memory then
     k.gone = now + memory
     sem_hset(k, F_GONE, string.format('%d', k.gone))
   end
-  sem_keep(k, now + memory)
 end
 
 -- retired reports whether holder's holding was ended by a release that
 -- refused the id (see sem_retire); applied, whether the release numbered
 -- seq emptied its record. An entry whose time is over counts as none,
 -- pruned or not.
-local function retired(k, released, holder, now)
-  return k.gone > now and (tonumber(redis.call('ZSCORE', released, holder)) or 0) > now
+local function retired(k, holder, now)
+  return k.gone > now and (tonumber(redis.call('ZSCORE', k.ended, holder)) or 0) > now
 end
 
-local function applied(released, holder, seq, now)
-  return (tonumber(redis.call('ZSCORE', released, holder .. ':' .. seq)) or 0) > now
+local function applied(k, holder, seq, now)
+  return (tonumber(redis.call('ZSCORE', k.ended, holder .. ':' .. seq)) or 0) > now
 end
 
--- sem_put_waiter writes waiter's record (see the header); sem_flush gives
--- a waiters hash that it makes its TTL.
-local function sem_put_waiter(k, waiter, rec)
-  redis.call('HSET', k.waiters, waiter, rec)
-  k.waiters_wrote = true
+-- mark_withdrawn refuses a waiter id for withdrawn_ms from now; the
+-- hash's {refuse} says until when the ended zset is to be read for it.
+local function mark_withdrawn(k, waiter)
+  local now = now_ms()
+  sem_remember(k, now, now + withdrawn_ms, waiter)
+  k.refuse = now + withdrawn_ms
+  sem_hset(k, F_REFUSE, string.format('%d', k.refuse))
+end
+
+-- is_withdrawn reports whether a waiter id was withdrawn in the last
+-- withdrawn_ms (see mark_withdrawn), pruned or not: the zset is read only
+-- while a withdrawal may be in it.
+local function is_withdrawn(k, waiter)
+  return k.refuse > now_ms() and (tonumber(redis.call('ZSCORE', k.ended, waiter)) or 0) > now_ms()
 end
 
 -- join_queue appends id to a fair queue (a zset) unless it is queued
--- already (ZADD NX: it keeps its place), with its record rec (see
--- sem_put_waiter). Its score is the server time in microseconds when it
--- joined (now_us), or the last member's plus one when that is larger: the
--- order of the queue is the order of arrival even if the clock steps back,
--- and the score tells how long a waiter has waited. It reads the queue's
--- tail, then writes the record, then the queue: a key of the wrong type
--- fails the script before it writes. A queue that it makes, or a waiters
--- hash that it may make (one read by nobody in this call whose queue was
--- empty), gets its TTL from sem_flush.
+-- already (ZADD NX: it keeps its place), with its record rec (see the
+-- header). Its score is the server time in microseconds when it joined
+-- (now_us), or the last member's plus one when that is larger: the order
+-- of the queue is the order of arrival even if the clock steps back, and
+-- the score tells how long a waiter has waited. It reads the queue's
+-- tail, then writes the queue: a key of the wrong type fails the script
+-- before it writes. A queue that it makes gets its TTL from sem_flush.
 local function join_queue(k, id, us, rec)
   local tail = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')
-  if k.waiters_new == nil then
-    k.waiters_new = not tail[1]
-  end
-  sem_put_waiter(k, id, rec)
+  sem_hset(k, id, rec)
   redis.call('ZADD', k.queue, 'NX', string.format('%d', math.max(us, (tonumber(tail[2]) or 0) + 1)), id)
   if not tail[1] then
     k.queue_new = true
   end
 end
 
--- prune removes from the zset key the members scored upto (ms) or
--- lower, the lowest scored first, at most prune_max of them: each call
--- adds at most one member, so a zset pruned this way stays as short as
--- its members' time to live allows.
-local function prune(key, upto)
-  local old = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', upto), 'LIMIT', 0, prune_max)
-  if #old > 0 then
-    redis.call('ZREM', key, unpack(old))
-  end
-end
-
--- mark_withdrawn refuses a waiter id from now on (see withdrawn_ms), in a
--- zset waiter id -> server time of the withdrawal, pruned as it goes;
--- the holders hash's {refuse} says until when the zset is to be read.
-local function mark_withdrawn(k, gone, waiter)
-  local now = now_ms()
-  prune(gone, now - withdrawn_ms)
-  redis.call('ZADD', gone, now, waiter)
-  redis.call('PEXPIRE', gone, withdrawn_ms)
-  k.refuse = now + withdrawn_ms
-  sem_hset(k, F_REFUSE, string.format('%d', k.refuse))
-  sem_keep(k, k.refuse)
-end
-
--- is_withdrawn reports whether a waiter id was withdrawn in the last
--- withdrawn_ms (see mark_withdrawn), pruned or not: the zset is read only
--- while a withdrawal may be in it.
-local function is_withdrawn(k, gone, waiter)
-  return k.refuse > now_ms() and (tonumber(redis.call('ZSCORE', gone, waiter)) or 0) > now_ms() - withdrawn_ms
-end
-
--- sem_check_fence reads the fencing token counter of a RWMutex (k.fence)
--- when this call may mint a token, before it writes anything: when the
--- whole size may be granted now (no permit stays in use once the call has
--- given back free permits), to the caller (n) or to the queue's head (as
--- sem_peek read it). A write further back in the queue is left to its own
--- call (see sem_serve). A counter of the wrong type fails the script here.
-local function sem_check_fence(k, n, size, free)
-  if not k.fence or k.used - free > 0 then
-    return
-  end
-  local head = k.first and k.first[2] and k.first[2][1]
-  local want = string.match(head or '', '^%d+:%d+:(%d+):%d+$')
-  if n == size or (want and tonumber(want) == size) then
-    check_counter(k.fence)
-    k.checked = true
-  end
+-- sem_mint returns a new fencing token for a RWMutex's write: the server
+-- clock in microseconds, or the last token plus one when that is larger
+-- (as a lock's, lock_lib.lua). The hash keeps the last token at least an
+-- hour past the write's lease (sem_lease keeps the keys that long).
+local function sem_mint(k)
+  k.token = math.max(now_us(), k.token + 1)
+  sem_hset(k, F_TOKEN, string.format('%d', k.token))
+  return k.token
 end
 
 -- sem_peek reads the queue's head and the head's record (as sem_serve
--- does first), or, when nobody is queued, the length of the waiters hash:
--- a queue or waiters key of the wrong type fails the script here, before
+-- does first): a queue key of the wrong type fails the script here, before
 -- it writes. The next sem_serve starts from what it read (k.first), and so
--- reads nothing twice; a script that changes the queue or a record in
--- between drops k.first first. It returns the head's holder id (nil when
--- nobody is queued), whose record sem_open is to read.
+-- reads nothing twice; a script that changes the queue in between drops
+-- k.first first. It returns the head's holder id (nil when nobody is
+-- queued), whose record sem_open is to read.
 local function sem_peek(k)
   local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
   if head then
-    k.first = {head, redis.call('HMGET', k.waiters, head, client_field(head))}
-    k.waiters_new = not k.first[2][1]
+    k.first = {head, redis.call('HMGET', k.hash, head, client_field(head))}
     return sem_holder(head)
   end
-  k.waiters_new = redis.call('HLEN', k.waiters) == 0
   k.first = {}
   return nil
 end
 
 -- sem_next_waiter returns the queue's head and its record and Client's
--- deadline (HMGET), or nil when nobody is queued: what sem_peek read, the
--- first time after it.
+-- deadline, or nil when nobody is queued: what sem_peek read, the first
+-- time after it, unless the script wrote the head's record since.
 local function sem_next_waiter(k)
   local first = k.first
-  if first then
-    k.first = nil
+  k.first = nil
+  if first and not first[1] then
+    return nil
+  end
+  if first and k.hw[first[1]] == nil then
     return first[1], first[2]
   end
   local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
   if not head then
     return nil
   end
-  return head, redis.call('HMGET', k.waiters, head, client_field(head))
+  return head, sem_read(k, head, client_field(head))
 end
 
 -- sem_serve grants queued waiters from the head, as many as the free permits
@@ -547,19 +538,19 @@ end
 -- client, on its grant channel (see lib.lua, grant_channel; ms is the
 -- server time of the grant).
 -- self (a waiter id or false) is granted with lease selflease and call
--- number seq. A semaphore with a fencing token counter (k.fence: a
--- RWMutex's) mints a token for every waiter granted the whole size (a
--- write), sent in the message in place of the permits. It returns the
--- permits in use afterwards, whether self was granted, self's token (0
--- for none), whether a waiter that may be live is still queued (one that
--- does not fit, or one left for a later call; the queue is empty
--- otherwise), and whether self was dropped as dead.
+-- number seq. A RWMutex's semaphore (k.fence) mints a token for every
+-- waiter granted the whole size (a write), sent in the message in place
+-- of the permits. It returns the permits in use afterwards, whether self
+-- was granted, self's token (0 for none), whether a waiter that may be
+-- live is still queued (one that does not fit, or one left for a later
+-- call; the queue is empty otherwise), and whether self was dropped as
+-- dead.
 -- It stops once the permits are all in use after a grant (nobody live
 -- fits then), and grants or drops at most serve_max waiters; then k.more
--- is true, and
--- the live waiters among the next nudge_max are sent "waiter:0:ms", which
--- asks each to attempt again at once (an attempt serves the queue from
--- its head). The messages are published after sem_flush (the caller's).
+-- is true, and the live waiters among the next nudge_max are sent
+-- "waiter:0:ms", which asks each to attempt again at once (an attempt
+-- serves the queue from its head). The messages are published after
+-- sem_flush (the caller's).
 local function sem_serve(k, size, now, self, selflease, seq, channel)
   local msgs, order = {}, {} -- grant channel -> its grants; channels in order
   local served, selftoken, waiting, dropped = false, 0, false, false
@@ -588,23 +579,13 @@ local function sem_serve(k, size, now, self, selflease, seq, channel)
       -- as its own next call fails on the record.
       live = false
     end
-    if live and k.fence and want == size and not k.checked then
-      -- A write whose token counter this call did not read before its
-      -- first write (see sem_check_fence): asked to attempt again, and
-      -- granted by its own call, which reads the counter first.
-      waiting, k.more = true, true
-      if head ~= self then
-        send(head, '0')
-      end
-      break
-    end
     if steps == serve_max then
       -- The next live waiters among the first nudge_max are asked to go
       -- on: the first of them to call serves the queue on from its head,
       -- whether or not the others answer.
       waiting, k.more = true, true
       for _, w in ipairs(redis.call('ZRANGE', k.queue, 0, nudge_max - 1)) do
-        local r = w == head and v or redis.call('HMGET', k.waiters, w, client_field(w))
+        local r = w == head and v or sem_read(k, w, client_field(w))
         if w ~= self and alive(tonumber(string.match(r[1] or '', '^(%d+):')), r[2], now) then
           send(w, '0')
         end
@@ -613,10 +594,9 @@ local function sem_serve(k, size, now, self, selflease, seq, channel)
     end
     steps = steps + 1
     redis.call('ZREM', k.queue, head)
-    redis.call('HDEL', k.waiters, head)
-    k.waiters_cut = true
+    sem_hset(k, head, false)
     if v[2] and not alive(false, v[2], now) then
-      redis.call('HDEL', k.waiters, client_field(head)) -- as in lib.lua, hand_off
+      sem_hset(k, client_field(head), false) -- as in lib.lua, hand_off
     end
     dropped = dropped or (head == self and not live)
     if live then
@@ -627,7 +607,7 @@ local function sem_serve(k, size, now, self, selflease, seq, channel)
       end
       local token = 0
       if k.fence and want == size then
-        token = mint(k.fence, lease)
+        token = sem_mint(k)
       end
       if head == self then
         selftoken = token
@@ -662,8 +642,26 @@ local function sem_publish(k, publish)
   end
 end
 
--- sem_keys returns the state k of the semaphore whose keys are named in
--- keys (holders, expiry, size, queue, waiters).
-local function sem_keys(holders, expiry, size, queue, waiters)
-  return {holders = holders, expiry = expiry, size_name = size, queue = queue, waiters = waiters}
+-- sem_args returns the numbers in the argument v, "n1:n2:...", count of
+-- them, failing the script (LIMIT) when it is not that: what names them.
+local function sem_args(v, count, what)
+  local out = {}
+  for d in string.gmatch(v, '[^:]+') do
+    out[#out + 1] = integer(d)
+    limit(out[#out] and out[#out] >= 0, what, ' must be whole numbers from 0')
+  end
+  limit(#out == count, what, ' must be ', count, ' numbers')
+  return unpack(out)
+end
+
+-- sem_flag reports whether the flags (words separated by spaces) hold f.
+local function sem_flag(flags, f)
+  return string.find(' ' .. flags .. ' ', ' ' .. f .. ' ', 1, true) ~= nil
+end
+
+-- sem_keys returns the state k of the semaphore whose keys are keys (a
+-- script's KEYS: see the header); fence: a RWMutex's, whose writes get
+-- fencing tokens.
+local function sem_keys(keys, fence)
+  return {hash = keys[1], expiry = keys[2], queue = keys[3], ended = keys[4], fence = fence}
 end

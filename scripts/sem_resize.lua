@@ -1,11 +1,11 @@
 -- sem_resize.lua: change the size of a semaphore, if it is what the caller
 -- says it is.
 --
--- KEYS[1] holders, KEYS[2] expiry, KEYS[3] size, KEYS[4] queue,
--- KEYS[5] waiters (see sem_lib.lua)
+-- KEYS: the semaphore's four keys (sem_lib.lua)
 -- ARGV[1] from: the size the caller expects to be stored
 -- ARGV[2] to: the new size
--- ARGV[3] channel, ARGV[4] publish command (PUBLISH or SPUBLISH)
+-- ARGV[3] flags: "sharded" (publish with SPUBLISH), or ""
+-- ARGV[4] the grant channels' prefix (lib.lua, grant_channel)
 --
 -- Holders keep their permits: after a shrink more may be in use than the
 -- new size until they give them back, and nobody is granted a permit
@@ -16,8 +16,8 @@
 -- Reply: {1, 0}      resized (or the size was to already); when no size was
 --                    stored (the semaphore is idle), it is stored
 --        {0, stored} the stored size is neither from nor to: nothing done
-local k = sem_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-local from, to = tonumber(ARGV[1]), tonumber(ARGV[2])
+local from, to = sem_args(ARGV[1], 1, 'from'), sem_args(ARGV[2], 1, 'to')
+local k = sem_keys(KEYS, false)
 
 -- Every key is read before anything is written (see sem_acquire.lua).
 local head = sem_peek(k)
@@ -30,7 +30,7 @@ end
 local now = now_ms()
 sem_reclaim(k, now) -- reads the records it reclaims before it writes
 sem_store_size(k, to)
-sem_serve(k, to, now, false, 0, 0, ARGV[3])
+sem_serve(k, to, now, false, 0, 0, ARGV[4])
 sem_flush(k)
-sem_publish(k, ARGV[4])
+sem_publish(k, publish_cmd(ARGV[3]))
 return {1, 0}

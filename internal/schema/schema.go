@@ -24,21 +24,24 @@ const Layout = 3
 
 // SemLayout is the version of a semaphore's (and a RWMutex's) stored
 // layout, carried in its size record after the size; SEM_LAYOUT in
-// scripts/sem_lib.lua is the same number. Layout 3 kept no state in the
-// holders hash but the count of permits in use, and kept each key's TTL
-// with a call per key and call.
-const SemLayout = 4
+// scripts/sem_lib.lua is the same number. Layout 3 (redisync v1.0.0)
+// kept the size, the waiters' records, the memory of releases and of
+// withdrawals, and a RWMutex's last token in keys of their own, eight
+// keys in all; layout 4 (never released) kept the semaphore's own fields
+// in its hash.
+const SemLayout = 5
 
-// SemUsedField is the field of a semaphore's holders hash that counts the
+// SemUsedField is the field of a semaphore's hash that counts the
 // permits in use (USED in scripts/sem_lib.lua).
 const SemUsedField = "{used}"
 
-// SemFields are the semaphore's own fields of its holders hash
+// SemFields are the semaphore's own fields of its hash
 // (scripts/sem_lib.lua): its count of permits in use (SemUsedField), its
-// size record, and the server times until which its keys live and its
-// refusals are read, and when it next prunes. Every other field is a
-// holder's record.
-var SemFields = []string{SemUsedField, "{size}", "{keep}", "{gone}", "{refuse}", "{prune}"}
+// size record, the server times until which its keys live and its
+// refusals are read, when it next prunes, and a RWMutex's last fencing
+// token. Every other field is a holder's or a waiter's record, or a
+// Client's deadline.
+var SemFields = []string{SemUsedField, "{size}", "{keep}", "{gone}", "{refuse}", "{prune}", "{token}"}
 
 // LayoutField is the field of a lock's hash that holds its layout.
 const LayoutField = "{layout}"
@@ -262,39 +265,29 @@ func ParseSemSize(rec string) (size int64, layout int, ok bool) {
 
 // Semaphore is the keys and channel of one semaphore.
 type Semaphore struct {
-	// Holders is a hash of holder id -> a SemHolder record, and the
-	// semaphore's own fields (SemFields).
-	Holders string
+	// Hash holds the semaphore's records, by field: holder id -> a
+	// SemHolder record; waiter id -> a SemWaiter record; ClientField(id)
+	// -> a Client's liveness deadline; and the semaphore's own fields
+	// (SemFields). It lives at least an hour past the semaphore's last
+	// use.
+	Hash string
 	// Expiry is a zset of holder id -> the end of its lease, in ms by
 	// the server clock; a holder whose lease ended is reclaimed by the
 	// next script call.
 	Expiry string
-	// Size is a copy of the semaphore's size record (ParseSemSize),
-	// stored while it is in use and an hour after the last Acquire: it
-	// tells versions of redisync that read another layout that this one
-	// is in use.
-	Size string
-	// Queue is a zset of waiter id ("holder id#call number.random") -> the server
+	// Queue is a zset of waiter id ("holder id#digits") -> the server
 	// time in µs when it joined, as a lock's queue.
 	Queue string
-	// Waiters holds the waiters' records: a hash of waiter id -> a
-	// SemWaiter record.
-	Waiters string
-	// Released is a zset of holder ids whose holding a release ended ->
-	// the server time in ms until which it is remembered (10 s after), so
-	// that a retry of the release knows it was applied and a late copy of
-	// a call of an ended holding takes nothing.
-	Released string
-	// Withdrawn is a zset of waiter ids withdrawn with an unknown outcome,
-	// as a lock's.
-	Withdrawn string
+	// Ended is a zset of what a late copy of a call must not act on ->
+	// the server time in ms until which it is remembered: "holder id:seq"
+	// and "holder id" for 10 s after a release that ended a holding (so
+	// that a retry of the release knows it was applied, and a late copy
+	// of a call of the holding takes nothing), and the waiter ids of
+	// withdrawn calls for two minutes.
+	Ended string
 	// Channel prefixes the grant channels (GrantChannel), where grants
 	// are published.
 	Channel string
-	// Token is the last fencing token issued to a write of a RWMutex
-	// (a decimal integer), kept an hour after it was issued, as a lock's;
-	// a semaphore never writes it.
-	Token string
 }
 
 // GrantChannel returns the channel on which grants to the waiters of the
@@ -318,9 +311,7 @@ const RWMutexSize = 1 << 40
 // semKeys returns the keys of a semaphore of kind kind.
 func semKeys(prefix, kind, name string) Semaphore {
 	b := base(prefix, kind, name)
-	return Semaphore{Holders: b, Expiry: b + ":expiry", Size: b + ":size", Queue: b + ":queue",
-		Waiters: b + ":waiters", Released: b + ":released", Withdrawn: b + ":withdrawn", Channel: b + ":ch",
-		Token: b + ":token"}
+	return Semaphore{Hash: b, Expiry: b + ":expiry", Queue: b + ":queue", Ended: b + ":ended", Channel: b + ":ch"}
 }
 
 // SemHolder is a semaphore holder's record, stored as "permits:seq".
