@@ -344,25 +344,21 @@ func TestRWMutexCrashedReaderBlocksForItsLease(t *testing.T) {
 func TestRWMutexWrongTypeTokenIsAnErrorAndWritesNothing(t *testing.T) {
 	mr, rdb, _ := newMini(t)
 	c := newClient(t, rdb)
-	mr.HSet(rwKey+":token", "x", "1")
+	mr.HSet(rwKey, "{token}", "x")
 	if err := must(c.NewRWMutex("rw")).Lock(ctx); !errors.Is(err, ErrWrongType) {
-		t.Fatalf("Lock with a token counter of the wrong type: %v, want ErrWrongType", err)
+		t.Fatalf("Lock with a last token that is not a number: %v, want ErrWrongType", err)
 	}
 	// Nothing held or queued: only the failed call's withdrawal is
 	// recorded (a copy of it may still be on its way).
 	if got := holderFields(t, mr, rwKey); len(got) != 0 || mr.Exists(rwKey+":queue") || mr.Exists(rwKey+":expiry") {
 		t.Fatalf("after the failed call: holders %v, queue %v", got, mr.Exists(rwKey+":queue"))
 	}
-	// A read mints no token: it does not read the counter.
-	r := must(c.NewRWMutex("rw"))
-	if err := r.RLock(ctx); err != nil {
-		t.Fatalf("RLock beside a token counter of the wrong type: %v", err)
+	// A read fails too: the state is not redisync's.
+	if err := must(c.NewRWMutex("rw")).RLock(ctx); !errors.Is(err, ErrWrongType) {
+		t.Fatalf("RLock beside a last token that is not a number: %v, want ErrWrongType", err)
 	}
-	if err := r.RUnlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if v := mr.HGet(rwKey+":token", "x"); v != "1" {
-		t.Fatalf("the counter of the wrong type was changed: %q", v)
+	if v := mr.HGet(rwKey, "{token}"); v != "x" {
+		t.Fatalf("the bad token was changed: %q", v)
 	}
 }
 
@@ -383,7 +379,7 @@ func TestRWMutexRetriedWriteKeepsItsToken(t *testing.T) {
 	if err := w.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stored, err := strconv.ParseInt(mustGet(t, mr, rwKey+":token"), 10, 64)
+	stored, err := strconv.ParseInt(mr.HGet(rwKey, "{token}"), 10, 64)
 	if err != nil || w.Token() != stored {
 		t.Fatalf("token %d after a replayed acquire, counter %d (%v)", w.Token(), stored, err)
 	}

@@ -42,13 +42,13 @@ func queuedWaiter(t *testing.T, mr *miniredis.Miniredis) string {
 // so that the waiter's heartbeat, every few ms, sees all of it or none.
 func dropAsDead(t *testing.T, mr *miniredis.Miniredis, waiter string, also ...func(redis.Pipeliner)) {
 	t.Helper()
-	ownDeadlinePassed(t, mr, semKey+":waiters", waiter)
+	ownDeadlinePassed(t, mr, semKey, waiter)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRem(ctx, semKey+":queue", waiter)
-		p.HDel(ctx, semKey+":waiters", waiter)
-		p.HSet(ctx, semKey+":waiters", schema.ClientField(waiter), "1")
+		p.HDel(ctx, semKey, waiter)
+		p.HSet(ctx, semKey, schema.ClientField(waiter), "1")
 		for _, f := range also {
 			f(p)
 		}
@@ -191,7 +191,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 	if _, err := mr.ZAdd(semKey+":queue", 1, "ghost#1"); err != nil {
 		t.Fatal(err)
 	}
-	mr.HSet(semKey+":waiters", "ghost#1", strconv.FormatInt(past, 10)+":3000:2:1")
+	mr.HSet(semKey, "ghost#1", strconv.FormatInt(past, 10)+":3000:2:1")
 	if ok, err := must(c.NewSemaphore("s", 2)).TryAcquire(ctx, 1); !ok || err != nil {
 		t.Fatalf("TryAcquire behind a dead waiter: %v, %v, want true", ok, err)
 	}
@@ -203,7 +203,7 @@ func TestSemaphoreDeadHeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 	if _, err := mr.ZAdd(semKey+":queue", 2, "alive#1"); err != nil {
 		t.Fatal(err)
 	}
-	mr.HSet(semKey+":waiters", "alive#1", strconv.FormatInt(future, 10)+":3000:2:1")
+	mr.HSet(semKey, "alive#1", strconv.FormatInt(future, 10)+":3000:2:1")
 	if err := s.Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestSemaphoreLiveWaiterKeptByHeartbeat(t *testing.T) {
 	done := acquireAsync(ctx, w, 1)
 	eventually(t, 5*time.Second, "the waiter to queue and sleep", func() bool { return queueLen(t, mr) == 1 && asleep(c) == 1 })
 	field := schema.ClientField(queuedWaiter(t, mr))
-	record := func() string { return mr.HGet(semKey+":waiters", field) }
+	record := func() string { return mr.HGet(semKey, field) }
 	// Several heartbeats pass: its Client's deadline moves each time.
 	seen := map[string]bool{}
 	eventually(t, 5*time.Second, "three heartbeats", func() bool {

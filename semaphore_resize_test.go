@@ -75,7 +75,7 @@ func TestResizeSemaphore(t *testing.T) {
 		if err := c.ResizeSemaphore(ctx, "s", 5, 6); !errors.Is(err, ErrSizeMismatch) {
 			t.Fatalf("resize from 5 of a semaphore of 3: %v, want ErrSizeMismatch", err)
 		}
-		if v, _ := mr.Get(semKey + ":size"); v != "3:"+strconv.Itoa(schema.SemLayout) {
+		if v := mr.HGet(semKey, "{size}"); v != "3:"+strconv.Itoa(schema.SemLayout) {
 			t.Fatalf("stored size %q after a refused resize", v)
 		}
 	})

@@ -59,7 +59,7 @@ func TestSemaphoreMorePermitsThanStoredSize(t *testing.T) {
 	if ok, err := big.TryAcquire(ctx, 5); !ok || err != nil {
 		t.Fatalf("TryAcquire of 5 of 5 on a new semaphore: %v, %v", ok, err)
 	}
-	if got, _ := mr.Get(semKey + ":size"); got != "5:"+strconv.Itoa(schema.SemLayout) {
+	if got := mr.HGet(semKey, "{size}"); got != "5:"+strconv.Itoa(schema.SemLayout) {
 		t.Fatalf("stored size %q, want 5:layout", got)
 	}
 	small := must(c.NewSemaphore("s", 2))

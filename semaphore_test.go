@@ -117,7 +117,7 @@ func TestSemaphoreAcquireReleaseCounts(t *testing.T) {
 	if ok, err := b.TryAcquire(ctx, 2); !ok || err != nil {
 		t.Fatalf("TryAcquire(2) with 2 free: %v, %v, want true", ok, err)
 	}
-	if got, _ := mr.Get(semKey + ":size"); got != "5:"+strconv.Itoa(schema.SemLayout) { // size:layout
+	if got := mr.HGet(semKey, "{size}"); got != "5:"+strconv.Itoa(schema.SemLayout) { // size:layout
 		t.Fatalf("stored size %q, want 5", got)
 	}
 	if err := a.Release(ctx, 2); err != nil || a.Held() != 1 || permitsOf(mr, a) != "1" {
@@ -151,7 +151,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	if other.Size() != 3 {
 		t.Fatalf("Size = %d, want the stored 3", other.Size())
 	}
-	if got, _ := mr.Get(semKey + ":size"); got != "3:"+strconv.Itoa(schema.SemLayout) {
+	if got := mr.HGet(semKey, "{size}"); got != "3:"+strconv.Itoa(schema.SemLayout) {
 		t.Fatalf("stored size changed to %q", got)
 	}
 	if other.Held() != 0 || queueLen(t, mr) != 0 {
@@ -185,14 +185,13 @@ func TestSemaphoreReleaseMoreThanHeld(t *testing.T) {
 }
 
 func TestSemaphoreWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
-	for _, key := range []string{semKey, semKey + ":size", semKey + ":queue", semKey + ":expiry"} {
+	for _, key := range []string{semKey, semKey + " {size}", semKey + ":queue", semKey + ":expiry"} {
 		t.Run(key, func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			c := newClient(t, rdb)
-			if key == semKey+":size" {
-				if err := mr.Set(key, "x"); err != nil {
-					t.Fatal(err)
-				}
+			if hash, field, ok := strings.Cut(key, " "); ok {
+				mr.HSet(hash, field, "x") // a field of the hash that is not a size
+				key = hash
 			} else {
 				mr.Lpush(key, "x")
 			}
@@ -207,7 +206,7 @@ func TestSemaphoreWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 			// retry of a copy that ran), so they were withdrawn: their ids
 			// are refused for a while, which is all that may be left.
 			for _, k := range mr.Keys() {
-				if k != key && (k != semKey+":withdrawn" || mr.TTL(k) <= 0) {
+				if k != key && (k != semKey+":ended" || mr.TTL(k) <= 0) {
 					t.Fatalf("keys after a failed acquire: %v, want only %s (and withdrawn ids, with a TTL)", mr.Keys(), key)
 				}
 			}
@@ -221,7 +220,7 @@ func TestSemaphoreWrongTypeIsAnErrorAndWritesNothing(t *testing.T) {
 // A release that meets a key of the wrong type fails having written
 // nothing, whichever key it is.
 func TestSemaphoreReleaseMeetingWrongTypeWritesNothing(t *testing.T) {
-	for _, suffix := range []string{":expiry", ":queue", ":waiters", ":released"} {
+	for _, suffix := range []string{"", ":expiry", ":queue", ":ended"} {
 		t.Run(suffix, func(t *testing.T) {
 			mr, rdb, _ := newMini(t)
 			c := newClient(t, rdb)
@@ -311,7 +310,7 @@ func TestSemaphoreCancelledAcquireLeavesNothing(t *testing.T) {
 	if err := result(t, done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: %v, want context.Canceled", err)
 	}
-	if queueLen(t, mr) != 0 || mr.Exists(semKey+":waiters") && len(mustHKeys(t, mr, semKey+":waiters")) != 0 {
+	if queueLen(t, mr) != 0 || slices.ContainsFunc(mustHKeys(t, mr, semKey), func(f string) bool { return strings.Contains(f, "#") }) {
 		t.Fatal("a cancelled Acquire left its place in the queue")
 	}
 	if w.Held() != 0 || permitsOf(mr, w) != "" {
@@ -430,7 +429,9 @@ func holderFields(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	if !mr.Exists(key) {
 		return nil
 	}
-	return slices.DeleteFunc(mustHKeys(t, mr, key), func(f string) bool { return slices.Contains(schema.SemFields, f) })
+	return slices.DeleteFunc(mustHKeys(t, mr, key), func(f string) bool {
+		return strings.HasPrefix(f, "{") || strings.Contains(f, "#") // own fields, Clients' deadlines, waiters
+	})
 }
 
 func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {

@@ -121,13 +121,13 @@ func TestTokensIncreaseAcrossStateExpiry(t *testing.T) {
 
 // A semaphore's size lives "while it is in use and an hour after its last
 // Acquire": a partial Release, which re-arms the holder's lease
-// (sem_rearm), keeps the size key as long, though with a fixed lease
+// (sem_rearm), keeps the size as long, though with a fixed lease
 // nothing renews it. Otherwise a holder that acquires with WithFixedLease
 // and gives back part of its permits late in the lease would hold the rest
-// past the size key's expiry, and a Semaphore made with another size
+// past its size's expiry, and a Semaphore made with another size
 // would store its own and grant beyond the size the holder was granted
 // under.
-func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
+func TestSemaphorePartialReleaseOutlivesItsSize(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -151,8 +151,8 @@ func TestSemaphorePartialReleaseOutlivesSizeKey(t *testing.T) {
 	if got := permitsOf(mr, s); got != "1" || s.Held() != 1 {
 		t.Fatalf("s holds %d, Redis %q; want 1 and 1", s.Held(), got)
 	}
-	if !mr.Exists(semKey + ":size") {
-		t.Errorf("the size key expired while s holds a permit whose lease ends in 56 minutes")
+	if mr.HGet(semKey, "{size}") == "" {
+		t.Errorf("the size expired while s holds a permit whose lease ends in 56 minutes")
 	}
 	other := must(c.NewSemaphore("s", 3))
 	ok, err := other.TryAcquire(ctx, 2)
