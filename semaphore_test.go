@@ -429,9 +429,7 @@ func holderFields(t *testing.T, mr *miniredis.Miniredis, key string) []string {
 	if !mr.Exists(key) {
 		return nil
 	}
-	return slices.DeleteFunc(mustHKeys(t, mr, key), func(f string) bool {
-		return strings.HasPrefix(f, "{") || strings.Contains(f, "#") // own fields, Clients' deadlines, waiters
-	})
+	return slices.DeleteFunc(mustHKeys(t, mr, key), func(f string) bool { return !schema.SemHolderField(f) })
 }
 
 func TestSemaphoreLostWhenPermitsRemoved(t *testing.T) {

@@ -224,7 +224,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	if err := b.Acquire(ctx, 4); !errors.Is(err, redisync.ErrInvalidPermits) || b.Size() != 3 {
 		t.Fatalf("Acquire of 4 with size 3 stored: %v, size %d; want ErrInvalidPermits, 3", err, b.Size())
 	}
-	if got := admin(t).Get(ctx, schema.SemaphoreKeys(schema.DefaultPrefix, name).Size).Val(); got != "3:"+strconv.Itoa(schema.SemLayout) {
+	if got := admin(t).HGet(ctx, schema.SemaphoreKeys(schema.DefaultPrefix, name).Hash, "{size}").Val(); got != "3:"+strconv.Itoa(schema.SemLayout) {
 		t.Fatalf("stored size %q, want 3:%d (size:layout)", got, schema.SemLayout)
 	}
 	if err := a.Release(ctx, 1); err != nil {

@@ -642,11 +642,10 @@ func inspectLongQueues(t *testing.T) (slowScripts, sched) {
 	}
 	plantQueue(t, rdb, k, recs, clients...)
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, sk.Size, "1:2", 0)
-		p.HSet(ctx, sk.Holders, "holder/"+deadClient+"-1.0", "1:1")
+		p.HSet(ctx, sk.Hash, "{size}", "1:"+strconv.Itoa(schema.SemLayout), "holder/"+deadClient+"-1.0", "1:1", schema.SemUsedField, "1")
 		p.ZAdd(ctx, sk.Expiry, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "holder/" + deadClient + "-1.0"})
 		p.ZAdd(ctx, sk.Queue, queue...)
-		p.HSet(ctx, sk.Waiters, waiters...)
+		p.HSet(ctx, sk.Hash, waiters...)
 		return nil
 	})
 	if err != nil {
@@ -673,7 +672,7 @@ func inspectLongQueues(t *testing.T) (slowScripts, sched) {
 	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.HGetAll(ctx, k.Hash)
 		p.LRange(ctx, k.Queue, 0, -1)
-		p.HGetAll(ctx, sk.Waiters)
+		p.HGetAll(ctx, sk.Hash)
 		p.ZRangeWithScores(ctx, sk.Queue, 0, -1)
 		p.PubSubChannels(ctx, k.Channel+":*")
 		return nil

@@ -216,7 +216,7 @@ func acquireSem(ctx context.Context, rdb redis.UniversalClient, prefix, name str
 		return nil, err
 	}
 	return &hold{
-		line:   fmt.Sprintf("%s %d", schema.SemaphoreKeys(prefix, name).Holders, n),
+		line:   fmt.Sprintf("%s %d", schema.SemaphoreKeys(prefix, name).Hash, n),
 		desc:   fmt.Sprintf("%d of the %d permits of semaphore %q", n, size, name),
 		plural: true,
 		env:    []string{"REDISYNC_NAME=" + name, "REDISYNC_PERMITS=" + strconv.FormatInt(n, 10)},

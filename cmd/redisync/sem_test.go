@@ -116,17 +116,17 @@ func TestSemResize(t *testing.T) {
 	addr := redistest.Addr(t)
 	rdb := redistest.Client(t)
 	name := uniqueName(t)
-	key := schema.SemaphoreKeys("redisync", name).Size
+	key := schema.SemaphoreKeys("redisync", name).Hash
 	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {
 		t.Fatalf("sem: exit %d, stderr %q", code, p.stderr.String())
 	}
 	code, p := runCode(t, addr, "sem", "--limit", "2", "--resize", "3", name)
-	if code != 0 || !strings.Contains(p.stdout.String(), "3 permits (was 2)") || rdb.Get(t.Context(), key).Val() != "3:"+strconv.Itoa(schema.SemLayout) { // size:layout
-		t.Fatalf("resize 2 -> 3: exit %d, stdout %q, stderr %q, stored %q", code, p.stdout.String(), p.stderr.String(), rdb.Get(t.Context(), key).Val())
+	if code != 0 || !strings.Contains(p.stdout.String(), "3 permits (was 2)") || rdb.HGet(t.Context(), key, "{size}").Val() != "3:"+strconv.Itoa(schema.SemLayout) { // size:layout
+		t.Fatalf("resize 2 -> 3: exit %d, stdout %q, stderr %q, stored %q", code, p.stdout.String(), p.stderr.String(), rdb.HGet(t.Context(), key, "{size}").Val())
 	}
 	code, p = runCode(t, addr, "sem", "--limit", "2", "--resize", "4", name)
 	if code != exitUsage || !strings.Contains(p.stderr.String(), "stored size 3") || !strings.Contains(p.stderr.String(), "--limit 3 --resize 4") ||
-		rdb.Get(t.Context(), key).Val() != "3:"+strconv.Itoa(schema.SemLayout) { // size:layout
+		rdb.HGet(t.Context(), key, "{size}").Val() != "3:"+strconv.Itoa(schema.SemLayout) { // size:layout
 		t.Fatalf("resize from a size that is not stored: exit %d, stderr %q; want %d and nothing changed", code, p.stderr.String(), exitUsage)
 	}
 	if code, p := runCode(t, addr, "sem", "--limit", "2", name, "--", "true"); code != 0 {

@@ -23,7 +23,7 @@ func TestWrongTypeNamesTheKeyOnce(t *testing.T) {
 	}{
 		{schema.LockKeys("redisync", name).Hash, []string{"lock", name, "--", "true"}},
 		{schema.LockKeys("redisync", name).Hash + ":token", []string{"lock", "-n", name, "--", "true"}}, // layout 2's, read once
-		{schema.SemaphoreKeys("redisync", name).Holders, []string{"sem", "--limit", "2", name, "--", "true"}},
+		{schema.SemaphoreKeys("redisync", name).Hash, []string{"sem", "--limit", "2", name, "--", "true"}},
 		{schema.ElectionKeys("redisync", name).Hash, []string{"elect", name, "--", "true"}},
 	}
 	for _, c := range cases {

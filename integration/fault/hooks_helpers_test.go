@@ -18,8 +18,8 @@ import (
 // plant a bad value), go-redis hooks and the fault-injecting proxy of
 // internal/redistest.
 
-// semKey is a semaphore's holders hash under the default prefix; its other
-// keys add ":expiry", ":size", ":queue", ":waiters" and ":released".
+// semKey is a semaphore's hash under the default prefix; its other keys
+// add ":expiry", ":queue" and ":ended".
 func semKey(name string) string { return "redisync:sem:{" + name + "}" }
 
 // isClosed reports whether ch is closed now (false for nil).

@@ -2,6 +2,7 @@ package fault
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -126,16 +127,13 @@ func holdLeft(t *testing.T, rdb *redis.Client, key string) string {
 }
 
 // semHolders returns the holder records of the semaphore (or read-write
-// lock) whose holders hash is key: the hash without the semaphore's own
-// fields (schema.SemFields), which outlive the holders.
+// lock) whose hash is key (schema.SemHolderField).
 func semHolders(t *testing.T, rdb *redis.Client, key string) map[string]string {
 	t.Helper()
 	h, err := rdb.HGetAll(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range schema.SemFields {
-		delete(h, f)
-	}
+	maps.DeleteFunc(h, func(f, _ string) bool { return !schema.SemHolderField(f) })
 	return h
 }

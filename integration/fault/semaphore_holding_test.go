@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,19 +18,30 @@ import (
 // releases and dead waiters, and of a cancelled Lock's return: each says
 // the interleaving it forces.
 
-// semScript tells the semaphore's script calls apart by their keys.
+// semScript tells the semaphore's script calls apart by their keys and
+// their mode argument.
 func semScript(args []string, name string) string {
-	switch {
-	case args == nil:
+	if args == nil || !argContains(args, semKey(name)) {
 		return ""
-	case argContains(args, semKey(name)) && slices.Contains(args, "sem"): // an entry's kind
+	}
+	switch {
+	case slices.Contains(args, "sem"): // an entry's kind
 		return "renew"
-	case argContains(args, semKey(name)+":size"):
+	case slices.ContainsFunc(args, modeOf("queue", "try")):
 		return "acquire"
-	case argContains(args, semKey(name)+":released"):
+	case slices.ContainsFunc(args, modeOf("release", "withdraw")):
 		return "release"
 	}
 	return ""
+}
+
+// modeOf returns whether an argument is a semaphore script's mode
+// argument (mode, then flags) with one of the modes.
+func modeOf(modes ...string) func(string) bool {
+	return func(a string) bool {
+		mode, _, _ := strings.Cut(a, " ")
+		return slices.Contains(modes, mode)
+	}
 }
 
 // A Semaphore value whose permits were lost locally (their deadline

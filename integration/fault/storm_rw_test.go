@@ -69,7 +69,7 @@ func (s *storm) rwMutexes() {
 	base := "redisync:rw:{" + s.name + "}"
 	s.noHolders(s.admin, base)
 	s.gone(s.admin, "the leases", base+":expiry")
-	s.gone(s.admin, "the queue and waiters", base+":queue", base+":waiters")
+	s.gone(s.admin, "the queue", base+":queue")
 	s.noPersistent(s.admin)
 	s.report()
 }

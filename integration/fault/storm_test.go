@@ -698,7 +698,7 @@ func (s *storm) checkSemKeys(rdb *redis.Client) {
 	base := "redisync:sem:{" + s.name + "}"
 	s.noHolders(rdb, base)
 	s.gone(rdb, "the leases", base+":expiry")
-	s.gone(rdb, "the queue and waiters", base+":queue", base+":waiters")
+	s.gone(rdb, "the queue", base+":queue")
 	s.noPersistent(rdb)
 }
 
@@ -720,7 +720,7 @@ func (s *storm) noHolders(rdb *redis.Client, holders string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.fail("left in Redis", "holders still there 3 s after the storm: %v", h)
+			s.fail("left in Redis", "records still there 3 s after the storm: %v", h)
 			return
 		}
 		time.Sleep(10 * time.Millisecond)

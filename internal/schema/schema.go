@@ -314,6 +314,18 @@ func semKeys(prefix, kind, name string) Semaphore {
 	return Semaphore{Hash: b, Expiry: b + ":expiry", Queue: b + ":queue", Ended: b + ":ended", Channel: b + ":ch"}
 }
 
+// SemHolderField reports whether a field of a semaphore's hash is a
+// holder's record: not one of the semaphore's own fields or a Client's
+// deadline (their names start with '{'), nor a waiter's record (a waiter
+// id ends with '#' and digits; a holder id never does).
+func SemHolderField(f string) bool {
+	if strings.HasPrefix(f, "{") {
+		return false
+	}
+	i := strings.LastIndexByte(f, '#')
+	return i < 0 || i == len(f)-1 || strings.Trim(f[i+1:], "0123456789") != ""
+}
+
 // SemHolder is a semaphore holder's record, stored as "permits:seq".
 type SemHolder struct {
 	Permits int64 // permits held
