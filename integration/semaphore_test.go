@@ -15,10 +15,11 @@ import (
 	"github.com/redisync/redisync/internal/schema"
 )
 
-// semKeys returns the Redis keys of the semaphore called name.
-func semKeys(name string) (queue, waiters string) {
+// semKeys returns the Redis keys of the semaphore called name: its queue,
+// and its hash, which holds the waiters' records.
+func semKeys(name string) (queue, hash string) {
 	base := "redisync:sem:{" + name + "}"
-	return base + ":queue", base + ":waiters"
+	return base + ":queue", base
 }
 
 func TestSemaphoreNeverOversubscribed(t *testing.T) {
@@ -100,9 +101,9 @@ func testCrashedHolder(t *testing.T, lease time.Duration, opt redisync.Option) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- waiter.Acquire(ctx, 2) }()
-	_, waiters := semKeys(name)
+	queue, _ := semKeys(name)
 	rdb := admin(t)
-	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return rdb.HLen(ctx, waiters).Val() == 1 })
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return rdb.ZCard(ctx, queue).Val() == 1 })
 	_ = cs[0].Close() // the holder's process dies: no Release
 
 	select {
@@ -166,11 +167,11 @@ func TestSemaphoreLargeRequestServedInItsTurn(t *testing.T) {
 	big := must(cs[2].NewSemaphore(name, size))
 	done := make(chan error, 1)
 	go func() { done <- big.Acquire(ctx, 3) }()
-	_, waiters := semKeys(name)
+	_, hash := semKeys(name)
 	rdb := admin(t)
 	var queuedAt time.Time // observed after the big request queued
 	eventually(t, 5*time.Second, "the waiter for 3 to queue", func() bool {
-		for _, v := range rdb.HVals(ctx, waiters).Val() {
+		for _, v := range rdb.HVals(ctx, hash).Val() {
 			// "deadline:lease:permits:call"
 			if f := strings.Split(v, ":"); len(f) == 4 && f[2] == "3" {
 				queuedAt = time.Now()

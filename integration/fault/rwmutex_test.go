@@ -13,11 +13,6 @@ import (
 // rwKey is the holders hash of the read-write lock name.
 func rwKey(name string) string { return "redisync:rw:{" + name + "}" }
 
-// isCount reports whether a field of a semaphore's holders hash is one of
-// its own (its count of permits in use, its size, ...) rather than a
-// holder.
-func isCount(field string) bool { return slices.Contains(schema.SemFields, field) }
-
 // TestRWMutexFIFOAcrossProcesses queues readers and writers, each a
 // process of its own, behind a writer, in the order R R W R W W R R, and
 // checks that they hold the lock in exactly that order: each run of
@@ -64,7 +59,7 @@ func TestRWMutexFIFOAcrossProcesses(t *testing.T) {
 				procs[k].expect("rlocked", 10*time.Second)
 			}
 		}
-		if n := len(slices.DeleteFunc(rdb.HKeys(ctx, rwKey(name)).Val(), isCount)); n != j-i {
+		if n := len(slices.DeleteFunc(rdb.HKeys(ctx, rwKey(name)).Val(), func(f string) bool { return !schema.SemHolderField(f) })); n != j-i {
 			t.Fatalf("group %d..%d: %d holders in Redis, want %d", i, j-1, n, j-i)
 		}
 		if n := rdb.ZCard(ctx, rwKey(name)+":queue").Val(); n != int64(len(order)-j) {
