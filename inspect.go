@@ -481,8 +481,8 @@ func (c *Client) inspectSemaphore(ctx context.Context, name string, k schema.Sem
 	st.HoldersLen = int(r.nexp.Val())
 	used, hasUsed := int64(0), false
 	if v, ok := r.own.Val()[0].(string); ok {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
+		n, _, ok := schema.ParseSemUsed(v)
+		if !ok {
 			return nil, &wrongType{detail: k.Hash + " does not hold a count of permits in use"}
 		}
 		used, hasUsed = n, true

@@ -132,24 +132,37 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		mr.HSet(k.Hash, "{size}", "5:"+newer)
 		refused(t, mr, newClient(t, rdb), newer)
 	})
-	t.Run("layout 3's holders count", func(t *testing.T) { // the same records; its size is a key of its own
+	t.Run("busy, layout 3", func(t *testing.T) { // v1.0.0: a bare count, its size in a key of its own
 		mr, rdb, _ := newMini(t)
-		c := newClient(t, rdb)
 		mr.HSet(k.Hash, "other-version/abc-1", "2:1", schema.SemUsedField, "2")
 		if _, err := mr.ZAdd(k.Expiry, live(), "other-version/abc-1"); err != nil {
 			t.Fatal(err)
 		}
-		s := must(c.NewSemaphore("pool", 3))
-		if ok, err := s.TryAcquire(ctx, 2); ok || err != nil {
-			t.Fatalf("TryAcquire(2) beside 2 of 3 permits held by layout 3: %v, %v; want false", ok, err)
+		refused(t, mr, newClient(t, rdb), "3")
+	})
+	t.Run("idle, layout 3: its ended holders are reclaimed", func(t *testing.T) {
+		mr, rdb, _ := newMini(t)
+		c := newClient(t, rdb)
+		mr.HSet(k.Hash, "ended/abc-1", "2:1", schema.SemUsedField, "2")
+		if _, err := mr.ZAdd(k.Expiry, 1, "ended/abc-1"); err != nil { // a lease long over
+			t.Fatal(err)
 		}
-		if ok, err := s.TryAcquire(ctx, 1); !ok || err != nil {
-			t.Fatalf("TryAcquire(1): %v, %v", ok, err)
+		s := must(c.NewSemaphore("pool", 2))
+		if ok, err := s.TryAcquire(ctx, 2); !ok || err != nil {
+			t.Fatalf("TryAcquire(2) of the idle semaphore: %v, %v", ok, err)
 		}
-		if v := mr.HGet(k.Hash, schema.SemUsedField); v != "3" {
-			t.Errorf("permits in use %q, want 3", v)
+		if v := mr.HGet(k.Hash, schema.SemUsedField); v != "2:"+strconv.Itoa(schema.SemLayout) {
+			t.Errorf("count %q after the takeover, want 2:%d", v, schema.SemLayout)
 		}
-		if err := s.Release(ctx, 1); err != nil {
+		if v := mr.HGet(k.Hash, "ended/abc-1"); v != "" {
+			t.Errorf("the ended holder's record %q is still there", v)
+		}
+		for _, key := range []string{k.Hash, k.Expiry} {
+			if ttl := mr.TTL(key); ttl < time.Hour {
+				t.Errorf("TTL of %s %v after the takeover, want an hour or more", key, ttl)
+			}
+		}
+		if err := s.Release(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -157,6 +170,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)
 		mr.HSet(k.Hash, "{size}", "5:4", "{keep}", "1", "{prune}", strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10))
+		mr.SetTTL(k.Hash, time.Second) // layout 4's TTLs may be short
 		if _, err := mr.ZAdd(k.Expiry, 1, "ended/abc-1"); err != nil { // a lease long over
 			t.Fatal(err)
 		}
@@ -169,6 +183,9 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		}
 		if err := s.Release(ctx, 3); err != nil {
 			t.Fatal(err)
+		}
+		if ttl := mr.TTL(k.Hash); ttl < time.Hour {
+			t.Errorf("TTL of the hash %v after the takeover, want an hour or more", ttl)
 		}
 		if !mr.Exists(k.Ended) || mr.TTL(k.Ended) <= 0 {
 			t.Errorf("the ended zset after the takeover: exists %v, TTL %v; want one with a TTL", mr.Exists(k.Ended), mr.TTL(k.Ended))

@@ -2,6 +2,7 @@ package redisync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -58,76 +59,58 @@ func (o layout3Sem) releaseAll(rdb *redis.Client, holder string, n int64) error 
 }
 
 // TestUpgradeSemaphoreFromLayout3: a process of v1.0.0 (layout 3) and one
-// of this version (layout 5) keep a semaphore's holders in the same
-// records and count, so that between them they never hold more permits
-// than its size, whichever came first. v1.0.0 refuses (LAYOUT) a
-// semaphore that this version left idle (its state lives an hour after
-// its last use) unless v1.0.0 used it in the last hour; this version takes
-// over one that v1.0.0 left idle.
+// of this version (layout 5) never both hold permits of one semaphore,
+// whichever came first: each fails with a LAYOUT error on the other's
+// state, having written nothing (v1.0.0 as long as this version's state
+// lives, an hour past its last use, even where v1.0.0's own size key
+// lives on; this version while one of v1.0.0's leases runs), and this
+// version takes over a semaphore that v1.0.0 left idle.
 func TestUpgradeSemaphoreFromLayout3(t *testing.T) {
 	rdb := redistest.Client(t)
 	c := newClient(t, rdb)
 	k := schema.SemaphoreKeys(schema.DefaultPrefix, "up")
 	old := loadLayout3Sem(t, k)
-	clear := func() {
-		rdb.Del(context.Background(), append([]string{k.Ended}, old.keys...)...)
+	all := append([]string{k.Ended}, old.keys...)
+	clear := func() { rdb.Del(context.Background(), all...) }
+	refusedByOld := func(what, holder string) {
+		t.Helper()
+		before := semDump(t, rdb, all)
+		if got, err := old.tryAcquire(rdb, holder, 1); err == nil || !strings.Contains(err.Error(), "redisync") {
+			t.Fatalf("v1.0.0's acquire %s: %v, %v; want its error", what, got, err)
+		}
+		if after := semDump(t, rdb, all); after != before {
+			t.Fatalf("v1.0.0's refused acquire %s wrote:\n%s\nwant\n%s", what, after, before)
+		}
 	}
-	used := func() string { return rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val() }
 
-	t.Run("this version holds first", func(t *testing.T) {
+	t.Run("this version first", func(t *testing.T) {
 		clear()
 		s := must(c.NewSemaphore("up", 2))
 		if err := s.Acquire(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
+		refusedByOld("beside this version's holder", "old/c1-1")
 		if err := s.Release(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
-		// Idle now, but its state lives on: v1.0.0, which has not used it,
-		// refuses it.
-		before := semDump(t, rdb, append([]string{k.Ended}, old.keys...))
-		if _, err := old.tryAcquire(rdb, "old/c1-1", 1); err == nil || !strings.Contains(err.Error(), "LAYOUT") {
-			t.Fatalf("v1.0.0's acquire on the idle semaphore: %v, want a LAYOUT error", err)
-		}
-		if after := semDump(t, rdb, append([]string{k.Ended}, old.keys...)); after != before {
-			t.Fatalf("the refused acquire wrote:\n%s\nwant\n%s", after, before)
-		}
-		// In use: v1.0.0 counts this version's permits as its own.
-		if err := s.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if got, err := old.tryAcquire(rdb, "old/c1-2", 2); got != 0 || err != nil {
-			t.Fatalf("v1.0.0's TryAcquire(2) beside 1 of 2 permits held: %v, %v; want 0 (not granted)", got, err)
-		}
-		if got, err := old.tryAcquire(rdb, "old/c1-3", 1); got != 1 || err != nil {
-			t.Fatalf("v1.0.0's TryAcquire(1) beside 1 of 2 permits held: %v, %v; want 1 (granted)", got, err)
-		}
-		if ok, err := must(c.NewSemaphore("up", 2)).TryAcquire(ctx, 1); ok || err != nil {
-			t.Fatalf("TryAcquire with both permits held, one by each version: %v, %v; want false", ok, err)
-		}
-		if u := used(); u != "2" {
-			t.Fatalf("permits in use %q, want 2", u)
-		}
-		if err := old.releaseAll(rdb, "old/c1-3", 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if u := used(); u != "" {
-			t.Fatalf("permits in use %q after both released", u)
-		}
+		refusedByOld("on the semaphore this version left idle", "old/c1-2")
 	})
 
-	t.Run("v1.0.0 holds first", func(t *testing.T) {
+	t.Run("v1.0.0 first", func(t *testing.T) {
 		clear()
 		if got, err := old.tryAcquire(rdb, "old/c1-1", 2); got != 1 || err != nil {
 			t.Fatalf("v1.0.0's acquire: %v, %v", got, err)
 		}
+		before := semDump(t, rdb, all)
 		s := must(c.NewSemaphore("up", 2))
-		if ok, err := s.TryAcquire(ctx, 1); ok || err != nil {
-			t.Fatalf("TryAcquire beside v1.0.0's holder of both permits: %v, %v; want false", ok, err)
+		if ok, err := s.TryAcquire(ctx, 1); ok || !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "layout 3") {
+			t.Fatalf("TryAcquire beside v1.0.0's holder: %v, %v; want ErrLayout naming layout 3", ok, err)
 		}
+		if after := semDump(t, rdb, all); after != before {
+			t.Fatalf("the refused TryAcquire wrote:\n%s\nwant\n%s", after, before)
+		}
+		// Left idle by v1.0.0 (its size key lives on): this version takes
+		// it over, and v1.0.0 is refused from then on.
 		if err := old.releaseAll(rdb, "old/c1-1", 2); err != nil {
 			t.Fatal(err)
 		}
@@ -137,9 +120,10 @@ func TestUpgradeSemaphoreFromLayout3(t *testing.T) {
 		if v := rdb.HGet(ctx, k.Hash, "{size}").Val(); v != "2:"+strconv.Itoa(schema.SemLayout) {
 			t.Fatalf("size record %q after the takeover", v)
 		}
-		if got, err := old.tryAcquire(rdb, "old/c1-2", 1); got == 1 || (err == nil && got != 0) {
-			t.Fatalf("v1.0.0's TryAcquire beside this version's holder of both permits: %v, %v; want refused", got, err)
+		if rdb.Exists(ctx, k.Hash+":size").Val() != 1 {
+			t.Fatal("v1.0.0's size key is gone: the case this covers is not reached")
 		}
+		refusedByOld("with its size key there", "old/c1-2")
 		if err := s.Release(ctx, 2); err != nil {
 			t.Fatal(err)
 		}

@@ -142,7 +142,7 @@ for i = 1, #ARGV, 3 do
       redis.call('HSET', hash, field, (now + ms) .. (lapsed and ':L' or ''))
       keep_sem(keys, v[3], 2 * ms)
       ok = 1
-      if not v[2] then
+      if (tonumber(string.match(v[2] or '', '^(%d+)')) or 0) == 0 then
         ok = 2
       elseif redis.pcall('TYPE', queue)['ok'] == 'zset' then
         -- A dead waiter at the head is dropped only by a script that

@@ -19,8 +19,9 @@
 --              {client}id -> a Client's liveness deadline (lib.lua,
 --                CLIENT_FIELD)
 --            and the semaphore's own fields, whose names start with '{':
---              {used}    the permits in use, the sum of the holder records'
---                        permits; absent while nobody holds one
+--              {used}    "count:layout": the permits in use, the sum of
+--                        the holder records' permits, and the layout
+--                        (see sem_open)
 --              {size}    "size:layout" (see sem_open)
 --              {keep}    server ms until which every key of the semaphore
 --                        lives at least (see sem_keep)
@@ -60,12 +61,13 @@ local USED, F_SIZE, F_KEEP, F_GONE, F_REFUSE, F_PRUNE, F_TOKEN =
 
 -- reclaim_max bounds the holders whose lease ended that one call removes;
 -- serve_max the waiters one call grants or drops as dead, and nudge_max
--- the waiters after them that it asks to go on (see sem_serve). A
+-- the waiters after them that it asks to go on (see sem_serve);
+-- prune_max the entries of the ended zset one call forgets. A
 -- reclaim costs about 4 us of the server's time (the holder's record read,
 -- parsed and removed, with its lease end: 10,000 holders, Redis 7.0), so
 -- that a call stays well within 1 ms on a busy server
 -- (bounded_test.go).
-local reclaim_max, serve_max, nudge_max = 32, 8, 2
+local reclaim_max, serve_max, nudge_max, prune_max = 32, 8, 2, 64
 
 -- withdrawn_ms is how long a withdrawn call (one that gave up) stays
 -- refused: a copy of one of its calls still in flight when it was withdrawn
@@ -138,6 +140,17 @@ local function in_use(k)
   return last[2] ~= nil and tonumber(last[2]) > now_ms()
 end
 
+-- sem_keep has every key of the semaphore live at least state_memory_ms
+-- past until_ms (server ms), pushing their TTLs out to twice that only
+-- when less is left: sem_flush then sets them, once per hour of use.
+local function sem_keep(k, until_ms)
+  if k.keep < until_ms + state_memory_ms then
+    k.keep = until_ms + 2 * state_memory_ms
+    sem_hset(k, F_KEEP, string.format('%d', k.keep))
+    k.push = true
+  end
+end
+
 -- sem_open reads the semaphore's own fields and the records of the holder
 -- ids ids (a list; nil entries are skipped) in one call, and the fields
 -- extra (their values in k.extra, by name); a hash of the wrong type, or
@@ -147,16 +160,18 @@ end
 -- read (holder id -> {permits, call number}), which sem_put and
 -- sem_reclaim keep in step with the writes they record.
 --
--- Another layout's state: layout 3 (redisync v1.0.0) keeps its holders in
--- the same records and count ({used}), and its size in a key of its own:
--- its holders count here as this layout's (the caller's size is stored
--- when none is). A size of layout 4 fails the script while one of the
--- holders' leases runs, and a newer layout's size always; after that the
--- state counts as this layout's. (Waiters of another layout, whose records
--- this layout does not read, are dropped as dead when they head the
--- queue.) The layouts before 3 (before v1.0.0) are not told apart.
+-- The count {used} carries the layout ("count:layout"), and is kept while
+-- the hash lives: every call reads it, so an older version fails on this
+-- layout's state, and this one tells an older version's state by it: a
+-- bare count (layout 3, redisync v1.0.0, which keeps its size in a key of
+-- its own; or layout 4, whose size says 4). Another layout's state fails
+-- the script while one of its holders' leases runs (a newer layout's
+-- always); after that it is taken over: its holder records, which are
+-- this layout's, are reclaimed as they end, and its waiters, whose
+-- records this layout does not read, are dropped as dead when they head
+-- the queue. The layouts before 3 (before v1.0.0) are not told apart.
 local function sem_open(k, ids, extra)
-  k.used0, k.held, k.hw, k.ew, k.extra = 0, {}, {}, {}, {}
+  k.held, k.hw, k.ew, k.extra = {}, {}, {}, {}
   local fields = {USED, F_SIZE, F_KEEP, F_GONE, F_REFUSE, F_PRUNE, F_TOKEN}
   local asked = {}
   for _, id in pairs(ids) do
@@ -170,50 +185,50 @@ local function sem_open(k, ids, extra)
     fields[#fields + 1] = f
   end
   local v = redis.call('HMGET', k.hash, unpack(fields))
-  k.used, k.keep, k.gone = sem_int(k, v[1]), sem_int(k, v[3]), sem_int(k, v[4])
+  k.keep, k.gone = sem_int(k, v[3]), sem_int(k, v[4])
   k.refuse, k.prune, k.token = sem_int(k, v[5]), sem_int(k, v[6]), sem_int(k, v[7])
-  k.used0 = k.used
   for i = 8, last do
     k.held[fields[i]] = {sem_parse(v[i], k.hash)}
   end
   for i = last + 1, #fields do
     k.extra[fields[i]] = v[i]
   end
-  local rec = v[2]
-  if not rec then
+  local count, found = string.match(v[1] or ('0:' .. SEM_LAYOUT), '^(%d+):?(%d*)$')
+  if not count then
+    wrong(k.hash, 'a count of permits')
+  end
+  k.used, k.used0 = tonumber(count), tonumber(count)
+  local size, layout = nil, nil
+  if v[2] then
+    size, layout = string.match(v[2], '^(%d+):(%d+)$')
+    if not size then
+      wrong(k.hash, 'a size')
+    end
+  end
+  if not v[1] or found == '' then
+    found = layout or (v[1] and '3') or SEM_LAYOUT -- no count, or a bare one
+  end
+  if found == SEM_LAYOUT then
+    if layout == SEM_LAYOUT then
+      k.size = tonumber(size)
+    end
     return
   end
-  local n, layout = string.match(rec, '^(%d+):(%d+)$')
-  if layout == SEM_LAYOUT then
-    k.size = tonumber(n)
-    return
+  if tonumber(found) > tonumber(SEM_LAYOUT) or in_use(k) then
+    other_layout(k.hash, found, SEM_LAYOUT)
   end
-  if not n then
-    wrong(k.hash, 'a size')
-  end
-  if tonumber(layout) > tonumber(SEM_LAYOUT) or in_use(k) then
-    other_layout(k.hash, layout, SEM_LAYOUT)
-  end
-  -- Its {prune} is not this layout's: the ended zset is pruned, and
-  -- given its TTL, at its first write.
-  k.prune = 0
+  -- Taken over: the count is written in this layout's form, and every
+  -- key's TTL pushed (an older layout's may be short); its {prune} is not
+  -- this layout's: the ended zset is pruned, and given its TTL, at its
+  -- first write.
+  k.used0, k.keep, k.prune = -1, 0, 0
   sem_hset(k, F_PRUNE, false)
-end
-
--- sem_keep has every key of the semaphore live at least state_memory_ms
--- past until_ms (server ms), pushing their TTLs out to twice that only
--- when less is left: sem_flush then sets them, once per hour of use.
-local function sem_keep(k, until_ms)
-  if k.keep < until_ms + state_memory_ms then
-    k.keep = until_ms + 2 * state_memory_ms
-    sem_hset(k, F_KEEP, string.format('%d', k.keep))
-    k.push = true
-  end
+  sem_keep(k, now_ms())
 end
 
 -- sem_store_size stores the semaphore's size, in this layout.
 local function sem_store_size(k, size)
-  k.size = size
+  k.size, k.used0 = size, -1 -- the count is written with it
   sem_hset(k, F_SIZE, string.format('%d', size) .. ':' .. SEM_LAYOUT)
   sem_keep(k, now_ms())
 end
@@ -224,7 +239,7 @@ end
 -- script may have made, its TTL.
 local function sem_flush(k)
   if k.used ~= k.used0 then
-    sem_hset(k, USED, k.used > 0 and string.format('%d', k.used) or false)
+    sem_hset(k, USED, string.format('%d', k.used) .. ':' .. SEM_LAYOUT)
     k.used0 = k.used
   end
   local set, del = {}, {}
@@ -405,14 +420,19 @@ end
 -- sem_remember adds members to the ended zset, remembered until the
 -- server ms upto (see the header), and has the keys live as long
 -- (sem_keep). Once per prune_ms it first removes the entries whose time is
--- over, and gives the zset the TTL of the other keys: a zset that it
--- makes gets it then ({prune} is absent, or over, whenever the zset may be
--- gone). It is the script's first write there: an ended key of the wrong
+-- over, at most prune_max of them (when there were more, the next call
+-- prunes again), and gives the zset the TTL of the other keys: a zset that
+-- it makes gets it then ({prune} is absent, or over, whenever the zset may
+-- be gone). It is the script's first write there: an ended key of the wrong
 -- type fails here, having changed nothing.
 local function sem_remember(k, now, upto, ...)
-  local due = k.prune <= now
+  local due, full = k.prune <= now, false
   if due then
-    redis.call('ZREMRANGEBYSCORE', k.ended, '-inf', now)
+    local old = redis.call('ZRANGEBYSCORE', k.ended, '-inf', now, 'LIMIT', 0, prune_max)
+    if #old > 0 then
+      redis.call('ZREM', k.ended, unpack(old))
+    end
+    full = #old == prune_max
   end
   local e, add = string.format("%d", upto), {}
   for _, m in ipairs({...}) do
@@ -422,6 +442,8 @@ local function sem_remember(k, now, upto, ...)
   sem_keep(k, upto)
   if due then
     redis.call('PEXPIRE', k.ended, k.keep - now)
+  end
+  if due and not full then
     k.prune = now + prune_ms
     sem_hset(k, F_PRUNE, string.format('%d', k.prune))
   end
@@ -643,14 +665,15 @@ local function sem_publish(k, publish)
 end
 
 -- sem_args returns the numbers in the argument v, "n1:n2:...", count of
--- them, failing the script (LIMIT) when it is not that: what names them.
+-- them, failing the script (LIMIT) unless each is a whole number from 0:
+-- what names them.
 local function sem_args(v, count, what)
   local out = {}
-  for d in string.gmatch(v, '[^:]+') do
+  for d in string.gmatch(v .. ':', '([^:]*):') do
     out[#out + 1] = integer(d)
-    limit(out[#out] and out[#out] >= 0, what, ' must be whole numbers from 0')
+    limit(out[#out] and out[#out] >= 0, what, ' must be ', count, ' whole numbers from 0, separated by colons')
   end
-  limit(#out == count, what, ' must be ', count, ' numbers')
+  limit(#out == count, what, ' must be ', count, ' whole numbers from 0, separated by colons')
   return unpack(out)
 end
 

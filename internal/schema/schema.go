@@ -32,8 +32,25 @@ const Layout = 3
 const SemLayout = 5
 
 // SemUsedField is the field of a semaphore's hash that counts the
-// permits in use (USED in scripts/sem_lib.lua).
+// permits in use (USED in scripts/sem_lib.lua), with the layout:
+// "count:layout" (ParseSemUsed).
 const SemUsedField = "{used}"
+
+// ParseSemUsed decodes a semaphore's count of permits in use,
+// "count:layout" (a bare count before layout 5), into the count and its
+// layout (0 for a bare count).
+func ParseSemUsed(rec string) (used int64, layout int, ok bool) {
+	n, l, found := strings.Cut(rec, ":")
+	used, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || used < 0 {
+		return 0, 0, false
+	}
+	if !found {
+		return used, 0, true
+	}
+	layout, err = strconv.Atoi(l)
+	return used, layout, err == nil
+}
 
 // SemFields are the semaphore's own fields of its hash
 // (scripts/sem_lib.lua): its count of permits in use (SemUsedField), its
