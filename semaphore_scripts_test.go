@@ -400,13 +400,6 @@ var diffRecord = regexp.MustCompile(`^(\d+):\d+$`)
 // holder id never does).
 var diffWaiterID = regexp.MustCompile(`#\d+$`)
 
-// diffHolderField reports whether a field of a semaphore's hash is a
-// holder's record: not one of the semaphore's own fields or a Client's
-// deadline (their names start with '{'), nor a waiter's record.
-func diffHolderField(f string) bool {
-	return !strings.HasPrefix(f, "{") && !diffWaiterID.MatchString(f)
-}
-
 // diffWithdrawnMs is how long a withdrawn call is refused (withdrawn_ms in
 // both versions): the worktree's ended zset scores a withdrawn call by the
 // end of that time, the reference's withdrawn zset by its start.
@@ -458,7 +451,7 @@ func (ns diffNS) migrate(ctx context.Context, rdb *redis.Client) {
 		}
 	}
 	if used := diffUsed(rdb.HGetAll(ctx, o.Holders).Val()); used > 0 {
-		own[schema.SemUsedField] = used
+		own[schema.SemUsedField] = fmt.Sprintf("%d:%d", used, schema.SemLayout)
 	}
 	switch typ(o.Size) {
 	case "none":
@@ -577,7 +570,7 @@ func (ns diffNS) now(ctx context.Context, rdb *redis.Client) int64 {
 // of either layout).
 func diffUsed(h map[string]string) (used int64) {
 	for f, v := range h {
-		if m := diffRecord.FindStringSubmatch(v); m != nil && diffHolderField(f) {
+		if m := diffRecord.FindStringSubmatch(v); m != nil && schema.SemHolderField(f) {
 			n, _ := strconv.ParseInt(m[1], 10, 64)
 			used += n
 		}
@@ -776,14 +769,14 @@ func (ns diffNS) dump(ctx context.Context, rdb *redis.Client) (string, map[strin
 		case ns.cur && key == ns.keys.Hash && typ == "hash":
 			m := rdb.HGetAll(ctx, key).Val()
 			var check []string
-			if want, got := diffUsed(m), m[schema.SemUsedField]; got != fmt.Sprint(want) && (want > 0 || got != "") {
+			if want, got := diffUsed(m), m[schema.SemUsedField]; got != fmt.Sprintf("%d:%d", want, schema.SemLayout) && (want > 0 || got != "") {
 				check = append(check, fmt.Sprintf("[%s is %q, the records hold %d]", schema.SemUsedField, got, want))
 			}
 			holders, waiters := map[string]string{}, map[string]string{}
 			for f, v := range m {
 				switch {
 				case slices.Contains(schema.SemFields, f):
-				case diffHolderField(f):
+				case schema.SemHolderField(f):
 					holders[f] = v
 				default:
 					waiters[f] = v
@@ -1427,7 +1420,7 @@ func diffRel(holder string, n, held, seq int64, mode, waiter string, size int64,
 func diffStranded(ctx context.Context, rdb *redis.Client, ns diffNS) []string {
 	var out []string
 	for f := range rdb.HGetAll(ctx, ns.keys.Hash).Val() {
-		if strings.HasPrefix(f, "{") || diffHolderField(f) {
+		if strings.HasPrefix(f, "{") || schema.SemHolderField(f) {
 			continue
 		}
 		if rdb.ZScore(ctx, ns.keys.Queue, f).Err() == redis.Nil {
@@ -1709,8 +1702,8 @@ func TestSemaphoreScriptsReclaimIsBounded(t *testing.T) {
 		op.acq.queued = true
 	}
 	holders := p.rdb.HGetAll(ctx, k.Hash).Val()
-	maps.DeleteFunc(holders, func(f, _ string) bool { return f != schema.SemUsedField && !diffHolderField(f) })
-	want := map[string]string{"app/c1-1": "1:1", "app/c2-1": "1:1", "app/c3-1": "1:1", schema.SemUsedField: "3"}
+	maps.DeleteFunc(holders, func(f, _ string) bool { return f != schema.SemUsedField && !schema.SemHolderField(f) })
+	want := map[string]string{"app/c1-1": "1:1", "app/c2-1": "1:1", "app/c3-1": "1:1", schema.SemUsedField: "3:" + strconv.Itoa(schema.SemLayout)}
 	if !maps.Equal(holders, want) {
 		t.Fatalf("holders after %d calls: %v, want %v", calls, holders, want)
 	}
