@@ -139,7 +139,7 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() { sub.Close(); wg.Wait() }() // the stand-in ends when sub closes
 	answered := make(chan int, 1)
 	var order []int // the readers granted, in the order of the messages
 	wg.Add(1)
@@ -197,7 +197,7 @@ func TestRWMutexWriterGrantsTenThousandReadersInBoundedCalls(t *testing.T) {
 	if q := rdb.ZCard(ctx, k.Queue).Val(); q != 0 {
 		t.Fatalf("%d readers still queued when the last was granted", q)
 	}
-	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprint(readers+1) {
+	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprintf("%d:%d", readers+1, schema.SemLayout) {
 		t.Fatalf("permits in use %q, want %d", used, readers+1)
 	}
 	calls := judgeCalls(t, rdb, "{"+name+"}")
@@ -236,7 +236,7 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 		}
 		return time.Hour
 	})
-	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprint(holders) {
+	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprintf("%d:%d", holders, schema.SemLayout) {
 		t.Fatalf("permits in use %q, want %d", used, holders)
 	}
 	ended := func() bool {
@@ -267,7 +267,7 @@ func TestSemaphoreWithTenThousandHoldersIsBounded(t *testing.T) {
 	if err := s.Release(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
-	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprint(holders/2) {
+	if used := rdb.HGet(ctx, k.Hash, schema.SemUsedField).Val(); used != fmt.Sprintf("%d:%d", holders/2, schema.SemLayout) {
 		t.Fatalf("permits in use %q after the ended leases were reclaimed, want %d", used, holders/2)
 	}
 	t.Logf("%d ended leases reclaimed in %d rounds; %s", holders/2, rounds, judgeCalls(t, rdb, "{"+name+"}"))

@@ -653,8 +653,8 @@ func since(nowUS int64, score float64) time.Duration {
 }
 
 // alive returns until when (server time in ms) the waiter id is alive:
-// its own deadline, or its Client's in the waiters hash when that is later
-// (scripts/lib.lua, alive): a lock's hash, or a semaphore's waiters.
+// its own deadline, or its Client's when that is later (scripts/lib.lua,
+// alive), the Client's read from waiters, fields of a lock's or a semaphore's hash.
 func alive(deadline int64, waiters map[string]string, id string) int64 {
 	v, _, _ := strings.Cut(waiters[schema.ClientField(id)], ":") // "ms", or "ms:L" (scripts/renew.lua)
 	if c, err := strconv.ParseInt(v, 10, 64); err == nil {

@@ -403,7 +403,7 @@ func TestInspectSemaphoreReadsTheFirstPageOfEach(t *testing.T) {
 		}
 		exp = append(exp, redis.Z{Score: float64(end.UnixMilli()), Member: id})
 	}
-	hs = append(hs, schema.SemUsedField, strconv.Itoa(holders))
+	hs = append(hs, schema.SemUsedField, strconv.Itoa(holders)+":5")
 	var q []redis.Z
 	var ws []any
 	for i := range waiters {
@@ -454,7 +454,7 @@ func TestInspectSemaphoreReadsTheFirstPageOfEach(t *testing.T) {
 	// All the holders on one page: InUse counts their live leases.
 	small := schema.SemaphoreKeys("redisync", "small")
 	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, small.Hash, "a/c1-1", "2:1", "b/c2-1", "1:1", schema.SemUsedField, "3", "{size}", "3:5")
+		p.HSet(ctx, small.Hash, "a/c1-1", "2:1", "b/c2-1", "1:1", schema.SemUsedField, "3:5", "{size}", "3:5")
 		p.ZAdd(ctx, small.Expiry, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "a/c1-1"},
 			redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "b/c2-1"})
 		return nil

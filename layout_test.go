@@ -170,7 +170,7 @@ func TestLayoutOfASemaphoreIsChecked(t *testing.T) {
 		mr, rdb, _ := newMini(t)
 		c := newClient(t, rdb)
 		mr.HSet(k.Hash, "{size}", "5:4", "{keep}", "1", "{prune}", strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10))
-		mr.SetTTL(k.Hash, time.Second) // layout 4's TTLs may be short
+		mr.SetTTL(k.Hash, time.Second)                                 // layout 4's TTLs may be short
 		if _, err := mr.ZAdd(k.Expiry, 1, "ended/abc-1"); err != nil { // a lease long over
 			t.Fatal(err)
 		}

@@ -642,7 +642,7 @@ func inspectLongQueues(t *testing.T) (slowScripts, sched) {
 	}
 	plantQueue(t, rdb, k, recs, clients...)
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, sk.Hash, "{size}", "1:"+strconv.Itoa(schema.SemLayout), "holder/"+deadClient+"-1.0", "1:1", schema.SemUsedField, "1")
+		p.HSet(ctx, sk.Hash, "{size}", "1:"+strconv.Itoa(schema.SemLayout), "holder/"+deadClient+"-1.0", "1:1", schema.SemUsedField, "1:"+strconv.Itoa(schema.SemLayout))
 		p.ZAdd(ctx, sk.Expiry, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "holder/" + deadClient + "-1.0"})
 		p.ZAdd(ctx, sk.Queue, queue...)
 		p.HSet(ctx, sk.Hash, waiters...)

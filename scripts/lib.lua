@@ -85,8 +85,8 @@ local function integer(v)
   return nil
 end
 
--- CLIENT_FIELD starts the field of a lock's hash, or of a semaphore's
--- waiters hash, that holds a Client's liveness deadline there:
+-- CLIENT_FIELD starts the field of a lock's or a semaphore's hash that
+-- holds a Client's liveness deadline there:
 -- CLIENT_FIELD .. client -> server time in ms. The Client's watchdog moves
 -- it forward (renew.lua), once per lock or semaphore on which it has
 -- waiters, whatever their number: a waiter is alive while its own deadline

@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 	"syscall"
@@ -277,12 +278,10 @@ func TestSemaphoreHolderSIGKILL(t *testing.T) {
 	}
 	var used int64
 	holders := rdb.HGetAll(ctx, "redisync:sem:{"+name+"}").Val()
-	if c := holders[schema.SemUsedField]; c != strconv.Itoa(size) {
-		t.Fatalf("the count of permits in use is %q, want %d", c, size)
+	if c, _, _ := schema.ParseSemUsed(holders[schema.SemUsedField]); c != size {
+		t.Fatalf("the count of permits in use is %q, want %d", holders[schema.SemUsedField], size)
 	}
-	for _, f := range schema.SemFields {
-		delete(holders, f)
-	}
+	maps.DeleteFunc(holders, func(f, _ string) bool { return !schema.SemHolderField(f) })
 	for _, v := range holders {
 		n, _, _ := strings.Cut(v, ":")
 		p, err := strconv.ParseInt(n, 10, 64)

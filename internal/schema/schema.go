@@ -393,8 +393,8 @@ func ints(rec string, n int) ([]int64, bool) {
 	return f, true
 }
 
-// ClientField returns the field of a lock's hash, or of a semaphore's
-// waiters hash, that holds the liveness deadline of the Client of id (a
+// ClientField returns the field of a lock's or a semaphore's hash that
+// holds the liveness deadline of the Client of id (a
 // ticket or a semaphore waiter id): the server time in ms until which its
 // waiters are alive, whatever their own records say. No ticket or waiter
 // id starts with '{'.

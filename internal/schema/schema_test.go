@@ -24,7 +24,7 @@ func TestKeysShareTheNameAsHashTag(t *testing.T) {
 	l := LockKeys("p", "a:b")
 	s := SemaphoreKeys("p", "a:b")
 	keys := []string{l.Hash, l.Queue, l.Bargers, l.Channel, l.Tombstone("x/y-1"),
-		s.Holders, s.Expiry, s.Size, s.Queue, s.Waiters, s.Released, s.Withdrawn, s.Channel}
+		s.Hash, s.Expiry, s.Queue, s.Ended, s.Channel}
 	seen := map[string]bool{}
 	for _, k := range keys {
 		if Slot(k) != Slot("{a:b}") {
@@ -35,8 +35,8 @@ func TestKeysShareTheNameAsHashTag(t *testing.T) {
 		}
 		seen[k] = true
 	}
-	if l.Hash != "p:lock:{a:b}" || s.Holders != "p:sem:{a:b}" || l.Channel != "p:lock:{a:b}:ch" {
-		t.Errorf("layout changed: %q %q %q", l.Hash, s.Holders, l.Channel)
+	if l.Hash != "p:lock:{a:b}" || s.Hash != "p:sem:{a:b}" || l.Channel != "p:lock:{a:b}:ch" {
+		t.Errorf("layout changed: %q %q %q", l.Hash, s.Hash, l.Channel)
 	}
 }
 
@@ -101,6 +101,29 @@ func TestLockOfGrantChannel(t *testing.T) {
 	} {
 		if k, ok := LockOfGrantChannel(ch); ok {
 			t.Errorf("%q taken for a lock's grant channel: %+v", ch, k)
+		}
+	}
+}
+
+func TestSemHolderField(t *testing.T) {
+	for f, want := range map[string]bool{
+		"app/c1-1.abc":         true,  // a holder id
+		"a#b/c1-1.abc":         true,  // a label may hold '#'
+		"app/c1-1.abc#0123987": false, // a waiter id
+		"{used}":               false,
+		"{client}c1-1":         false,
+	} {
+		if got := SemHolderField(f); got != want {
+			t.Errorf("SemHolderField(%q) = %v, want %v", f, got, want)
+		}
+	}
+}
+
+func TestParseSemUsed(t *testing.T) {
+	for rec, want := range map[string][3]int64{"3:5": {3, 5, 1}, "7": {7, 0, 1}, "x": {0, 0, 0}, "-1:5": {0, 0, 0}, "2:x": {2, 0, 0}} {
+		used, layout, ok := ParseSemUsed(rec)
+		if ok != (want[2] == 1) || (ok && (used != want[0] || int64(layout) != want[1])) {
+			t.Errorf("ParseSemUsed(%q) = %d, %d, %v", rec, used, layout, ok)
 		}
 	}
 }

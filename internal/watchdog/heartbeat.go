@@ -18,7 +18,7 @@ type stamp struct {
 // semaphore's; owner: the Client's id; name: of what they wait for, for
 // events; keys: the queue, the waiters' records, and what they wait for).
 // One heartbeat serves them all: it moves the Client's deadline in the
-// waiters hash (scripts/lib.lua, CLIENT_FIELD) every ttl/3, and nudges
+// lock's or semaphore's hash (scripts/lib.lua, CLIENT_FIELD) every ttl/3, and nudges
 // them all when they must look again. every is how often: at most ttl/3,
 // and less when a hold handed to them has a shorter lease (see
 // place.confirmed). sent is when the attempt that queued the call was sent:
