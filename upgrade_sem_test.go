@@ -128,6 +128,24 @@ func TestUpgradeSemaphoreFromLayout3(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+
+	t.Run("this version's first write is a withdrawal", func(t *testing.T) {
+		clear()
+		if got, err := old.tryAcquire(rdb, "old/c1-1", 1); got != 1 || err != nil {
+			t.Fatalf("v1.0.0's acquire: %v, %v", got, err)
+		}
+		if err := old.releaseAll(rdb, "old/c1-1", 1); err != nil {
+			t.Fatal(err)
+		}
+		// A call that may have run gives up: it withdraws its waiter id,
+		// which writes the hash.
+		withdraw := semReleaseArgs{holder: "new/c2-1", n: 1, seq: 1, mode: "withdraw", waiter: "new/c2-1#1",
+			lease: time.Minute, size: 2, publish: "PUBLISH"}
+		if err := withdraw.call(k).run(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+		refusedByOld("after this version's withdrawal", "old/c1-2")
+	})
 }
 
 // semDump returns the values of the keys as text (not their TTLs, which

@@ -134,6 +134,8 @@ for i = 1, #ARGV, 3 do
         redis.call('HDEL', hash, field)
       end
       ok = 1
+    elseif not v.err and not v[2] then
+      ok = 2 -- no state (or another layout's): the waiters look again
     elseif not v.err then
       local now = now_ms()
       -- A lapse is reported by two heartbeats in a row (as renew_wait's).
@@ -142,7 +144,7 @@ for i = 1, #ARGV, 3 do
       redis.call('HSET', hash, field, (now + ms) .. (lapsed and ':L' or ''))
       keep_sem(keys, v[3], 2 * ms)
       ok = 1
-      if (tonumber(string.match(v[2] or '', '^(%d+)')) or 0) == 0 then
+      if (tonumber(string.match(v[2], '^(%d+)')) or 0) == 0 then
         ok = 2
       elseif redis.pcall('TYPE', queue)['ok'] == 'zset' then
         -- A dead waiter at the head is dropped only by a script that

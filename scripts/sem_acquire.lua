@@ -48,6 +48,7 @@
 local holder, waiter, flags = ARGV[1], ARGV[2], ARGV[5]
 local n, size, held, seq = sem_args(ARGV[3], 4, 'the call')
 local lease, ttl, grant = sem_args(ARGV[4], 3, 'the times')
+limit(math.max(lease, ttl, grant) <= MAX_MS, 'the times must be at most ', MAX_MS, ' ms')
 local mode, again = string.match(flags, '^%a+'), sem_flag(flags, 'again')
 local k = sem_keys(KEYS, sem_flag(flags, 'rw'))
 -- token returns the fencing token of a write applied earlier (the last

@@ -197,7 +197,7 @@ local function sem_open(k, ids, extra)
   if not count then
     wrong(k.hash, 'a count of permits')
   end
-  k.used, k.used0 = tonumber(count), tonumber(count)
+  k.used, k.used0, k.nocount = tonumber(count), tonumber(count), not v[1]
   local size, layout = nil, nil
   if v[2] then
     size, layout = string.match(v[2], '^(%d+):(%d+)$')
@@ -205,8 +205,10 @@ local function sem_open(k, ids, extra)
       wrong(k.hash, 'a size')
     end
   end
-  if not v[1] or found == '' then
-    found = layout or (v[1] and '3') or SEM_LAYOUT -- no count, or a bare one
+  if not v[1] then
+    found = layout or SEM_LAYOUT -- no count: idle (or fresh)
+  elseif found == '' then
+    found = layout == '4' and '4' or '3' -- a bare count
   end
   if found == SEM_LAYOUT then
     if layout == SEM_LAYOUT then
@@ -220,8 +222,11 @@ local function sem_open(k, ids, extra)
   -- Taken over: the count is written in this layout's form, and every
   -- key's TTL pushed (an older layout's may be short); its {prune} is not
   -- this layout's: the ended zset is pruned, and given its TTL, at its
-  -- first write.
+  -- first write. The older layout's last token is in a key this script
+  -- does not read: tokens go on from an hour past the server clock, as
+  -- far ahead as that layout's counter outlived its last write.
   k.used0, k.keep, k.prune = -1, 0, 0
+  k.token = math.max(k.token, now_us() + state_memory_ms * 1000)
   sem_hset(k, F_PRUNE, false)
   sem_keep(k, now_ms())
 end
@@ -251,7 +256,13 @@ local function sem_flush(k)
       del[#del + 1] = f
     end
   end
+  if #set > 0 and k.nocount and k.hw[USED] == nil then
+    -- The hash is made, or written, without a count: it gets one, which
+    -- every call of every layout reads (see sem_open).
+    set[#set + 1], set[#set + 2] = USED, string.format('%d', k.used) .. ':' .. SEM_LAYOUT
+  end
   if #set > 0 then
+    k.nocount = false
     redis.call('HSET', k.hash, unpack(set))
   end
   if #del > 0 then

@@ -37,6 +37,7 @@
 local holder, waiter, flags = ARGV[1], ARGV[2], ARGV[5]
 local n, size, held, seq = sem_args(ARGV[3], 4, 'the call')
 local lease, memory = sem_args(ARGV[4], 2, 'the times')
+limit(math.max(lease, memory) <= MAX_MS, 'the times must be at most ', MAX_MS, ' ms')
 local mode = string.match(flags, '^%a+')
 local k = sem_keys(KEYS, sem_flag(flags, 'rw'))
 
